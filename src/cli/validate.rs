@@ -1,0 +1,191 @@
+//! `muster validate`: the schema-level and builder validation the cluster would run, offline.
+//! Exit 0 when every MusterJob/MusterJobSet is valid, 1 when one is not, 2 on unreadable input.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::crds::{MusterJob, MusterJobSet};
+use crate::workloadbuilder::field::{ErrorList, FieldError, FieldPath, quote};
+use crate::workloadbuilder::job::{validate_job, validate_jobset};
+
+/// Arguments of `muster validate`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Manifest file(s) to check (multi-document YAML; `-` reads standard input).
+    #[arg(short = 'f', long = "filename", required = true)]
+    files: Vec<PathBuf>,
+    /// The objects as they are now: the manifests are then checked as updates of them.
+    #[arg(long = "old")]
+    old: Vec<PathBuf>,
+}
+
+/// One MusterJob or MusterJobSet read from a manifest.
+#[derive(Debug)]
+pub enum Manifest {
+    /// A MusterJob.
+    Job(Box<MusterJob>),
+    /// A MusterJobSet.
+    JobSet(Box<MusterJobSet>),
+}
+
+/// One document of a manifest file, as far as `muster validate` is concerned.
+#[derive(Debug)]
+pub enum Document {
+    /// A muster object that decoded; `unknown` lists fields the schema does not know.
+    Object { kind: String, name: String, manifest: Manifest, unknown: ErrorList },
+    /// A muster object that does not decode (wrong types, unknown fields).
+    Undecodable { kind: String, name: String, errors: ErrorList },
+    /// Some other kind; not muster's to check.
+    Other { kind: String },
+}
+
+/// Reads every YAML document of `text`.
+pub fn parse_documents(text: &str) -> Result<Vec<Document>, String> {
+    let mut out = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(text) {
+        let value: Value = serde::Deserialize::deserialize(doc).map_err(|e| e.to_string())?;
+        if value.is_null() {
+            continue;
+        }
+        out.push(classify(value));
+    }
+    Ok(out)
+}
+
+fn classify(value: Value) -> Document {
+    let api_version = value.get("apiVersion").and_then(Value::as_str).unwrap_or_default().to_string();
+    let kind = value.get("kind").and_then(Value::as_str).unwrap_or_default().to_string();
+    let name = value.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
+    let group = api_version.split_once('/').map(|(g, _)| g).unwrap_or_default();
+    if group != crate::crds::batch::GROUP {
+        return Document::Other { kind };
+    }
+    let decoded = match kind.as_str() {
+        "MusterJob" => decode::<MusterJob>(&value).map(|(j, u)| (Manifest::Job(Box::new(j)), u)),
+        "MusterJobSet" => decode::<MusterJobSet>(&value).map(|(s, u)| (Manifest::JobSet(Box::new(s)), u)),
+        _ => Err(vec![FieldError::not_supported(&FieldPath::new("kind"), quote(&kind), &["MusterJob", "MusterJobSet"])]),
+    };
+    match decoded {
+        Ok((manifest, unknown)) => Document::Object { kind, name, manifest, unknown },
+        Err(errors) => Document::Undecodable { kind, name, errors },
+    }
+}
+
+/// Decodes `value`, reporting a type error with its field path, and every field the schema
+/// does not know (the apiserver would refuse them under kubectl's strict field validation).
+fn decode<T: DeserializeOwned + serde::Serialize>(value: &Value) -> Result<(T, ErrorList), ErrorList> {
+    let typed: T = serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = FieldPath::new(&e.path().to_string());
+        let mut err = FieldError::invalid(&path, "", e.into_inner().to_string());
+        err.value = None;
+        vec![err]
+    })?;
+    let round_trip = serde_json::to_value(&typed).unwrap_or(Value::Null);
+    let mut unknown = Vec::new();
+    unknown_fields(value, &round_trip, &FieldPath::default(), &mut unknown);
+    Ok((typed, unknown))
+}
+
+fn unknown_fields(input: &Value, known: &Value, path: &FieldPath, out: &mut ErrorList) {
+    match (input, known) {
+        (Value::Object(i), Value::Object(k)) => {
+            for (key, v) in i {
+                match k.get(key) {
+                    Some(kv) => unknown_fields(v, kv, &path.child(key), out),
+                    None if !v.is_null() => {
+                        out.push(FieldError::forbidden(&path.child(key), format!("unknown field {}", quote(key))));
+                    }
+                    None => {}
+                }
+            }
+        }
+        (Value::Array(i), Value::Array(k)) => {
+            for (n, (iv, kv)) in i.iter().zip(k.iter()).enumerate() {
+                unknown_fields(iv, kv, &path.index(n), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The errors of one decoded object, as an update of `old` when given.
+pub fn errors_of(manifest: &Manifest, old: Option<&Manifest>) -> ErrorList {
+    match (manifest, old) {
+        (Manifest::Job(job), Some(Manifest::Job(o))) => validate_job(job, Some(o)),
+        (Manifest::Job(job), _) => validate_job(job, None),
+        (Manifest::JobSet(set), Some(Manifest::JobSet(o))) => validate_jobset(set, Some(o)),
+        (Manifest::JobSet(set), _) => validate_jobset(set, None),
+    }
+}
+
+fn read(path: &PathBuf) -> Result<String, String> {
+    if path.as_os_str() == "-" {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s).map_err(|e| format!("stdin: {e}"))?;
+        Ok(s)
+    } else {
+        std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))
+    }
+}
+
+fn load(paths: &[PathBuf]) -> Result<Vec<(String, Document)>, String> {
+    let mut out = Vec::new();
+    for p in paths {
+        let text = read(p)?;
+        let docs = parse_documents(&text).map_err(|e| format!("{}: {e}", p.display()))?;
+        out.extend(docs.into_iter().map(|d| (p.display().to_string(), d)));
+    }
+    Ok(out)
+}
+
+/// Runs `muster validate`.
+pub fn run(args: Args) -> ExitCode {
+    let (new, old) = match (load(&args.files), load(&args.old)) {
+        (Ok(n), Ok(o)) => (n, o),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let find_old = |kind: &str, name: &str| {
+        old.iter().find_map(|(_, d)| match d {
+            Document::Object { kind: k, name: n, manifest, .. } if k == kind && n == name => Some(manifest),
+            _ => None,
+        })
+    };
+    let mut invalid = false;
+    let mut checked = 0;
+    for (file, doc) in &new {
+        let (kind, name, errors) = match doc {
+            Document::Other { kind } => {
+                eprintln!("{file}: skipping {kind:?}: not a MusterJob or MusterJobSet");
+                continue;
+            }
+            Document::Undecodable { kind, name, errors } => (kind, name, errors.clone()),
+            Document::Object { kind, name, manifest, unknown } => {
+                let mut errors = unknown.clone();
+                errors.extend(errors_of(manifest, find_old(kind, name)));
+                (kind, name, errors)
+            }
+        };
+        checked += 1;
+        if errors.is_empty() {
+            println!("{kind}/{name} ({file}): valid");
+        } else {
+            invalid = true;
+            println!("The {kind} {name:?} ({file}) is invalid:");
+            for e in &errors {
+                println!("{e}");
+            }
+        }
+    }
+    if checked == 0 {
+        eprintln!("error: no MusterJob or MusterJobSet found");
+        return ExitCode::from(2);
+    }
+    if invalid { ExitCode::from(1) } else { ExitCode::SUCCESS }
+}

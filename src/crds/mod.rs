@@ -1,0 +1,62 @@
+//! API types only (serde + schemars + CEL), no logic: the building blocks, the batch kinds
+//! users write, and the scheduling kinds muster compiles them into.
+
+pub mod batch;
+pub mod blocks;
+pub mod scheduling;
+
+pub use batch::{MusterJob, MusterJobSet, MusterJobSetSpec, MusterJobSpec};
+pub use blocks::*;
+pub use scheduling::{
+    CompositePodGroup, CompositePodGroupSpec, CompositePodGroupTemplate, PodGroup, PodGroupSpec,
+    PodGroupTemplate, Workload, WorkloadSpec,
+};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+
+/// Label linking a pod to its PodGroup (value: the PodGroup's name, same namespace).
+pub const POD_GROUP_LABEL: &str = "scheduling.muster.dev/pod-group";
+/// Scheduling gate holding a pod until its gang is admitted.
+pub const ADMISSION_GATE: &str = "scheduling.muster.dev/admission";
+/// Pod annotation with the GPU indices muster assigned, ascending, comma separated.
+pub const GPU_INDICES_ANNOTATION: &str = "gpu.muster.dev/indices";
+/// Node annotation describing the node's GPUs and their links.
+pub const GPU_TOPOLOGY_ANNOTATION: &str = "gpu.muster.dev/topology";
+/// Child MusterJob annotation: the PodGroupTemplate of the parent's Workload it builds from.
+pub const GROUP_TEMPLATE_ANNOTATION: &str = "scheduling.muster.dev/group-template-name";
+/// Child MusterJob annotation: the CompositePodGroup its PodGroup belongs to.
+pub const PARENT_COMPOSITE_ANNOTATION: &str = "scheduling.muster.dev/parent-composite-podgroup";
+/// Pod annotation with the completion index of an Indexed MusterJob.
+pub const COMPLETION_INDEX_ANNOTATION: &str = "batch.muster.dev/job-completion-index";
+/// Label with the name of the MusterJob owning a pod.
+pub const JOB_NAME_LABEL: &str = "batch.muster.dev/job-name";
+/// Label with the name of the MusterJobSet owning a child MusterJob (and its pods).
+pub const JOBSET_NAME_LABEL: &str = "batch.muster.dev/jobset-name";
+/// Label with the replicatedJob of a child MusterJob.
+pub const REPLICATED_JOB_LABEL: &str = "batch.muster.dev/replicatedjob-name";
+/// Resource name of NVIDIA GPUs.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+/// Hostname label a pod is pinned with.
+pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+
+/// Every CRD muster serves, in a stable order.
+pub fn all() -> Vec<CustomResourceDefinition> {
+    vec![
+        MusterJob::crd(),
+        MusterJobSet::crd(),
+        Workload::crd(),
+        PodGroup::crd(),
+        CompositePodGroup::crd(),
+    ]
+}
+
+/// All CRDs as one multi-document YAML stream.
+pub fn all_yaml() -> Result<String, serde_yaml::Error> {
+    let mut out = String::new();
+    for crd in all() {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(&crd)?);
+    }
+    Ok(out)
+}

@@ -1,0 +1,9 @@
+//! muster: gang admission and GPU topology for batch and AI jobs on Kubernetes.
+//!
+//! The pure core (`workloadbuilder`, `scheduler`, `devices`) takes plain data and
+//! returns plain data; `controllers` and `webhook` are the thin imperative shell.
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod crds;
+pub mod workloadbuilder;

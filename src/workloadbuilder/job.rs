@@ -1,0 +1,314 @@
+//! muster's embedding of the builder: the item trees of MusterJob and MusterJobSet, their
+//! defaults (basic when unset; gang `minCount` = max(1, parallelism); composite
+//! `minGroupCount` = number of child groups), and the job-level rules around them. The webhook,
+//! the controllers and `muster validate` all call these, so they agree.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+use crate::crds::batch::{CompletionMode, MAX_SCHEDULED_REPLICATED_JOBS, MusterJob, MusterJobSet, MusterJobSetSpec, MusterJobSpec};
+use crate::crds::blocks::{CompositePodGroupScheduling, PodGroupSchedulingPolicy, PodGroupScheduling};
+use crate::crds::{ADMISSION_GATE, POD_GROUP_LABEL};
+
+use super::field::{ErrorList, FieldError, FieldPath, dns_label_errors, quote};
+use super::item::{Block, PolicyInput, SchedulingConfig, WorkloadInput, WorkloadItem};
+use super::{BuildOptions, Builder};
+
+/// Template name of a plain MusterJob's single PodGroupTemplate.
+pub const JOB_TEMPLATE_NAME: &str = "main";
+/// Longest MusterJob name: room is left for `-<index>-<attempt>` in pod names and hostnames.
+pub const MAX_JOB_NAME_LENGTH: usize = 52;
+
+/// The resolved gang quorum of a job: `minCount`, defaulting to max(1, parallelism).
+pub fn default_min_count(parallelism: i32) -> i32 {
+    parallelism.max(1)
+}
+
+/// The leaf item for a MusterJob spec (or a replicatedJob's template spec) found at `spec_path`.
+pub fn job_item(spec: &MusterJobSpec, template_name: &str, spec_path: &FieldPath) -> WorkloadItem {
+    let path = spec_path.child("scheduling");
+    let parallelism = spec.parallelism;
+    let mut item = WorkloadItem::new(template_name, path.clone());
+    item.default_config = SchedulingConfig {
+        policy: Some(PodGroupSchedulingPolicy::basic()),
+        priority_class_name: spec.template.spec.as_ref().and_then(|s| s.priority_class_name.clone()),
+        ..Default::default()
+    };
+    item.input = leaf_input(spec.scheduling.as_ref(), &path);
+    item.callbacks.push(Arc::new(move |c: &mut SchedulingConfig| {
+        if let Some(gang) = c.policy.as_mut().and_then(|p| p.gang.as_mut())
+            && gang.min_count.is_none()
+        {
+            gang.min_count = Some(default_min_count(parallelism));
+        }
+    }));
+    item.pod_count = Some(parallelism);
+    item
+}
+
+fn leaf_input(scheduling: Option<&PodGroupScheduling>, path: &FieldPath) -> WorkloadInput {
+    let Some(s) = scheduling else { return WorkloadInput::default() };
+    WorkloadInput {
+        policy: s.scheduling_policy.clone().map(|p| Block::new(PolicyInput::PodGroup(p), path.child("schedulingPolicy"))),
+        constraints: s.scheduling_constraints.clone().map(|c| Block::new(c, path.child("schedulingConstraints"))),
+        disruption_mode: s.disruption_mode.clone().map(|m| Block::new(m, path.child("disruptionMode"))),
+        resource_claims: s.resource_claims.clone().map(|c| Block::new(c, path.child("resourceClaims"))),
+    }
+}
+
+fn composite_input(scheduling: &CompositePodGroupScheduling, path: &FieldPath) -> WorkloadInput {
+    WorkloadInput {
+        policy: scheduling.scheduling_policy.clone().map(|p| Block::new(PolicyInput::Composite(p), path.child("schedulingPolicy"))),
+        constraints: scheduling.scheduling_constraints.clone().map(|c| Block::new(c, path.child("schedulingConstraints"))),
+        disruption_mode: scheduling.disruption_mode.clone().map(|m| Block::new(m, path.child("disruptionMode"))),
+        resource_claims: None,
+    }
+}
+
+/// Name of a MusterJobSet's root CompositePodGroupTemplate: `jobset`, unless a
+/// replicatedJob already has that name (template names are unique across the tree).
+pub fn root_template_name(spec: &MusterJobSetSpec) -> String {
+    let taken = |n: &str| spec.replicated_jobs.iter().any(|r| r.name == n);
+    std::iter::once("jobset".to_string())
+        .chain((0..).map(|i| format!("jobset-{i}")))
+        .find(|n| !taken(n))
+        .unwrap_or_default()
+}
+
+/// The composite item tree of a MusterJobSet with `spec.scheduling`: the set's composite blocks
+/// at the root, one leaf per replicatedJob (`replicas` groups each). `None` without scheduling:
+/// then every child MusterJob is an independent job.
+pub fn jobset_item(spec: &MusterJobSetSpec) -> Option<WorkloadItem> {
+    let scheduling = spec.scheduling.as_ref()?;
+    let spec_path = FieldPath::new("spec");
+    let path = spec_path.child("scheduling");
+    let mut root = WorkloadItem::new(root_template_name(spec), path.clone());
+    root.default_config.policy = Some(PodGroupSchedulingPolicy::basic());
+    root.input = composite_input(scheduling, &path);
+    for (i, rjob) in spec.replicated_jobs.iter().enumerate() {
+        let child_path = spec_path.child("replicatedJobs").index(i).child("template").child("spec");
+        let mut child = job_item(&rjob.template.spec, &rjob.name, &child_path);
+        child.replicas = rjob.replicas;
+        root.children.push(child);
+    }
+    let groups = root.child_group_count();
+    root.callbacks.push(Arc::new(move |c: &mut SchedulingConfig| {
+        if let Some(gang) = c.policy.as_mut().and_then(|p| p.gang.as_mut())
+            && gang.min_count.is_none()
+        {
+            gang.min_count = Some(groups.max(1));
+        }
+    }));
+    Some(root)
+}
+
+/// Builder options for a muster controller: basic+gang and single+all allowed.
+pub fn build_options(name: &str, namespace: &str, owner: Option<OwnerReference>) -> BuildOptions {
+    BuildOptions::all_allowed(name, namespace, owner)
+}
+
+fn name_errors(name: Option<&str>) -> ErrorList {
+    let mut errs = Vec::new();
+    let Some(name) = name.filter(|n| !n.is_empty()) else { return errs };
+    let path = FieldPath::new("metadata").child("name");
+    for msg in dns_label_errors(name) {
+        errs.push(FieldError::invalid(&path, quote(name), msg));
+    }
+    if name.len() > MAX_JOB_NAME_LENGTH {
+        errs.push(FieldError::invalid(&path, quote(name), format!("must be no more than {MAX_JOB_NAME_LENGTH} characters")));
+    }
+    errs
+}
+
+fn non_negative(errs: &mut ErrorList, path: FieldPath, value: i64) {
+    if value < 0 {
+        errs.push(FieldError::invalid(&path, value, "must be greater than or equal to 0"));
+    }
+}
+
+fn template_errors(template: &PodTemplateSpec, path: &FieldPath) -> ErrorList {
+    let mut errs = Vec::new();
+    let spec_path = path.child("spec");
+    let Some(spec) = &template.spec else {
+        errs.push(FieldError::required(&spec_path, ""));
+        return errs;
+    };
+    if let Some(policy) = spec.restart_policy.as_deref()
+        && !matches!(policy, "Never" | "OnFailure")
+    {
+        errs.push(FieldError::not_supported(&spec_path.child("restartPolicy"), quote(policy), &["Never", "OnFailure"]));
+    }
+    if spec.containers.is_empty() {
+        errs.push(FieldError::required(&spec_path.child("containers"), ""));
+    }
+    if spec.node_name.as_deref().is_some_and(|n| !n.is_empty()) {
+        errs.push(FieldError::forbidden(&spec_path.child("nodeName"), "may not be set: muster pins each pod to a node when its gang is admitted"));
+    }
+    if spec.scheduling_gates.iter().flatten().any(|g| g.name == ADMISSION_GATE) {
+        errs.push(FieldError::forbidden(&spec_path.child("schedulingGates"), format!("{ADMISSION_GATE} is added by muster")));
+    }
+    if let Some(labels) = template.metadata.as_ref().and_then(|m| m.labels.as_ref())
+        && labels.contains_key(POD_GROUP_LABEL)
+    {
+        errs.push(FieldError::forbidden(
+            &path.child("metadata").child("labels").key(POD_GROUP_LABEL),
+            "is set by muster to the job's PodGroup",
+        ));
+    }
+    errs
+}
+
+/// Job-level rules of a MusterJob spec at `path` (not the scheduling blocks): counts, the pod
+/// template, and on update the fields batch/v1 freezes.
+fn job_spec_errors(spec: &MusterJobSpec, old: Option<&MusterJobSpec>, path: &FieldPath) -> ErrorList {
+    let mut errs = Vec::new();
+    non_negative(&mut errs, path.child("parallelism"), spec.parallelism.into());
+    if let Some(c) = spec.completions {
+        non_negative(&mut errs, path.child("completions"), c.into());
+    }
+    non_negative(&mut errs, path.child("backoffLimit"), spec.backoff_limit.into());
+    if let Some(d) = spec.active_deadline_seconds {
+        non_negative(&mut errs, path.child("activeDeadlineSeconds"), d);
+    }
+    if let Some(t) = spec.ttl_seconds_after_finished {
+        non_negative(&mut errs, path.child("ttlSecondsAfterFinished"), t.into());
+    }
+    if spec.completion_mode == CompletionMode::Indexed && spec.completions.is_none() {
+        errs.push(FieldError::required(&path.child("completions"), "when completion mode is Indexed"));
+    }
+    errs.extend(template_errors(&spec.template, &path.child("template")));
+    if let Some(old) = old {
+        if spec.template != old.template {
+            errs.push(FieldError::invalid(&path.child("template"), "{...}", "field is immutable"));
+        }
+        if spec.completions != old.completions {
+            errs.push(FieldError::invalid(
+                &path.child("completions"),
+                spec.completions.map(|c| c.to_string()).unwrap_or_else(|| "null".into()),
+                "field is immutable",
+            ));
+        }
+        if spec.completion_mode != old.completion_mode {
+            errs.push(FieldError::invalid(&path.child("completionMode"), quote(&format!("{:?}", spec.completion_mode)), "field is immutable"));
+        }
+    }
+    errs
+}
+
+/// Every rule for a MusterJob spec at `path`: job-level rules, then the builder's validation
+/// of its scheduling blocks (with update rules when `old` is given).
+pub fn validate_job_spec(spec: &MusterJobSpec, old: Option<&MusterJobSpec>, path: &FieldPath) -> ErrorList {
+    let mut errs = job_spec_errors(spec, old, path);
+    let item = job_item(spec, JOB_TEMPLATE_NAME, path);
+    let old_item = old.map(|o| job_item(o, JOB_TEMPLATE_NAME, path));
+    errs.extend(Builder::new(item, build_options("", "", None)).validate(old_item.as_ref()));
+    errs
+}
+
+/// Every rule for a MusterJob: its name, its spec, and on update the frozen fields.
+pub fn validate_job(job: &MusterJob, old: Option<&MusterJob>) -> ErrorList {
+    let mut errs = name_errors(job.metadata.name.as_deref());
+    errs.extend(validate_job_spec(&job.spec, old.map(|o| &o.spec), &FieldPath::new("spec")));
+    errs
+}
+
+/// Every rule for a MusterJobSet: names, each replicatedJob's template, the composite tree, and
+/// on update the frozen fields.
+pub fn validate_jobset(set: &MusterJobSet, old: Option<&MusterJobSet>) -> ErrorList {
+    let spec = &set.spec;
+    let spec_path = FieldPath::new("spec");
+    let rjobs_path = spec_path.child("replicatedJobs");
+    let mut errs = Vec::new();
+    let set_name = set.metadata.name.as_deref().unwrap_or_default();
+    if !set_name.is_empty() {
+        for msg in dns_label_errors(set_name) {
+            errs.push(FieldError::invalid(&FieldPath::new("metadata").child("name"), quote(set_name), msg));
+        }
+    }
+    if spec.replicated_jobs.is_empty() {
+        errs.push(FieldError::required(&rjobs_path, ""));
+        return errs;
+    }
+    if spec.scheduling.is_some() && spec.replicated_jobs.len() > MAX_SCHEDULED_REPLICATED_JOBS {
+        errs.push(FieldError::too_many(&rjobs_path, spec.replicated_jobs.len(), MAX_SCHEDULED_REPLICATED_JOBS));
+        return errs;
+    }
+    if spec.replicated_jobs.len() > crate::crds::batch::MAX_REPLICATED_JOBS {
+        errs.push(FieldError::too_many(&rjobs_path, spec.replicated_jobs.len(), crate::crds::batch::MAX_REPLICATED_JOBS));
+        return errs;
+    }
+    let mut names = std::collections::BTreeSet::new();
+    let mut shape_ok = true;
+    for (i, rjob) in spec.replicated_jobs.iter().enumerate() {
+        let rpath = rjobs_path.index(i);
+        let npath = rpath.child("name");
+        let name_msgs = dns_label_errors(&rjob.name);
+        if rjob.name.is_empty() {
+            errs.push(FieldError::required(&npath, ""));
+            shape_ok = false;
+        } else if !name_msgs.is_empty() {
+            errs.extend(name_msgs.into_iter().map(|m| FieldError::invalid(&npath, quote(&rjob.name), m)));
+            shape_ok = false;
+        } else if !names.insert(rjob.name.as_str()) {
+            errs.push(FieldError::duplicate(&npath, quote(&rjob.name)));
+            shape_ok = false;
+        }
+        non_negative(&mut errs, rpath.child("replicas"), rjob.replicas.into());
+        if !set_name.is_empty() && rjob.replicas > 0 {
+            let child = child_job_name(set_name, &rjob.name, rjob.replicas - 1);
+            if child.len() > MAX_JOB_NAME_LENGTH {
+                errs.push(FieldError::invalid(
+                    &npath,
+                    quote(&rjob.name),
+                    format!("child MusterJob name {child:?} must be no more than {MAX_JOB_NAME_LENGTH} characters"),
+                ));
+            }
+        }
+        let tpath = rpath.child("template").child("spec");
+        let old_rjob = old.and_then(|o| o.spec.replicated_jobs.iter().find(|r| r.name == rjob.name));
+        errs.extend(job_spec_errors(&rjob.template.spec, old_rjob.map(|r| &r.template.spec), &tpath));
+        if spec.scheduling.is_none() {
+            // Independent children: each is its own leaf tree.
+            let item = job_item(&rjob.template.spec, JOB_TEMPLATE_NAME, &tpath);
+            let old_item = old_rjob.map(|r| job_item(&r.template.spec, JOB_TEMPLATE_NAME, &tpath));
+            errs.extend(Builder::new(item, build_options("", "", None)).validate(old_item.as_ref()));
+        }
+    }
+    if let Some(success) = &spec.success_policy {
+        for (j, target) in success.target_replicated_jobs.iter().enumerate() {
+            if !spec.replicated_jobs.iter().any(|r| &r.name == target) {
+                errs.push(FieldError::invalid(
+                    &spec_path.child("successPolicy").child("targetReplicatedJobs").index(j),
+                    quote(target),
+                    "must name a replicatedJob of this set",
+                ));
+            }
+        }
+    }
+    if let Some(failure) = &spec.failure_policy {
+        non_negative(&mut errs, spec_path.child("failurePolicy").child("maxRestarts"), failure.max_restarts.into());
+    }
+    if let Some(old) = old {
+        let shape = |s: &MusterJobSetSpec| s.replicated_jobs.iter().map(|r| (r.name.clone(), r.replicas)).collect::<Vec<_>>();
+        if shape(spec) != shape(&old.spec) {
+            errs.push(FieldError::forbidden(&rjobs_path, "replicatedJobs may not be added, removed, renamed or resized"));
+            shape_ok = false;
+        }
+        if spec.scheduling.is_some() != old.spec.scheduling.is_some() {
+            errs.push(FieldError::forbidden(&spec_path.child("scheduling"), "may not be added or removed"));
+            shape_ok = false;
+        }
+    }
+    if shape_ok && let Some(item) = jobset_item(spec) {
+        let old_item = old.and_then(|o| jobset_item(&o.spec));
+        errs.extend(Builder::new(item, build_options("", "", None)).validate(old_item.as_ref()));
+    }
+    errs
+}
+
+/// Name of the `i`th child MusterJob of a replicatedJob: `<set>-<rjob>-<i>`.
+pub fn child_job_name(set: &str, rjob: &str, i: i32) -> String {
+    format!("{set}-{rjob}-{i}")
+}
