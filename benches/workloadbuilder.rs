@@ -7,7 +7,10 @@ use std::sync::Arc;
 use criterion::{Criterion, criterion_group, criterion_main};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use muster::crds::batch::MusterJobSpec;
-use muster::crds::blocks::{CompositePodGroupSchedulingPolicy, DisruptionMode, PodGroupScheduling, PodGroupSchedulingPolicy, SchedulingConstraints};
+use muster::crds::blocks::{
+    CompositePodGroupSchedulingPolicy, DisruptionMode, PodGroupScheduling, PodGroupSchedulingPolicy,
+    SchedulingConstraints,
+};
 use muster::workloadbuilder::job::job_item;
 use muster::workloadbuilder::{Block, BuildOptions, Builder, FieldPath, PolicyInput, SchedulingConfig, WorkloadItem};
 
@@ -44,7 +47,10 @@ fn widest_deepest(spec: &MusterJobSpec, depth: usize, counter: &mut usize) -> Wo
     *counter += 1;
     let name = format!("t{counter}");
     let mut item = WorkloadItem::new(name.clone(), FieldPath::new(&name));
-    item.input.policy = Some(Block::new(PolicyInput::Composite(CompositePodGroupSchedulingPolicy::gang(None)), item.path.child("schedulingPolicy")));
+    item.input.policy = Some(Block::new(
+        PolicyInput::Composite(CompositePodGroupSchedulingPolicy::gang(None)),
+        item.path.child("schedulingPolicy"),
+    ));
     for _ in 0..8 {
         *counter += 1;
         let leaf = format!("t{counter}");

@@ -5,5 +5,6 @@
 #![forbid(unsafe_code)]
 
 pub mod cli;
+pub mod controllers;
 pub mod crds;
 pub mod workloadbuilder;

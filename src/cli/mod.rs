@@ -1,5 +1,6 @@
 //! Subcommands of the `muster` binary. Each is a thin wrapper over the library.
 
+mod run;
 mod validate;
 
 use std::process::ExitCode;
@@ -20,6 +21,8 @@ enum Command {
     Crds,
     /// Validate MusterJob and MusterJobSet manifests offline, as the cluster would.
     Validate(validate::Args),
+    /// Run the controller manager (reconcilers on the leader, health and metrics everywhere).
+    Run(Box<run::Args>),
 }
 
 impl Cli {
@@ -37,6 +40,7 @@ impl Cli {
                 }
             },
             Command::Validate(args) => validate::run(args),
+            Command::Run(args) => run::run(*args),
         }
     }
 }

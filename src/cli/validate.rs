@@ -67,7 +67,9 @@ fn classify(value: Value) -> Document {
     let decoded = match kind.as_str() {
         "MusterJob" => decode::<MusterJob>(&value).map(|(j, u)| (Manifest::Job(Box::new(j)), u)),
         "MusterJobSet" => decode::<MusterJobSet>(&value).map(|(s, u)| (Manifest::JobSet(Box::new(s)), u)),
-        _ => Err(vec![FieldError::not_supported(&FieldPath::new("kind"), quote(&kind), &["MusterJob", "MusterJobSet"])]),
+        _ => {
+            Err(vec![FieldError::not_supported(&FieldPath::new("kind"), quote(&kind), &["MusterJob", "MusterJobSet"])])
+        }
     };
     match decoded {
         Ok((manifest, unknown)) => Document::Object { kind, name, manifest, unknown },

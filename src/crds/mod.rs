@@ -1,6 +1,9 @@
 //! API types only (serde + schemars + CEL), no logic: the building blocks, the batch kinds
 //! users write, and the scheduling kinds muster compiles them into.
 
+// The derive macros take many `printcolumn(..)`/`validation = ..` arguments of one name.
+#![allow(clippy::duplicated_attributes)]
+
 pub mod batch;
 pub mod blocks;
 pub mod scheduling;
@@ -8,8 +11,8 @@ pub mod scheduling;
 pub use batch::{MusterJob, MusterJobSet, MusterJobSetSpec, MusterJobSpec};
 pub use blocks::*;
 pub use scheduling::{
-    CompositePodGroup, CompositePodGroupSpec, CompositePodGroupTemplate, PodGroup, PodGroupSpec,
-    PodGroupTemplate, Workload, WorkloadSpec,
+    CompositePodGroup, CompositePodGroupSpec, CompositePodGroupTemplate, PodGroup, PodGroupSpec, PodGroupTemplate,
+    Workload, WorkloadSpec,
 };
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -42,13 +45,7 @@ pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 
 /// Every CRD muster serves, in a stable order.
 pub fn all() -> Vec<CustomResourceDefinition> {
-    vec![
-        MusterJob::crd(),
-        MusterJobSet::crd(),
-        Workload::crd(),
-        PodGroup::crd(),
-        CompositePodGroup::crd(),
-    ]
+    vec![MusterJob::crd(), MusterJobSet::crd(), Workload::crd(), PodGroup::crd(), CompositePodGroup::crd()]
 }
 
 /// All CRDs as one multi-document YAML stream.

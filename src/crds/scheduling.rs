@@ -301,7 +301,12 @@ pub struct AdmissionPlan {
     category = "muster",
     status = "PodGroupStatus",
     doc = "A group of pods admitted together (mirrors scheduling.k8s.io PodGroup). Pods join with the label scheduling.muster.dev/pod-group.",
-    printcolumn(name = "Min", type_ = "integer", json_path = ".status.minCount", description = "pods needed before any starts"),
+    printcolumn(
+        name = "Min",
+        type_ = "integer",
+        json_path = ".status.minCount",
+        description = "pods needed before any starts"
+    ),
     printcolumn(name = "Pods", type_ = "integer", json_path = ".status.pods"),
     printcolumn(name = "Admitted", type_ = "integer", json_path = ".status.admitted"),
     printcolumn(name = "Running", type_ = "integer", json_path = ".status.running"),
@@ -421,7 +426,12 @@ pub struct PodGroupStatus {
     category = "muster",
     status = "CompositePodGroupStatus",
     doc = "A group of PodGroups (and CompositePodGroups) admitted together (mirrors scheduling.k8s.io CompositePodGroup).",
-    printcolumn(name = "Min", type_ = "integer", json_path = ".status.minGroupCount", description = "child groups needed before any starts"),
+    printcolumn(
+        name = "Min",
+        type_ = "integer",
+        json_path = ".status.minGroupCount",
+        description = "child groups needed before any starts"
+    ),
     printcolumn(name = "Children", type_ = "integer", json_path = ".status.children"),
     printcolumn(name = "Quorate", type_ = "integer", json_path = ".status.quorateChildren"),
     printcolumn(name = "Admitted", type_ = "integer", json_path = ".status.admittedChildren"),

@@ -6,8 +6,8 @@ use crate::crds::blocks::{
     CompositeGangSchedulingPolicy, CompositePodGroupSchedulingPolicy, DisruptionMode, PolicyKind,
 };
 use crate::crds::scheduling::{
-    CompositePodGroup, CompositePodGroupSpec, CompositePodGroupTemplate, PodGroup, PodGroupSpec,
-    PodGroupTemplate, Workload, WorkloadControllerRef, WorkloadReference, WorkloadSpec,
+    CompositePodGroup, CompositePodGroupSpec, CompositePodGroupTemplate, PodGroup, PodGroupSpec, PodGroupTemplate,
+    Workload, WorkloadControllerRef, WorkloadReference, WorkloadSpec,
 };
 
 use super::item::WorkloadItem;
@@ -104,9 +104,11 @@ fn composite_template(item: &WorkloadItem) -> Result<CompositePodGroupTemplate, 
 /// Finds a leaf template anywhere in the tree.
 pub fn find_pod_group_template<'a>(workload: &'a Workload, name: &str) -> Option<&'a PodGroupTemplate> {
     fn in_composite<'a>(c: &'a CompositePodGroupTemplate, name: &str) -> Option<&'a PodGroupTemplate> {
-        c.pod_group_templates.iter().flatten().find(|t| t.name == name).or_else(|| {
-            c.composite_pod_group_templates.iter().flatten().find_map(|cc| in_composite(cc, name))
-        })
+        c.pod_group_templates
+            .iter()
+            .flatten()
+            .find(|t| t.name == name)
+            .or_else(|| c.composite_pod_group_templates.iter().flatten().find_map(|cc| in_composite(cc, name)))
     }
     workload
         .spec
@@ -145,7 +147,12 @@ fn workload_ref(workload: &Workload, template: &str) -> WorkloadReference {
     }
 }
 
-pub(super) fn pod_group(workload: &Workload, opts: &BuildOptions, name: &str, template: &str) -> Result<PodGroup, BuildError> {
+pub(super) fn pod_group(
+    workload: &Workload,
+    opts: &BuildOptions,
+    name: &str,
+    template: &str,
+) -> Result<PodGroup, BuildError> {
     let t = find_pod_group_template(workload, template)
         .ok_or_else(|| BuildError::TemplateNotFound { kind: "PodGroupTemplate", name: template.to_string() })?;
     Ok(PodGroup {
@@ -171,8 +178,10 @@ pub(super) fn composite_pod_group(
     name: &str,
     template: &str,
 ) -> Result<CompositePodGroup, BuildError> {
-    let t = find_composite_template(workload, template)
-        .ok_or_else(|| BuildError::TemplateNotFound { kind: "CompositePodGroupTemplate", name: template.to_string() })?;
+    let t = find_composite_template(workload, template).ok_or_else(|| BuildError::TemplateNotFound {
+        kind: "CompositePodGroupTemplate",
+        name: template.to_string(),
+    })?;
     Ok(CompositePodGroup {
         metadata: runtime_meta(workload, opts, name)?,
         spec: CompositePodGroupSpec {

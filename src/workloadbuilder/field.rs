@@ -14,11 +14,7 @@ impl FieldPath {
     }
     /// The path of a named child field.
     pub fn child(&self, name: &str) -> Self {
-        if self.0.is_empty() {
-            Self(name.to_string())
-        } else {
-            Self(format!("{}.{name}", self.0))
-        }
+        if self.0.is_empty() { Self(name.to_string()) } else { Self(format!("{}.{name}", self.0)) }
     }
     /// The path of a list element.
     pub fn index(&self, i: usize) -> Self {
@@ -112,7 +108,12 @@ impl FieldError {
     /// `Unsupported value: value: supported values: ...`.
     pub fn not_supported(path: &FieldPath, value: impl fmt::Display, supported: &[&str]) -> Self {
         let list: Vec<String> = supported.iter().map(|s| quote(s)).collect();
-        Self::new(ErrorType::NotSupported, path, Some(value.to_string()), format!("supported values: {}", list.join(", ")))
+        Self::new(
+            ErrorType::NotSupported,
+            path,
+            Some(value.to_string()),
+            format!("supported values: {}", list.join(", ")),
+        )
     }
     /// `Not found: value`.
     pub fn not_found(path: &FieldPath, value: impl fmt::Display) -> Self {
@@ -261,11 +262,20 @@ mod tests {
     fn error_bodies_match_apimachinery() {
         let p = FieldPath::new("spec").child("x");
         assert_eq!(FieldError::required(&p, "").to_string(), "spec.x: Required value");
-        assert_eq!(FieldError::invalid(&p, 0, "must be greater than or equal to 1").to_string(), "spec.x: Invalid value: 0: must be greater than or equal to 1");
-        assert_eq!(FieldError::invalid(&p, quote(""), "must specify one of: `basic`, `gang`").to_string(), "spec.x: Invalid value: \"\": must specify one of: `basic`, `gang`");
+        assert_eq!(
+            FieldError::invalid(&p, 0, "must be greater than or equal to 1").to_string(),
+            "spec.x: Invalid value: 0: must be greater than or equal to 1"
+        );
+        assert_eq!(
+            FieldError::invalid(&p, quote(""), "must specify one of: `basic`, `gang`").to_string(),
+            "spec.x: Invalid value: \"\": must specify one of: `basic`, `gang`"
+        );
         assert_eq!(FieldError::too_many(&p, 5, 4).to_string(), "spec.x: Too many: 5: must have at most 4 items");
         assert_eq!(FieldError::duplicate(&p, quote("a")).to_string(), "spec.x: Duplicate value: \"a\"");
-        assert_eq!(FieldError::not_supported(&p, quote("Always"), &["Never", "OnFailure"]).to_string(), "spec.x: Unsupported value: \"Always\": supported values: \"Never\", \"OnFailure\"");
+        assert_eq!(
+            FieldError::not_supported(&p, quote("Always"), &["Never", "OnFailure"]).to_string(),
+            "spec.x: Unsupported value: \"Always\": supported values: \"Never\", \"OnFailure\""
+        );
         assert_eq!(FieldError::forbidden(&p, "no").to_string(), "spec.x: Forbidden: no");
     }
 

@@ -5,8 +5,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::crds::blocks::{
-    CompositePodGroupSchedulingPolicy, DisruptionMode, PodGroupResourceClaim,
-    PodGroupSchedulingPolicy, SchedulingConstraints,
+    CompositePodGroupSchedulingPolicy, DisruptionMode, PodGroupResourceClaim, PodGroupSchedulingPolicy,
+    SchedulingConstraints,
 };
 
 use super::field::FieldPath;
@@ -46,7 +46,10 @@ impl PolicyInput {
             PolicyInput::PodGroup(p) => p.clone(),
             PolicyInput::Composite(c) => PodGroupSchedulingPolicy {
                 basic: c.basic.clone(),
-                gang: c.gang.as_ref().map(|g| crate::crds::blocks::GangSchedulingPolicy { min_count: g.min_group_count }),
+                gang: c
+                    .gang
+                    .as_ref()
+                    .map(|g| crate::crds::blocks::GangSchedulingPolicy { min_count: g.min_group_count }),
             },
         }
     }
@@ -155,7 +158,11 @@ impl WorkloadItem {
     }
     /// The path of the constraints block.
     pub fn constraints_path(&self) -> FieldPath {
-        self.input.constraints.as_ref().map(|b| b.path.clone()).unwrap_or_else(|| self.path.child("schedulingConstraints"))
+        self.input
+            .constraints
+            .as_ref()
+            .map(|b| b.path.clone())
+            .unwrap_or_else(|| self.path.child("schedulingConstraints"))
     }
     /// The path of the claims list.
     pub fn resource_claims_path(&self) -> FieldPath {

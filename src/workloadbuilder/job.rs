@@ -8,8 +8,10 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
-use crate::crds::batch::{CompletionMode, MAX_SCHEDULED_REPLICATED_JOBS, MusterJob, MusterJobSet, MusterJobSetSpec, MusterJobSpec};
-use crate::crds::blocks::{CompositePodGroupScheduling, PodGroupSchedulingPolicy, PodGroupScheduling};
+use crate::crds::batch::{
+    CompletionMode, MAX_SCHEDULED_REPLICATED_JOBS, MusterJob, MusterJobSet, MusterJobSetSpec, MusterJobSpec,
+};
+use crate::crds::blocks::{CompositePodGroupScheduling, PodGroupScheduling, PodGroupSchedulingPolicy};
 use crate::crds::{ADMISSION_GATE, POD_GROUP_LABEL};
 
 use super::field::{ErrorList, FieldError, FieldPath, dns_label_errors, quote};
@@ -51,7 +53,10 @@ pub fn job_item(spec: &MusterJobSpec, template_name: &str, spec_path: &FieldPath
 fn leaf_input(scheduling: Option<&PodGroupScheduling>, path: &FieldPath) -> WorkloadInput {
     let Some(s) = scheduling else { return WorkloadInput::default() };
     WorkloadInput {
-        policy: s.scheduling_policy.clone().map(|p| Block::new(PolicyInput::PodGroup(p), path.child("schedulingPolicy"))),
+        policy: s
+            .scheduling_policy
+            .clone()
+            .map(|p| Block::new(PolicyInput::PodGroup(p), path.child("schedulingPolicy"))),
         constraints: s.scheduling_constraints.clone().map(|c| Block::new(c, path.child("schedulingConstraints"))),
         disruption_mode: s.disruption_mode.clone().map(|m| Block::new(m, path.child("disruptionMode"))),
         resource_claims: s.resource_claims.clone().map(|c| Block::new(c, path.child("resourceClaims"))),
@@ -60,8 +65,14 @@ fn leaf_input(scheduling: Option<&PodGroupScheduling>, path: &FieldPath) -> Work
 
 fn composite_input(scheduling: &CompositePodGroupScheduling, path: &FieldPath) -> WorkloadInput {
     WorkloadInput {
-        policy: scheduling.scheduling_policy.clone().map(|p| Block::new(PolicyInput::Composite(p), path.child("schedulingPolicy"))),
-        constraints: scheduling.scheduling_constraints.clone().map(|c| Block::new(c, path.child("schedulingConstraints"))),
+        policy: scheduling
+            .scheduling_policy
+            .clone()
+            .map(|p| Block::new(PolicyInput::Composite(p), path.child("schedulingPolicy"))),
+        constraints: scheduling
+            .scheduling_constraints
+            .clone()
+            .map(|c| Block::new(c, path.child("schedulingConstraints"))),
         disruption_mode: scheduling.disruption_mode.clone().map(|m| Block::new(m, path.child("disruptionMode"))),
         resource_claims: None,
     }
@@ -117,7 +128,11 @@ fn name_errors(name: Option<&str>) -> ErrorList {
         errs.push(FieldError::invalid(&path, quote(name), msg));
     }
     if name.len() > MAX_JOB_NAME_LENGTH {
-        errs.push(FieldError::invalid(&path, quote(name), format!("must be no more than {MAX_JOB_NAME_LENGTH} characters")));
+        errs.push(FieldError::invalid(
+            &path,
+            quote(name),
+            format!("must be no more than {MAX_JOB_NAME_LENGTH} characters"),
+        ));
     }
     errs
 }
@@ -144,10 +159,16 @@ fn template_errors(template: &PodTemplateSpec, path: &FieldPath) -> ErrorList {
         errs.push(FieldError::required(&spec_path.child("containers"), ""));
     }
     if spec.node_name.as_deref().is_some_and(|n| !n.is_empty()) {
-        errs.push(FieldError::forbidden(&spec_path.child("nodeName"), "may not be set: muster pins each pod to a node when its gang is admitted"));
+        errs.push(FieldError::forbidden(
+            &spec_path.child("nodeName"),
+            "may not be set: muster pins each pod to a node when its gang is admitted",
+        ));
     }
     if spec.scheduling_gates.iter().flatten().any(|g| g.name == ADMISSION_GATE) {
-        errs.push(FieldError::forbidden(&spec_path.child("schedulingGates"), format!("{ADMISSION_GATE} is added by muster")));
+        errs.push(FieldError::forbidden(
+            &spec_path.child("schedulingGates"),
+            format!("{ADMISSION_GATE} is added by muster"),
+        ));
     }
     if let Some(labels) = template.metadata.as_ref().and_then(|m| m.labels.as_ref())
         && labels.contains_key(POD_GROUP_LABEL)
@@ -191,7 +212,11 @@ fn job_spec_errors(spec: &MusterJobSpec, old: Option<&MusterJobSpec>, path: &Fie
             ));
         }
         if spec.completion_mode != old.completion_mode {
-            errs.push(FieldError::invalid(&path.child("completionMode"), quote(&format!("{:?}", spec.completion_mode)), "field is immutable"));
+            errs.push(FieldError::invalid(
+                &path.child("completionMode"),
+                quote(&format!("{:?}", spec.completion_mode)),
+                "field is immutable",
+            ));
         }
     }
     errs
@@ -236,7 +261,11 @@ pub fn validate_jobset(set: &MusterJobSet, old: Option<&MusterJobSet>) -> ErrorL
         return errs;
     }
     if spec.replicated_jobs.len() > crate::crds::batch::MAX_REPLICATED_JOBS {
-        errs.push(FieldError::too_many(&rjobs_path, spec.replicated_jobs.len(), crate::crds::batch::MAX_REPLICATED_JOBS));
+        errs.push(FieldError::too_many(
+            &rjobs_path,
+            spec.replicated_jobs.len(),
+            crate::crds::batch::MAX_REPLICATED_JOBS,
+        ));
         return errs;
     }
     let mut names = std::collections::BTreeSet::new();
@@ -291,9 +320,13 @@ pub fn validate_jobset(set: &MusterJobSet, old: Option<&MusterJobSet>) -> ErrorL
         non_negative(&mut errs, spec_path.child("failurePolicy").child("maxRestarts"), failure.max_restarts.into());
     }
     if let Some(old) = old {
-        let shape = |s: &MusterJobSetSpec| s.replicated_jobs.iter().map(|r| (r.name.clone(), r.replicas)).collect::<Vec<_>>();
+        let shape =
+            |s: &MusterJobSetSpec| s.replicated_jobs.iter().map(|r| (r.name.clone(), r.replicas)).collect::<Vec<_>>();
         if shape(spec) != shape(&old.spec) {
-            errs.push(FieldError::forbidden(&rjobs_path, "replicatedJobs may not be added, removed, renamed or resized"));
+            errs.push(FieldError::forbidden(
+                &rjobs_path,
+                "replicatedJobs may not be added, removed, renamed or resized",
+            ));
             shape_ok = false;
         }
         if spec.scheduling.is_some() != old.spec.scheduling.is_some() {

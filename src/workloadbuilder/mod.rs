@@ -81,7 +81,7 @@ pub enum BuildError {
 }
 
 enum Source {
-    Items(WorkloadItem),
+    Items(Box<WorkloadItem>),
     Existing(Box<Workload>),
 }
 
@@ -96,7 +96,7 @@ pub struct Builder {
 impl Builder {
     /// A builder for the tree under `root`.
     pub fn new(root: WorkloadItem, opts: BuildOptions) -> Self {
-        Self { source: Source::Items(root), opts, workload: OnceLock::new() }
+        Self { source: Source::Items(Box::new(root)), opts, workload: OnceLock::new() }
     }
 
     /// A builder that only makes PodGroups and CompositePodGroups from `workload`'s templates
@@ -138,18 +138,18 @@ impl Builder {
         Ok(self.workload.get_or_init(|| built))
     }
 
-    fn existing_or_built(&self) -> Result<&Workload, BuildError> {
-        self.build_workload()
-    }
-
     /// A PodGroup named `name` from the leaf template `template`; the caller sets the parent.
     pub fn new_pod_group(&self, name: &str, template: &str) -> Result<crate::crds::PodGroup, BuildError> {
-        build::pod_group(self.existing_or_built()?, &self.opts, name, template)
+        build::pod_group(self.build_workload()?, &self.opts, name, template)
     }
 
     /// A CompositePodGroup named `name` from the composite template `template`.
-    pub fn new_composite_pod_group(&self, name: &str, template: &str) -> Result<crate::crds::CompositePodGroup, BuildError> {
-        build::composite_pod_group(self.existing_or_built()?, &self.opts, name, template)
+    pub fn new_composite_pod_group(
+        &self,
+        name: &str,
+        template: &str,
+    ) -> Result<crate::crds::CompositePodGroup, BuildError> {
+        build::composite_pod_group(self.build_workload()?, &self.opts, name, template)
     }
 }
 

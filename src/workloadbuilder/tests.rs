@@ -95,7 +95,8 @@ fn empty_user_block_does_not_override_default() {
     let mut item = WorkloadItem::new("main", FieldPath::new("spec"));
     item.default_config.policy = Some(PodGroupSchedulingPolicy::gang(Some(2)));
     item.default_config.disruption_mode = Some(DisruptionMode::all());
-    item.input.policy = Some(Block::new(PolicyInput::PodGroup(PodGroupSchedulingPolicy::default()), FieldPath::new("p")));
+    item.input.policy =
+        Some(Block::new(PolicyInput::PodGroup(PodGroupSchedulingPolicy::default()), FieldPath::new("p")));
     item.input.disruption_mode = Some(Block::new(DisruptionMode::default(), FieldPath::new("m")));
     item.input.constraints = Some(Block::new(SchedulingConstraints { topology: Some(vec![]) }, FieldPath::new("c")));
     let c = item.resolve();
@@ -108,7 +109,8 @@ fn empty_user_block_does_not_override_default() {
 fn user_block_replaces_default_block_whole() {
     let mut item = WorkloadItem::new("main", FieldPath::new("spec"));
     item.default_config.policy = Some(PodGroupSchedulingPolicy::gang(Some(2)));
-    item.input.policy = Some(Block::new(PolicyInput::PodGroup(PodGroupSchedulingPolicy::gang(None)), FieldPath::new("p")));
+    item.input.policy =
+        Some(Block::new(PolicyInput::PodGroup(PodGroupSchedulingPolicy::gang(None)), FieldPath::new("p")));
     // The default's minCount does not leak into the user's gang block.
     assert_eq!(item.resolve().policy, Some(PodGroupSchedulingPolicy::gang(None)));
 }
@@ -139,7 +141,10 @@ fn policy_union_requires_one_member() {
     let s = PodGroupScheduling { scheduling_policy: Some(PodGroupSchedulingPolicy::default()), ..Default::default() };
     let errs = validate(leaf(&job_spec(2, Some(s))), None);
     assert_eq!(errs.len(), 1, "{errs:?}");
-    assert_eq!(errs[0].to_string(), "spec.scheduling.schedulingPolicy: Invalid value: \"\": must specify one of: `basic`, `gang`");
+    assert_eq!(
+        errs[0].to_string(),
+        "spec.scheduling.schedulingPolicy: Invalid value: \"\": must specify one of: `basic`, `gang`"
+    );
 }
 
 #[test]
@@ -161,12 +166,17 @@ fn min_count_must_be_positive() {
 fn min_count_may_not_exceed_parallelism() {
     let errs = validate(leaf(&job_spec(2, Some(gang(Some(3))))), None);
     assert_eq!(errs.len(), 1);
-    assert_eq!(errs[0].to_string(), "spec.scheduling.schedulingPolicy.gang.minCount: Invalid value: 3: must be less than or equal to parallelism (2)");
+    assert_eq!(
+        errs[0].to_string(),
+        "spec.scheduling.schedulingPolicy.gang.minCount: Invalid value: 3: must be less than or equal to parallelism (2)"
+    );
 }
 
 #[test]
 fn topology_allows_one_constraint() {
-    let c = SchedulingConstraints { topology: Some(vec![TopologyConstraint { key: "a".into() }, TopologyConstraint { key: "b".into() }]) };
+    let c = SchedulingConstraints {
+        topology: Some(vec![TopologyConstraint { key: "a".into() }, TopologyConstraint { key: "b".into() }]),
+    };
     let s = PodGroupScheduling { scheduling_constraints: Some(c), ..gang(None) };
     let errs = validate(leaf(&job_spec(2, Some(s))), None);
     assert_eq!(paths(&errs), vec!["spec.scheduling.schedulingConstraints.topology"]);
@@ -179,7 +189,11 @@ fn topology_key_must_be_a_label_key() {
         let s = PodGroupScheduling { scheduling_constraints: Some(SchedulingConstraints::topology(key)), ..gang(None) };
         let errs = validate(leaf(&job_spec(2, Some(s))), None);
         assert!(!errs.is_empty(), "{key:?}");
-        assert!(errs.iter().all(|e| e.path.as_str() == "spec.scheduling.schedulingConstraints.topology[0].key" && e.kind == kind), "{key:?}: {errs:?}");
+        assert!(
+            errs.iter()
+                .all(|e| e.path.as_str() == "spec.scheduling.schedulingConstraints.topology[0].key" && e.kind == kind),
+            "{key:?}: {errs:?}"
+        );
     }
 }
 
@@ -188,7 +202,10 @@ fn disruption_mode_union_requires_one_member() {
     let s = PodGroupScheduling { disruption_mode: Some(DisruptionMode::default()), ..gang(None) };
     let errs = validate(leaf(&job_spec(2, Some(s))), None);
     assert_eq!(errs.len(), 1);
-    assert_eq!(errs[0].to_string(), "spec.scheduling.disruptionMode: Invalid value: \"\": must specify one of: `single`, `all`");
+    assert_eq!(
+        errs[0].to_string(),
+        "spec.scheduling.disruptionMode: Invalid value: \"\": must specify one of: `single`, `all`"
+    );
 }
 
 fn claim(name: &str, claim: Option<&str>, template: Option<&str>) -> PodGroupResourceClaim {
@@ -210,7 +227,10 @@ fn claims_are_limited_to_four() {
 
 #[test]
 fn claim_names_are_unique() {
-    let s = PodGroupScheduling { resource_claims: Some(vec![claim("a", Some("x"), None), claim("a", None, Some("t"))]), ..gang(None) };
+    let s = PodGroupScheduling {
+        resource_claims: Some(vec![claim("a", Some("x"), None), claim("a", None, Some("t"))]),
+        ..gang(None)
+    };
     let errs = validate(leaf(&job_spec(2, Some(s))), None);
     assert_eq!(paths(&errs), vec!["spec.scheduling.resourceClaims[1].name"]);
     assert_eq!(errs[0].kind, ErrorType::Duplicate);
@@ -220,7 +240,10 @@ fn claim_names_are_unique() {
 fn claim_needs_exactly_one_source() {
     for (c, detail) in [
         (claim("a", None, None), "must specify one of: `resourceClaimName`, `resourceClaimTemplateName`"),
-        (claim("a", Some("x"), Some("y")), "must specify exactly one of: `resourceClaimName`, `resourceClaimTemplateName`"),
+        (
+            claim("a", Some("x"), Some("y")),
+            "must specify exactly one of: `resourceClaimName`, `resourceClaimTemplateName`",
+        ),
     ] {
         let s = PodGroupScheduling { resource_claims: Some(vec![c]), ..gang(None) };
         let errs = validate(leaf(&job_spec(2, Some(s))), None);
@@ -241,7 +264,8 @@ fn claim_names_are_dns_names() {
 
 #[test]
 fn structural_validation_can_be_disabled() {
-    let s = PodGroupScheduling { scheduling_constraints: Some(SchedulingConstraints::topology("bad key")), ..gang(None) };
+    let s =
+        PodGroupScheduling { scheduling_constraints: Some(SchedulingConstraints::topology("bad key")), ..gang(None) };
     let mut o = opts();
     o.disable_structural_validation = true;
     assert!(Builder::new(leaf(&job_spec(2, Some(s))), o).validate(None).is_empty());
@@ -255,7 +279,10 @@ fn empty_allow_list_allows_nothing_not_even_the_default() {
     o.allowed_policies.clear();
     let errs = Builder::new(leaf(&job_spec(2, None)), o).validate(None);
     assert_eq!(errs.len(), 1);
-    assert_eq!(errs[0].to_string(), "spec.scheduling.schedulingPolicy: Forbidden: basic scheduling policy is not supported by this controller");
+    assert_eq!(
+        errs[0].to_string(),
+        "spec.scheduling.schedulingPolicy: Forbidden: basic scheduling policy is not supported by this controller"
+    );
 }
 
 #[test]
@@ -265,7 +292,10 @@ fn disallowed_disruption_mode_is_forbidden() {
     let s = PodGroupScheduling { disruption_mode: Some(DisruptionMode::all()), ..gang(None) };
     let errs = Builder::new(leaf(&job_spec(2, Some(s))), o).validate(None);
     assert_eq!(errs.len(), 1);
-    assert_eq!(errs[0].to_string(), "spec.scheduling.disruptionMode: Forbidden: the disruptionMode `all` is not supported by this controller");
+    assert_eq!(
+        errs[0].to_string(),
+        "spec.scheduling.disruptionMode: Forbidden: the disruptionMode `all` is not supported by this controller"
+    );
 }
 
 #[test]
@@ -288,10 +318,14 @@ fn gang_with_disruption_mode_all_is_fine() {
 #[test]
 fn gang_without_any_count_is_required() {
     let mut item = WorkloadItem::new("main", FieldPath::new("spec"));
-    item.input.policy = Some(Block::new(PolicyInput::PodGroup(PodGroupSchedulingPolicy::gang(None)), FieldPath::new("p")));
+    item.input.policy =
+        Some(Block::new(PolicyInput::PodGroup(PodGroupSchedulingPolicy::gang(None)), FieldPath::new("p")));
     let errs = validate(item.clone(), None);
     assert_eq!(paths(&errs), vec!["p.gang.minCount"]);
-    assert_eq!(Builder::new(item, opts()).build_workload().err(), Some(BuildError::MissingCount { template: "main".into(), field: "minCount" }));
+    assert_eq!(
+        Builder::new(item, opts()).build_workload().err(),
+        Some(BuildError::MissingCount { template: "main".into(), field: "minCount" })
+    );
 }
 
 // === update rules ===
@@ -329,9 +363,18 @@ fn writing_out_the_default_is_no_change() {
 fn constraints_mode_and_claims_are_frozen() {
     let old = leaf(&job_spec(2, Some(gang(None))));
     let cases: Vec<(PodGroupScheduling, &str)> = vec![
-        (PodGroupScheduling { scheduling_constraints: Some(SchedulingConstraints::topology("rack")), ..gang(None) }, "spec.scheduling.schedulingConstraints"),
-        (PodGroupScheduling { disruption_mode: Some(DisruptionMode::all()), ..gang(None) }, "spec.scheduling.disruptionMode"),
-        (PodGroupScheduling { resource_claims: Some(vec![claim("a", Some("x"), None)]), ..gang(None) }, "spec.scheduling.resourceClaims"),
+        (
+            PodGroupScheduling { scheduling_constraints: Some(SchedulingConstraints::topology("rack")), ..gang(None) },
+            "spec.scheduling.schedulingConstraints",
+        ),
+        (
+            PodGroupScheduling { disruption_mode: Some(DisruptionMode::all()), ..gang(None) },
+            "spec.scheduling.disruptionMode",
+        ),
+        (
+            PodGroupScheduling { resource_claims: Some(vec![claim("a", Some("x"), None)]), ..gang(None) },
+            "spec.scheduling.resourceClaims",
+        ),
     ];
     for (s, path) in cases {
         let errs = validate(leaf(&job_spec(2, Some(s))), Some(&old));
@@ -342,7 +385,8 @@ fn constraints_mode_and_claims_are_frozen() {
 
 #[test]
 fn unchanged_invalid_blocks_are_ratcheted() {
-    let bad = PodGroupScheduling { scheduling_constraints: Some(SchedulingConstraints::topology("bad key")), ..gang(None) };
+    let bad =
+        PodGroupScheduling { scheduling_constraints: Some(SchedulingConstraints::topology("bad key")), ..gang(None) };
     let old = leaf(&job_spec(2, Some(bad.clone())));
     assert!(validate(leaf(&job_spec(2, Some(bad))), Some(&old)).is_empty());
 }
@@ -351,7 +395,10 @@ fn unchanged_invalid_blocks_are_ratcheted() {
 
 fn composite(name: &str, children: Vec<WorkloadItem>) -> WorkloadItem {
     let mut item = WorkloadItem::new(name, FieldPath::new(name));
-    item.input.policy = Some(Block::new(PolicyInput::Composite(CompositePodGroupSchedulingPolicy::basic()), FieldPath::new(name).child("schedulingPolicy")));
+    item.input.policy = Some(Block::new(
+        PolicyInput::Composite(CompositePodGroupSchedulingPolicy::basic()),
+        FieldPath::new(name).child("schedulingPolicy"),
+    ));
     item.children = children;
     item
 }
@@ -369,7 +416,8 @@ fn template_names_are_unique_across_the_tree() {
 
 #[test]
 fn tree_is_at_most_four_deep() {
-    let deep = composite("l1", vec![composite("l2", vec![composite("l3", vec![composite("l4", vec![named_leaf("l5")])])])]);
+    let deep =
+        composite("l1", vec![composite("l2", vec![composite("l3", vec![composite("l4", vec![named_leaf("l5")])])])]);
     let errs = validate(deep, None);
     assert_eq!(paths(&errs), vec!["l5"]);
     let ok = composite("l1", vec![composite("l2", vec![composite("l3", vec![named_leaf("l4")])])]);
@@ -421,12 +469,16 @@ fn set_spec(scheduling: Option<CompositePodGroupScheduling>, rjobs: &[(&str, i32
 }
 
 fn composite_gang(min: Option<i32>) -> CompositePodGroupScheduling {
-    CompositePodGroupScheduling { scheduling_policy: Some(CompositePodGroupSchedulingPolicy::gang(min)), ..Default::default() }
+    CompositePodGroupScheduling {
+        scheduling_policy: Some(CompositePodGroupSchedulingPolicy::gang(min)),
+        ..Default::default()
+    }
 }
 
 #[test]
 fn min_group_count_defaults_to_the_number_of_child_groups() {
-    let root = jobset_item(&set_spec(Some(composite_gang(None)), &[("driver", 1, 1), ("workers", 3, 4)])).expect("tree");
+    let root =
+        jobset_item(&set_spec(Some(composite_gang(None)), &[("driver", 1, 1), ("workers", 3, 4)])).expect("tree");
     let b = Builder::new(root, opts());
     assert!(b.validate(None).is_empty());
     let w = b.build_workload().expect("builds");
@@ -439,10 +491,14 @@ fn min_group_count_defaults_to_the_number_of_child_groups() {
 
 #[test]
 fn min_group_count_may_not_exceed_child_groups() {
-    let root = jobset_item(&set_spec(Some(composite_gang(Some(5))), &[("driver", 1, 1), ("workers", 3, 4)])).expect("tree");
+    let root =
+        jobset_item(&set_spec(Some(composite_gang(Some(5))), &[("driver", 1, 1), ("workers", 3, 4)])).expect("tree");
     let errs = validate(root, None);
     assert_eq!(errs.len(), 1);
-    assert_eq!(errs[0].to_string(), "spec.scheduling.schedulingPolicy.gang.minGroupCount: Invalid value: 5: must be less than or equal to the number of child groups (4)");
+    assert_eq!(
+        errs[0].to_string(),
+        "spec.scheduling.schedulingPolicy.gang.minGroupCount: Invalid value: 5: must be less than or equal to the number of child groups (4)"
+    );
 }
 
 #[test]
@@ -547,7 +603,10 @@ fn workload_has_owner_and_controller_ref() {
     let w = Builder::new(leaf(&job_spec(2, None)), opts()).build_workload().cloned().expect("builds");
     assert_eq!(w.metadata.owner_references, Some(vec![owner()]));
     let r = w.spec.controller_ref.expect("controllerRef");
-    assert_eq!((r.api_group.as_deref(), r.kind.as_str(), r.name.as_str()), (Some("batch.muster.dev"), "MusterJob", "train"));
+    assert_eq!(
+        (r.api_group.as_deref(), r.kind.as_str(), r.name.as_str()),
+        (Some("batch.muster.dev"), "MusterJob", "train")
+    );
     assert!(w.spec.composite_pod_group_templates.is_none());
 }
 
@@ -579,7 +638,10 @@ fn pod_group_copies_the_template() {
     let r = pg.spec.workload_ref.expect("workloadRef");
     assert_eq!((r.workload_name.as_str(), r.template_name.as_str()), ("train", "main"));
     assert_eq!(pg.spec.scheduling_policy.min_count(), Some(2));
-    assert_eq!(pg.spec.scheduling_constraints.and_then(|c| c.topology_key().map(str::to_string)).as_deref(), Some("rack"));
+    assert_eq!(
+        pg.spec.scheduling_constraints.and_then(|c| c.topology_key().map(str::to_string)).as_deref(),
+        Some("rack")
+    );
     assert_eq!(pg.spec.resource_claims.map(|c| c.len()), Some(1));
     assert_eq!(pg.spec.disruption_mode, DisruptionMode::single(), "PodGroup defaults to single");
     assert_eq!(pg.spec.parent_composite_pod_group_name, None);
@@ -587,7 +649,8 @@ fn pod_group_copies_the_template() {
 
 #[test]
 fn runtime_groups_from_an_existing_workload() {
-    let root = jobset_item(&set_spec(Some(composite_gang(None)), &[("driver", 1, 1), ("workers", 2, 4)])).expect("tree");
+    let root =
+        jobset_item(&set_spec(Some(composite_gang(None)), &[("driver", 1, 1), ("workers", 2, 4)])).expect("tree");
     let w = Builder::new(root, opts()).build_workload().cloned().expect("builds");
     let child = Builder::from_existing_workload(w, BuildOptions::all_allowed("", "ns", Some(owner())));
     let pg = child.new_pod_group("s-workers-1", "workers").expect("pod group");
@@ -611,7 +674,12 @@ fn arb_policy() -> impl Strategy<Value = Option<PodGroupSchedulingPolicy>> {
 }
 
 fn arb_mode() -> impl Strategy<Value = Option<DisruptionMode>> {
-    prop_oneof![Just(None), Just(Some(DisruptionMode::single())), Just(Some(DisruptionMode::all())), Just(Some(DisruptionMode::default()))]
+    prop_oneof![
+        Just(None),
+        Just(Some(DisruptionMode::single())),
+        Just(Some(DisruptionMode::all())),
+        Just(Some(DisruptionMode::default()))
+    ]
 }
 
 fn arb_constraints() -> impl Strategy<Value = Option<SchedulingConstraints>> {
@@ -625,19 +693,15 @@ fn arb_constraints() -> impl Strategy<Value = Option<SchedulingConstraints>> {
 
 fn arb_claims() -> impl Strategy<Value = Option<Vec<PodGroupResourceClaim>>> {
     proptest::option::of(proptest::collection::vec(
-        (prop_oneof![Just("a"), Just("b"), Just("c"), Just("d"), Just("e")], any::<bool>()).prop_map(|(n, t)| {
-            if t { claim(n, None, Some("tpl")) } else { claim(n, Some("claim"), None) }
-        }),
+        (prop_oneof![Just("a"), Just("b"), Just("c"), Just("d"), Just("e")], any::<bool>())
+            .prop_map(|(n, t)| if t { claim(n, None, Some("tpl")) } else { claim(n, Some("claim"), None) }),
         0..6,
     ))
 }
 
 fn arb_scheduling() -> impl Strategy<Value = Option<PodGroupScheduling>> {
-    proptest::option::of((arb_policy(), arb_constraints(), arb_mode(), arb_claims()).prop_map(|(p, c, m, r)| PodGroupScheduling {
-        scheduling_policy: p,
-        scheduling_constraints: c,
-        disruption_mode: m,
-        resource_claims: r,
+    proptest::option::of((arb_policy(), arb_constraints(), arb_mode(), arb_claims()).prop_map(|(p, c, m, r)| {
+        PodGroupScheduling { scheduling_policy: p, scheduling_constraints: c, disruption_mode: m, resource_claims: r }
     }))
 }
 
@@ -652,27 +716,29 @@ fn arb_tree() -> impl Strategy<Value = WorkloadItem> {
         job_item(&spec, &format!("t{n}"), &FieldPath::new(&format!("t{n}")))
     });
     leaf.prop_recursive(5, 64, 10, |inner| {
-        (0u8..24, proptest::collection::vec(inner, 1..10), proptest::option::of(0i32..6), 1i32..3).prop_map(|(n, children, min, replicas)| {
-            let mut item = WorkloadItem::new(format!("t{n}"), FieldPath::new(&format!("t{n}")));
-            item.input.policy = Some(Block::new(
-                PolicyInput::Composite(match min {
-                    Some(0) => CompositePodGroupSchedulingPolicy::basic(),
-                    m => CompositePodGroupSchedulingPolicy::gang(m),
-                }),
-                item.path.child("schedulingPolicy"),
-            ));
-            item.children = children;
-            let groups = item.child_group_count();
-            item.callbacks.push(Arc::new(move |c: &mut SchedulingConfig| {
-                if let Some(g) = c.policy.as_mut().and_then(|p| p.gang.as_mut())
-                    && g.min_count.is_none()
-                {
-                    g.min_count = Some(groups.max(1));
-                }
-            }));
-            item.replicas = replicas;
-            item
-        })
+        (0u8..24, proptest::collection::vec(inner, 1..10), proptest::option::of(0i32..6), 1i32..3).prop_map(
+            |(n, children, min, replicas)| {
+                let mut item = WorkloadItem::new(format!("t{n}"), FieldPath::new(&format!("t{n}")));
+                item.input.policy = Some(Block::new(
+                    PolicyInput::Composite(match min {
+                        Some(0) => CompositePodGroupSchedulingPolicy::basic(),
+                        m => CompositePodGroupSchedulingPolicy::gang(m),
+                    }),
+                    item.path.child("schedulingPolicy"),
+                ));
+                item.children = children;
+                let groups = item.child_group_count();
+                item.callbacks.push(Arc::new(move |c: &mut SchedulingConfig| {
+                    if let Some(g) = c.policy.as_mut().and_then(|p| p.gang.as_mut())
+                        && g.min_count.is_none()
+                    {
+                        g.min_count = Some(groups.max(1));
+                    }
+                }));
+                item.replicas = replicas;
+                item
+            },
+        )
     })
 }
 
@@ -739,12 +805,19 @@ proptest! {
     }
 
     #[test]
-    fn validation_never_panics_on_updates(old in arb_job_spec(), new in arb_job_spec()) {
-        let errs = validate(leaf(&new), Some(&leaf(&old)));
-        // min_count alone never makes an update invalid when the rest is unchanged and valid
-        if errs.is_empty() && old.scheduling == new.scheduling {
-            prop_assert!(validate(leaf(&new), None).is_empty());
+    fn updates_never_panic(old in arb_job_spec(), new in arb_job_spec()) {
+        let _ = validate(leaf(&new), Some(&leaf(&old)));
+    }
+
+    #[test]
+    fn changing_only_min_count_and_parallelism_adds_no_update_error(old in arb_job_spec(), parallelism in 0i32..10, min in proptest::option::of(1i32..10)) {
+        prop_assume!(validate(leaf(&old), None).is_empty());
+        let mut new = old.clone();
+        new.parallelism = parallelism;
+        if let Some(g) = new.scheduling.as_mut().and_then(|s| s.scheduling_policy.as_mut()).and_then(|p| p.gang.as_mut()) {
+            g.min_count = min;
         }
+        prop_assert_eq!(validate(leaf(&new), Some(&leaf(&old))), validate(leaf(&new), None));
     }
 
     #[test]

@@ -12,8 +12,7 @@ use crate::crds::scheduling::{MAX_DEPTH, MAX_TEMPLATES};
 
 use super::BuildOptions;
 use super::field::{
-    ErrorList, FieldError, FieldPath, dns_label_errors, dns_subdomain_errors, is_dns_label,
-    label_key_errors, quote,
+    ErrorList, FieldError, FieldPath, dns_label_errors, dns_subdomain_errors, is_dns_label, label_key_errors, quote,
 };
 use super::item::{PolicyInput, SchedulingConfig, WorkloadItem};
 
@@ -66,10 +65,16 @@ fn tree_errors(root: &WorkloadItem, old: Option<&WorkloadItem>) -> ErrorList {
         } else if !is_dns_label(&item.name) {
             errs.push(FieldError::internal(&item.path, format!("template name {:?} is not a DNS label", item.name)));
         } else if !seen.insert(item.name.as_str()) {
-            errs.push(FieldError::internal(&item.path, format!("template name {:?} is used twice in the tree", item.name)));
+            errs.push(FieldError::internal(
+                &item.path,
+                format!("template name {:?} is used twice in the tree", item.name),
+            ));
         }
         if depth > MAX_DEPTH {
-            errs.push(FieldError::internal(&item.path, format!("the template tree may be at most {MAX_DEPTH} levels deep")));
+            errs.push(FieldError::internal(
+                &item.path,
+                format!("the template tree may be at most {MAX_DEPTH} levels deep"),
+            ));
         }
         let leaves = item.children.iter().filter(|c| !c.is_composite()).count();
         let composites = item.children.len() - leaves;
@@ -85,8 +90,13 @@ fn tree_errors(root: &WorkloadItem, old: Option<&WorkloadItem>) -> ErrorList {
             }
             _ => {}
         }
-        if item.is_composite() && (item.input.resource_claims.is_some() || !item.default_config.resource_claims.is_empty()) {
-            errs.push(FieldError::internal(&item.resource_claims_path(), "resource claims are not supported on composite groups"));
+        if item.is_composite()
+            && (item.input.resource_claims.is_some() || !item.default_config.resource_claims.is_empty())
+        {
+            errs.push(FieldError::internal(
+                &item.resource_claims_path(),
+                "resource claims are not supported on composite groups",
+            ));
         }
     });
     if let Some(old) = old
@@ -136,7 +146,9 @@ fn union_error(path: &FieldPath, members: &[&str], set: usize) -> Option<FieldEr
 fn policy_block_errors(policy: &PolicyInput, path: &FieldPath) -> ErrorList {
     let common = policy.to_config();
     let mut errs: ErrorList =
-        union_error(path, &["basic", "gang"], common.basic.is_some() as usize + common.gang.is_some() as usize).into_iter().collect();
+        union_error(path, &["basic", "gang"], common.basic.is_some() as usize + common.gang.is_some() as usize)
+            .into_iter()
+            .collect();
     if let Some(count) = common.min_count()
         && count < 1
     {
@@ -170,7 +182,9 @@ fn constraints_errors(constraints: &SchedulingConstraints, path: &FieldPath) -> 
 }
 
 fn disruption_mode_errors(mode: &DisruptionMode, path: &FieldPath) -> ErrorList {
-    union_error(path, &["single", "all"], mode.single.is_some() as usize + mode.all.is_some() as usize).into_iter().collect()
+    union_error(path, &["single", "all"], mode.single.is_some() as usize + mode.all.is_some() as usize)
+        .into_iter()
+        .collect()
 }
 
 fn claims_errors(claims: &[PodGroupResourceClaim], path: &FieldPath) -> ErrorList {
@@ -228,7 +242,10 @@ fn resolved_errors(item: &WorkloadItem, opts: &BuildOptions) -> ErrorList {
     let policy_path = item.policy_path();
     let policy_well_formed = config.policy.as_ref().is_none_or(|p| p.kind().is_some());
     if policy_well_formed && !opts.allowed_policies.contains(&kind) {
-        errs.push(FieldError::forbidden(&policy_path, format!("{} scheduling policy is not supported by this controller", kind_name(kind))));
+        errs.push(FieldError::forbidden(
+            &policy_path,
+            format!("{} scheduling policy is not supported by this controller", kind_name(kind)),
+        ));
     }
     let mode = config.disruption_mode.as_ref().and_then(DisruptionMode::kind);
     if let Some(mode) = mode
@@ -238,7 +255,10 @@ fn resolved_errors(item: &WorkloadItem, opts: &BuildOptions) -> ErrorList {
             DisruptionModeKind::Single => "single",
             DisruptionModeKind::All => "all",
         };
-        errs.push(FieldError::forbidden(&item.disruption_mode_path(), format!("the disruptionMode `{name}` is not supported by this controller")));
+        errs.push(FieldError::forbidden(
+            &item.disruption_mode_path(),
+            format!("the disruptionMode `{name}` is not supported by this controller"),
+        ));
     }
     if policy_well_formed && kind == PolicyKind::Basic && mode == Some(DisruptionModeKind::All) {
         errs.push(FieldError::invalid(
@@ -259,12 +279,20 @@ fn resolved_errors(item: &WorkloadItem, opts: &BuildOptions) -> ErrorList {
         if item.is_composite() {
             let groups = item.child_group_count();
             if count > groups {
-                errs.push(FieldError::invalid(&count_path, count, format!("must be less than or equal to the number of child groups ({groups})")));
+                errs.push(FieldError::invalid(
+                    &count_path,
+                    count,
+                    format!("must be less than or equal to the number of child groups ({groups})"),
+                ));
             }
         } else if let Some(pods) = item.pod_count
             && count > pods
         {
-            errs.push(FieldError::invalid(&count_path, count, format!("must be less than or equal to parallelism ({pods})")));
+            errs.push(FieldError::invalid(
+                &count_path,
+                count,
+                format!("must be less than or equal to parallelism ({pods})"),
+            ));
         }
     }
     errs
@@ -293,20 +321,39 @@ fn frozen_field_errors(item: &WorkloadItem, old: &WorkloadItem) -> ErrorList {
         errs.push(FieldError::invalid(
             &item.policy_path(),
             quote(kind_name(new_kind)),
-            format!("field is immutable: the scheduling policy may not change from `{}` to `{}`", kind_name(old_kind), kind_name(new_kind)),
+            format!(
+                "field is immutable: the scheduling policy may not change from `{}` to `{}`",
+                kind_name(old_kind),
+                kind_name(new_kind)
+            ),
         ));
-    } else if item.is_composite() && new_config.policy.as_ref().and_then(|p| p.min_count()) != old_config.policy.as_ref().and_then(|p| p.min_count()) {
+    } else if item.is_composite()
+        && new_config.policy.as_ref().and_then(|p| p.min_count())
+            != old_config.policy.as_ref().and_then(|p| p.min_count())
+    {
         let count = new_config.policy.as_ref().and_then(|p| p.min_count()).unwrap_or_default();
-        errs.push(FieldError::invalid(&item.policy_path().child("gang").child("minGroupCount"), count, "field is immutable"));
+        errs.push(FieldError::invalid(
+            &item.policy_path().child("gang").child("minGroupCount"),
+            count,
+            "field is immutable",
+        ));
     }
     if normalized_constraints(&new_config.constraints) != normalized_constraints(&old_config.constraints) {
         errs.push(FieldError::invalid(&item.constraints_path(), json(&new_config.constraints), "field is immutable"));
     }
     if normalized_mode(&new_config.disruption_mode) != normalized_mode(&old_config.disruption_mode) {
-        errs.push(FieldError::invalid(&item.disruption_mode_path(), json(&new_config.disruption_mode), "field is immutable"));
+        errs.push(FieldError::invalid(
+            &item.disruption_mode_path(),
+            json(&new_config.disruption_mode),
+            "field is immutable",
+        ));
     }
     if new_config.resource_claims != old_config.resource_claims {
-        errs.push(FieldError::invalid(&item.resource_claims_path(), json(&new_config.resource_claims), "field is immutable"));
+        errs.push(FieldError::invalid(
+            &item.resource_claims_path(),
+            json(&new_config.resource_claims),
+            "field is immutable",
+        ));
     }
     if new_config.priority_class_name != old_config.priority_class_name {
         errs.push(FieldError::invalid(

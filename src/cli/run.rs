@@ -1,0 +1,137 @@
+//! `muster run`: the controller manager against the cluster of `--kubeconfig`/`$KUBECONFIG`
+//! or, inside a pod, its service account.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use kube::Client;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use crate::controllers::{self, Config, ManagerOptions, PlacementStrategy};
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Arguments of `muster run`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Kubeconfig to use (default: $KUBECONFIG, ~/.kube/config, or the in-cluster service account).
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Log level filter (tracing EnvFilter syntax, e.g. `info,muster=debug`).
+    #[arg(long, env = "MUSTER_LOG", default_value = "info")]
+    log_level: String,
+    /// Log format.
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
+    /// Address serving /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    metrics_bind_address: SocketAddr,
+    /// Run the reconcilers only on the replica holding the Lease.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// muster's own namespace (Lease, certificate Secret).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "muster-system")]
+    namespace: String,
+    /// This replica's identity (pod name).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Seconds a committed pod may stay unbound before its gang fails.
+    #[arg(long, default_value_t = 60)]
+    bind_timeout: u64,
+    /// GPUs hotter than this (Celsius) are not offered.
+    #[arg(long, default_value_t = 80.0)]
+    gpu_max_temperature: f64,
+    /// GPUs with less free memory than this fraction of the total are not offered.
+    #[arg(long, default_value_t = 0.3)]
+    gpu_min_free_memory: f64,
+    /// Prometheus that scrapes NVIDIA DCGM exporter, for GPU health (off when unset).
+    #[arg(long)]
+    prometheus_url: Option<String>,
+    /// Seconds GPU metrics are cached.
+    #[arg(long, default_value_t = 10)]
+    gpu_metrics_ttl: u64,
+    /// How admission places pods among nodes that fit.
+    #[arg(long, value_enum, default_value = "bin-pack")]
+    placement_strategy: PlacementStrategy,
+    /// Multi-GPU pods must get GPUs of one NUMA node.
+    #[arg(long, default_value_t = false)]
+    require_single_numa: bool,
+}
+
+fn init_tracing(level: &str, format: LogFormat) {
+    let filter =
+        tracing_subscriber::EnvFilter::try_new(level).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?
+        }
+        None => kube::Config::infer().await?,
+    };
+    Ok(Client::try_from(config)?)
+}
+
+impl Args {
+    fn config(&self) -> Config {
+        let identity = self.identity.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_else(|_| "muster".into());
+            format!("{host}-{}", std::process::id())
+        });
+        Config {
+            bind_timeout: Duration::from_secs(self.bind_timeout),
+            gpu_max_temperature: self.gpu_max_temperature,
+            gpu_min_free_memory: self.gpu_min_free_memory,
+            prometheus_url: self.prometheus_url.clone(),
+            gpu_metrics_ttl: Duration::from_secs(self.gpu_metrics_ttl),
+            placement: self.placement_strategy,
+            require_single_numa: self.require_single_numa,
+            identity,
+            namespace: self.namespace.clone(),
+        }
+    }
+}
+
+/// Runs `muster run`.
+pub fn run(args: Args) -> ExitCode {
+    init_tracing(&args.log_level, args.log_format);
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = runtime.block_on(async {
+        let client = client(args.kubeconfig.as_ref()).await.context("connecting to the cluster")?;
+        let opts = ManagerOptions { http_addr: args.metrics_bind_address, leader_elect: args.leader_elect };
+        controllers::run(client, args.config(), opts).await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "muster stopped");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! What every reconciler shares: the client, the event recorder, metrics, configuration, and
+//! the one error type of the shell.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Client;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+
+use super::metrics::Metrics;
+
+/// How admission places gangs among nodes that fit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlacementStrategy {
+    /// Fill the fullest nodes first, keeping big holes for big gangs.
+    #[default]
+    BinPack,
+    /// Spread pods over the emptiest nodes.
+    Spread,
+}
+
+/// Settings of the controller manager (from the command line).
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// A committed pod not bound within this time fails its gang.
+    pub bind_timeout: Duration,
+    /// GPUs hotter than this (Celsius) are not offered.
+    pub gpu_max_temperature: f64,
+    /// GPUs with less free memory than this fraction are not offered.
+    pub gpu_min_free_memory: f64,
+    /// Prometheus with DCGM exporter series, for GPU health.
+    pub prometheus_url: Option<String>,
+    /// How long GPU metrics are cached.
+    pub gpu_metrics_ttl: Duration,
+    /// Placement scoring.
+    pub placement: PlacementStrategy,
+    /// Multi-GPU pods must stay within one NUMA node.
+    pub require_single_numa: bool,
+    /// This replica's name (pod name), for events and the Lease.
+    pub identity: String,
+    /// muster's own namespace (Lease, Secret).
+    pub namespace: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            bind_timeout: Duration::from_secs(60),
+            gpu_max_temperature: 80.0,
+            gpu_min_free_memory: 0.3,
+            prometheus_url: None,
+            gpu_metrics_ttl: Duration::from_secs(10),
+            placement: PlacementStrategy::BinPack,
+            require_single_numa: false,
+            identity: "muster".into(),
+            namespace: "muster-system".into(),
+        }
+    }
+}
+
+/// Shared state of the reconcilers.
+pub struct Context {
+    /// The API client.
+    pub client: Client,
+    /// Events (deduplicated by the recorder).
+    pub recorder: Recorder,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Settings.
+    pub config: Config,
+}
+
+impl Context {
+    /// A context for `client`.
+    pub fn new(client: Client, metrics: Arc<Metrics>, config: Config) -> Self {
+        let reporter = Reporter { controller: "muster".into(), instance: Some(config.identity.clone()) };
+        Self { recorder: Recorder::new(client.clone(), reporter), client, metrics, config }
+    }
+
+    /// Publishes an event about `object`; failures are logged, never fatal.
+    pub async fn event(
+        &self,
+        object: &ObjectReference,
+        warning: bool,
+        reason: &str,
+        action: &str,
+        note: impl Into<String>,
+    ) {
+        let mut note: String = note.into();
+        if note.len() > 1000 {
+            let mut cut = 997;
+            while !note.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            note.truncate(cut);
+            note.push_str("...");
+        }
+        let ev = Event {
+            type_: if warning { EventType::Warning } else { EventType::Normal },
+            reason: reason.into(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, object).await {
+            tracing::warn!(error = %e, reason, "could not publish event");
+        }
+    }
+}
+
+/// Errors of the reconcilers.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API server refused or failed a request.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// The workloadbuilder could not build (a bug or a changed Workload).
+    #[error("build: {0}")]
+    Build(#[from] crate::workloadbuilder::BuildError),
+    /// An object muster wants to own is owned by someone else.
+    #[error("{0}")]
+    Conflict(String),
+    /// An object needed was not found (yet).
+    #[error("{0}")]
+    Missing(String),
+    /// (De)serialization failed.
+    #[error("serialization: {0}")]
+    Serde(#[from] serde_json::Error),
+}
+
+impl Error {
+    /// A short label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Kube(kube::Error::Api(_)) => "api",
+            Error::Kube(_) => "kube",
+            Error::Build(_) => "build",
+            Error::Conflict(_) => "conflict",
+            Error::Missing(_) => "missing",
+            Error::Serde(_) => "serde",
+        }
+    }
+}
+
+/// The result of a reconcile step.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,367 @@
+//! The MusterJob reconciler: validate, compile the Workload and PodGroup (or, for a
+//! MusterJobSet's child, only the PodGroup from the parent's Workload), run gated pods with
+//! batch/v1 semantics, and report status and events. The decisions live in `plan` (pure).
+
+pub mod plan;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Future, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::core::DeserializeGuard;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use super::context::{Context, Error, Result};
+use super::{conditions, controller_uid};
+use crate::crds::batch::{CompletionMode, JobPhase, MusterJob, MusterJobStatus};
+use crate::crds::blocks::DisruptionModeKind;
+use crate::crds::scheduling::{CompositePodGroup, PodGroup, Workload};
+use crate::crds::{GROUP_TEMPLATE_ANNOTATION, JOB_NAME_LABEL, JOBSET_NAME_LABEL, PARENT_COMPOSITE_ANNOTATION};
+use crate::workloadbuilder::job::{JOB_TEMPLATE_NAME, build_options, job_item, validate_job};
+use crate::workloadbuilder::{Builder, FieldPath};
+use plan::{ObservedPod, condition};
+
+/// Name of this controller in metrics and logs.
+pub const CONTROLLER: &str = "job";
+/// Server-side apply field manager of this controller.
+pub const FIELD_MANAGER: &str = "muster-job-controller";
+/// PodGroup annotation: hashes of the job fields frozen after creation, to notice changes
+/// that got past the webhook.
+pub const FROZEN_HASH_ANNOTATION: &str = "batch.muster.dev/frozen-fields";
+
+/// Runs the controller until `shutdown` resolves.
+pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
+    let jobs = Api::<DeserializeGuard<MusterJob>>::all(ctx.client.clone());
+    let pods = Api::<Pod>::all(ctx.client.clone());
+    Controller::new(jobs, watcher::Config::default().any_semantic())
+        .owns(pods, watcher::Config::default().labels(JOB_NAME_LABEL).any_semantic())
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "job reconcile");
+            }
+        })
+        .await;
+}
+
+fn error_policy(_job: Arc<DeserializeGuard<MusterJob>>, err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.reconcile_error(CONTROLLER, err.metric_label());
+    tracing::warn!(error = %err, "job reconcile failed");
+    Action::requeue(Duration::from_secs(5))
+}
+
+async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, ctx: Arc<Context>) -> Result<Action> {
+    let _timer = ctx.metrics.reconcile(CONTROLLER);
+    let job = match &guard.0 {
+        Ok(job) => job,
+        Err(invalid) => {
+            tracing::warn!(name = ?invalid.metadata.name, namespace = ?invalid.metadata.namespace, error = %invalid.error, "MusterJob does not decode; skipped");
+            return Ok(Action::await_change());
+        }
+    };
+    if job.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let now = Timestamp::now();
+    let errors = validate_job(job, None);
+    if !errors.is_empty() {
+        let message = errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
+        return set_invalid(job, &ctx, "InvalidSpec", &message, now).await;
+    }
+    let group = match ensure_groups(job, &ctx).await? {
+        Ok(group) => group,
+        Err((reason, message)) => return set_invalid(job, &ctx, reason, &message, now).await,
+    };
+    let standalone = !is_child(job);
+    if standalone && job.spec.completion_mode == CompletionMode::Indexed {
+        let name = job.name_any();
+        super::apply_headless_service(
+            &ctx.client,
+            &job.namespace().unwrap_or_default(),
+            &name,
+            JOB_NAME_LABEL,
+            owner_ref(job)?,
+            FIELD_MANAGER,
+        )
+        .await?;
+    }
+    sync_pods(job, &ctx, &group, now).await
+}
+
+/// The groups a job's pods join.
+struct Groups {
+    workload: String,
+    pod_group: String,
+    gang_all: bool,
+}
+
+fn is_child(job: &MusterJob) -> bool {
+    let a = job.annotations();
+    a.contains_key(GROUP_TEMPLATE_ANNOTATION) && a.contains_key(PARENT_COMPOSITE_ANNOTATION)
+}
+
+fn owner_ref(job: &MusterJob) -> Result<OwnerReference> {
+    job.controller_owner_ref(&()).ok_or_else(|| Error::Missing("the MusterJob has no uid yet".into()))
+}
+
+/// Hashes of the fields frozen after creation, as `part=hash` pairs.
+fn frozen_hashes(job: &MusterJob) -> Result<String> {
+    let mut scheduling = serde_json::to_value(&job.spec.scheduling)?;
+    if let Some(gang) = scheduling.pointer_mut("/schedulingPolicy/gang").and_then(|g| g.as_object_mut()) {
+        gang.remove("minCount");
+    }
+    let parts = [
+        ("template", serde_json::to_value(&job.spec.template)?),
+        ("completions", json!([job.spec.completions, job.spec.completion_mode])),
+        ("scheduling", scheduling),
+    ];
+    Ok(parts
+        .iter()
+        .map(|(name, v)| {
+            let digest = Sha256::digest(v.to_string().as_bytes());
+            format!("{name}={}", &hex::encode(digest)[..12])
+        })
+        .collect::<Vec<_>>()
+        .join(","))
+}
+
+fn changed_parts(old: &str, new: &str) -> Vec<String> {
+    let parse = |s: &str| -> BTreeMap<String, String> {
+        s.split(',').filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    };
+    let (o, n) = (parse(old), parse(new));
+    n.iter().filter(|(k, v)| o.get(*k).is_some_and(|ov| ov != *v)).map(|(k, _)| format!("spec.{k}")).collect()
+}
+
+/// Applies the Workload (standalone jobs) and the PodGroup. `Ok(Err(..))` means the job must
+/// not be acted on (a name taken by another owner, or a frozen field changed).
+async fn ensure_groups(job: &MusterJob, ctx: &Context) -> Result<std::result::Result<Groups, (&'static str, String)>> {
+    let ns = job.namespace().unwrap_or_default();
+    let name = job.name_any();
+    let owner = owner_ref(job)?;
+    let uid = owner.uid.clone();
+    let pgs = Api::<PodGroup>::namespaced(ctx.client.clone(), &ns);
+    let hashes = frozen_hashes(job)?;
+    if let Some(existing) = pgs.get_opt(&name).await? {
+        if controller_uid(&existing.metadata) != Some(uid.as_str()) {
+            return Ok(Err((
+                "NameConflict",
+                format!("PodGroup {name} already exists and is not controlled by this MusterJob"),
+            )));
+        }
+        if let Some(old) = existing.annotations().get(FROZEN_HASH_ANNOTATION) {
+            let changed = changed_parts(old, &hashes);
+            if !changed.is_empty() {
+                return Ok(Err((
+                    "FrozenFieldChanged",
+                    format!(
+                        "{} changed after creation; muster does not act on changes to frozen fields (only scheduling.schedulingPolicy.gang.minCount and parallelism may change)",
+                        changed.join(", ")
+                    ),
+                )));
+            }
+        }
+    }
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let (builder, workload_name, template, parent, workload_owner) = if is_child(job) {
+        let a = job.annotations();
+        let template = a.get(GROUP_TEMPLATE_ANNOTATION).cloned().unwrap_or_default();
+        let parent = a.get(PARENT_COMPOSITE_ANNOTATION).cloned().unwrap_or_default();
+        let cpg = Api::<CompositePodGroup>::namespaced(ctx.client.clone(), &ns)
+            .get_opt(&parent)
+            .await?
+            .ok_or_else(|| Error::Missing(format!("parent CompositePodGroup {parent} not found yet")))?;
+        let wl_name = cpg.spec.workload_ref.workload_name.clone();
+        let workload = Api::<Workload>::namespaced(ctx.client.clone(), &ns)
+            .get_opt(&wl_name)
+            .await?
+            .ok_or_else(|| Error::Missing(format!("parent Workload {wl_name} not found yet")))?;
+        let builder = Builder::from_existing_workload(workload, build_options(&wl_name, &ns, Some(owner.clone())));
+        (builder, wl_name, template, Some(parent), None)
+    } else {
+        let item = job_item(&job.spec, JOB_TEMPLATE_NAME, &FieldPath::new("spec"));
+        let builder = Builder::new(item, build_options(&name, &ns, Some(owner.clone())));
+        let workload = builder.build_workload()?.clone();
+        let wls = Api::<Workload>::namespaced(ctx.client.clone(), &ns);
+        if let Some(existing) = wls.get_opt(&name).await?
+            && controller_uid(&existing.metadata) != Some(uid.as_str())
+        {
+            return Ok(Err((
+                "NameConflict",
+                format!("Workload {name} already exists and is not controlled by this MusterJob"),
+            )));
+        }
+        let applied = wls.patch(&name, &params, &Patch::Apply(&workload)).await?;
+        let workload_owner = applied.controller_owner_ref(&()).map(|o| plan::plain_owner_ref(&o));
+        (builder, name.clone(), JOB_TEMPLATE_NAME.to_string(), None, workload_owner)
+    };
+    let mut pg = builder.new_pod_group(&name, &template)?;
+    pg.spec.parent_composite_pod_group_name = parent;
+    // A root job's PodGroup is also owned by its Workload (as upstream's Job controller does).
+    pg.metadata.owner_references.get_or_insert_with(Vec::new).extend(workload_owner);
+    pg.metadata.annotations = Some(BTreeMap::from([(FROZEN_HASH_ANNOTATION.to_string(), hashes)]));
+    let gang_all = pg.spec.disruption_mode.kind() == Some(DisruptionModeKind::All);
+    pgs.patch(&name, &params, &Patch::Apply(&pg)).await?;
+    Ok(Ok(Groups { workload: workload_name, pod_group: name, gang_all }))
+}
+
+async fn sync_pods(job: &MusterJob, ctx: &Context, groups: &Groups, now: Timestamp) -> Result<Action> {
+    let ns = job.namespace().unwrap_or_default();
+    let name = job.name_any();
+    let uid = job.uid().unwrap_or_default();
+    let pods_api = Api::<Pod>::namespaced(ctx.client.clone(), &ns);
+    let pods: Vec<Pod> = pods_api
+        .list(&ListParams::default().labels(&format!("{JOB_NAME_LABEL}={name}")))
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| controller_uid(&p.metadata) == Some(uid.as_str()))
+        .collect();
+    let observed: Vec<ObservedPod> = pods.iter().map(ObservedPod::from_pod).collect();
+    let prev = job.status.clone().unwrap_or_default();
+    let mut decision = plan::plan(&job.spec, job.metadata.generation, &prev, &observed, groups.gang_all, now);
+    decision.status.workload_name = Some(groups.workload.clone());
+    decision.status.pod_group_name = Some(groups.pod_group.clone());
+    let reference = job.object_ref(&());
+
+    for (pod, why) in &decision.delete {
+        match pods_api.delete(pod, &DeleteParams::background()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+        tracing::debug!(job = %name, pod, why, "deleted pod");
+    }
+    if !decision.delete.is_empty() {
+        let why = decision.delete[0].1;
+        ctx.event(
+            &reference,
+            false,
+            "SuccessfulDelete",
+            "DeletePods",
+            format!("Deleted {} pod(s): {why}", decision.delete.len()),
+        )
+        .await;
+    }
+    let subdomain = job
+        .labels()
+        .get(JOBSET_NAME_LABEL)
+        .cloned()
+        .or_else(|| (job.spec.completion_mode == CompletionMode::Indexed).then(|| name.clone()));
+    let mut created = Vec::new();
+    for new in &decision.create {
+        let pod = plan::new_pod(job, new, &groups.pod_group, subdomain.as_deref());
+        match pods_api.create(&PostParams::default(), &pod).await {
+            Ok(p) => created.push(p.name_any()),
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => {
+                ctx.event(&reference, true, "FailedCreate", "CreatePods", format!("Error creating pod: {e}")).await;
+                return Err(e.into());
+            }
+        }
+    }
+    if !created.is_empty() {
+        ctx.event(
+            &reference,
+            false,
+            "SuccessfulCreate",
+            "CreatePods",
+            format!("Created {} gated pod(s) in PodGroup {}: {}", created.len(), groups.pod_group, created.join(", ")),
+        )
+        .await;
+    }
+    if let Some(f) = &decision.finished {
+        let warning = f.condition == condition::FAILED;
+        ctx.event(&reference, warning, f.reason, "Finish", f.message.clone()).await;
+    }
+    let was_suspended = prev.phase == Some(JobPhase::Suspended);
+    let is_suspended = decision.status.phase == Some(JobPhase::Suspended);
+    if was_suspended != is_suspended {
+        let (reason, note) = if is_suspended { ("Suspended", "Job suspended") } else { ("Resumed", "Job resumed") };
+        ctx.event(&reference, false, reason, "Suspend", note).await;
+    }
+    write_status(job, ctx, &decision.status).await?;
+    if decision.delete_job {
+        let api = Api::<MusterJob>::namespaced(ctx.client.clone(), &ns);
+        match api.delete(&name, &DeleteParams::background()).await {
+            Ok(_) => tracing::info!(job = %name, "deleted after ttlSecondsAfterFinished"),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+        return Ok(Action::await_change());
+    }
+    Ok(match decision.requeue_after {
+        Some(s) => Action::requeue(Duration::from_secs(s.max(1) as u64)),
+        None => Action::await_change(),
+    })
+}
+
+async fn write_status(job: &MusterJob, ctx: &Context, status: &MusterJobStatus) -> Result<()> {
+    if job.status.as_ref() == Some(status) {
+        return Ok(());
+    }
+    let api = Api::<MusterJob>::namespaced(ctx.client.clone(), &job.namespace().unwrap_or_default());
+    let body = json!({"apiVersion": "batch.muster.dev/v1alpha1", "kind": "MusterJob", "status": status});
+    api.patch_status(&job.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await?;
+    Ok(())
+}
+
+async fn set_invalid(job: &MusterJob, ctx: &Context, reason: &str, message: &str, now: Timestamp) -> Result<Action> {
+    let mut status = job.status.clone().unwrap_or_default();
+    let changed = conditions::set(
+        &mut status.conditions,
+        condition::INVALID,
+        true,
+        reason,
+        message,
+        job.metadata.generation,
+        now,
+    );
+    status.phase = Some(JobPhase::Invalid);
+    status.observed_generation = job.metadata.generation;
+    if changed {
+        ctx.event(&job.object_ref(&()), true, reason, "Validate", message).await;
+    }
+    write_status(job, ctx, &status).await?;
+    Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frozen_hashes_ignore_min_count_and_parallelism() {
+        let mut job: MusterJob = serde_json::from_value(json!({
+            "apiVersion": "batch.muster.dev/v1alpha1", "kind": "MusterJob",
+            "metadata": {"name": "j"},
+            "spec": {"parallelism": 2, "template": {"spec": {"containers": [{"name": "c", "image": "x"}]}},
+                     "scheduling": {"schedulingPolicy": {"gang": {"minCount": 2}}}},
+        }))
+        .expect("fixture");
+        let before = frozen_hashes(&job).expect("hash");
+        job.spec.parallelism = 4;
+        if let Some(g) =
+            job.spec.scheduling.as_mut().and_then(|s| s.scheduling_policy.as_mut()).and_then(|p| p.gang.as_mut())
+        {
+            g.min_count = Some(4);
+        }
+        assert!(changed_parts(&before, &frozen_hashes(&job).expect("hash")).is_empty());
+        job.spec.scheduling = None;
+        job.spec.completions = Some(9);
+        assert_eq!(
+            changed_parts(&before, &frozen_hashes(&job).expect("hash")),
+            vec!["spec.completions", "spec.scheduling"]
+        );
+    }
+}

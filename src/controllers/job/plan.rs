@@ -1,0 +1,466 @@
+//! PURE: batch/v1 Job semantics for a MusterJob. From the spec, the last status and the pods
+//! observed, decide which pods to create and delete, and the new status. No client, no clock.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{
+    Container, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, PodSchedulingGate, PodSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::Resource;
+
+use crate::controllers::conditions;
+use crate::crds::batch::{CompletionMode, JobPhase, MusterJob, MusterJobSpec, MusterJobStatus};
+use crate::crds::{
+    ADMISSION_GATE, COMPLETION_INDEX_ANNOTATION, GPU_INDICES_ANNOTATION, GPU_RESOURCE, JOB_NAME_LABEL,
+    JOBSET_NAME_LABEL, POD_GROUP_LABEL, REPLICATED_JOB_LABEL,
+};
+
+/// Pod annotation: the gang attempt a pod belongs to (with disruption mode `all`, a failure
+/// restarts every pod of its attempt).
+pub const GANG_ATTEMPT_ANNOTATION: &str = "batch.muster.dev/gang-attempt";
+/// Pod label with the completion index (for selectors), as batch/v1 does.
+pub const COMPLETION_INDEX_LABEL: &str = "batch.muster.dev/job-completion-index";
+/// Env var with the completion index of an Indexed job's pod.
+pub const COMPLETION_INDEX_ENV: &str = "JOB_COMPLETION_INDEX";
+/// Env var with the GPU indices muster assigned.
+pub const GPU_INDICES_ENV: &str = "MUSTER_GPU_INDICES";
+
+/// Condition types of a MusterJob.
+pub mod condition {
+    /// `completions` pods succeeded.
+    pub const COMPLETE: &str = "Complete";
+    /// The job failed (backoff limit, deadline).
+    pub const FAILED: &str = "Failed";
+    /// `spec.suspend` is true.
+    pub const SUSPENDED: &str = "Suspended";
+    /// The spec is invalid or a frozen field changed; nothing is done.
+    pub const INVALID: &str = "Invalid";
+}
+
+/// A pod's phase as the job logic needs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Not yet running (gated, scheduling, starting).
+    Pending,
+    /// Running.
+    Running,
+    /// Finished successfully.
+    Succeeded,
+    /// Finished with a failure.
+    Failed,
+}
+
+/// What the job logic needs to know of one of its pods.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObservedPod {
+    /// Pod name.
+    pub name: String,
+    /// Phase.
+    pub phase: Phase,
+    /// Completion index (Indexed jobs).
+    pub index: Option<i32>,
+    /// Gang attempt the pod was created in.
+    pub attempt: i32,
+    /// Being deleted.
+    pub terminating: bool,
+    /// Ready condition true.
+    pub ready: bool,
+    /// Still held by the admission gate.
+    pub gated: bool,
+}
+
+impl ObservedPod {
+    /// Reads the fields the job logic needs from a pod.
+    pub fn from_pod(pod: &Pod) -> Self {
+        let meta = &pod.metadata;
+        let status = pod.status.as_ref();
+        let phase = match status.and_then(|s| s.phase.as_deref()) {
+            Some("Running") => Phase::Running,
+            Some("Succeeded") => Phase::Succeeded,
+            Some("Failed") => Phase::Failed,
+            _ => Phase::Pending,
+        };
+        let annotation = |k: &str| meta.annotations.as_ref().and_then(|a| a.get(k)).and_then(|v| v.parse::<i32>().ok());
+        Self {
+            name: meta.name.clone().unwrap_or_default(),
+            phase,
+            index: annotation(COMPLETION_INDEX_ANNOTATION),
+            attempt: annotation(GANG_ATTEMPT_ANNOTATION).unwrap_or(0),
+            terminating: meta.deletion_timestamp.is_some(),
+            ready: status
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
+            gated: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.scheduling_gates.as_ref())
+                .is_some_and(|g| g.iter().any(|g| g.name == ADMISSION_GATE)),
+        }
+    }
+    fn active(&self) -> bool {
+        !self.terminating && matches!(self.phase, Phase::Pending | Phase::Running)
+    }
+}
+
+/// A pod to create.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewPod {
+    /// Completion index (Indexed jobs).
+    pub index: Option<i32>,
+    /// Gang attempt.
+    pub attempt: i32,
+}
+
+/// How a job ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finish {
+    /// `Complete` or `Failed`.
+    pub condition: &'static str,
+    /// Machine-readable reason.
+    pub reason: &'static str,
+    /// For people.
+    pub message: String,
+}
+
+/// The decision of one reconcile.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobPlan {
+    /// Pods to create.
+    pub create: Vec<NewPod>,
+    /// Names of pods to delete, with why.
+    pub delete: Vec<(String, &'static str)>,
+    /// The job ended in this reconcile.
+    pub finished: Option<Finish>,
+    /// The status to write.
+    pub status: MusterJobStatus,
+    /// Seconds until something time-based happens (deadline, TTL).
+    pub requeue_after: Option<i64>,
+    /// The job should be deleted now (TTL after finished).
+    pub delete_job: bool,
+}
+
+/// The number of completions a job needs (`completions`, defaulting to `parallelism`).
+pub fn completions(spec: &MusterJobSpec) -> i32 {
+    spec.completions.unwrap_or(spec.parallelism).max(0)
+}
+
+/// Compresses indexes into the batch/v1 form: `0-2,5,7-8`.
+pub fn format_indexes(indexes: &BTreeSet<i32>) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut iter = indexes.iter().copied().peekable();
+    while let Some(start) = iter.next() {
+        let mut end = start;
+        while iter.peek() == Some(&(end + 1)) {
+            end += 1;
+            iter.next();
+        }
+        out.push(if start == end { start.to_string() } else { format!("{start}-{end}") });
+    }
+    out.join(",")
+}
+
+fn finished_condition(status: &MusterJobStatus) -> Option<&'static str> {
+    [condition::COMPLETE, condition::FAILED].into_iter().find(|c| conditions::is_true(&status.conditions, c))
+}
+
+/// Decides the next step of a job. `gang_all` is true when the job's PodGroup has disruption
+/// mode `all` (a failed pod restarts its whole attempt).
+pub fn plan(
+    job_spec: &MusterJobSpec,
+    generation: Option<i64>,
+    prev: &MusterJobStatus,
+    pods: &[ObservedPod],
+    gang_all: bool,
+    now: Timestamp,
+) -> JobPlan {
+    let want_completions = completions(job_spec);
+    let active: Vec<&ObservedPod> = pods.iter().filter(|p| p.active()).collect();
+    let succeeded_pods = pods.iter().filter(|p| p.phase == Phase::Succeeded).count() as i32;
+    let failed = pods.iter().filter(|p| p.phase == Phase::Failed).count() as i32;
+    let succeeded_indexes: BTreeSet<i32> = pods
+        .iter()
+        .filter(|p| p.phase == Phase::Succeeded)
+        .filter_map(|p| p.index)
+        .filter(|i| (0..want_completions).contains(i))
+        .collect();
+    let indexed = job_spec.completion_mode == CompletionMode::Indexed;
+    let succeeded = if indexed { succeeded_indexes.len() as i32 } else { succeeded_pods.min(want_completions) };
+
+    let mut status = MusterJobStatus {
+        conditions: prev.conditions.clone(),
+        start_time: prev.start_time.clone(),
+        completion_time: prev.completion_time.clone(),
+        workload_name: prev.workload_name.clone(),
+        pod_group_name: prev.pod_group_name.clone(),
+        observed_generation: generation,
+        ..Default::default()
+    };
+    let mut out = JobPlan {
+        create: vec![],
+        delete: vec![],
+        finished: None,
+        status: MusterJobStatus::default(),
+        requeue_after: None,
+        delete_job: false,
+    };
+    let delete_active = |out: &mut JobPlan, why: &'static str| {
+        out.delete.extend(active.iter().map(|p| (p.name.clone(), why)));
+    };
+
+    conditions::set(&mut status.conditions, condition::INVALID, false, "Valid", "", generation, now);
+    let already = finished_condition(prev);
+    if already.is_none() {
+        let started = status.start_time.as_ref().map(|t| t.0);
+        let deadline_passed = match (job_spec.active_deadline_seconds, started) {
+            (Some(d), Some(s)) if !job_spec.suspend => now.as_second() - s.as_second() >= d,
+            _ => false,
+        };
+        let finish = if succeeded >= want_completions {
+            Some(Finish {
+                condition: condition::COMPLETE,
+                reason: "Completed",
+                message: format!("{succeeded}/{want_completions} completions succeeded"),
+            })
+        } else if failed > job_spec.backoff_limit {
+            Some(Finish {
+                condition: condition::FAILED,
+                reason: "BackoffLimitExceeded",
+                message: format!("{failed} pod(s) failed, more than the backoff limit of {}", job_spec.backoff_limit),
+            })
+        } else if deadline_passed {
+            Some(Finish {
+                condition: condition::FAILED,
+                reason: "DeadlineExceeded",
+                message: format!(
+                    "the job was active longer than {}s",
+                    job_spec.active_deadline_seconds.unwrap_or_default()
+                ),
+            })
+        } else {
+            None
+        };
+        if let Some(f) = finish {
+            conditions::set(&mut status.conditions, f.condition, true, f.reason, &f.message, generation, now);
+            status.completion_time = Some(Time(now));
+            delete_active(&mut out, if f.condition == condition::COMPLETE { "JobComplete" } else { f.reason });
+            out.finished = Some(f);
+        }
+    }
+
+    let finished = already.or(out.finished.as_ref().map(|f| f.condition));
+    if let Some(kind) = finished {
+        if already.is_some() {
+            delete_active(&mut out, if kind == condition::COMPLETE { "JobComplete" } else { "JobFailed" });
+        }
+        if let Some(ttl) = job_spec.ttl_seconds_after_finished {
+            let done = status.completion_time.as_ref().map(|t| t.0).unwrap_or(now);
+            let left = done.as_second() + i64::from(ttl) - now.as_second();
+            if left <= 0 {
+                out.delete_job = true;
+            } else {
+                out.requeue_after = Some(left);
+            }
+        }
+    } else if job_spec.suspend {
+        conditions::set(
+            &mut status.conditions,
+            condition::SUSPENDED,
+            true,
+            "JobSuspended",
+            "the job is suspended",
+            generation,
+            now,
+        );
+        delete_active(&mut out, "JobSuspended");
+    } else {
+        if conditions::is_true(&status.conditions, condition::SUSPENDED) {
+            conditions::set(
+                &mut status.conditions,
+                condition::SUSPENDED,
+                false,
+                "JobResumed",
+                "the job was resumed",
+                generation,
+                now,
+            );
+        }
+        if status.start_time.is_none() {
+            status.start_time = Some(Time(now));
+        }
+        if let (Some(d), Some(s)) = (job_spec.active_deadline_seconds, status.start_time.as_ref()) {
+            out.requeue_after = Some((s.0.as_second() + d - now.as_second()).max(1));
+        }
+        plan_pods(job_spec, pods, &active, &succeeded_indexes, succeeded, failed, gang_all, &mut out);
+    }
+
+    let deleting: BTreeSet<&str> = out.delete.iter().map(|(n, _)| n.as_str()).collect();
+    let remaining_active: Vec<&&ObservedPod> = active.iter().filter(|p| !deleting.contains(p.name.as_str())).collect();
+    status.active = remaining_active.len() as i32 + out.create.len() as i32;
+    status.ready = remaining_active.iter().filter(|p| p.ready).count() as i32;
+    status.succeeded = succeeded;
+    status.failed = failed;
+    status.progress = Some(format!("{succeeded}/{want_completions}"));
+    if indexed {
+        status.completed_indexes = Some(format_indexes(&succeeded_indexes));
+    }
+    status.phase = Some(if conditions::is_true(&status.conditions, condition::COMPLETE) {
+        JobPhase::Complete
+    } else if conditions::is_true(&status.conditions, condition::FAILED) {
+        JobPhase::Failed
+    } else if job_spec.suspend {
+        JobPhase::Suspended
+    } else if remaining_active.iter().any(|p| p.phase == Phase::Running) {
+        JobPhase::Running
+    } else {
+        JobPhase::Pending
+    });
+    out.status = status;
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+fn plan_pods(
+    spec: &MusterJobSpec,
+    pods: &[ObservedPod],
+    active: &[&ObservedPod],
+    succeeded_indexes: &BTreeSet<i32>,
+    succeeded: i32,
+    failed: i32,
+    gang_all: bool,
+    out: &mut JobPlan,
+) {
+    let want_completions = completions(spec);
+    // Disruption mode `all`: a failed pod takes its whole attempt down; the next attempt is
+    // created together, so the gang starts again as a whole.
+    let failed_attempts: BTreeSet<i32> = pods.iter().filter(|p| p.phase == Phase::Failed).map(|p| p.attempt).collect();
+    let mut keep: Vec<&ObservedPod> = Vec::new();
+    for p in active {
+        if gang_all && failed_attempts.contains(&p.attempt) {
+            out.delete.push((p.name.clone(), "GangRestart"));
+        } else {
+            keep.push(p);
+        }
+    }
+    let restarting = keep.len() < active.len();
+    let want_active = spec.parallelism.max(0).min(want_completions - succeeded).max(0) as usize;
+    if keep.len() > want_active {
+        // Fewer pods wanted (parallelism lowered, or nearly complete): drop gated ones first,
+        // then the highest indexes.
+        let mut extra: Vec<&ObservedPod> = keep.clone();
+        extra.sort_by_key(|p| (!p.gated, std::cmp::Reverse(p.index), std::cmp::Reverse(p.name.clone())));
+        for p in extra.into_iter().take(keep.len() - want_active) {
+            out.delete.push((p.name.clone(), "TooManyActive"));
+        }
+        return;
+    }
+    if restarting && gang_all {
+        // Create the next attempt only once the old one is gone, so it is admitted whole.
+        return;
+    }
+    let missing = want_active - keep.len();
+    let attempt = failed;
+    if spec.completion_mode == CompletionMode::Indexed {
+        let busy: BTreeSet<i32> = keep.iter().filter_map(|p| p.index).collect();
+        out.create.extend(
+            (0..want_completions)
+                .filter(|i| !succeeded_indexes.contains(i) && !busy.contains(i))
+                .take(missing)
+                .map(|i| NewPod { index: Some(i), attempt }),
+        );
+    } else {
+        out.create.extend((0..missing).map(|_| NewPod { index: None, attempt }));
+    }
+}
+
+/// The pod to create for `job`: the template plus muster's labels, gate, index and GPU env.
+/// `subdomain` is the headless Service giving pods stable DNS names.
+pub fn new_pod(job: &MusterJob, new: &NewPod, pod_group: &str, subdomain: Option<&str>) -> Pod {
+    let name = job.metadata.name.clone().unwrap_or_default();
+    let template = &job.spec.template;
+    let tmeta = template.metadata.clone().unwrap_or_default();
+    let mut labels: BTreeMap<String, String> = tmeta.labels.unwrap_or_default();
+    labels.insert(JOB_NAME_LABEL.into(), name.clone());
+    labels.insert(POD_GROUP_LABEL.into(), pod_group.into());
+    if let Some(job_labels) = &job.metadata.labels {
+        for key in [JOBSET_NAME_LABEL, REPLICATED_JOB_LABEL] {
+            if let Some(v) = job_labels.get(key) {
+                labels.insert(key.into(), v.clone());
+            }
+        }
+    }
+    let mut annotations: BTreeMap<String, String> = tmeta.annotations.unwrap_or_default();
+    annotations.insert(GANG_ATTEMPT_ANNOTATION.into(), new.attempt.to_string());
+    let mut spec: PodSpec = template.spec.clone().unwrap_or_default();
+    if spec.restart_policy.is_none() {
+        spec.restart_policy = Some("Never".into());
+    }
+    spec.scheduling_gates.get_or_insert_with(Vec::new).push(PodSchedulingGate { name: ADMISSION_GATE.into() });
+    let generate_name = match new.index {
+        Some(i) => {
+            annotations.insert(COMPLETION_INDEX_ANNOTATION.into(), i.to_string());
+            labels.insert(COMPLETION_INDEX_LABEL.into(), i.to_string());
+            spec.hostname = Some(format!("{name}-{i}"));
+            for c in spec.containers.iter_mut().chain(spec.init_containers.iter_mut().flatten()) {
+                add_env(c, COMPLETION_INDEX_ENV, &format!("metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"));
+            }
+            format!("{name}-{i}-")
+        }
+        None => format!("{name}-"),
+    };
+    if let Some(sub) = subdomain {
+        spec.subdomain = Some(sub.to_string());
+    }
+    for c in spec.containers.iter_mut() {
+        if wants_gpus(c) {
+            add_env(c, GPU_INDICES_ENV, &format!("metadata.annotations['{GPU_INDICES_ANNOTATION}']"));
+        }
+    }
+    Pod {
+        metadata: ObjectMeta {
+            generate_name: Some(generate_name),
+            namespace: job.metadata.namespace.clone(),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            owner_references: job.controller_owner_ref(&()).map(|o| vec![o]),
+            finalizers: tmeta.finalizers,
+            ..Default::default()
+        },
+        spec: Some(spec),
+        status: None,
+    }
+}
+
+/// True when a container asks for GPUs (requests or limits).
+pub fn wants_gpus(c: &Container) -> bool {
+    c.resources.as_ref().is_some_and(|r| {
+        [r.limits.as_ref(), r.requests.as_ref()]
+            .into_iter()
+            .flatten()
+            .any(|m| m.get(GPU_RESOURCE).is_some_and(|q| q.0 != "0"))
+    })
+}
+
+fn add_env(c: &mut Container, name: &str, field_path: &str) {
+    let env = c.env.get_or_insert_with(Vec::new);
+    if env.iter().any(|e| e.name == name) {
+        return;
+    }
+    env.push(EnvVar {
+        name: name.into(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector { api_version: None, field_path: field_path.into() }),
+            ..Default::default()
+        }),
+    });
+}
+
+/// An owner reference to `job` that is not the controller (for objects a job only co-owns).
+pub fn plain_owner_ref(o: &OwnerReference) -> OwnerReference {
+    OwnerReference { controller: None, block_owner_deletion: None, ..o.clone() }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,184 @@
+//! The MusterJobSet reconciler: validate, compile the Workload and the root
+//! CompositePodGroup, keep `replicas` child MusterJobs per replicatedJob (annotated so each
+//! builds only its PodGroup from the set's Workload), a headless Service for the whole set, and
+//! JobSet-style success, failure and restarts. The decisions live in `plan` (pure).
+
+pub mod plan;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Future, StreamExt};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::core::DeserializeGuard;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::context::{Context, Error, Result};
+use super::{conditions, controller_uid};
+use crate::crds::JOBSET_NAME_LABEL;
+use crate::crds::batch::{JobSetPhase, MusterJob, MusterJobSet, MusterJobSetStatus};
+use crate::crds::scheduling::{CompositePodGroup, Workload};
+use crate::workloadbuilder::Builder;
+use crate::workloadbuilder::job::{build_options, jobset_item, root_template_name, validate_jobset};
+use plan::{ObservedChild, condition};
+
+/// Name of this controller in metrics and logs.
+pub const CONTROLLER: &str = "jobset";
+/// Server-side apply field manager of this controller.
+pub const FIELD_MANAGER: &str = "muster-jobset-controller";
+
+/// Runs the controller until `shutdown` resolves.
+pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
+    let sets = Api::<DeserializeGuard<MusterJobSet>>::all(ctx.client.clone());
+    let jobs = Api::<DeserializeGuard<MusterJob>>::all(ctx.client.clone());
+    Controller::new(sets, watcher::Config::default().any_semantic())
+        .owns(jobs, watcher::Config::default().labels(JOBSET_NAME_LABEL).any_semantic())
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "jobset reconcile");
+            }
+        })
+        .await;
+}
+
+fn error_policy(_set: Arc<DeserializeGuard<MusterJobSet>>, err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.reconcile_error(CONTROLLER, err.metric_label());
+    tracing::warn!(error = %err, "jobset reconcile failed");
+    Action::requeue(Duration::from_secs(5))
+}
+
+async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>) -> Result<Action> {
+    let _timer = ctx.metrics.reconcile(CONTROLLER);
+    let set = match &guard.0 {
+        Ok(set) => set,
+        Err(invalid) => {
+            tracing::warn!(name = ?invalid.metadata.name, namespace = ?invalid.metadata.namespace, error = %invalid.error, "MusterJobSet does not decode; skipped");
+            return Ok(Action::await_change());
+        }
+    };
+    if set.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let now = Timestamp::now();
+    let errors = validate_jobset(set, None);
+    if !errors.is_empty() {
+        let message = errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
+        return set_invalid(set, &ctx, "InvalidSpec", &message, now).await;
+    }
+    let ns = set.namespace().unwrap_or_default();
+    let name = set.name_any();
+    let owner =
+        set.controller_owner_ref(&()).ok_or_else(|| Error::Missing("the MusterJobSet has no uid yet".into()))?;
+    let uid = owner.uid.clone();
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let (mut workload_name, mut cpg_name) = (None, None);
+    if let Some(item) = jobset_item(&set.spec) {
+        let builder = Builder::new(item, build_options(&name, &ns, Some(owner.clone())));
+        let workload = builder.build_workload()?.clone();
+        let cpg = builder.new_composite_pod_group(&name, &root_template_name(&set.spec))?;
+        let wls = Api::<Workload>::namespaced(ctx.client.clone(), &ns);
+        let cpgs = Api::<CompositePodGroup>::namespaced(ctx.client.clone(), &ns);
+        for (kind, existing) in [
+            ("Workload", wls.get_opt(&name).await?.map(|w| w.metadata)),
+            ("CompositePodGroup", cpgs.get_opt(&name).await?.map(|c| c.metadata)),
+        ] {
+            if let Some(meta) = existing
+                && controller_uid(&meta) != Some(uid.as_str())
+            {
+                let msg = format!("{kind} {name} already exists and is not controlled by this MusterJobSet");
+                return set_invalid(set, &ctx, "NameConflict", &msg, now).await;
+            }
+        }
+        wls.patch(&name, &params, &Patch::Apply(&workload)).await?;
+        cpgs.patch(&name, &params, &Patch::Apply(&cpg)).await?;
+        workload_name = Some(name.clone());
+        cpg_name = Some(name.clone());
+    }
+    super::apply_headless_service(&ctx.client, &ns, &name, JOBSET_NAME_LABEL, owner.clone(), FIELD_MANAGER).await?;
+
+    let jobs = Api::<MusterJob>::namespaced(ctx.client.clone(), &ns);
+    let children: Vec<MusterJob> = jobs
+        .list(&ListParams::default().labels(&format!("{JOBSET_NAME_LABEL}={name}")))
+        .await?
+        .items
+        .into_iter()
+        .filter(|j| controller_uid(&j.metadata) == Some(uid.as_str()))
+        .collect();
+    let observed: Vec<ObservedChild> = children.iter().map(ObservedChild::from_job).collect();
+    let mut decision = plan::plan(set, &observed, now);
+    decision.status.workload_name = workload_name;
+    decision.status.composite_pod_group_name = cpg_name;
+    let reference = set.object_ref(&());
+
+    for (child, why) in &decision.delete {
+        // Foreground: the name is free again only once the child's pods and groups are gone.
+        match jobs.delete(child, &DeleteParams::foreground()).await {
+            Ok(_) => tracing::info!(set = %name, child, why, "deleted child"),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let mut created = Vec::new();
+    for (r, i) in &decision.create {
+        if let Some(child) = plan::child_job(set, *r, *i, decision.status.restarts) {
+            let child_name = child.name_any();
+            jobs.patch(&child_name, &params, &Patch::Apply(&child)).await?;
+            created.push(child_name);
+        }
+    }
+    if !created.is_empty() {
+        ctx.event(
+            &reference,
+            false,
+            "SuccessfulCreate",
+            "CreateJobs",
+            format!("Created child MusterJob(s): {}", created.join(", ")),
+        )
+        .await;
+    }
+    for (child, suspend) in &decision.suspend {
+        let patch = json!({"spec": {"suspend": suspend}});
+        jobs.patch(child, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    }
+    for (warning, reason, message) in &decision.events {
+        ctx.event(&reference, *warning, reason, "Sync", message.clone()).await;
+    }
+    write_status(set, &ctx, &decision.status).await?;
+    Ok(Action::await_change())
+}
+
+async fn write_status(set: &MusterJobSet, ctx: &Context, status: &MusterJobSetStatus) -> Result<()> {
+    if set.status.as_ref() == Some(status) {
+        return Ok(());
+    }
+    let api = Api::<MusterJobSet>::namespaced(ctx.client.clone(), &set.namespace().unwrap_or_default());
+    let body = json!({"apiVersion": "batch.muster.dev/v1alpha1", "kind": "MusterJobSet", "status": status});
+    api.patch_status(&set.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await?;
+    Ok(())
+}
+
+async fn set_invalid(set: &MusterJobSet, ctx: &Context, reason: &str, message: &str, now: Timestamp) -> Result<Action> {
+    let mut status = set.status.clone().unwrap_or_default();
+    let changed = conditions::set(
+        &mut status.conditions,
+        condition::INVALID,
+        true,
+        reason,
+        message,
+        set.metadata.generation,
+        now,
+    );
+    status.phase = Some(JobSetPhase::Invalid);
+    status.observed_generation = set.metadata.generation;
+    if changed {
+        ctx.event(&set.object_ref(&()), true, reason, "Validate", message).await;
+    }
+    write_status(set, ctx, &status).await?;
+    Ok(Action::await_change())
+}

@@ -1,0 +1,426 @@
+//! PURE: JobSet-style semantics for a MusterJobSet. From the spec, the last status and the
+//! child MusterJobs observed, decide which children to create and delete, and the new status.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
+use kube::Resource;
+
+use crate::controllers::conditions;
+use crate::crds::batch::{
+    JobPhase, JobSetPhase, MusterJob, MusterJobSet, MusterJobSetSpec, MusterJobSetStatus, ReplicatedJobStatus,
+    SuccessOperator,
+};
+use crate::crds::{GROUP_TEMPLATE_ANNOTATION, JOBSET_NAME_LABEL, PARENT_COMPOSITE_ANNOTATION, REPLICATED_JOB_LABEL};
+use crate::workloadbuilder::job::child_job_name;
+
+/// Child annotation: the restart attempt it was created in.
+pub const RESTART_ATTEMPT_ANNOTATION: &str = "batch.muster.dev/restart-attempt";
+
+/// Condition types of a MusterJobSet.
+pub mod condition {
+    /// The success policy is met.
+    pub const COMPLETED: &str = "Completed";
+    /// A child failed after `maxRestarts` restarts.
+    pub const FAILED: &str = "Failed";
+    /// `spec.suspend` is true.
+    pub const SUSPENDED: &str = "Suspended";
+    /// The spec is invalid; nothing is done.
+    pub const INVALID: &str = "Invalid";
+}
+
+/// What the set logic needs to know of one child MusterJob.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObservedChild {
+    /// Child name.
+    pub name: String,
+    /// Its replicatedJob.
+    pub replicated_job: String,
+    /// Restart attempt it belongs to.
+    pub attempt: i32,
+    /// Its phase, once it has a status.
+    pub phase: Option<JobPhase>,
+    /// Being deleted.
+    pub terminating: bool,
+    /// Every wanted pod is ready.
+    pub ready: bool,
+    /// `spec.suspend` of the child.
+    pub suspended: bool,
+}
+
+impl ObservedChild {
+    /// Reads what the set logic needs from a child.
+    pub fn from_job(job: &MusterJob) -> Self {
+        let meta = &job.metadata;
+        let get = |k: &str| meta.annotations.as_ref().and_then(|a| a.get(k)).cloned();
+        let status = job.status.as_ref();
+        Self {
+            name: meta.name.clone().unwrap_or_default(),
+            replicated_job: meta.labels.as_ref().and_then(|l| l.get(REPLICATED_JOB_LABEL)).cloned().unwrap_or_default(),
+            attempt: get(RESTART_ATTEMPT_ANNOTATION).and_then(|v| v.parse().ok()).unwrap_or(0),
+            phase: status.and_then(|s| s.phase),
+            terminating: meta.deletion_timestamp.is_some(),
+            ready: status.is_some_and(|s| s.ready >= job.spec.parallelism.max(1) && s.active > 0),
+            suspended: job.spec.suspend,
+        }
+    }
+}
+
+/// The decision of one reconcile.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SetPlan {
+    /// Children to create: (replicatedJob index, replica index).
+    pub create: Vec<(usize, i32)>,
+    /// Children to delete, with why.
+    pub delete: Vec<(String, &'static str)>,
+    /// Children whose `spec.suspend` must be set to the value given.
+    pub suspend: Vec<(String, bool)>,
+    /// Events to publish: (warning, reason, message).
+    pub events: Vec<(bool, &'static str, String)>,
+    /// The status to write.
+    pub status: MusterJobSetStatus,
+}
+
+fn targets(spec: &MusterJobSetSpec) -> BTreeSet<&str> {
+    let listed = spec.success_policy.as_ref().map(|s| &s.target_replicated_jobs).filter(|t| !t.is_empty());
+    match listed {
+        Some(t) => t.iter().map(String::as_str).collect(),
+        None => spec.replicated_jobs.iter().map(|r| r.name.as_str()).collect(),
+    }
+}
+
+/// Decides the next step of a set.
+pub fn plan(set: &MusterJobSet, children: &[ObservedChild], now: Timestamp) -> SetPlan {
+    let spec = &set.spec;
+    let generation = set.metadata.generation;
+    let prev = set.status.clone().unwrap_or_default();
+    let mut status = MusterJobSetStatus {
+        restarts: prev.restarts,
+        conditions: prev.conditions.clone(),
+        workload_name: prev.workload_name.clone(),
+        composite_pod_group_name: prev.composite_pod_group_name.clone(),
+        observed_generation: generation,
+        ..Default::default()
+    };
+    let mut out = SetPlan {
+        create: vec![],
+        delete: vec![],
+        suspend: vec![],
+        events: vec![],
+        status: MusterJobSetStatus::default(),
+    };
+    conditions::set(&mut status.conditions, condition::INVALID, false, "Valid", "", generation, now);
+
+    // Children of an older attempt go first; their names are reused by the new attempt.
+    let (current, stale): (Vec<&ObservedChild>, Vec<&ObservedChild>) =
+        children.iter().partition(|c| c.attempt == status.restarts);
+    for c in stale.iter().filter(|c| !c.terminating) {
+        out.delete.push((c.name.clone(), "Restart"));
+    }
+    let live: Vec<&ObservedChild> = current.into_iter().filter(|c| !c.terminating).collect();
+    let finished =
+        [condition::COMPLETED, condition::FAILED].into_iter().find(|c| conditions::is_true(&status.conditions, c));
+    let is_active = |c: &ObservedChild| !matches!(c.phase, Some(JobPhase::Complete) | Some(JobPhase::Failed));
+
+    if finished.is_none() {
+        let failed: Vec<&&ObservedChild> = live.iter().filter(|c| c.phase == Some(JobPhase::Failed)).collect();
+        let max_restarts = spec.failure_policy.as_ref().map(|f| f.max_restarts).unwrap_or(0);
+        let target = targets(spec);
+        let wanted =
+            |name: &str| spec.replicated_jobs.iter().find(|r| r.name == name).map(|r| r.replicas.max(0)).unwrap_or(0);
+        let complete_in = |rjob: &str| {
+            live.iter().filter(|c| c.replicated_job == rjob && c.phase == Some(JobPhase::Complete)).count() as i32
+        };
+        let success = match spec.success_policy.as_ref().map(|s| s.operator).unwrap_or_default() {
+            SuccessOperator::All => target.iter().all(|r| complete_in(r) >= wanted(r)),
+            SuccessOperator::Any => target.iter().any(|r| complete_in(r) > 0),
+        };
+        if let Some(first) = failed.first() {
+            if status.restarts < max_restarts {
+                status.restarts += 1;
+                for c in &live {
+                    out.delete.push((c.name.clone(), "Restart"));
+                }
+                out.events.push((
+                    true,
+                    "Restarting",
+                    format!(
+                        "child {} failed; recreating all children (restart {}/{max_restarts})",
+                        first.name, status.restarts
+                    ),
+                ));
+            } else {
+                let msg =
+                    format!("child {} failed and the set has no restarts left ({max_restarts} allowed)", first.name);
+                conditions::set(&mut status.conditions, condition::FAILED, true, "FailedJobs", &msg, generation, now);
+                out.events.push((true, "FailedJobs", msg));
+            }
+        } else if success {
+            let msg = format!(
+                "success policy {:?} met",
+                spec.success_policy.as_ref().map(|s| s.operator).unwrap_or_default()
+            );
+            conditions::set(
+                &mut status.conditions,
+                condition::COMPLETED,
+                true,
+                "AllJobsCompleted",
+                &msg,
+                generation,
+                now,
+            );
+            out.events.push((false, "Completed", msg));
+        }
+    }
+    let finished =
+        [condition::COMPLETED, condition::FAILED].into_iter().find(|c| conditions::is_true(&status.conditions, c));
+    let restarting = status.restarts != prev.restarts;
+    if finished.is_some() {
+        for c in live.iter().filter(|c| is_active(c)) {
+            out.delete.push((c.name.clone(), "SetFinished"));
+        }
+    } else if !restarting {
+        let taken: BTreeSet<&str> = children.iter().map(|c| c.name.as_str()).collect();
+        let set_name = set.metadata.name.as_deref().unwrap_or_default();
+        for (r, rjob) in spec.replicated_jobs.iter().enumerate() {
+            for i in 0..rjob.replicas.max(0) {
+                if !taken.contains(child_job_name(set_name, &rjob.name, i).as_str()) {
+                    out.create.push((r, i));
+                }
+            }
+        }
+        for c in &live {
+            let want = spec.suspend
+                || spec
+                    .replicated_jobs
+                    .iter()
+                    .find(|r| r.name == c.replicated_job)
+                    .is_some_and(|r| r.template.spec.suspend);
+            if c.suspended != want && is_active(c) {
+                out.suspend.push((c.name.clone(), want));
+            }
+        }
+        let was = conditions::is_true(&status.conditions, condition::SUSPENDED);
+        if spec.suspend != was {
+            let (reason, msg) = if spec.suspend {
+                ("JobSetSuspended", "the set is suspended")
+            } else {
+                ("JobSetResumed", "the set was resumed")
+            };
+            conditions::set(&mut status.conditions, condition::SUSPENDED, spec.suspend, reason, msg, generation, now);
+        }
+    }
+
+    let deleting: BTreeSet<&str> = out.delete.iter().map(|(n, _)| n.as_str()).collect();
+    let mut per_rjob: BTreeMap<&str, ReplicatedJobStatus> = spec
+        .replicated_jobs
+        .iter()
+        .map(|r| (r.name.as_str(), ReplicatedJobStatus { name: r.name.clone(), ..Default::default() }))
+        .collect();
+    for c in live.iter().filter(|c| !deleting.contains(c.name.as_str())) {
+        if let Some(s) = per_rjob.get_mut(c.replicated_job.as_str()) {
+            match c.phase {
+                Some(JobPhase::Complete) => s.succeeded += 1,
+                Some(JobPhase::Failed) => s.failed += 1,
+                Some(JobPhase::Suspended) => s.suspended += 1,
+                _ => s.active += 1,
+            }
+            if c.ready {
+                s.ready += 1;
+            }
+        }
+    }
+    let total: i32 = spec.replicated_jobs.iter().map(|r| r.replicas.max(0)).sum();
+    let done: i32 = per_rjob.values().map(|s| s.succeeded).sum();
+    status.progress = Some(format!("{done}/{total}"));
+    status.replicated_jobs_status = per_rjob.into_values().collect();
+    status.phase = Some(if conditions::is_true(&status.conditions, condition::COMPLETED) {
+        JobSetPhase::Completed
+    } else if conditions::is_true(&status.conditions, condition::FAILED) {
+        JobSetPhase::Failed
+    } else if spec.suspend {
+        JobSetPhase::Suspended
+    } else if live.iter().any(|c| c.phase == Some(JobPhase::Running)) {
+        JobSetPhase::Running
+    } else {
+        JobSetPhase::Pending
+    });
+    out.status = status;
+    out
+}
+
+/// The child MusterJob `i` of replicatedJob `r`, for restart attempt `attempt`.
+pub fn child_job(set: &MusterJobSet, r: usize, i: i32, attempt: i32) -> Option<MusterJob> {
+    let rjob = set.spec.replicated_jobs.get(r)?;
+    let set_name = set.metadata.name.clone().unwrap_or_default();
+    let meta = rjob.template.metadata.clone().unwrap_or_default();
+    let mut labels = meta.labels;
+    labels.insert(JOBSET_NAME_LABEL.into(), set_name.clone());
+    labels.insert(REPLICATED_JOB_LABEL.into(), rjob.name.clone());
+    let mut annotations = meta.annotations;
+    annotations.insert(RESTART_ATTEMPT_ANNOTATION.into(), attempt.to_string());
+    if set.spec.scheduling.is_some() {
+        annotations.insert(GROUP_TEMPLATE_ANNOTATION.into(), rjob.name.clone());
+        annotations.insert(PARENT_COMPOSITE_ANNOTATION.into(), set_name.clone());
+    }
+    let mut spec = rjob.template.spec.clone();
+    spec.suspend = spec.suspend || set.spec.suspend;
+    Some(MusterJob {
+        metadata: ObjectMeta {
+            name: Some(child_job_name(&set_name, &rjob.name, i)),
+            namespace: set.metadata.namespace.clone(),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            owner_references: set.controller_owner_ref(&()).map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec,
+        status: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crds::batch::{FailurePolicy, SuccessPolicy};
+
+    fn set(scheduling: bool, rjobs: &[(&str, i32)]) -> MusterJobSet {
+        let rj: Vec<serde_json::Value> = rjobs
+            .iter()
+            .map(|(n, r)| serde_json::json!({"name": n, "replicas": r, "template": {"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "x"}]}}}}}))
+            .collect();
+        let mut spec = serde_json::json!({"replicatedJobs": rj});
+        if scheduling {
+            spec["scheduling"] = serde_json::json!({"schedulingPolicy": {"gang": {}}});
+        }
+        let mut s: MusterJobSet = serde_json::from_value(serde_json::json!({
+            "apiVersion": "batch.muster.dev/v1alpha1", "kind": "MusterJobSet",
+            "metadata": {"name": "s", "namespace": "ns", "uid": "u1", "generation": 1}, "spec": spec}))
+        .expect("fixture");
+        s.status = Some(MusterJobSetStatus::default());
+        s
+    }
+
+    fn child(name: &str, rjob: &str, phase: Option<JobPhase>, attempt: i32) -> ObservedChild {
+        ObservedChild {
+            name: name.into(),
+            replicated_job: rjob.into(),
+            attempt,
+            phase,
+            terminating: false,
+            ready: false,
+            suspended: false,
+        }
+    }
+
+    fn now() -> Timestamp {
+        Timestamp::from_second(1_000).expect("ts")
+    }
+
+    #[test]
+    fn creates_every_missing_child() {
+        let p = plan(&set(true, &[("driver", 1), ("workers", 2)]), &[child("s-workers-0", "workers", None, 0)], now());
+        assert_eq!(p.create, vec![(0, 0), (1, 1)]);
+        assert_eq!(p.status.progress.as_deref(), Some("0/3"));
+    }
+
+    #[test]
+    fn completes_when_every_child_completes() {
+        let s = set(true, &[("a", 1), ("b", 1)]);
+        let kids = [child("s-a-0", "a", Some(JobPhase::Complete), 0), child("s-b-0", "b", Some(JobPhase::Complete), 0)];
+        let p = plan(&s, &kids, now());
+        assert!(conditions::is_true(&p.status.conditions, condition::COMPLETED));
+        assert_eq!(p.status.phase, Some(JobSetPhase::Completed));
+        assert_eq!(p.status.progress.as_deref(), Some("2/2"));
+    }
+
+    #[test]
+    fn success_policy_any_on_targets() {
+        let mut s = set(false, &[("a", 2), ("b", 1)]);
+        s.spec.success_policy =
+            Some(SuccessPolicy { operator: SuccessOperator::Any, target_replicated_jobs: vec!["b".into()] });
+        let kids = [child("s-a-0", "a", Some(JobPhase::Complete), 0), child("s-b-0", "b", Some(JobPhase::Running), 0)];
+        assert!(!conditions::is_true(&plan(&s, &kids, now()).status.conditions, condition::COMPLETED));
+        let kids = [child("s-a-0", "a", Some(JobPhase::Running), 0), child("s-b-0", "b", Some(JobPhase::Complete), 0)];
+        let p = plan(&s, &kids, now());
+        assert!(conditions::is_true(&p.status.conditions, condition::COMPLETED));
+        assert_eq!(p.delete, vec![("s-a-0".to_string(), "SetFinished")]);
+    }
+
+    #[test]
+    fn a_failed_child_restarts_all_children_until_max_restarts() {
+        let mut s = set(true, &[("a", 1), ("b", 1)]);
+        s.spec.failure_policy = Some(FailurePolicy { max_restarts: 1 });
+        let kids = [child("s-a-0", "a", Some(JobPhase::Failed), 0), child("s-b-0", "b", Some(JobPhase::Running), 0)];
+        let p = plan(&s, &kids, now());
+        assert_eq!(p.status.restarts, 1);
+        assert_eq!(p.delete.len(), 2);
+        assert!(p.create.is_empty(), "new children wait for the old names to be free");
+        // Next round: old children gone; the new attempt is created.
+        s.status = Some(p.status.clone());
+        let p = plan(&s, &[], now());
+        assert_eq!(p.create, vec![(0, 0), (1, 0)]);
+        assert_eq!(
+            child_job(&s, 0, 0, p.status.restarts)
+                .and_then(|j| j.metadata.annotations)
+                .and_then(|a| a.get(RESTART_ATTEMPT_ANNOTATION).cloned())
+                .as_deref(),
+            Some("1")
+        );
+        // A failure in the last attempt fails the set.
+        let kids = [child("s-a-0", "a", Some(JobPhase::Failed), 1), child("s-b-0", "b", Some(JobPhase::Running), 1)];
+        let p = plan(&s, &kids, now());
+        assert!(conditions::is_true(&p.status.conditions, condition::FAILED));
+        assert_eq!(p.delete, vec![("s-b-0".to_string(), "SetFinished")]);
+        assert_eq!(p.status.phase, Some(JobSetPhase::Failed));
+    }
+
+    #[test]
+    fn stale_children_are_deleted_before_recreation() {
+        let mut s = set(false, &[("a", 1)]);
+        s.status = Some(MusterJobSetStatus { restarts: 1, ..Default::default() });
+        let mut old = child("s-a-0", "a", Some(JobPhase::Running), 0);
+        let p = plan(&s, std::slice::from_ref(&old), now());
+        assert_eq!(p.delete, vec![("s-a-0".to_string(), "Restart")]);
+        assert!(p.create.is_empty());
+        old.terminating = true;
+        let p = plan(&s, &[old], now());
+        assert!(p.delete.is_empty() && p.create.is_empty(), "wait until the old child is gone");
+    }
+
+    #[test]
+    fn suspend_flows_to_children() {
+        let mut s = set(false, &[("a", 1)]);
+        s.spec.suspend = true;
+        let p = plan(&s, &[child("s-a-0", "a", Some(JobPhase::Running), 0)], now());
+        assert_eq!(p.suspend, vec![("s-a-0".to_string(), true)]);
+        assert!(conditions::is_true(&p.status.conditions, condition::SUSPENDED));
+        assert_eq!(p.status.phase, Some(JobSetPhase::Suspended));
+    }
+
+    #[test]
+    fn children_are_annotated_for_delegation_only_with_scheduling() {
+        let with = child_job(&set(true, &[("workers", 2)]), 0, 1, 0).expect("child");
+        assert_eq!(with.metadata.name.as_deref(), Some("s-workers-1"));
+        let a = with.metadata.annotations.expect("annotations");
+        assert_eq!(a.get(GROUP_TEMPLATE_ANNOTATION).map(String::as_str), Some("workers"));
+        assert_eq!(a.get(PARENT_COMPOSITE_ANNOTATION).map(String::as_str), Some("s"));
+        assert_eq!(with.metadata.labels.expect("labels").get(JOBSET_NAME_LABEL).map(String::as_str), Some("s"));
+        let without = child_job(&set(false, &[("workers", 2)]), 0, 0, 0).expect("child");
+        assert!(!without.metadata.annotations.expect("annotations").contains_key(GROUP_TEMPLATE_ANNOTATION));
+    }
+
+    #[test]
+    fn per_replicated_job_counts() {
+        let s = set(false, &[("a", 3)]);
+        let mut ready = child("s-a-1", "a", Some(JobPhase::Running), 0);
+        ready.ready = true;
+        let kids =
+            [child("s-a-0", "a", Some(JobPhase::Complete), 0), ready, child("s-a-2", "a", Some(JobPhase::Pending), 0)];
+        let p = plan(&s, &kids, now());
+        let r = &p.status.replicated_jobs_status[0];
+        assert_eq!((r.succeeded, r.active, r.ready, r.failed), (1, 2, 1, 0));
+        assert_eq!(p.status.phase, Some(JobSetPhase::Running));
+    }
+}

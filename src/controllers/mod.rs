@@ -1,0 +1,222 @@
+//! The imperative shell: one module per reconciler, each thin (read, call the pure core, apply
+//! with server-side apply, record status and events), plus the manager that runs them on the
+//! leader only and serves health and metrics on every replica.
+
+pub mod conditions;
+pub mod context;
+pub mod job;
+pub mod jobset;
+pub mod metrics;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Context as _;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use k8s_openapi::api::core::v1::{Service, ServiceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams};
+use tokio::sync::oneshot;
+
+pub use context::{Config, Context, Error, PlacementStrategy};
+use metrics::Metrics;
+
+/// Name of the Lease the reconcilers' leader holds.
+pub const LEASE_NAME: &str = "muster-controller-manager";
+
+/// The controlling owner's uid of an object, if any.
+pub fn controller_uid(meta: &ObjectMeta) -> Option<&str> {
+    meta.owner_references.iter().flatten().find(|o| o.controller == Some(true)).map(|o| o.uid.as_str())
+}
+
+/// Server-side applies a headless Service `name` selecting pods with label `key=name`, owned by
+/// `owner`, so pods get stable DNS names (`<hostname>.<name>`).
+pub async fn apply_headless_service(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    selector_key: &str,
+    owner: OwnerReference,
+    field_manager: &str,
+) -> context::Result<()> {
+    let svc = Service {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(namespace.to_string()),
+            owner_references: Some(vec![owner]),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".into()),
+            selector: Some(BTreeMap::from([(selector_key.to_string(), name.to_string())])),
+            publish_not_ready_addresses: Some(true),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    // k8s-openapi's structs carry no apiVersion/kind; server-side apply needs them.
+    let mut body = serde_json::to_value(&svc)?;
+    body["apiVersion"] = "v1".into();
+    body["kind"] = "Service".into();
+    Api::<Service>::namespaced(client.clone(), namespace)
+        .patch(name, &PatchParams::apply(field_manager).force(), &Patch::Apply(&body))
+        .await?;
+    Ok(())
+}
+
+/// How the manager runs.
+#[derive(Clone, Debug)]
+pub struct ManagerOptions {
+    /// Address of the health and metrics server.
+    pub http_addr: SocketAddr,
+    /// Run the reconcilers only while holding the Lease.
+    pub leader_elect: bool,
+}
+
+#[derive(Clone)]
+struct HttpState {
+    metrics: Arc<Metrics>,
+    ready: Arc<AtomicBool>,
+}
+
+async fn serve_http(addr: SocketAddr, state: HttpState) -> anyhow::Result<()> {
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(|State(s): State<HttpState>| async move {
+                ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.encode())
+            }),
+        )
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(|State(s): State<HttpState>| async move {
+                if s.ready.load(Ordering::Relaxed) {
+                    (StatusCode::OK, "ok")
+                } else {
+                    (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+                }
+            }),
+        )
+        .with_state(state);
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+    tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+    axum::serve(listener, app).await?;
+    Ok(())
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+/// Runs every reconciler until `stop` fires.
+async fn run_reconcilers(ctx: Arc<Context>, stop: oneshot::Receiver<()>) {
+    let (job_stop, job_rx) = oneshot::channel::<()>();
+    let (set_stop, set_rx) = oneshot::channel::<()>();
+    let stopper = tokio::spawn(async move {
+        let _ = stop.await;
+        let _ = job_stop.send(());
+        let _ = set_stop.send(());
+    });
+    tokio::join!(
+        job::run(ctx.clone(), async move {
+            let _ = job_rx.await;
+        }),
+        jobset::run(ctx.clone(), async move {
+            let _ = set_rx.await;
+        }),
+    );
+    stopper.abort();
+}
+
+/// Runs the controller manager: health and metrics on this replica, reconcilers on the leader.
+/// Returns after SIGTERM/Ctrl-C once the reconcilers have stopped.
+pub async fn run(client: Client, config: Config, opts: ManagerOptions) -> anyhow::Result<()> {
+    let metrics = Arc::new(Metrics::default());
+    let ready = Arc::new(AtomicBool::new(false));
+    let http = tokio::spawn(serve_http(opts.http_addr, HttpState { metrics: metrics.clone(), ready: ready.clone() }));
+    let ctx = Arc::new(Context::new(client.clone(), metrics, config.clone()));
+    let mut shutdown = Box::pin(shutdown_signal());
+
+    if !opts.leader_elect {
+        ready.store(true, Ordering::Relaxed);
+        let (stop, stop_rx) = oneshot::channel();
+        let reconcilers = tokio::spawn(run_reconcilers(ctx, stop_rx));
+        tokio::select! {
+            _ = &mut shutdown => {}
+            r = http => return Err(anyhow::anyhow!("http server stopped: {r:?}")),
+        }
+        let _ = stop.send(());
+        let _ = reconcilers.await;
+        return Ok(());
+    }
+
+    let manager = kube_lease_manager::LeaseManagerBuilder::new(client, LEASE_NAME)
+        .with_namespace(config.namespace.clone())
+        .with_identity(config.identity.clone())
+        .with_duration(15)
+        .with_grace(5)
+        .build()
+        .await
+        .context("creating the lease manager")?;
+    let (mut leader, lease_task) = manager.watch().await;
+    ready.store(true, Ordering::Relaxed);
+    tracing::info!(lease = LEASE_NAME, namespace = %config.namespace, identity = %config.identity, "waiting for leadership");
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            changed = leader.wait_for(|l| *l) => {
+                if changed.is_err() {
+                    anyhow::bail!("the lease manager stopped");
+                }
+            }
+        }
+        tracing::info!("became leader: starting reconcilers");
+        let (stop, stop_rx) = oneshot::channel();
+        let mut reconcilers = tokio::spawn(run_reconcilers(ctx.clone(), stop_rx));
+        let quit = tokio::select! {
+            _ = &mut shutdown => true,
+            _ = leader.wait_for(|l| !*l) => false,
+            _ = &mut reconcilers => false,
+        };
+        let _ = stop.send(());
+        let _ = reconcilers.await;
+        if quit {
+            break;
+        }
+        tracing::warn!("lost leadership: reconcilers stopped");
+    }
+    drop(leader);
+    match lease_task.await {
+        Ok(Ok(manager)) => {
+            if let Err(e) = manager.release().await {
+                tracing::warn!(error = %e, "could not release the lease");
+            }
+        }
+        other => tracing::warn!(?other, "lease manager ended"),
+    }
+    Ok(())
+}
