@@ -11,6 +11,9 @@ use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::controllers::{self, Config, ManagerOptions, PlacementStrategy};
+use crate::webhook::certs::Lifetimes;
+use crate::webhook::config::Endpoint;
+use crate::webhook::{CertSource, WebhookOptions};
 
 /// Log output format.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -66,6 +69,38 @@ pub struct Args {
     /// Multi-GPU pods must get GPUs of one NUMA node.
     #[arg(long, default_value_t = false)]
     require_single_numa: bool,
+    /// Address of the admission webhook server (`off` disables it).
+    #[arg(long, default_value = "0.0.0.0:9443")]
+    webhook_bind_address: String,
+    /// Reach the webhooks at this URL (muster outside the cluster, e.g. `https://127.0.0.1:9443`)
+    /// instead of through the Service.
+    #[arg(long)]
+    webhook_url: Option<String>,
+    /// The Service in front of the webhook server (inside the cluster).
+    #[arg(long, default_value = "muster-webhook")]
+    webhook_service: String,
+    /// Port of that Service.
+    #[arg(long, default_value_t = 443)]
+    webhook_service_port: i32,
+    /// Read tls.crt/tls.key (and ca.crt) from this folder (e.g. cert-manager) instead of
+    /// managing a certificate in a Secret.
+    #[arg(long)]
+    webhook_cert_dir: Option<PathBuf>,
+    /// Secret holding the self-managed webhook certificate.
+    #[arg(long, default_value = "muster-webhook-tls")]
+    webhook_secret: String,
+    /// Seconds a self-managed serving certificate is valid.
+    #[arg(long, default_value_t = 365 * 24 * 3600)]
+    webhook_cert_validity: u64,
+    /// Renew the serving certificate this many seconds before it expires.
+    #[arg(long, default_value_t = 30 * 24 * 3600)]
+    webhook_cert_rotate_before: u64,
+    /// Seconds between certificate checks.
+    #[arg(long, default_value_t = 60)]
+    webhook_resync: u64,
+    /// Create and update the webhook configurations (when no chart installed them).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    webhook_manage_configurations: bool,
 }
 
 fn init_tracing(level: &str, format: LogFormat) {
@@ -90,6 +125,43 @@ async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<Client> {
 }
 
 impl Args {
+    fn webhook(&self) -> anyhow::Result<Option<WebhookOptions>> {
+        if self.webhook_bind_address == "off" {
+            return Ok(None);
+        }
+        let bind: SocketAddr = self
+            .webhook_bind_address
+            .parse()
+            .with_context(|| format!("--webhook-bind-address {:?}", self.webhook_bind_address))?;
+        let endpoint = match &self.webhook_url {
+            Some(url) => Endpoint::Url(url.clone()),
+            None => Endpoint::Service {
+                namespace: self.namespace.clone(),
+                name: self.webhook_service.clone(),
+                port: self.webhook_service_port,
+            },
+        };
+        let certs = match &self.webhook_cert_dir {
+            Some(dir) => CertSource::Files(dir.clone()),
+            None => {
+                let lifetimes = Lifetimes {
+                    cert_validity: Duration::from_secs(self.webhook_cert_validity),
+                    rotate_before: Duration::from_secs(self.webhook_cert_rotate_before),
+                    ..Lifetimes::default()
+                };
+                CertSource::SelfManaged { secret: self.webhook_secret.clone(), lifetimes }
+            }
+        };
+        Ok(Some(WebhookOptions {
+            bind,
+            endpoint,
+            certs,
+            manage_configurations: self.webhook_manage_configurations,
+            namespace: self.namespace.clone(),
+            resync: Duration::from_secs(self.webhook_resync.max(1)),
+        }))
+    }
+
     fn config(&self) -> Config {
         let identity = self.identity.clone().unwrap_or_else(|| {
             let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -124,7 +196,11 @@ pub fn run(args: Args) -> ExitCode {
     };
     let result = runtime.block_on(async {
         let client = client(args.kubeconfig.as_ref()).await.context("connecting to the cluster")?;
-        let opts = ManagerOptions { http_addr: args.metrics_bind_address, leader_elect: args.leader_elect };
+        let opts = ManagerOptions {
+            http_addr: args.metrics_bind_address,
+            leader_elect: args.leader_elect,
+            webhook: args.webhook()?,
+        };
         controllers::run(client, args.config(), opts).await
     });
     match result {

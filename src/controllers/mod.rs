@@ -76,6 +76,8 @@ pub struct ManagerOptions {
     pub http_addr: SocketAddr,
     /// Run the reconcilers only while holding the Lease.
     pub leader_elect: bool,
+    /// Serve the admission webhooks (on every replica).
+    pub webhook: Option<crate::webhook::WebhookOptions>,
 }
 
 #[derive(Clone)]
@@ -158,15 +160,43 @@ pub async fn run(client: Client, config: Config, opts: ManagerOptions) -> anyhow
     let metrics = Arc::new(Metrics::default());
     let ready = Arc::new(AtomicBool::new(false));
     let http = tokio::spawn(serve_http(opts.http_addr, HttpState { metrics: metrics.clone(), ready: ready.clone() }));
-    let ctx = Arc::new(Context::new(client.clone(), metrics, config.clone()));
+    let ctx = Arc::new(Context::new(client.clone(), metrics.clone(), config.clone()));
     let mut shutdown = Box::pin(shutdown_signal());
+    let (webhook_stop, webhook_stop_rx) = oneshot::channel::<()>();
+    let webhook = opts.webhook.clone().map(|w| {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let stop = async move {
+                let _ = webhook_stop_rx.await;
+            };
+            if let Err(e) = crate::webhook::serve(client, w, metrics, stop).await {
+                tracing::error!(error = format!("{e:#}"), "webhook server stopped");
+            }
+        })
+    });
+    let result = run_leader(client, config, opts, ctx, ready, http, &mut shutdown).await;
+    let _ = webhook_stop.send(());
+    if let Some(w) = webhook {
+        let _ = w.await;
+    }
+    result
+}
 
+async fn run_leader(
+    client: Client,
+    config: Config,
+    opts: ManagerOptions,
+    ctx: Arc<Context>,
+    ready: Arc<AtomicBool>,
+    http: tokio::task::JoinHandle<anyhow::Result<()>>,
+    shutdown: &mut std::pin::Pin<Box<impl std::future::Future<Output = ()>>>,
+) -> anyhow::Result<()> {
     if !opts.leader_elect {
         ready.store(true, Ordering::Relaxed);
         let (stop, stop_rx) = oneshot::channel();
         let reconcilers = tokio::spawn(run_reconcilers(ctx, stop_rx));
         tokio::select! {
-            _ = &mut shutdown => {}
+            _ = &mut *shutdown => {}
             r = http => return Err(anyhow::anyhow!("http server stopped: {r:?}")),
         }
         let _ = stop.send(());
@@ -187,7 +217,7 @@ pub async fn run(client: Client, config: Config, opts: ManagerOptions) -> anyhow
     tracing::info!(lease = LEASE_NAME, namespace = %config.namespace, identity = %config.identity, "waiting for leadership");
     loop {
         tokio::select! {
-            _ = &mut shutdown => break,
+            _ = &mut *shutdown => break,
             changed = leader.wait_for(|l| *l) => {
                 if changed.is_err() {
                     anyhow::bail!("the lease manager stopped");
@@ -198,7 +228,7 @@ pub async fn run(client: Client, config: Config, opts: ManagerOptions) -> anyhow
         let (stop, stop_rx) = oneshot::channel();
         let mut reconcilers = tokio::spawn(run_reconcilers(ctx.clone(), stop_rx));
         let quit = tokio::select! {
-            _ = &mut shutdown => true,
+            _ = &mut *shutdown => true,
             _ = leader.wait_for(|l| !*l) => false,
             _ = &mut reconcilers => false,
         };

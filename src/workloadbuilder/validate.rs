@@ -143,7 +143,7 @@ fn union_error(path: &FieldPath, members: &[&str], set: usize) -> Option<FieldEr
     }
 }
 
-fn policy_block_errors(policy: &PolicyInput, path: &FieldPath) -> ErrorList {
+pub(super) fn policy_block_errors(policy: &PolicyInput, path: &FieldPath) -> ErrorList {
     let common = policy.to_config();
     let mut errs: ErrorList =
         union_error(path, &["basic", "gang"], common.basic.is_some() as usize + common.gang.is_some() as usize)
@@ -161,7 +161,7 @@ fn policy_block_errors(policy: &PolicyInput, path: &FieldPath) -> ErrorList {
     errs
 }
 
-fn constraints_errors(constraints: &SchedulingConstraints, path: &FieldPath) -> ErrorList {
+pub(super) fn constraints_errors(constraints: &SchedulingConstraints, path: &FieldPath) -> ErrorList {
     let mut errs = Vec::new();
     let Some(topology) = &constraints.topology else { return errs };
     let tpath = path.child("topology");
@@ -181,13 +181,13 @@ fn constraints_errors(constraints: &SchedulingConstraints, path: &FieldPath) -> 
     errs
 }
 
-fn disruption_mode_errors(mode: &DisruptionMode, path: &FieldPath) -> ErrorList {
+pub(super) fn disruption_mode_errors(mode: &DisruptionMode, path: &FieldPath) -> ErrorList {
     union_error(path, &["single", "all"], mode.single.is_some() as usize + mode.all.is_some() as usize)
         .into_iter()
         .collect()
 }
 
-fn claims_errors(claims: &[PodGroupResourceClaim], path: &FieldPath) -> ErrorList {
+pub(super) fn claims_errors(claims: &[PodGroupResourceClaim], path: &FieldPath) -> ErrorList {
     let mut errs = Vec::new();
     if claims.len() > crate::crds::blocks::MAX_RESOURCE_CLAIMS {
         errs.push(FieldError::too_many(path, claims.len(), crate::crds::blocks::MAX_RESOURCE_CLAIMS));

@@ -1,0 +1,200 @@
+//! PURE: muster's webhook configurations. Scope and safety are decided here: muster's kinds and
+//! opted-in pods only (objectSelector), never muster's own namespace or kube-system, short
+//! timeouts, `failurePolicy: Fail` only where the selector already limits the webhook to
+//! objects that opted in.
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference, ValidatingWebhook,
+    ValidatingWebhookConfiguration, WebhookClientConfig,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta};
+
+use crate::crds::POD_GROUP_LABEL;
+
+/// Name of the ValidatingWebhookConfiguration.
+pub const VALIDATING_NAME: &str = "muster-validating";
+/// Name of the MutatingWebhookConfiguration.
+pub const MUTATING_NAME: &str = "muster-mutating";
+/// Webhook validating MusterJob and MusterJobSet.
+pub const VALIDATE_BATCH: &str = "validate.batch.muster.dev";
+/// Webhook validating Workload, PodGroup and CompositePodGroup.
+pub const VALIDATE_SCHEDULING: &str = "validate.scheduling.muster.dev";
+/// Webhook gating pods that join a PodGroup.
+pub const MUTATE_PODS: &str = "gate.pods.muster.dev";
+/// Seconds the apiserver waits for muster.
+pub const TIMEOUT_SECONDS: i32 = 5;
+
+/// Where the apiserver reaches the webhook server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// A URL (muster running outside the cluster), e.g. `https://127.0.0.1:9443`.
+    Url(String),
+    /// muster's Service inside the cluster.
+    Service {
+        /// Service namespace.
+        namespace: String,
+        /// Service name.
+        name: String,
+        /// Service port.
+        port: i32,
+    },
+}
+
+fn client_config(endpoint: &Endpoint, path: &str, ca_bundle: Option<&str>) -> WebhookClientConfig {
+    let ca_bundle = ca_bundle.map(|c| ByteString(c.as_bytes().to_vec()));
+    match endpoint {
+        Endpoint::Url(base) => {
+            WebhookClientConfig { url: Some(format!("{}{path}", base.trim_end_matches('/'))), ca_bundle, service: None }
+        }
+        Endpoint::Service { namespace, name, port } => WebhookClientConfig {
+            url: None,
+            ca_bundle,
+            service: Some(ServiceReference {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                path: Some(path.into()),
+                port: Some(*port),
+            }),
+        },
+    }
+}
+
+/// Excludes muster's own namespace and kube-system.
+pub fn namespace_selector(own_namespace: &str) -> LabelSelector {
+    LabelSelector {
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: "kubernetes.io/metadata.name".into(),
+            operator: "NotIn".into(),
+            values: Some(vec![own_namespace.to_string(), "kube-system".into()]),
+        }]),
+        match_labels: None,
+    }
+}
+
+fn rule(group: &str, resources: &[&str], operations: &[&str]) -> RuleWithOperations {
+    RuleWithOperations {
+        api_groups: Some(vec![group.into()]),
+        api_versions: Some(vec!["*".into()]),
+        operations: Some(operations.iter().map(|s| s.to_string()).collect()),
+        resources: Some(resources.iter().map(|s| s.to_string()).collect()),
+        scope: Some("Namespaced".into()),
+    }
+}
+
+fn validating(
+    name: &str,
+    rules: Vec<RuleWithOperations>,
+    endpoint: &Endpoint,
+    ca: Option<&str>,
+    own_namespace: &str,
+) -> ValidatingWebhook {
+    ValidatingWebhook {
+        name: name.into(),
+        admission_review_versions: vec!["v1".into()],
+        client_config: client_config(endpoint, "/validate", ca),
+        // Only muster's own kinds reach this webhook, so refusing while muster is down blocks
+        // nothing else.
+        failure_policy: Some("Fail".into()),
+        match_policy: Some("Equivalent".into()),
+        namespace_selector: Some(namespace_selector(own_namespace)),
+        rules: Some(rules),
+        side_effects: "None".into(),
+        timeout_seconds: Some(TIMEOUT_SECONDS),
+        ..Default::default()
+    }
+}
+
+/// The ValidatingWebhookConfiguration for muster's kinds.
+pub fn validating_configuration(
+    endpoint: &Endpoint,
+    ca: Option<&str>,
+    own_namespace: &str,
+) -> ValidatingWebhookConfiguration {
+    ValidatingWebhookConfiguration {
+        metadata: ObjectMeta { name: Some(VALIDATING_NAME.into()), ..Default::default() },
+        webhooks: Some(vec![
+            validating(
+                VALIDATE_BATCH,
+                vec![rule("batch.muster.dev", &["musterjobs", "musterjobsets"], &["CREATE", "UPDATE"])],
+                endpoint,
+                ca,
+                own_namespace,
+            ),
+            validating(
+                VALIDATE_SCHEDULING,
+                vec![rule(
+                    "scheduling.muster.dev",
+                    &["workloads", "podgroups", "compositepodgroups"],
+                    &["CREATE", "UPDATE"],
+                )],
+                endpoint,
+                ca,
+                own_namespace,
+            ),
+        ]),
+    }
+}
+
+/// The MutatingWebhookConfiguration gating pods labelled with a PodGroup.
+pub fn mutating_configuration(
+    endpoint: &Endpoint,
+    ca: Option<&str>,
+    own_namespace: &str,
+) -> MutatingWebhookConfiguration {
+    MutatingWebhookConfiguration {
+        metadata: ObjectMeta { name: Some(MUTATING_NAME.into()), ..Default::default() },
+        webhooks: Some(vec![MutatingWebhook {
+            name: MUTATE_PODS.into(),
+            admission_review_versions: vec!["v1".into()],
+            client_config: client_config(endpoint, "/mutate", ca),
+            // The objectSelector limits this to pods that opted in; letting them through
+            // ungated while muster is down would start half gangs.
+            failure_policy: Some("Fail".into()),
+            match_policy: Some("Equivalent".into()),
+            namespace_selector: Some(namespace_selector(own_namespace)),
+            object_selector: Some(LabelSelector {
+                match_expressions: Some(vec![LabelSelectorRequirement {
+                    key: POD_GROUP_LABEL.into(),
+                    operator: "Exists".into(),
+                    values: None,
+                }]),
+                match_labels: None,
+            }),
+            reinvocation_policy: Some("IfNeeded".into()),
+            rules: Some(vec![rule("", &["pods"], &["CREATE"])]),
+            side_effects: "None".into(),
+            timeout_seconds: Some(TIMEOUT_SECONDS),
+            ..Default::default()
+        }]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scope_and_safety() {
+        let ep = Endpoint::Service { namespace: "muster-system".into(), name: "muster-webhook".into(), port: 443 };
+        let v = validating_configuration(&ep, Some("CA"), "muster-system");
+        for w in v.webhooks.iter().flatten() {
+            assert_eq!(w.failure_policy.as_deref(), Some("Fail"));
+            assert_eq!(w.side_effects, "None");
+            assert_eq!(w.timeout_seconds, Some(5));
+            assert_eq!(w.match_policy.as_deref(), Some("Equivalent"));
+            let sel = w.namespace_selector.as_ref().and_then(|s| s.match_expressions.as_ref()).expect("selector");
+            assert_eq!(sel[0].values.as_deref(), Some(&["muster-system".to_string(), "kube-system".to_string()][..]));
+            let groups: Vec<&str> =
+                w.rules.iter().flatten().flat_map(|r| r.api_groups.iter().flatten()).map(String::as_str).collect();
+            assert!(groups.iter().all(|g| g.ends_with("muster.dev")), "{groups:?}");
+            assert_eq!(w.client_config.service.as_ref().and_then(|s| s.path.as_deref()), Some("/validate"));
+        }
+        let m = mutating_configuration(&Endpoint::Url("https://127.0.0.1:9443/".into()), None, "muster-system");
+        let w = &m.webhooks.expect("webhooks")[0];
+        assert_eq!(w.client_config.url.as_deref(), Some("https://127.0.0.1:9443/mutate"));
+        let obj = w.object_selector.as_ref().and_then(|s| s.match_expressions.as_ref()).expect("object selector");
+        assert_eq!((obj[0].key.as_str(), obj[0].operator.as_str()), (POD_GROUP_LABEL, "Exists"));
+        assert_eq!(w.rules.as_ref().map(|r| r[0].operations.clone()), Some(Some(vec!["CREATE".to_string()])));
+    }
+}

@@ -1,0 +1,167 @@
+//! PURE: the admission decisions. Validation of muster's kinds with the workloadbuilder's rules
+//! (every error with its field path), and the pod mutation that adds the admission gate to pods
+//! joining a PodGroup. AdmissionRequest in, AdmissionResponse out.
+
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
+use kube::core::response::{Status, StatusCause, StatusDetails};
+use serde::de::DeserializeOwned;
+
+use crate::crds::{ADMISSION_GATE, CompositePodGroup, MusterJob, MusterJobSet, POD_GROUP_LABEL, PodGroup, Workload};
+use crate::workloadbuilder::field::{ErrorList, is_dns_subdomain};
+use crate::workloadbuilder::job::{validate_job, validate_jobset};
+use crate::workloadbuilder::objects::{validate_composite_pod_group, validate_pod_group, validate_workload};
+
+/// What a handler decided, for metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Admitted unchanged.
+    Allowed,
+    /// Refused.
+    Denied,
+    /// Admitted with a patch.
+    Patched,
+}
+
+fn decode<T: DeserializeOwned>(obj: &DynamicObject) -> Result<T, String> {
+    let value = serde_json::to_value(obj).map_err(|e| e.to_string())?;
+    serde_path_to_error::deserialize(value).map_err(|e| format!("{}: {}", e.path(), e.inner()))
+}
+
+fn deny_invalid(req: &AdmissionRequest<DynamicObject>, errors: &ErrorList) -> AdmissionResponse {
+    let kind = &req.kind;
+    let name = if req.name.is_empty() {
+        req.object.as_ref().and_then(|o| o.metadata.generate_name.clone()).unwrap_or_default()
+    } else {
+        req.name.clone()
+    };
+    let list: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+    let joined = if list.len() == 1 { list[0].clone() } else { format!("[{}]", list.join(", ")) };
+    let qualified = if kind.group.is_empty() { kind.kind.clone() } else { format!("{}.{}", kind.kind, kind.group) };
+    let message = format!("{qualified} {name:?} is invalid: {joined}");
+    let causes = errors
+        .iter()
+        .map(|e| StatusCause { reason: format!("Field{:?}", e.kind), message: e.body(), field: e.path.to_string() })
+        .collect();
+    let mut resp = AdmissionResponse::from(req).deny(&message);
+    resp.result = Status::failure(&message, "Invalid").with_code(422).with_details(StatusDetails {
+        name,
+        group: kind.group.clone(),
+        kind: kind.kind.clone(),
+        causes,
+        uid: String::new(),
+        retry_after_seconds: 0,
+    });
+    resp
+}
+
+fn check<T: DeserializeOwned + PartialEq>(
+    req: &AdmissionRequest<DynamicObject>,
+    spec_of: impl Fn(&T) -> serde_json::Value,
+    rules: impl Fn(&T, Option<&T>) -> ErrorList,
+) -> (AdmissionResponse, Outcome) {
+    let Some(obj) = req.object.as_ref() else { return (AdmissionResponse::from(req), Outcome::Allowed) };
+    let new: T = match decode(obj) {
+        Ok(v) => v,
+        Err(e) => {
+            return (AdmissionResponse::from(req).deny(format!("cannot decode the object: {e}")), Outcome::Denied);
+        }
+    };
+    let old: Option<T> = match (&req.operation, req.old_object.as_ref()) {
+        (Operation::Update, Some(o)) => match decode(o) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                return (
+                    AdmissionResponse::from(req).deny(format!("cannot decode the old object: {e}")),
+                    Outcome::Denied,
+                );
+            }
+        },
+        _ => None,
+    };
+    // Metadata-only updates (labels, finalizers, deletion) never fail on what was there before.
+    if let Some(o) = &old
+        && (spec_of(o) == spec_of(&new) || obj.metadata.deletion_timestamp.is_some())
+    {
+        return (AdmissionResponse::from(req), Outcome::Allowed);
+    }
+    let errors = rules(&new, old.as_ref());
+    if errors.is_empty() {
+        (AdmissionResponse::from(req), Outcome::Allowed)
+    } else {
+        (deny_invalid(req, &errors), Outcome::Denied)
+    }
+}
+
+fn spec_json<T: serde::Serialize>(spec: &T) -> serde_json::Value {
+    serde_json::to_value(spec).unwrap_or_default()
+}
+
+/// `/validate`: every rule of the workloadbuilder for muster's kinds, on create and update.
+pub fn validate(req: &AdmissionRequest<DynamicObject>) -> (AdmissionResponse, Outcome) {
+    if !matches!(req.operation, Operation::Create | Operation::Update) {
+        return (AdmissionResponse::from(req), Outcome::Allowed);
+    }
+    match (req.kind.group.as_str(), req.kind.kind.as_str()) {
+        ("batch.muster.dev", "MusterJob") => check::<MusterJob>(req, |j| spec_json(&j.spec), validate_job),
+        ("batch.muster.dev", "MusterJobSet") => check::<MusterJobSet>(req, |s| spec_json(&s.spec), validate_jobset),
+        ("scheduling.muster.dev", "Workload") => check::<Workload>(req, |w| spec_json(&w.spec), validate_workload),
+        ("scheduling.muster.dev", "PodGroup") => check::<PodGroup>(req, |g| spec_json(&g.spec), validate_pod_group),
+        ("scheduling.muster.dev", "CompositePodGroup") => {
+            check::<CompositePodGroup>(req, |g| spec_json(&g.spec), validate_composite_pod_group)
+        }
+        _ => (AdmissionResponse::from(req), Outcome::Allowed),
+    }
+}
+
+/// `/mutate`: a pod created with the PodGroup label gets the admission gate (if missing); a
+/// malformed label value is refused with a clear message.
+pub fn mutate(req: &AdmissionRequest<DynamicObject>) -> (AdmissionResponse, Outcome) {
+    let resp = AdmissionResponse::from(req);
+    if req.operation != Operation::Create || req.kind.kind != "Pod" || !req.kind.group.is_empty() {
+        return (resp, Outcome::Allowed);
+    }
+    let Some(pod) = req.object.as_ref() else { return (resp, Outcome::Allowed) };
+    let Some(group) = pod.metadata.labels.as_ref().and_then(|l| l.get(POD_GROUP_LABEL)) else {
+        return (resp, Outcome::Allowed);
+    };
+    if let Some((ns, _)) = group.split_once('/') {
+        let message = format!(
+            "label {POD_GROUP_LABEL}={group:?} names a PodGroup in namespace {ns:?}: a pod can only join a PodGroup in its own namespace; use the PodGroup's name alone"
+        );
+        return (resp.deny(message), Outcome::Denied);
+    }
+    if !is_dns_subdomain(group) || group.len() > 63 {
+        let message = format!(
+            "label {POD_GROUP_LABEL}={group:?} is not a PodGroup name: it must be a lowercase RFC 1123 subdomain of at most 63 characters"
+        );
+        return (resp.deny(message), Outcome::Denied);
+    }
+    let spec = pod.data.get("spec");
+    if spec.and_then(|s| s.get("nodeName")).and_then(|n| n.as_str()).is_some_and(|n| !n.is_empty()) {
+        let message = format!(
+            "a pod with spec.nodeName bypasses scheduling and cannot join PodGroup {group:?}: remove spec.nodeName or the {POD_GROUP_LABEL} label"
+        );
+        return (resp.deny(message), Outcome::Denied);
+    }
+    let gates = spec.and_then(|s| s.get("schedulingGates")).and_then(|g| g.as_array());
+    if gates.is_some_and(|g| g.iter().any(|g| g.get("name").and_then(|n| n.as_str()) == Some(ADMISSION_GATE))) {
+        return (resp, Outcome::Allowed);
+    }
+    let gate = serde_json::json!({"name": ADMISSION_GATE});
+    let op = match gates {
+        Some(_) => serde_json::json!({"op": "add", "path": "/spec/schedulingGates/-", "value": gate}),
+        None => serde_json::json!({"op": "add", "path": "/spec/schedulingGates", "value": [gate]}),
+    };
+    let patch: json_patch::Patch = match serde_json::from_value(serde_json::json!([op])) {
+        Ok(p) => p,
+        Err(e) => return (resp.deny(format!("internal error building the patch: {e}")), Outcome::Denied),
+    };
+    match resp.with_patch(patch) {
+        Ok(r) => (r, Outcome::Patched),
+        Err(e) => (AdmissionResponse::from(req).deny(format!("internal error: {e}")), Outcome::Denied),
+    }
+}
+
+#[cfg(test)]
+mod tests;

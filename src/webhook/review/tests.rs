@@ -1,0 +1,234 @@
+//! Handler tests on AdmissionReview fixtures, as the apiserver sends them.
+
+use kube::core::admission::AdmissionReview;
+use serde_json::{Value, json};
+
+use super::*;
+
+fn request(
+    group: &str,
+    kind: &str,
+    resource: &str,
+    op: &str,
+    object: Value,
+    old: Option<Value>,
+) -> AdmissionRequest<DynamicObject> {
+    let review: AdmissionReview<DynamicObject> = serde_json::from_value(json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "kind": {"group": group, "version": "v1", "kind": kind},
+            "resource": {"group": group, "version": "v1", "resource": resource},
+            "name": object["metadata"]["name"].clone(),
+            "namespace": "team-a",
+            "operation": op,
+            "userInfo": {"username": "alice"},
+            "object": object,
+            "oldObject": old,
+            "dryRun": false,
+        }
+    }))
+    .expect("review fixture");
+    review.try_into().expect("request")
+}
+
+fn job(name: &str, parallelism: i32, scheduling: Value) -> Value {
+    json!({
+        "apiVersion": "batch.muster.dev/v1alpha1", "kind": "MusterJob",
+        "metadata": {"name": name, "namespace": "team-a"},
+        "spec": {"parallelism": parallelism, "completionMode": "NonIndexed", "backoffLimit": 6, "suspend": false,
+                 "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}},
+                 "scheduling": scheduling}
+    })
+}
+
+fn job_request(op: &str, new: Value, old: Option<Value>) -> AdmissionRequest<DynamicObject> {
+    request("batch.muster.dev", "MusterJob", "musterjobs", op, new, old)
+}
+
+fn causes(resp: &AdmissionResponse) -> Vec<String> {
+    resp.result.details.as_ref().map(|d| d.causes.iter().map(|c| c.field.clone()).collect()).unwrap_or_default()
+}
+
+#[test]
+fn a_valid_job_is_allowed() {
+    let (resp, outcome) =
+        validate(&job_request("CREATE", job("ok", 4, json!({"schedulingPolicy": {"gang": {"minCount": 4}}})), None));
+    assert!(resp.allowed);
+    assert_eq!(outcome, Outcome::Allowed);
+    assert_eq!(resp.uid, "705ab4f5-6393-11e8-b7cc-42010a800002");
+}
+
+#[test]
+fn an_invalid_job_is_denied_with_every_field_path() {
+    let scheduling = json!({"schedulingPolicy": {"gang": {"minCount": 5}}, "disruptionMode": {}});
+    let (resp, outcome) = validate(&job_request("CREATE", job("bad", 4, scheduling), None));
+    assert!(!resp.allowed);
+    assert_eq!(outcome, Outcome::Denied);
+    assert_eq!(resp.result.code, 422);
+    assert_eq!(resp.result.reason, "Invalid");
+    assert_eq!(causes(&resp), vec!["spec.scheduling.disruptionMode", "spec.scheduling.schedulingPolicy.gang.minCount"]);
+    assert!(
+        resp.result.message.starts_with("MusterJob.batch.muster.dev \"bad\" is invalid: ["),
+        "{}",
+        resp.result.message
+    );
+}
+
+#[test]
+fn min_count_may_change_on_update() {
+    let old = job("j", 4, json!({"schedulingPolicy": {"gang": {"minCount": 2}}}));
+    let new = job("j", 4, json!({"schedulingPolicy": {"gang": {"minCount": 4}}}));
+    assert!(validate(&job_request("UPDATE", new, Some(old))).0.allowed);
+}
+
+#[test]
+fn frozen_fields_are_denied_on_update() {
+    let old = job("j", 4, json!({"schedulingPolicy": {"gang": {"minCount": 2}}}));
+    let new = job("j", 4, json!({"schedulingPolicy": {"basic": {}}}));
+    let (resp, _) = validate(&job_request("UPDATE", new, Some(old)));
+    assert!(!resp.allowed);
+    assert_eq!(causes(&resp), vec!["spec.scheduling.schedulingPolicy"]);
+}
+
+#[test]
+fn metadata_only_updates_of_an_invalid_object_pass() {
+    let bad = job("j", 1, json!({"schedulingPolicy": {"gang": {"minCount": 3}}}));
+    let mut relabelled = bad.clone();
+    relabelled["metadata"]["labels"] = json!({"team": "a"});
+    assert!(validate(&job_request("UPDATE", relabelled, Some(bad))).0.allowed);
+}
+
+#[test]
+fn deletes_are_not_validated() {
+    assert!(
+        validate(&job_request("DELETE", job("j", 1, json!({"schedulingPolicy": {"gang": {"minCount": 3}}})), None))
+            .0
+            .allowed
+    );
+}
+
+#[test]
+fn a_jobset_with_too_many_replicated_jobs_is_denied() {
+    let rjobs: Vec<Value> = (0..9)
+        .map(|i| {
+            json!({"name": format!("r{i}"), "replicas": 1, "template": {"spec": {"parallelism": 1,
+            "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}]}}}}})
+        })
+        .collect();
+    let set = json!({"apiVersion": "batch.muster.dev/v1alpha1", "kind": "MusterJobSet", "metadata": {"name": "s"},
+        "spec": {"scheduling": {"schedulingPolicy": {"gang": {}}}, "replicatedJobs": rjobs}});
+    let (resp, _) = validate(&request("batch.muster.dev", "MusterJobSet", "musterjobsets", "CREATE", set, None));
+    assert!(!resp.allowed);
+    assert_eq!(causes(&resp), vec!["spec.replicatedJobs"]);
+}
+
+#[test]
+fn pod_group_updates_allow_only_min_count() {
+    let pg = |min: i32, mode: Value| {
+        json!({"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": "PodGroup", "metadata": {"name": "g"},
+               "spec": {"schedulingPolicy": {"gang": {"minCount": min}}, "disruptionMode": mode}})
+    };
+    let ok = request(
+        "scheduling.muster.dev",
+        "PodGroup",
+        "podgroups",
+        "UPDATE",
+        pg(3, json!({"single": {}})),
+        Some(pg(2, json!({"single": {}}))),
+    );
+    assert!(validate(&ok).0.allowed);
+    let bad = request(
+        "scheduling.muster.dev",
+        "PodGroup",
+        "podgroups",
+        "UPDATE",
+        pg(3, json!({"all": {}})),
+        Some(pg(2, json!({"single": {}}))),
+    );
+    let (resp, _) = validate(&bad);
+    assert_eq!(causes(&resp), vec!["spec.disruptionMode"]);
+}
+
+fn pod(labels: Value, spec: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "team-a", "labels": labels}, "spec": spec})
+}
+
+fn patch_of(resp: &AdmissionResponse) -> Value {
+    serde_json::from_slice(resp.patch.as_deref().expect("patch")).expect("json patch")
+}
+
+#[test]
+fn a_labelled_pod_is_gated() {
+    let req = request(
+        "",
+        "Pod",
+        "pods",
+        "CREATE",
+        pod(json!({POD_GROUP_LABEL: "train"}), json!({"containers": [{"name": "c"}]})),
+        None,
+    );
+    let (resp, outcome) = mutate(&req);
+    assert!(resp.allowed);
+    assert_eq!(outcome, Outcome::Patched);
+    assert_eq!(
+        patch_of(&resp),
+        json!([{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": ADMISSION_GATE}]}])
+    );
+}
+
+#[test]
+fn other_gates_are_kept() {
+    let spec = json!({"containers": [{"name": "c"}], "schedulingGates": [{"name": "example.com/quota"}]});
+    let (resp, _) = mutate(&request("", "Pod", "pods", "CREATE", pod(json!({POD_GROUP_LABEL: "train"}), spec), None));
+    assert_eq!(
+        patch_of(&resp),
+        json!([{"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": ADMISSION_GATE}}])
+    );
+}
+
+#[test]
+fn an_already_gated_pod_is_left_alone() {
+    let spec = json!({"containers": [{"name": "c"}], "schedulingGates": [{"name": ADMISSION_GATE}]});
+    let (resp, outcome) =
+        mutate(&request("", "Pod", "pods", "CREATE", pod(json!({POD_GROUP_LABEL: "train"}), spec), None));
+    assert!(resp.allowed && resp.patch.is_none());
+    assert_eq!(outcome, Outcome::Allowed);
+}
+
+#[test]
+fn an_unlabelled_pod_is_left_alone() {
+    let (resp, _) =
+        mutate(&request("", "Pod", "pods", "CREATE", pod(json!({"app": "web"}), json!({"containers": []})), None));
+    assert!(resp.allowed && resp.patch.is_none());
+}
+
+#[test]
+fn a_pod_naming_a_group_in_another_namespace_is_denied() {
+    let (resp, _) =
+        mutate(&request("", "Pod", "pods", "CREATE", pod(json!({POD_GROUP_LABEL: "team-b/train"}), json!({})), None));
+    assert!(!resp.allowed);
+    assert!(resp.result.message.contains("own namespace"), "{}", resp.result.message);
+}
+
+#[test]
+fn a_malformed_group_name_is_denied() {
+    let (resp, _) =
+        mutate(&request("", "Pod", "pods", "CREATE", pod(json!({POD_GROUP_LABEL: "Train_1"}), json!({})), None));
+    assert!(!resp.allowed);
+    assert!(resp.result.message.contains("not a PodGroup name"), "{}", resp.result.message);
+}
+
+#[test]
+fn a_pod_with_node_name_cannot_join() {
+    let (resp, _) = mutate(&request(
+        "",
+        "Pod",
+        "pods",
+        "CREATE",
+        pod(json!({POD_GROUP_LABEL: "train"}), json!({"nodeName": "n1"})),
+        None,
+    ));
+    assert!(!resp.allowed);
+}
