@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Stops the cluster hack/cluster-up.sh started in MUSTER_CLUSTER_DIR (default target/cluster):
+# every process named in its pid files, then any component process still running from that
+# folder. Keeps logs/, pki/ and the kubeconfig; removes the etcd data. Fails if a process survives.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+dir=${MUSTER_CLUSTER_DIR:-$root/target/cluster}
+[ -d "$dir" ] || { echo "cluster-down: no cluster in $dir"; exit 0; }
+dir=$(cd "$dir" && pwd)
+pids=$dir/pids
+# Stop order: the clients first, etcd last.
+components=(kwok kube-controller-manager kube-scheduler kube-apiserver etcd)
+
+log() { echo "cluster-down: $*" >&2; }
+
+ours() { # pid -> is it a component process started for this folder?
+  local pid=$1 cmd
+  [ -r "/proc/$pid/cmdline" ] || return 1
+  cmd=$(tr '\0' ' ' < "/proc/$pid/cmdline" 2> /dev/null) || return 1
+  [[ " $cmd" == *" $dir/"* || "$cmd" == *"=$dir/"* ]] || return 1
+  local exe=${cmd%% *}
+  case "${exe##*/}" in etcd | kube-apiserver | kube-scheduler | kube-controller-manager | kwok) return 0 ;; esac
+  return 1
+}
+
+stop() { # pid...: SIGTERM, wait up to 15 s, then SIGKILL
+  local p deadline=$((SECONDS + 15)) left
+  for p in "$@"; do kill -TERM "$p" 2> /dev/null || true; done
+  while :; do
+    left=()
+    for p in "$@"; do ours "$p" && left+=("$p"); done
+    [ ${#left[@]} -eq 0 ] && return 0
+    if [ $SECONDS -ge $deadline ]; then
+      log "killing ${left[*]} (did not stop on SIGTERM)"
+      kill -KILL "${left[@]}" 2> /dev/null || true
+      sleep 0.5
+      return 0
+    fi
+    sleep 0.2
+  done
+}
+
+stopped=0
+for c in "${components[@]}"; do
+  f=$pids/$c.pid
+  [ -f "$f" ] || continue
+  pid=$(< "$f")
+  if ours "$pid"; then
+    stop "$pid"
+    stopped=$((stopped + 1))
+  fi
+  rm -f "$f"
+done
+
+# Anything started for this folder that has no pid file any more (an interrupted cluster-up).
+strays=()
+for p in /proc/[0-9]*; do
+  p=${p#/proc/}
+  ours "$p" && strays+=("$p")
+done
+if [ ${#strays[@]} -gt 0 ]; then
+  log "stopping ${#strays[@]} process(es) without a pid file: ${strays[*]}"
+  stop "${strays[@]}"
+fi
+
+left=()
+for p in /proc/[0-9]*; do
+  p=${p#/proc/}
+  ours "$p" && left+=("$p")
+done
+if [ ${#left[@]} -gt 0 ]; then
+  log "ERROR: still running: ${left[*]}"
+  exit 1
+fi
+rm -rf "$dir/etcd"
+log "stopped $((stopped + ${#strays[@]})) process(es) of $dir; none left"

@@ -1,0 +1,280 @@
+#!/usr/bin/env bash
+# Starts a local Kubernetes control plane on free 127.0.0.1 ports: etcd, kube-apiserver,
+# kube-scheduler, kube-controller-manager and kwok (fake nodes annotated kwok.x-k8s.io/node=fake).
+#
+#   MUSTER_CLUSTER_DIR  where everything lives (default target/cluster): kubeconfig, logs/, pids/, pki/
+#   MUSTER_K8S_BIN      folder with the binaries (default: tools/k8s/bindir.sh; build with `make controlplane`)
+#   MUSTER_FEATURE_GATES  gates to ask for (default below); the ones the binaries refuse are dropped and reported
+#   MUSTER_CLUSTER_CRDS   CRD manifests (file or folder) installed before kube-controller-manager
+#                         starts, so its garbage collector knows them at once (default crds/; "" = none)
+#
+# A healthy cluster already running in the folder is reused; anything else there is stopped and
+# replaced. Prints the kubeconfig path last. Stop with hack/cluster-down.sh (same MUSTER_CLUSTER_DIR).
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+dir=${MUSTER_CLUSTER_DIR:-$root/target/cluster}
+mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
+bin=${MUSTER_K8S_BIN:-$(bash "$root/tools/k8s/bindir.sh")}
+gates_wanted=${MUSTER_FEATURE_GATES:-GenericWorkload,CompositePodGroup,WorkloadWithJob,TopologyAwareWorkloadScheduling,DRAWorkloadResourceClaims}
+runtime_wanted=${MUSTER_RUNTIME_CONFIG:-scheduling.k8s.io/v1beta1=true,scheduling.k8s.io/v1alpha3=true}
+components=(etcd kube-apiserver kube-scheduler kube-controller-manager kwok)
+crds=${MUSTER_CLUSTER_CRDS-$root/crds}
+
+log() { echo "cluster-up: $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+for b in "${components[@]}" kubectl; do
+  [ -x "$bin/$b" ] || die "$bin/$b missing: run 'make controlplane' (tools/k8s/build.sh)"
+done
+for t in openssl curl python3 setsid flock; do
+  command -v "$t" > /dev/null || die "$t not found"
+done
+
+exec 9> "$dir/.lock"
+flock 9
+
+kubeconfig=$dir/kubeconfig
+pki=$dir/pki
+logs=$dir/logs
+pids=$dir/pids
+kc() { "$bin/kubectl" --kubeconfig "$kubeconfig" "$@"; }
+
+# A process we started is alive when its pid file names a live process whose command line
+# mentions this folder (guards against a recycled pid).
+alive() {
+  local f=$pids/$1.pid pid
+  [ -f "$f" ] || return 1
+  pid=$(< "$f")
+  [ -r "/proc/$pid/cmdline" ] && tr '\0' ' ' < "/proc/$pid/cmdline" | grep -qF -- "$dir/"
+}
+
+healthy() {
+  local c
+  for c in "${components[@]}"; do alive "$c" || return 1; done
+  [ -f "$kubeconfig" ] && kc get --raw /readyz > /dev/null 2>&1
+}
+
+if healthy; then
+  log "reusing the healthy cluster in $dir"
+  cat "$dir/features.txt" >&2 2>/dev/null || true
+  echo "$kubeconfig"
+  exit 0
+fi
+if ls "$pids"/*.pid > /dev/null 2>&1; then
+  log "a cluster in $dir is not healthy: stopping it and starting afresh"
+  MUSTER_CLUSTER_DIR=$dir bash "$root/hack/cluster-down.sh" >&2
+fi
+rm -rf "$dir/etcd" "$pids" "$logs" "$dir/features.txt"
+mkdir -p "$pki" "$logs" "$pids"
+
+# --- PKI: one CA; a serving cert with 127.0.0.1 as IP SAN; one admin client cert (system:masters).
+if [ ! -f "$pki/admin.key" ]; then
+  (
+    cd "$pki"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj /CN=muster-e2e-ca \
+      -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+      -keyout ca.key -out ca.crt
+    cat > serving.ext << 'EOF'
+basicConstraints=critical,CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth
+subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
+EOF
+    openssl req -newkey rsa:2048 -nodes -subj /CN=kube-apiserver -keyout serving.key -out serving.csr
+    openssl x509 -req -in serving.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+      -extfile serving.ext -out serving.crt
+    printf 'basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n' > client.ext
+    openssl req -newkey rsa:2048 -nodes -subj "/O=system:masters/CN=muster-admin" -keyout admin.key -out admin.csr
+    openssl x509 -req -in admin.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+      -extfile client.ext -out admin.crt
+    openssl genrsa -out sa.key 2048
+    openssl rsa -in sa.key -pubout -out sa.pub
+    rm -f ./*.csr
+  ) > "$logs/pki.log" 2>&1 || die "openssl failed: see $logs/pki.log"
+fi
+
+# --- Feature gates: keep the ones every component lists in its --help; report the rest.
+accepted_gates=()
+refused=()
+IFS=, read -r -a wanted <<< "$gates_wanted"
+for c in kube-apiserver kube-scheduler kube-controller-manager; do
+  "$bin/$c" --help > "$logs/$c.help" 2>&1 || true
+done
+for g in "${wanted[@]}"; do
+  ok=1
+  for c in kube-apiserver kube-scheduler kube-controller-manager; do
+    grep -qE "(kube:)?$g=true\|false" "$logs/$c.help" || { ok=0; refused+=("$g (not known to $c)"); }
+  done
+  [ $ok = 1 ] && accepted_gates+=("$g")
+done
+
+free_ports() {
+  python3 -c '
+import socket, sys
+socks = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in socks: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))' "$1"
+}
+
+start() {
+  local name=$1; shift
+  setsid "$@" > "$logs/$name.log" 2>&1 < /dev/null 9>&- &
+  echo $! > "$pids/$name.pid"
+}
+
+# Polls a command until it succeeds; fails when the component died or the time is up.
+wait_until() {
+  local what=$1 component=$2 secs=$3; shift 3
+  local deadline=$((SECONDS + secs))
+  until "$@" > /dev/null 2>&1; do
+    alive "$component" || { log "$component exited; last lines of $logs/$component.log:"; tail -n 20 "$logs/$component.log" >&2; return 1; }
+    [ $SECONDS -lt $deadline ] || { log "timed out waiting for $what"; tail -n 20 "$logs/$component.log" >&2; return 1; }
+    sleep 0.2
+  done
+}
+
+stop_all() { MUSTER_CLUSTER_DIR=$dir bash "$root/hack/cluster-down.sh" > /dev/null 2>&1 || true; }
+
+write_kubeconfig() {
+  local server=$1 out=$2
+  rm -f "$out"
+  KUBECONFIG=$out "$bin/kubectl" config set-cluster muster --server="$server" \
+    --certificate-authority="$pki/ca.crt" --embed-certs=true > /dev/null
+  KUBECONFIG=$out "$bin/kubectl" config set-credentials muster-admin \
+    --client-certificate="$pki/admin.crt" --client-key="$pki/admin.key" --embed-certs=true > /dev/null
+  KUBECONFIG=$out "$bin/kubectl" config set-context muster --cluster=muster --user=muster-admin > /dev/null
+  KUBECONFIG=$out "$bin/kubectl" config use-context muster > /dev/null
+}
+
+began=$SECONDS
+attempt=0
+runtime_config=$runtime_wanted
+while :; do
+  attempt=$((attempt + 1))
+  read -r etcd_port peer_port api_port sched_port cm_port kwok_port <<< "$(free_ports 6)"
+  gates=$(IFS=,; for g in "${accepted_gates[@]}"; do printf '%s=true,' "$g"; done)
+  gates=${gates%,}
+  rm -rf "$dir/etcd"
+
+  start etcd "$bin/etcd" --name=muster --data-dir="$dir/etcd" \
+    --listen-client-urls="http://127.0.0.1:$etcd_port" --advertise-client-urls="http://127.0.0.1:$etcd_port" \
+    --listen-peer-urls="http://127.0.0.1:$peer_port" --initial-advertise-peer-urls="http://127.0.0.1:$peer_port" \
+    --initial-cluster="muster=http://127.0.0.1:$peer_port" --unsafe-no-fsync=true \
+    --quota-backend-bytes=8589934592 --auto-compaction-retention=1 --log-level=warn
+  wait_until "etcd" etcd 30 curl -sf "http://127.0.0.1:$etcd_port/health" || { stop_all; die "etcd did not start"; }
+
+  # TaintNodesByCondition is off: no node-lifecycle controller runs to lift the not-ready
+  # taint it puts on every new Node, so kwok nodes would never take pods.
+  start kube-apiserver "$bin/kube-apiserver" --etcd-servers="http://127.0.0.1:$etcd_port" --etcd-prefix=/registry \
+    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$api_port" \
+    --tls-cert-file="$pki/serving.crt" --tls-private-key-file="$pki/serving.key" --cert-dir="$dir/serving" \
+    --client-ca-file="$pki/ca.crt" --authorization-mode=RBAC --allow-privileged=true \
+    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
+    --service-cluster-ip-range=10.96.0.0/16 --endpoint-reconciler-type=none \
+    --enable-priority-and-fairness=false --max-requests-inflight=0 --max-mutating-requests-inflight=0 \
+    --disable-admission-plugins=TaintNodesByCondition \
+    --profiling=false --feature-gates="$gates" --runtime-config="$runtime_config"
+  write_kubeconfig "https://127.0.0.1:$api_port" "$kubeconfig"
+  if ! wait_until "kube-apiserver /readyz" kube-apiserver 90 kc get --raw /readyz; then
+    # An unknown group/version in --runtime-config is fatal at start: drop it and say so.
+    bad=$(grep -oE 'unknown api groups? [^ ]+|scheduling\.k8s\.io/v1alpha[0-9]+' "$logs/kube-apiserver.log" | grep -oE 'scheduling\.k8s\.io/[a-z0-9]+' | sort -u | head -n 1 || true)
+    if grep -q "address already in use" "$logs"/*.log && [ $attempt -lt 4 ]; then
+      log "a port was taken meanwhile; retrying with new ports"; stop_all; mkdir -p "$pids"; continue
+    fi
+    if [ -n "$bad" ] && [[ ",$runtime_config," == *",$bad=true,"* ]] && [ $attempt -lt 4 ]; then
+      log "kube-apiserver refused --runtime-config $bad=true; dropping it"
+      refused+=("runtime-config $bad=true (refused by kube-apiserver: $(grep -m1 -F "$bad" "$logs/kube-apiserver.log" | cut -c1-200))")
+      runtime_config=$(tr , '\n' <<< "$runtime_config" | grep -vF "$bad=" | paste -sd, -)
+      stop_all; mkdir -p "$pids"; continue
+    fi
+    stop_all; die "kube-apiserver did not become ready (see $logs/kube-apiserver.log)"
+  fi
+  break
+done
+
+wait_until "namespaces default and kube-system" kube-apiserver 60 kc get namespace default kube-system \
+  || { stop_all; die "system namespaces missing"; }
+for gv in ${runtime_config//,/ }; do
+  gv=${gv%=true}
+  wait_until "discovery of $gv" kube-apiserver 30 kc get --raw "/apis/$gv" \
+    || { stop_all; die "$gv is not served although --runtime-config asked for it"; }
+done
+
+# The garbage collector rediscovers resource types only every 30 s; CRDs known at its start
+# spare tests that wait.
+if [ -n "$crds" ]; then
+  kc apply --server-side --field-manager=muster-cluster-up -f "$crds" > /dev/null || { stop_all; die "cannot install $crds"; }
+  kc wait --for=condition=Established --timeout=60s -f "$crds" > /dev/null || { stop_all; die "CRDs in $crds not established"; }
+fi
+
+cat > "$dir/scheduler.yaml" << EOF
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection: {kubeconfig: $kubeconfig, qps: 200, burst: 400}
+leaderElection: {leaderElect: false}
+profiles: [{schedulerName: default-scheduler}]
+EOF
+# Health endpoints only (always allowed); no delegated authn/authz, so no request-header CA noise.
+serving=(--bind-address=127.0.0.1 --tls-cert-file="$pki/serving.crt" --tls-private-key-file="$pki/serving.key")
+start kube-scheduler "$bin/kube-scheduler" --config="$dir/scheduler.yaml" --secure-port="$sched_port" \
+  "${serving[@]}" --feature-gates="$gates"
+controllers=garbage-collector-controller,namespace-controller,job-controller,ttl-after-finished-controller
+controllers+=,serviceaccount-controller,serviceaccount-token-controller,root-ca-certificate-publisher-controller
+controllers+=,pod-garbage-collector-controller,podgroup-protection-controller
+if ! grep -q podgroup-protection-controller "$logs/kube-controller-manager.help"; then
+  controllers=${controllers%,podgroup-protection-controller}
+fi
+start kube-controller-manager "$bin/kube-controller-manager" --kubeconfig="$kubeconfig" \
+  --controllers="$controllers" --leader-elect=false --secure-port="$cm_port" "${serving[@]}" \
+  --service-account-private-key-file="$pki/sa.key" --root-ca-file="$pki/ca.crt" \
+  --kube-api-qps=200 --kube-api-burst=400 --feature-gates="$gates"
+start kwok "$bin/kwok" --kubeconfig="$kubeconfig" --config="$root/hack/kwok/stages.yaml" \
+  --manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+  --cidr=10.0.0.0/16 --node-ip=10.0.0.1 --node-lease-duration-seconds=40 \
+  --server-address="127.0.0.1:$kwok_port"
+
+ca=(--cacert "$pki/ca.crt")
+wait_until "kube-scheduler /healthz" kube-scheduler 60 curl -sf "${ca[@]}" "https://127.0.0.1:$sched_port/healthz" \
+  || { stop_all; die "kube-scheduler did not start"; }
+wait_until "kube-controller-manager /healthz" kube-controller-manager 60 curl -sf "${ca[@]}" "https://127.0.0.1:$cm_port/healthz" \
+  || { stop_all; die "kube-controller-manager did not start"; }
+wait_until "kwok /healthz" kwok 60 curl -sf "http://127.0.0.1:$kwok_port/healthz" \
+  || { stop_all; die "kwok did not start"; }
+wait_until "the default ServiceAccount" kube-controller-manager 60 kc -n default get serviceaccount default \
+  || { stop_all; die "serviceaccount-controller made no default ServiceAccount"; }
+
+# --- What the apiserver really serves.
+{
+  echo "# muster cluster in $dir ($("$bin/kube-apiserver" --version))"
+  echo "feature-gates (kube-apiserver, kube-scheduler, kube-controller-manager): ${gates:-none}"
+  echo "runtime-config: $runtime_config"
+  if [ ${#refused[@]} -gt 0 ]; then
+    for r in "${refused[@]}"; do echo "dropped: $r"; done
+  else
+    echo "dropped: none"
+  fi
+  echo "controllers: $controllers"
+  echo "api-versions (scheduling.k8s.io): $(kc api-versions | grep '^scheduling\.k8s\.io/' | paste -sd' ' -)"
+  for gv in $(kc api-versions | grep '^scheduling\.k8s\.io/'); do
+    echo "served $gv: $(kc get --raw "/apis/$gv" | python3 -c 'import json, sys; print(" ".join(r["name"] for r in json.load(sys.stdin)["resources"]))')"
+  done
+  echo "api-resources --api-group=scheduling.k8s.io (preferred versions):"
+  kc api-resources --api-group=scheduling.k8s.io -o wide | sed 's/^/  /'
+} > "$dir/features.txt"
+
+cat > "$dir/cluster.env" << EOF
+KUBECONFIG=$kubeconfig
+MUSTER_K8S_BIN=$bin
+APISERVER=https://127.0.0.1:$api_port
+ETCD=http://127.0.0.1:$etcd_port
+SCHEDULER_HEALTHZ=https://127.0.0.1:$sched_port/healthz
+CONTROLLER_MANAGER_HEALTHZ=https://127.0.0.1:$cm_port/healthz
+KWOK_HEALTHZ=http://127.0.0.1:$kwok_port/healthz
+EOF
+
+cat "$dir/features.txt" >&2
+log "ready in $((SECONDS - began))s: export KUBECONFIG=$kubeconfig (logs in $logs)"
+echo "$kubeconfig"
