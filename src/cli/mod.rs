@@ -1,5 +1,6 @@
 //! Subcommands of the `muster` binary. Each is a thin wrapper over the library.
 
+pub mod dev;
 mod run;
 mod validate;
 
@@ -23,6 +24,8 @@ enum Command {
     Validate(validate::Args),
     /// Run the controller manager (reconcilers on the leader, health and metrics everywhere).
     Run(Box<run::Args>),
+    /// Development tools for the local test cluster (hack/cluster-up.sh).
+    Dev(dev::Args),
 }
 
 impl Cli {
@@ -41,6 +44,7 @@ impl Cli {
             },
             Command::Validate(args) => validate::run(args),
             Command::Run(args) => run::run(*args),
+            Command::Dev(args) => dev::run(args),
         }
     }
 }
