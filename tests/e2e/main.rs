@@ -1,0 +1,6 @@
+//! End-to-end tests against a real control plane (etcd, kube-apiserver, kube-scheduler,
+//! kube-controller-manager, kwok), built by tools/k8s and started once per run by [`harness`].
+//! Run with `make e2e`; the cluster's logs stay in `target/e2e-cluster-<pid>/logs`.
+
+mod controlplane;
+mod harness;
