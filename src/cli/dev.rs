@@ -175,9 +175,7 @@ fn parse_label(s: &str) -> Result<(String, String), Error> {
 impl FakeGpuNodes {
     /// The node names, in index order.
     pub fn names(&self) -> Vec<String> {
-        (self.start_index..self.start_index.saturating_add(self.count))
-            .map(|i| format!("{}{i}", self.prefix))
-            .collect()
+        (self.start_index..self.start_index.saturating_add(self.count)).map(|i| format!("{}{i}", self.prefix)).collect()
     }
 }
 
@@ -207,14 +205,9 @@ pub fn fake_node(spec: &FakeGpuNodes, index: u32) -> Result<Node, TopologyError>
     if spec.gpus > 0 {
         labels.insert(GPU_PRODUCT_LABEL.into(), spec.gpu_product.clone());
         labels.insert("nvidia.com/gpu.count".into(), spec.gpus.to_string());
-        labels.insert(
-            "nvidia.com/gpu.memory".into(),
-            spec.gpu_memory_mib.to_string(),
-        );
+        labels.insert("nvidia.com/gpu.memory".into(), spec.gpu_memory_mib.to_string());
         resources.insert(GPU_RESOURCE.into(), Quantity(spec.gpus.to_string()));
-        let uuids: Vec<String> = (0..spec.gpus)
-            .map(|g| gpu_uuid(&spec.uuid_seed, &name, g))
-            .collect();
+        let uuids: Vec<String> = (0..spec.gpus).map(|g| gpu_uuid(&spec.uuid_seed, &name, g)).collect();
         if let Some(t) = gpu_topology(spec.topology, &uuids, spec.gpu_memory_mib)? {
             annotations.insert(topology::ANNOTATION.into(), t.to_json());
         }
@@ -235,10 +228,7 @@ pub fn fake_node(spec: &FakeGpuNodes, index: u32) -> Result<Node, TopologyError>
             annotations: Some(annotations),
             ..ObjectMeta::default()
         },
-        spec: Some(NodeSpec {
-            taints,
-            ..NodeSpec::default()
-        }),
+        spec: Some(NodeSpec { taints, ..NodeSpec::default() }),
         status: Some(NodeStatus {
             capacity: Some(resources.clone()),
             allocatable: Some(resources),
@@ -251,11 +241,7 @@ pub fn fake_node(spec: &FakeGpuNodes, index: u32) -> Result<Node, TopologyError>
 pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, Error> {
     let config = match kubeconfig {
         Some(path) => {
-            Config::from_custom_kubeconfig(
-                Kubeconfig::read_from(path)?,
-                &KubeConfigOptions::default(),
-            )
-            .await?
+            Config::from_custom_kubeconfig(Kubeconfig::read_from(path)?, &KubeConfigOptions::default()).await?
         }
         None => Config::infer().await?,
     };
@@ -280,9 +266,7 @@ pub async fn add_nodes(client: &Client, spec: &FakeGpuNodes) -> Result<Vec<Strin
         nodes.patch(&name, &params, &Patch::Apply(&body)).await?;
         // kwok's ready stage keeps whatever capacity/allocatable the status holds.
         let status = json!({ "apiVersion": "v1", "kind": "Node", "status": node.status.unwrap_or_default() });
-        nodes
-            .patch_status(&name, &params, &Patch::Apply(&status))
-            .await?;
+        nodes.patch_status(&name, &params, &Patch::Apply(&status)).await?;
         names.push(name);
     }
     Ok(names)
@@ -291,10 +275,7 @@ pub async fn add_nodes(client: &Client, spec: &FakeGpuNodes) -> Result<Vec<Strin
 /// Runs `muster dev`.
 pub fn run(args: Args) -> ExitCode {
     let DevCommand::AddNodes(args) = args.command;
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: tokio runtime: {e}");
@@ -309,10 +290,7 @@ pub fn run(args: Args) -> ExitCode {
         Ok(names) => {
             let spec = &args.nodes;
             for name in names {
-                println!(
-                    "node/{name} applied ({} x {}, topology {})",
-                    spec.gpus, spec.gpu_product, spec.topology
-                );
+                println!("node/{name} applied ({} x {}, topology {})", spec.gpus, spec.gpu_product, spec.topology);
             }
             ExitCode::SUCCESS
         }
@@ -353,51 +331,23 @@ mod tests {
         assert_eq!(label(&node, "kubernetes.io/hostname"), Some("kwok-gpu-3"));
         assert_eq!(label(&node, RACK_LABEL), Some("rack-1"));
         assert_eq!(label(&node, ZONE_LABEL), Some("zone-0"));
-        assert_eq!(
-            label(&node, GPU_PRODUCT_LABEL),
-            Some("NVIDIA-H100-80GB-HBM3")
-        );
+        assert_eq!(label(&node, GPU_PRODUCT_LABEL), Some("NVIDIA-H100-80GB-HBM3"));
         let status = node.status.as_ref().unwrap();
-        assert_eq!(
-            status.allocatable.as_ref().unwrap()[GPU_RESOURCE],
-            Quantity("8".into())
-        );
+        assert_eq!(status.allocatable.as_ref().unwrap()[GPU_RESOURCE], Quantity("8".into()));
         assert_eq!(status.capacity, status.allocatable);
         assert_eq!(node.spec.as_ref().unwrap().taints, None);
     }
 
     #[test]
     fn racks_nest_in_zones_and_do_not_depend_on_count() {
-        let spec = FakeGpuNodes {
-            racks: 4,
-            zones: 2,
-            ..FakeGpuNodes::default()
-        };
-        let racks: Vec<_> = (0..8)
-            .map(|i| {
-                label(&fake_node(&spec, i).unwrap(), RACK_LABEL)
-                    .unwrap()
-                    .to_string()
-            })
-            .collect();
-        assert_eq!(
-            racks,
-            [
-                "rack-0", "rack-1", "rack-2", "rack-3", "rack-0", "rack-1", "rack-2", "rack-3"
-            ]
-        );
-        let zone_of = |i| {
-            label(&fake_node(&spec, i).unwrap(), ZONE_LABEL)
-                .unwrap()
-                .to_string()
-        };
+        let spec = FakeGpuNodes { racks: 4, zones: 2, ..FakeGpuNodes::default() };
+        let racks: Vec<_> =
+            (0..8).map(|i| label(&fake_node(&spec, i).unwrap(), RACK_LABEL).unwrap().to_string()).collect();
+        assert_eq!(racks, ["rack-0", "rack-1", "rack-2", "rack-3", "rack-0", "rack-1", "rack-2", "rack-3"]);
+        let zone_of = |i| label(&fake_node(&spec, i).unwrap(), ZONE_LABEL).unwrap().to_string();
         assert_eq!(zone_of(0), zone_of(2));
         assert_ne!(zone_of(0), zone_of(1));
-        let other = FakeGpuNodes {
-            count: 1,
-            start_index: 5,
-            ..spec.clone()
-        };
+        let other = FakeGpuNodes { count: 1, start_index: 5, ..spec.clone() };
         assert_eq!(fake_node(&other, 5).unwrap(), fake_node(&spec, 5).unwrap());
     }
 
@@ -411,59 +361,23 @@ mod tests {
         };
         let node = fake_node(&spec, 0).unwrap();
         let taints = node.spec.as_ref().unwrap().taints.as_ref().unwrap();
-        assert_eq!(
-            (taints[0].key.as_str(), taints[0].effect.as_str()),
-            (KWOK_NODE, "NoSchedule")
-        );
-        assert!(
-            !node
-                .metadata
-                .annotations
-                .as_ref()
-                .unwrap()
-                .contains_key(topology::ANNOTATION)
-        );
+        assert_eq!((taints[0].key.as_str(), taints[0].effect.as_str()), (KWOK_NODE, "NoSchedule"));
+        assert!(!node.metadata.annotations.as_ref().unwrap().contains_key(topology::ANNOTATION));
         assert_eq!(label(&node, "muster.dev/e2e"), Some("ns-1"));
-        let cpu_only = fake_node(
-            &FakeGpuNodes {
-                gpus: 0,
-                ..FakeGpuNodes::default()
-            },
-            0,
-        )
-        .unwrap();
+        let cpu_only = fake_node(&FakeGpuNodes { gpus: 0, ..FakeGpuNodes::default() }, 0).unwrap();
         assert_eq!(label(&cpu_only, GPU_PRODUCT_LABEL), None);
-        assert!(
-            !cpu_only
-                .status
-                .unwrap()
-                .capacity
-                .unwrap()
-                .contains_key(GPU_RESOURCE)
-        );
+        assert!(!cpu_only.status.unwrap().capacity.unwrap().contains_key(GPU_RESOURCE));
     }
 
     #[test]
     fn cube_mesh_with_four_gpus_is_refused() {
-        let spec = FakeGpuNodes {
-            gpus: 4,
-            topology: TopologyKind::CubeMesh,
-            ..FakeGpuNodes::default()
-        };
-        assert!(matches!(
-            fake_node(&spec, 0),
-            Err(TopologyError::GpuCount { .. })
-        ));
+        let spec = FakeGpuNodes { gpus: 4, topology: TopologyKind::CubeMesh, ..FakeGpuNodes::default() };
+        assert!(matches!(fake_node(&spec, 0), Err(TopologyError::GpuCount { .. })));
     }
 
     #[test]
     fn names_follow_prefix_and_start_index() {
-        let spec = FakeGpuNodes {
-            count: 3,
-            prefix: "gpu-".into(),
-            start_index: 10,
-            ..FakeGpuNodes::default()
-        };
+        let spec = FakeGpuNodes { count: 3, prefix: "gpu-".into(), start_index: 10, ..FakeGpuNodes::default() };
         assert_eq!(spec.names(), ["gpu-10", "gpu-11", "gpu-12"]);
     }
 

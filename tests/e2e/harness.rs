@@ -61,18 +61,14 @@ fn start() -> Result<Cluster, String> {
     let began = Instant::now();
     let bin = k8s_bin()?;
     if !bin.join("kube-apiserver").exists() {
-        return Err(format!(
-            "no control plane binaries in {}: run `make controlplane`",
-            bin.display()
-        ));
+        return Err(format!("no control plane binaries in {}: run `make controlplane`", bin.display()));
     }
     let target = repo().join("target");
     remove_stale_clusters(&target);
     let dir = target.join(format!("e2e-cluster-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     // The watchdog goes first, so that even a half-started cluster is stopped.
-    let watchdog_log =
-        std::fs::File::create(dir.join("watchdog.log")).map_err(|e| e.to_string())?;
+    let watchdog_log = std::fs::File::create(dir.join("watchdog.log")).map_err(|e| e.to_string())?;
     Command::new("bash")
         .arg(repo().join("hack/cluster-watchdog.sh"))
         .arg(std::process::id().to_string())
@@ -97,53 +93,26 @@ fn start() -> Result<Cluster, String> {
     let up_log = String::from_utf8_lossy(&up.stderr).to_string();
     let _ = std::fs::write(dir.join("cluster-up.log"), &up_log);
     if !up.status.success() {
-        return Err(format!(
-            "hack/cluster-up.sh failed ({}):\n{up_log}",
-            up.status
-        ));
+        return Err(format!("hack/cluster-up.sh failed ({}):\n{up_log}", up.status));
     }
-    let cluster = Cluster {
-        kubeconfig: dir.join("kubeconfig"),
-        dir,
-        bin,
-    };
+    let cluster = Cluster { kubeconfig: dir.join("kubeconfig"), dir, bin };
 
-    cluster.kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "-f",
-        path_str(&crds)?,
-    ])?;
+    cluster.kubectl(&["wait", "--for=condition=Established", "--timeout=60s", "-f", path_str(&crds)?])?;
 
     // kube's client lives on a runtime; this thread may already be inside a test's runtime.
     let kubeconfig = cluster.kubeconfig.clone();
-    let pool = FakeGpuNodes {
-        prefix: POOL_PREFIX.into(),
-        count: POOL_NODES,
-        ..FakeGpuNodes::default()
-    };
+    let pool = FakeGpuNodes { prefix: POOL_PREFIX.into(), count: POOL_NODES, ..FakeGpuNodes::default() };
     std::thread::spawn(move || -> Result<Vec<String>, String> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| e.to_string())?;
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
         rt.block_on(async {
-            let client = muster::cli::dev::client(Some(&kubeconfig))
-                .await
-                .map_err(|e| e.to_string())?;
+            let client = muster::cli::dev::client(Some(&kubeconfig)).await.map_err(|e| e.to_string())?;
             add_nodes(&client, &pool).await.map_err(|e| e.to_string())
         })
     })
     .join()
     .map_err(|_| "adding the node pool panicked".to_string())??;
     for i in 0..POOL_NODES {
-        cluster.kubectl(&[
-            "wait",
-            "--for=condition=Ready",
-            "--timeout=60s",
-            &format!("node/{POOL_PREFIX}{i}"),
-        ])?;
+        cluster.kubectl(&["wait", "--for=condition=Ready", "--timeout=60s", &format!("node/{POOL_PREFIX}{i}")])?;
     }
     eprintln!(
         "e2e: cluster up in {:.1}s at {} (KUBECONFIG={})",
@@ -155,8 +124,7 @@ fn start() -> Result<Cluster, String> {
 }
 
 fn path_str(p: &Path) -> Result<&str, String> {
-    p.to_str()
-        .ok_or_else(|| format!("{} is not UTF-8", p.display()))
+    p.to_str().ok_or_else(|| format!("{} is not UTF-8", p.display()))
 }
 
 /// Stops and removes clusters of earlier runs whose test process is gone (keeps the latest logs
@@ -198,31 +166,19 @@ impl Cluster {
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .args(args)
-            .stdin(if input.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
+            .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| format!("kubectl: {e}"))?;
         if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
-            stdin
-                .write_all(text.as_bytes())
-                .map_err(|e| format!("kubectl stdin: {e}"))?;
+            stdin.write_all(text.as_bytes()).map_err(|e| format!("kubectl stdin: {e}"))?;
         }
-        let out = child
-            .wait_with_output()
-            .map_err(|e| format!("kubectl: {e}"))?;
+        let out = child.wait_with_output().map_err(|e| format!("kubectl: {e}"))?;
         if out.status.success() {
             Ok(String::from_utf8_lossy(&out.stdout).to_string())
         } else {
-            Err(format!(
-                "kubectl {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
+            Err(format!("kubectl {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
         }
     }
 }
@@ -245,15 +201,7 @@ pub fn kubectl(args: &[&str]) -> String {
 pub fn kubectl_apply(namespace: &str, yaml: &str) -> String {
     cluster()
         .kubectl_stdin(
-            &[
-                "apply",
-                "--server-side",
-                "--field-manager=muster-e2e",
-                "-n",
-                namespace,
-                "-f",
-                "-",
-            ],
+            &["apply", "--server-side", "--field-manager=muster-e2e", "-n", namespace, "-f", "-"],
             Some(yaml),
         )
         .unwrap_or_else(|e| panic!("{e}"))
@@ -269,13 +217,7 @@ pub struct TestNamespace {
 impl Drop for TestNamespace {
     fn drop(&mut self) {
         if let Some(Ok(c)) = CLUSTER.get() {
-            let _ = c.kubectl(&[
-                "delete",
-                "namespace",
-                &self.name,
-                "--wait=false",
-                "--ignore-not-found",
-            ]);
+            let _ = c.kubectl(&["delete", "namespace", &self.name, "--wait=false", "--ignore-not-found"]);
         }
     }
 }
@@ -285,25 +227,14 @@ impl Drop for TestNamespace {
 pub fn namespace(prefix: &str) -> TestNamespace {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let clean: String = prefix
-        .to_ascii_lowercase()
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-        .take(40)
-        .collect();
+    let clean: String =
+        prefix.to_ascii_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).take(40).collect();
     let name = format!("e2e-{clean}-{n}");
     kubectl(&["create", "namespace", &name]);
     let guard = TestNamespace { name };
     let deadline = Instant::now() + Duration::from_secs(30);
-    while cluster()
-        .kubectl(&["-n", &guard.name, "get", "serviceaccount", "default"])
-        .is_err()
-    {
-        assert!(
-            Instant::now() < deadline,
-            "no default ServiceAccount in {} after 30s",
-            guard.name
-        );
+    while cluster().kubectl(&["-n", &guard.name, "get", "serviceaccount", "default"]).is_err() {
+        assert!(Instant::now() < deadline, "no default ServiceAccount in {} after 30s", guard.name);
         std::thread::sleep(Duration::from_millis(100));
     }
     guard
@@ -321,10 +252,7 @@ where
         if let Some(v) = check().await {
             return v;
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -333,16 +261,9 @@ where
 /// `prefix` (and a `--taint` plus toleration, or a label and node selector, to keep other
 /// tests' pods off them). Nodes live until the cluster stops.
 pub async fn add_gpu_nodes(spec: &FakeGpuNodes) -> Vec<String> {
-    let names = add_nodes(&client().await, spec)
-        .await
-        .unwrap_or_else(|e| panic!("add nodes {spec:?}: {e}"));
+    let names = add_nodes(&client().await, spec).await.unwrap_or_else(|e| panic!("add nodes {spec:?}: {e}"));
     for name in &names {
-        kubectl(&[
-            "wait",
-            "--for=condition=Ready",
-            "--timeout=60s",
-            &format!("node/{name}"),
-        ]);
+        kubectl(&["wait", "--for=condition=Ready", "--timeout=60s", &format!("node/{name}")]);
     }
     names
 }

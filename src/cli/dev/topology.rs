@@ -131,11 +131,7 @@ fn numa(i: usize, n: usize) -> u32 {
 /// The link matrix of a shape for `n` GPUs; `None` for [`TopologyKind::None`].
 pub fn links(kind: TopologyKind, n: usize) -> Result<Option<Vec<Vec<Link>>>, TopologyError> {
     if kind == TopologyKind::CubeMesh && n != CUBE_MESH_NVLINKS.len() {
-        return Err(TopologyError::GpuCount {
-            kind,
-            needs: CUBE_MESH_NVLINKS.len(),
-            got: n,
-        });
+        return Err(TopologyError::GpuCount { kind, needs: CUBE_MESH_NVLINKS.len(), got: n });
     }
     let between = |i: usize, j: usize| -> Link {
         let same_socket = numa(i, n) == numa(j, n);
@@ -143,23 +139,13 @@ pub fn links(kind: TopologyKind, n: usize) -> Result<Option<Vec<Vec<Link>>>, Top
         match kind {
             TopologyKind::Nvswitch => Link::Nv(18),
             TopologyKind::Pcie if i / 2 == j / 2 && same_socket => Link::Pix,
-            TopologyKind::CubeMesh if CUBE_MESH_NVLINKS[i][j] > 0 => {
-                Link::Nv(CUBE_MESH_NVLINKS[i][j])
-            }
+            TopologyKind::CubeMesh if CUBE_MESH_NVLINKS[i][j] > 0 => Link::Nv(CUBE_MESH_NVLINKS[i][j]),
             _ => socket_link,
         }
     };
     Ok(match kind {
         TopologyKind::None => None,
-        _ => Some(
-            (0..n)
-                .map(|i| {
-                    (0..n)
-                        .map(|j| if i == j { Link::X } else { between(i, j) })
-                        .collect()
-                })
-                .collect(),
-        ),
+        _ => Some((0..n).map(|i| (0..n).map(|j| if i == j { Link::X } else { between(i, j) }).collect()).collect()),
     })
 }
 
@@ -176,47 +162,24 @@ pub fn gpu_topology(
     let gpus = uuids
         .iter()
         .enumerate()
-        .map(|(i, uuid)| Gpu {
-            index: i as u32,
-            uuid: uuid.clone(),
-            numa: numa(i, n),
-            memory_mib,
-        })
+        .map(|(i, uuid)| Gpu { index: i as u32, uuid: uuid.clone(), numa: numa(i, n), memory_mib })
         .collect();
-    let links = matrix
-        .iter()
-        .map(|row| row.iter().map(Link::to_string).collect())
-        .collect();
-    Ok(Some(GpuTopology {
-        version: 1,
-        gpus,
-        links,
-    }))
+    let links = matrix.iter().map(|row| row.iter().map(Link::to_string).collect()).collect();
+    Ok(Some(GpuTopology { version: 1, gpus, links }))
 }
 
 /// A stable GPU UUID for GPU `index` of `node`: the same inputs always give the same UUID.
 pub fn gpu_uuid(seed: &str, node: &str, index: u32) -> String {
     let digest = Sha256::digest(format!("{seed}/{node}/{index}").as_bytes());
     let h = hex::encode(&digest[..16]);
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
+    format!("GPU-{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const SHAPES: [TopologyKind; 3] = [
-        TopologyKind::Nvswitch,
-        TopologyKind::Pcie,
-        TopologyKind::CubeMesh,
-    ];
+    const SHAPES: [TopologyKind; 3] = [TopologyKind::Nvswitch, TopologyKind::Pcie, TopologyKind::CubeMesh];
 
     fn uuids(n: u32) -> Vec<String> {
         (0..n).map(|i| gpu_uuid("test", "node-0", i)).collect()
@@ -249,12 +212,7 @@ mod tests {
                 assert_eq!(t.gpus.len(), n as usize);
                 assert_eq!(t.links.len(), n as usize);
                 assert!(t.links.iter().all(|r| r.len() == n as usize));
-                assert!(
-                    t.gpus
-                        .iter()
-                        .enumerate()
-                        .all(|(i, g)| g.index == i as u32 && g.memory_mib == 40960)
-                );
+                assert!(t.gpus.iter().enumerate().all(|(i, g)| g.index == i as u32 && g.memory_mib == 40960));
             }
         }
     }
@@ -262,11 +220,7 @@ mod tests {
     #[test]
     fn nvswitch_links_every_pair_with_nv18() {
         let m = matrix(TopologyKind::Nvswitch);
-        assert!(
-            m.iter()
-                .enumerate()
-                .all(|(i, r)| r.iter().enumerate().all(|(j, l)| (i == j) || l == "NV18"))
-        );
+        assert!(m.iter().enumerate().all(|(i, r)| r.iter().enumerate().all(|(j, l)| (i == j) || l == "NV18")));
     }
 
     #[test]
@@ -280,9 +234,7 @@ mod tests {
         assert_eq!(m[4][7], "NODE");
         assert_eq!(m[3][4], "SYS");
         assert_eq!(m[0][7], "SYS");
-        let t = gpu_topology(TopologyKind::Pcie, &uuids(8), 81920)
-            .unwrap()
-            .unwrap();
+        let t = gpu_topology(TopologyKind::Pcie, &uuids(8), 81920).unwrap().unwrap();
         let numas: Vec<u32> = t.gpus.iter().map(|g| g.numa).collect();
         assert_eq!(numas, [0, 0, 0, 0, 1, 1, 1, 1]);
     }
@@ -304,11 +256,7 @@ mod tests {
     fn cube_mesh_needs_eight_gpus() {
         assert_eq!(
             gpu_topology(TopologyKind::CubeMesh, &uuids(4), 1),
-            Err(TopologyError::GpuCount {
-                kind: TopologyKind::CubeMesh,
-                needs: 8,
-                got: 4
-            })
+            Err(TopologyError::GpuCount { kind: TopologyKind::CubeMesh, needs: 8, got: 4 })
         );
     }
 
@@ -329,9 +277,7 @@ mod tests {
 
     #[test]
     fn json_has_the_documented_shape() {
-        let t = gpu_topology(TopologyKind::Pcie, &uuids(2), 81920)
-            .unwrap()
-            .unwrap();
+        let t = gpu_topology(TopologyKind::Pcie, &uuids(2), 81920).unwrap().unwrap();
         let v: serde_json::Value = serde_json::from_str(&t.to_json()).unwrap();
         assert_eq!(v["version"], 1);
         assert_eq!(v["gpus"][1]["index"], 1);
