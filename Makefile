@@ -24,8 +24,13 @@ unit:
 	$(CARGO) test --lib --bins
 
 ## Tests against a real control plane (built once per machine, cached outside the repo).
+## The harness's watchdog stops the cluster when the tests end; the loop waits for that here,
+## so nothing is left running when make returns.
 e2e: controlplane
-	MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test --test e2e -- --test-threads=4
+	MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test --test e2e -- --test-threads=4; rc=$$?; \
+	for d in target/e2e-cluster-*; do \
+	  [ -d "$$d" ] && [ ! -e "/proc/$${d##*-}" ] && MUSTER_CLUSTER_DIR="$$d" bash hack/cluster-down.sh > /dev/null 2>&1; \
+	done; exit $$rc
 
 ## Regenerate crds/ from the Rust types.
 crds:
@@ -48,8 +53,9 @@ bench:
 controlplane:
 	@bash tools/k8s/build.sh > /dev/null
 
+## A local cluster in target/cluster (MUSTER_CLUSTER_DIR), CRDs installed; then `muster dev add-nodes`.
 cluster-up: controlplane
-	@bash hack/cluster-up.sh
+	@MUSTER_K8S_BIN=$(BIN_DIR) bash hack/cluster-up.sh
 
 cluster-down:
 	@bash hack/cluster-down.sh
