@@ -105,7 +105,7 @@ done
 for g in "${wanted[@]}"; do
   ok=1
   for c in kube-apiserver kube-scheduler kube-controller-manager; do
-    grep -qE "(kube:)?$g=true\|false" "$logs/$c.help" || { ok=0; refused+=("$g (not known to $c)"); }
+    grep -qE "(^|[ :])$g=true\|false" "$logs/$c.help" || { ok=0; refused+=("$g (not known to $c)"); }
   done
   [ $ok = 1 ] && accepted_gates+=("$g")
 done
@@ -180,7 +180,8 @@ while :; do
   write_kubeconfig "https://127.0.0.1:$api_port" "$kubeconfig"
   if ! wait_until "kube-apiserver /readyz" kube-apiserver 90 kc get --raw /readyz; then
     # An unknown group/version in --runtime-config is fatal at start: drop it and say so.
-    bad=$(grep -oE 'unknown api groups? [^ ]+|scheduling\.k8s\.io/v1alpha[0-9]+' "$logs/kube-apiserver.log" | grep -oE 'scheduling\.k8s\.io/[a-z0-9]+' | sort -u | head -n 1 || true)
+    # (1.37.2 says: err="group version scheduling.k8s.io/v1alpha9 that has not been registered")
+    bad=$(grep -oE 'group version [^ ]+ that has not been registered' "$logs/kube-apiserver.log" | head -n 1 | cut -d' ' -f3 || true)
     if grep -q "address already in use" "$logs"/*.log && [ $attempt -lt 4 ]; then
       log "a port was taken meanwhile; retrying with new ports"; stop_all; mkdir -p "$pids"; continue
     fi
