@@ -7,4 +7,5 @@
 pub mod cli;
 pub mod controllers;
 pub mod crds;
+pub mod scheduler;
 pub mod workloadbuilder;
