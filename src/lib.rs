@@ -7,5 +7,6 @@
 pub mod cli;
 pub mod controllers;
 pub mod crds;
+pub mod scheduler;
 pub mod webhook;
 pub mod workloadbuilder;

@@ -1,0 +1,160 @@
+//! Admission placement on a 5,000-node GPU cluster (8 GPUs, 128 cores, 1 TiB per node, about
+//! half used): (a) a 3-pod gang, (b) a 1,000-pod gang, each also with a topology constraint
+//! (125 racks, 5 zones).
+//! The snapshot is built outside the measured loops; its build from Node/Pod objects is
+//! measured on its own. `cargo bench --bench placement` prints the time per decision.
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use k8s_openapi::api::core::v1::{Container, Node, NodeSpec, NodeStatus, Pod, PodSpec, ResourceRequirements, Taint};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use muster::crds::{GPU_RESOURCE, HOSTNAME_LABEL, POD_GROUP_LABEL};
+use muster::scheduler::{
+    CPU, GroupTree, LeafGroup, LeafPolicy, LowestFreeIndices, MEMORY, PODS, PlaceOptions, PodShape, Resources,
+    Snapshot, place,
+};
+
+const NODES: usize = 5_000;
+const RACK: &str = "topology.muster.dev/rack";
+const ZONE: &str = "topology.kubernetes.io/zone";
+
+fn quantities(pairs: &[(&str, String)]) -> BTreeMap<String, Quantity> {
+    pairs.iter().map(|(k, v)| (k.to_string(), Quantity(v.clone()))).collect()
+}
+
+/// A fixed pseudo-random sequence (xorshift), so every run measures the same cluster.
+struct Sequence(u64);
+
+impl Sequence {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// 5,000 nodes in 125 racks of 40 and 5 zones; 1 in 50 tainted for infra. Each node runs
+/// 0 to 8 one-GPU pods (4 on average) with 12 cores and 96 GiB each.
+fn cluster() -> (Vec<Node>, Vec<Pod>, BTreeMap<String, u64>) {
+    let mut seq = Sequence(0x9e37_79b9_7f4a_7c15);
+    let mut nodes = Vec::with_capacity(NODES);
+    let mut pods = Vec::new();
+    let mut gpu_used = BTreeMap::new();
+    for i in 0..NODES {
+        let name = format!("gpu-{i:05}");
+        let labels = [
+            (HOSTNAME_LABEL.to_string(), name.clone()),
+            (RACK.to_string(), format!("rack-{:03}", i / 40)),
+            (ZONE.to_string(), format!("zone-{}", i % 5)),
+        ];
+        let taints = (i % 50 == 49).then(|| {
+            vec![Taint {
+                key: "dedicated".into(),
+                value: Some("infra".into()),
+                effect: "NoSchedule".into(),
+                ..Default::default()
+            }]
+        });
+        nodes.push(Node {
+            metadata: ObjectMeta { name: Some(name.clone()), labels: Some(labels.into()), ..Default::default() },
+            spec: Some(NodeSpec { taints, ..Default::default() }),
+            status: Some(NodeStatus {
+                allocatable: Some(quantities(&[
+                    ("cpu", "128".into()),
+                    ("memory", "1Ti".into()),
+                    ("pods", "110".into()),
+                    (GPU_RESOURCE, "8".into()),
+                ])),
+                ..Default::default()
+            }),
+        });
+        let running = seq.below(9);
+        for p in 0..running {
+            pods.push(Pod {
+                metadata: ObjectMeta {
+                    name: Some(format!("{name}-run-{p}")),
+                    namespace: Some("other".into()),
+                    labels: Some([(POD_GROUP_LABEL.to_string(), "other".to_string())].into()),
+                    ..Default::default()
+                },
+                spec: Some(PodSpec {
+                    node_name: Some(name.clone()),
+                    containers: vec![Container {
+                        name: "main".into(),
+                        resources: Some(ResourceRequirements {
+                            requests: Some(quantities(&[
+                                ("cpu", "12".into()),
+                                ("memory", "96Gi".into()),
+                                (GPU_RESOURCE, "1".into()),
+                            ])),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+        }
+        // The ledger's view: the running pods hold scattered indices.
+        let mut mask = 0u64;
+        while u64::from(mask.count_ones()) < running {
+            mask |= 1 << seq.below(8);
+        }
+        gpu_used.insert(name, mask);
+    }
+    (nodes, pods, gpu_used)
+}
+
+fn snapshot(nodes: &[Node], pods: &[Pod], gpu_used: &BTreeMap<String, u64>) -> Snapshot {
+    let mut s = Snapshot::from_cluster(nodes, pods);
+    for (node, mask) in gpu_used {
+        s.set_gpu_used(node, *mask);
+    }
+    s
+}
+
+/// A gang of `pods` identical pods, each with `gpus` GPUs and 8 cores and 64 GiB per GPU.
+fn gang(pods: usize, gpus: i64, topology: Option<&str>) -> GroupTree {
+    let requests = Resources::new().with(CPU, gpus * 8_000).with(MEMORY, gpus * (64 << 30)).with(PODS, 1);
+    let shape = PodShape::new(requests.with(GPU_RESOURCE, gpus));
+    let mut leaf = LeafGroup::new("train", LeafPolicy::Gang { min_count: u32::try_from(pods).unwrap_or(u32::MAX) });
+    leaf.topology_key = topology.map(String::from);
+    for i in 0..pods {
+        leaf.add_gated(&format!("train-{i:04}"), "", shape.clone());
+    }
+    GroupTree::new("ml", leaf)
+}
+
+fn bench(c: &mut Criterion) {
+    let (nodes, pods, gpu_used) = cluster();
+    let snap = snapshot(&nodes, &pods, &gpu_used);
+    let free: u32 = snap.nodes().iter().map(|n| (n.gpu_mask() & !n.gpu_used).count_ones()).sum();
+    println!("cluster: {} nodes, {} running pods, {free} of {} GPUs free", snap.nodes().len(), pods.len(), NODES * 8);
+
+    c.bench_function("snapshot: 5,000 nodes + pods from the API lists (outside the decisions)", |b| {
+        b.iter(|| black_box(snapshot(black_box(&nodes), &pods, &gpu_used)))
+    });
+
+    let options = PlaceOptions::default();
+    let cases = [
+        ("place: 3-pod gang (4 GPUs each) on 5,000 nodes", gang(3, 4, None)),
+        ("place: 3-pod gang (4 GPUs each) on 5,000 nodes, one rack of 125", gang(3, 4, Some(RACK))),
+        ("place: 1,000-pod gang (4 GPUs each) on 5,000 nodes", gang(1_000, 4, None)),
+        ("place: 1,000-pod gang (2 GPUs each) on 5,000 nodes, one zone of 5", gang(1_000, 2, Some(ZONE))),
+    ];
+    for (name, tree) in &cases {
+        let d = place(&snap, tree, &options, &LowestFreeIndices);
+        assert!(d.admitted, "{name}: {}", d.message());
+        let nodes_used = d.plan.iter().map(|p| p.node.as_str()).collect::<std::collections::BTreeSet<_>>().len();
+        println!("{name}: {} pods on {nodes_used} nodes", d.plan.len());
+        c.bench_function(name, |b| b.iter(|| black_box(place(&snap, black_box(tree), &options, &LowestFreeIndices))));
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

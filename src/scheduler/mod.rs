@@ -1,0 +1,49 @@
+//! PURE: admission decisions for gangs. A [`Snapshot`] of nodes and their usage, a
+//! [`GroupTree`] per root (PodGroups with their pods, CompositePodGroups with their children),
+//! [`quorum`] (upstream PreEnqueue) and [`place`] (one all-or-nothing decision per root, with
+//! upstream PlacementFeasible) that returns a plan or an explanation.
+//! No client, no clock, no randomness: the controllers read the cluster and commit the plan.
+//!
+//! The admission reconciler's path through it:
+//! 1. [`Snapshot::from_cluster`] over the Node and Pod lists, then [`Snapshot::set_gpu_used`]
+//!    from the GPU ledger;
+//! 2. [`build_forest`] over the PodGroup, CompositePodGroup and Pod lists, and
+//!    [`sort_for_admission`] on its trees;
+//! 3. per tree, [`decide`] (or [`quorum`] then [`place`]): commit an admitted
+//!    [`Decision::plan`], or write [`Decision::message`] / [`QuorumShortfall`] to status.
+
+mod explain;
+mod gpu;
+mod placement;
+mod quantity;
+mod quorum;
+mod resources;
+mod shape;
+mod snapshot;
+mod tree;
+
+#[cfg(test)]
+mod properties;
+
+pub use explain::{
+    ChildrenUnplaced, DomainConflict, Explanation, ExplanationKind, FilterReason, PodsUnplaced, ReasonCount,
+    TooFewPods, TopologyUnplaced,
+};
+pub use gpu::{GpuChoice, GpuChooser, LowestFreeIndices, format_gpu_indices, gpu_indices};
+pub use placement::{
+    Admission, Decision, Feasibility, PlaceOptions, PlacedPod, Scoring, decide, place, placement_feasible,
+};
+pub use quantity::{QuantityError, parse_milli_value, parse_value};
+pub use quorum::{Quorum, QuorumShortfall, is_quorate, quorum};
+pub use resources::{CPU, EPHEMERAL_STORAGE, MEMORY, PODS, ResourceError, Resources, pod_requests};
+pub use shape::{
+    NodeSelectorTerm, Operator, PodShape, Requirement, ShapeError, Taint, TaintEffect, Toleration,
+    UNSCHEDULABLE_TAINT_KEY,
+};
+pub use snapshot::{
+    Labels, MAX_GPUS, NodeInfo, PodPhase, Snapshot, SnapshotError, Unusable, is_terminating, pod_phase,
+};
+pub use tree::{
+    CompositeGroup, CompositePolicy, Forest, Group, GroupPod, GroupTree, LeafGroup, LeafPolicy, PodState, Unresolved,
+    UnresolvedReason, build_forest, sort_for_admission,
+};

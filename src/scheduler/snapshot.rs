@@ -1,0 +1,558 @@
+//! The cluster as one admission decision sees it: nodes (labels, taints, allocatable, GPU
+//! state) and what pods bound to them or admitted onto them already use. Built from
+//! `Node`/`Pod` lists by pure conversion; never changed by a decision.
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+
+use super::resources::{ResourceError, Resources, pod_requests};
+use super::shape::Taint;
+use crate::crds::{ADMISSION_GATE, GPU_RESOURCE, HOSTNAME_LABEL, POD_GROUP_LABEL};
+
+/// Most GPUs a node may have: the used-index mask is a `u64`.
+pub const MAX_GPUS: u32 = 64;
+
+/// Something in the cluster lists that could not be taken into the snapshot as it is.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SnapshotError {
+    /// A node object without a name.
+    #[error("a node has no name")]
+    NodeWithoutName,
+    /// Two node objects with the same name.
+    #[error("node {0:?} is listed twice")]
+    DuplicateNode(String),
+    /// A node's allocatable could not be read; the node is left out.
+    #[error("node {node:?}: allocatable {source}")]
+    Allocatable {
+        /// The node.
+        node: String,
+        /// What was wrong.
+        #[source]
+        source: ResourceError,
+    },
+    /// A pod on a node has unreadable requests; the node is not offered.
+    #[error("pod {pod:?} on node {node:?}: requests {source}")]
+    PodRequests {
+        /// namespace/name of the pod.
+        pod: String,
+        /// The node it uses.
+        node: String,
+        /// What was wrong.
+        #[source]
+        source: ResourceError,
+    },
+    /// An admitted pod is pinned to a hostname no node has (the node is gone).
+    #[error("admitted pod {pod:?} is pinned to hostname {hostname:?}, which no node has")]
+    UnknownHostname {
+        /// namespace/name of the pod.
+        pod: String,
+        /// The pinned hostname.
+        hostname: String,
+    },
+}
+
+/// Why a node is never offered, whatever the pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Unusable {
+    /// The node has no `kubernetes.io/hostname` label, so a pod cannot be pinned to it.
+    NoHostname,
+    /// Another node has the same `kubernetes.io/hostname` value, so a pin would be ambiguous.
+    SharedHostname,
+    /// A pod using the node has unreadable requests, so its free capacity is unknown.
+    UnreadableUsage,
+}
+
+/// Node labels, sorted by key for quick lookup.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Labels(Vec<(Box<str>, Box<str>)>);
+
+impl Labels {
+    /// The value of a label.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0.binary_search_by(|(k, _)| k.as_ref().cmp(key)).ok().map(|i| self.0[i].1.as_ref())
+    }
+
+    /// Sets a label.
+    pub fn insert(&mut self, key: &str, value: &str) {
+        match self.0.binary_search_by(|(k, _)| k.as_ref().cmp(key)) {
+            Ok(i) => self.0[i].1 = value.into(),
+            Err(i) => self.0.insert(i, (key.into(), value.into())),
+        }
+    }
+
+    /// All labels, by key.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (k.as_ref(), v.as_ref()))
+    }
+}
+
+impl<K: AsRef<str>, V: AsRef<str>> FromIterator<(K, V)> for Labels {
+    fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
+        let mut labels = Labels::default();
+        for (k, v) in iter {
+            labels.insert(k.as_ref(), v.as_ref());
+        }
+        labels
+    }
+}
+
+/// One node: what it offers and what is already taken.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeInfo {
+    /// `metadata.name`.
+    pub name: String,
+    /// Labels, including `kubernetes.io/hostname`.
+    pub labels: Labels,
+    /// Taints.
+    pub taints: Vec<Taint>,
+    /// `spec.unschedulable` (cordoned).
+    pub unschedulable: bool,
+    /// `status.allocatable`.
+    pub allocatable: Resources,
+    /// Requests of pods bound to the node or admitted onto it and not yet bound.
+    pub requested: Resources,
+    /// GPUs with indices `0..gpu_count` (at most 64).
+    pub gpu_count: u32,
+    /// GPU indices not on offer: allocated (from the GPU ledger) or unhealthy.
+    pub gpu_used: u64,
+    /// Set when the node must not be offered to any pod.
+    pub unusable: Option<Unusable>,
+}
+
+impl NodeInfo {
+    /// A node with this allocatable, labelled `kubernetes.io/hostname: <name>`, nothing used,
+    /// and `gpu_count` taken from its `nvidia.com/gpu` allocatable.
+    pub fn new(name: &str, allocatable: Resources) -> Self {
+        let mut node = Self {
+            name: name.to_string(),
+            labels: Labels::default(),
+            taints: Vec::new(),
+            unschedulable: false,
+            gpu_count: gpu_count(&allocatable),
+            allocatable,
+            requested: Resources::new(),
+            gpu_used: 0,
+            unusable: None,
+        };
+        node.labels.insert(HOSTNAME_LABEL, name);
+        node
+    }
+
+    /// Builder: sets a label.
+    pub fn with_label(mut self, key: &str, value: &str) -> Self {
+        self.labels.insert(key, value);
+        self
+    }
+
+    /// Builder: adds a taint.
+    pub fn with_taint(mut self, taint: Taint) -> Self {
+        self.taints.push(taint);
+        self
+    }
+
+    /// Builder: sets what is already requested on the node.
+    pub fn with_requested(mut self, requested: Resources) -> Self {
+        self.requested = requested;
+        self
+    }
+
+    /// Builder: marks GPU indices as used.
+    pub fn with_gpu_used(mut self, mask: u64) -> Self {
+        self.gpu_used = mask;
+        self
+    }
+
+    /// The node's `kubernetes.io/hostname` label, which an admission pin selects on.
+    pub fn hostname(&self) -> Option<&str> {
+        self.labels.get(HOSTNAME_LABEL)
+    }
+
+    /// Bits of the GPU indices the node has.
+    pub fn gpu_mask(&self) -> u64 {
+        match self.gpu_count {
+            0 => 0,
+            n if n >= MAX_GPUS => u64::MAX,
+            n => (1u64 << n) - 1,
+        }
+    }
+
+    /// Converts a Kubernetes node (usage starts empty).
+    pub fn from_node(node: &Node) -> Result<Self, SnapshotError> {
+        let name = node.metadata.name.clone().ok_or(SnapshotError::NodeWithoutName)?;
+        let allocatable = match node.status.as_ref().and_then(|s| s.allocatable.as_ref()) {
+            Some(map) => Resources::from_quantities(map)
+                .map_err(|source| SnapshotError::Allocatable { node: name.clone(), source })?,
+            None => Resources::new(),
+        };
+        let spec = node.spec.as_ref();
+        Ok(Self {
+            labels: node.metadata.labels.iter().flatten().collect(),
+            taints: spec.and_then(|s| s.taints.as_ref()).into_iter().flatten().map(Taint::from_k8s).collect(),
+            unschedulable: spec.and_then(|s| s.unschedulable).unwrap_or(false),
+            gpu_count: gpu_count(&allocatable),
+            allocatable,
+            requested: Resources::new(),
+            gpu_used: 0,
+            unusable: None,
+            name,
+        })
+    }
+}
+
+fn gpu_count(allocatable: &Resources) -> u32 {
+    u32::try_from(allocatable.get(GPU_RESOURCE).clamp(0, i64::from(MAX_GPUS))).unwrap_or(0)
+}
+
+/// Where a pod stands, as admission sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PodPhase {
+    /// Succeeded or Failed: uses nothing, counts for nothing.
+    Finished,
+    /// Held by muster's admission gate.
+    Gated,
+    /// Bound to this node (`spec.nodeName`).
+    Bound(String),
+    /// Admitted by muster (gate removed, pinned to this hostname) and not yet bound.
+    Admitted(String),
+    /// Neither gated nor bound nor pinned: kube-scheduler's to place, not muster's.
+    Unpinned,
+}
+
+/// Classifies a pod (terminating pods are classified as if alive; see [`is_terminating`]).
+pub fn pod_phase(pod: &Pod) -> PodPhase {
+    let finished = matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"));
+    let Some(spec) = pod.spec.as_ref() else { return PodPhase::Unpinned };
+    if finished {
+        return PodPhase::Finished;
+    }
+    if let Some(node) = spec.node_name.as_ref().filter(|n| !n.is_empty()) {
+        return PodPhase::Bound(node.clone());
+    }
+    if spec.scheduling_gates.iter().flatten().any(|g| g.name == ADMISSION_GATE) {
+        return PodPhase::Gated;
+    }
+    match spec.node_selector.as_ref().and_then(|s| s.get(HOSTNAME_LABEL)) {
+        Some(hostname) => PodPhase::Admitted(hostname.clone()),
+        None => PodPhase::Unpinned,
+    }
+}
+
+/// True when the pod is being deleted.
+pub fn is_terminating(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_some()
+}
+
+fn pod_key(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// Nodes sorted by name, with indexes by name and by hostname label.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    nodes: Vec<NodeInfo>,
+    by_name: HashMap<String, u32>,
+    by_hostname: HashMap<String, u32>,
+    problems: Vec<SnapshotError>,
+}
+
+impl Snapshot {
+    /// A snapshot of these nodes, their usage as given.
+    pub fn new(mut nodes: Vec<NodeInfo>) -> Self {
+        nodes.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut problems = Vec::new();
+        nodes.dedup_by(|later, earlier| {
+            let duplicate = later.name == earlier.name;
+            if duplicate {
+                problems.push(SnapshotError::DuplicateNode(later.name.clone()));
+            }
+            duplicate
+        });
+        let mut by_name = HashMap::with_capacity(nodes.len());
+        let mut by_hostname: HashMap<String, u32> = HashMap::with_capacity(nodes.len());
+        let mut shared = Vec::new();
+        for (i, node) in nodes.iter().enumerate() {
+            let i = u32::try_from(i).unwrap_or(u32::MAX);
+            by_name.insert(node.name.clone(), i);
+            if let Some(hostname) = node.hostname()
+                && let Some(first) = by_hostname.insert(hostname.to_string(), i)
+            {
+                shared.extend([first, i]);
+            }
+        }
+        for i in shared {
+            if let Some(node) = nodes.get_mut(i as usize) {
+                node.unusable = Some(Unusable::SharedHostname);
+            }
+        }
+        for node in &mut nodes {
+            if node.hostname().is_none() {
+                node.unusable = Some(Unusable::NoHostname);
+            }
+        }
+        Self { nodes, by_name, by_hostname, problems }
+    }
+
+    /// A snapshot from the cluster's node and pod lists: usage from pods bound to a node and
+    /// from pods muster admitted (pinned by hostname, not yet bound). Objects that cannot be
+    /// read are listed in [`Snapshot::problems`]; a node whose usage cannot be read is not
+    /// offered. GPU indices in use come from the ledger: see [`Snapshot::set_gpu_used`].
+    pub fn from_cluster(nodes: &[Node], pods: &[Pod]) -> Self {
+        let mut problems = Vec::new();
+        let infos = nodes.iter().filter_map(|n| NodeInfo::from_node(n).map_err(|e| problems.push(e)).ok()).collect();
+        let mut snapshot = Snapshot::new(infos);
+        snapshot.problems.splice(0..0, problems);
+        for pod in pods {
+            snapshot.add_pod(pod);
+        }
+        snapshot
+    }
+
+    /// Counts a pod's requests on the node it is bound to or admitted onto; returns whether it
+    /// was counted. Gated, unpinned and finished pods use nothing.
+    pub fn add_pod(&mut self, pod: &Pod) -> bool {
+        let index = match pod_phase(pod) {
+            PodPhase::Bound(node) => self.by_name.get(&node).copied(),
+            PodPhase::Admitted(hostname)
+                if !is_terminating(pod)
+                    && pod.metadata.labels.as_ref().is_some_and(|l| l.contains_key(POD_GROUP_LABEL)) =>
+            {
+                let index = self.by_hostname.get(&hostname).copied();
+                if index.is_none() {
+                    self.problems.push(SnapshotError::UnknownHostname { pod: pod_key(pod), hostname });
+                }
+                index
+            }
+            _ => None,
+        };
+        let Some(node) = index.and_then(|i| self.nodes.get_mut(i as usize)) else { return false };
+        match pod.spec.as_ref().map(pod_requests) {
+            Some(Ok(requests)) => node.requested.add(&requests),
+            Some(Err(source)) => {
+                node.unusable = Some(Unusable::UnreadableUsage);
+                self.problems.push(SnapshotError::PodRequests { pod: pod_key(pod), node: node.name.clone(), source });
+            }
+            None => {}
+        }
+        true
+    }
+
+    /// Sets the GPU indices not on offer on a node (from the GPU ledger and health); returns
+    /// false when there is no such node.
+    pub fn set_gpu_used(&mut self, node: &str, mask: u64) -> bool {
+        match self.by_name.get(node).and_then(|&i| self.nodes.get_mut(i as usize)) {
+            Some(n) => {
+                n.gpu_used = mask;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The nodes, sorted by name.
+    pub fn nodes(&self) -> &[NodeInfo] {
+        &self.nodes
+    }
+
+    /// A node by name.
+    pub fn node(&self, name: &str) -> Option<&NodeInfo> {
+        self.index_of(name).map(|i| &self.nodes[i as usize])
+    }
+
+    /// A node by its `kubernetes.io/hostname` label.
+    pub fn node_by_hostname(&self, hostname: &str) -> Option<&NodeInfo> {
+        self.index_by_hostname(hostname).map(|i| &self.nodes[i as usize])
+    }
+
+    /// What could not be taken in as it is.
+    pub fn problems(&self) -> &[SnapshotError] {
+        &self.problems
+    }
+
+    pub(crate) fn index_of(&self, name: &str) -> Option<u32> {
+        self.by_name.get(name).copied()
+    }
+
+    pub(crate) fn index_by_hostname(&self, hostname: &str) -> Option<u32> {
+        self.by_hostname.get(hostname).copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheduler::shape::TaintEffect;
+    use k8s_openapi::api::core::v1::{
+        Container, NodeSpec, NodeStatus, PodSchedulingGate, PodSpec, PodStatus, ResourceRequirements, Taint as K8sTaint,
+    };
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+    fn k8s_node(name: &str, hostname: &str, allocatable: &[(&str, &str)]) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: Some([(HOSTNAME_LABEL.to_string(), hostname.to_string())].into()),
+                ..Default::default()
+            },
+            spec: Some(NodeSpec {
+                unschedulable: Some(true),
+                taints: Some(vec![K8sTaint {
+                    key: "dedicated".into(),
+                    value: Some("infra".into()),
+                    effect: "NoExecute".into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            status: Some(NodeStatus {
+                allocatable: Some(allocatable.iter().map(|(k, v)| (k.to_string(), Quantity(v.to_string()))).collect()),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn k8s_pod(name: &str, cpu: &str) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                labels: Some([(POD_GROUP_LABEL.to_string(), "g".to_string())].into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "c".into(),
+                    resources: Some(ResourceRequirements {
+                        requests: Some([("cpu".to_string(), Quantity(cpu.into()))].into()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn bound(mut pod: Pod, node: &str) -> Pod {
+        pod.spec.as_mut().unwrap().node_name = Some(node.into());
+        pod
+    }
+
+    fn pinned(mut pod: Pod, hostname: &str) -> Pod {
+        pod.spec.as_mut().unwrap().node_selector = Some([(HOSTNAME_LABEL.to_string(), hostname.to_string())].into());
+        pod
+    }
+
+    fn gated(mut pod: Pod) -> Pod {
+        pod.spec.as_mut().unwrap().scheduling_gates = Some(vec![PodSchedulingGate { name: ADMISSION_GATE.into() }]);
+        pod
+    }
+
+    fn phase(mut pod: Pod, phase: &str) -> Pod {
+        pod.status = Some(PodStatus { phase: Some(phase.into()), ..Default::default() });
+        pod
+    }
+
+    #[test]
+    fn nodes_convert_with_labels_taints_and_gpus() {
+        let n =
+            NodeInfo::from_node(&k8s_node("n1", "host-1", &[("cpu", "128"), ("nvidia.com/gpu", "8"), ("pods", "110")]))
+                .unwrap();
+        assert_eq!(n.hostname(), Some("host-1"));
+        assert!(n.unschedulable);
+        assert_eq!(n.taints, vec![Taint::new("dedicated", "infra", TaintEffect::NoExecute)]);
+        assert_eq!((n.allocatable.cpu_milli, n.allocatable.pods, n.gpu_count), (128_000, 110, 8));
+        assert_eq!(n.gpu_mask(), 0xff);
+    }
+
+    #[test]
+    fn usage_counts_bound_and_admitted_pods_only() {
+        let nodes = [k8s_node("n1", "host-1", &[("cpu", "8")]), k8s_node("n2", "host-2", &[("cpu", "8")])];
+        let pods = [
+            bound(k8s_pod("bound", "1"), "n1"),
+            pinned(k8s_pod("admitted", "2"), "host-2"),
+            gated(pinned(k8s_pod("still-gated", "4"), "host-2")),
+            phase(bound(k8s_pod("done", "4"), "n1"), "Succeeded"),
+            k8s_pod("unpinned", "4"),
+        ];
+        let s = Snapshot::from_cluster(&nodes, &pods);
+        assert_eq!(s.node("n1").unwrap().requested.cpu_milli, 1000);
+        assert_eq!(s.node("n2").unwrap().requested.cpu_milli, 2000, "admitted pods count by hostname label");
+        assert_eq!(s.node("n1").unwrap().requested.pods, 1);
+        assert!(s.problems().is_empty());
+    }
+
+    #[test]
+    fn a_terminating_admitted_pod_uses_nothing_but_a_terminating_bound_pod_does() {
+        let nodes = [k8s_node("n1", "n1", &[("cpu", "8")])];
+        let mut leaving = pinned(k8s_pod("leaving", "2"), "n1");
+        leaving.metadata.deletion_timestamp = Some(Time(Default::default()));
+        let mut draining = bound(k8s_pod("draining", "3"), "n1");
+        draining.metadata.deletion_timestamp = Some(Time(Default::default()));
+        let s = Snapshot::from_cluster(&nodes, &[leaving, draining]);
+        assert_eq!(s.node("n1").unwrap().requested.cpu_milli, 3000);
+    }
+
+    #[test]
+    fn unreadable_usage_takes_the_node_out() {
+        let nodes = [k8s_node("n1", "n1", &[("cpu", "8")])];
+        let s = Snapshot::from_cluster(&nodes, &[bound(k8s_pod("odd", "a lot"), "n1")]);
+        assert_eq!(s.node("n1").unwrap().unusable, Some(Unusable::UnreadableUsage));
+        assert!(matches!(s.problems(), [SnapshotError::PodRequests { .. }]));
+    }
+
+    #[test]
+    fn pins_need_a_unique_hostname_label() {
+        let mut no_label = NodeInfo::new("c", Resources::new());
+        no_label.labels = Labels::default();
+        let s = Snapshot::new(vec![
+            NodeInfo::new("b", Resources::new()).with_label(HOSTNAME_LABEL, "same"),
+            NodeInfo::new("a", Resources::new()).with_label(HOSTNAME_LABEL, "same"),
+            no_label,
+            NodeInfo::new("d", Resources::new()),
+        ]);
+        let names: Vec<_> = s.nodes().iter().map(|n| (n.name.as_str(), n.unusable)).collect();
+        assert_eq!(
+            names,
+            vec![
+                ("a", Some(Unusable::SharedHostname)),
+                ("b", Some(Unusable::SharedHostname)),
+                ("c", Some(Unusable::NoHostname)),
+                ("d", None),
+            ]
+        );
+    }
+
+    #[test]
+    fn problems_name_what_was_left_out() {
+        let mut bad = k8s_node("bad", "bad", &[("memory", "much")]);
+        bad.metadata.labels = None;
+        let nameless = Node::default();
+        let s = Snapshot::from_cluster(&[bad, nameless], &[pinned(k8s_pod("p", "1"), "gone")]);
+        assert!(s.nodes().is_empty());
+        let text: Vec<String> = s.problems().iter().map(ToString::to_string).collect();
+        assert_eq!(
+            text,
+            vec![
+                "node \"bad\": allocatable resource memory: quantity \"much\" is not a number with an optional suffix",
+                "a node has no name",
+                "admitted pod \"ns/p\" is pinned to hostname \"gone\", which no node has",
+            ]
+        );
+    }
+
+    #[test]
+    fn gpu_state_is_set_by_the_shell() {
+        let mut s = Snapshot::new(vec![NodeInfo::new("n1", Resources::new().with(GPU_RESOURCE, 8))]);
+        assert!(s.set_gpu_used("n1", 0b101));
+        assert!(!s.set_gpu_used("n9", 1));
+        assert_eq!(s.node("n1").unwrap().gpu_used, 0b101);
+        assert_eq!(s.node_by_hostname("n1").map(|n| n.name.as_str()), Some("n1"));
+    }
+}
