@@ -2,6 +2,7 @@
 //! with server-side apply, record status and events), plus the manager that runs them on the
 //! leader only and serves health and metrics on every replica.
 
+pub mod admission;
 pub mod conditions;
 pub mod context;
 pub mod job;
@@ -138,10 +139,12 @@ pub async fn shutdown_signal() {
 async fn run_reconcilers(ctx: Arc<Context>, stop: oneshot::Receiver<()>) {
     let (job_stop, job_rx) = oneshot::channel::<()>();
     let (set_stop, set_rx) = oneshot::channel::<()>();
+    let (admission_stop, admission_rx) = oneshot::channel::<()>();
     let stopper = tokio::spawn(async move {
         let _ = stop.await;
         let _ = job_stop.send(());
         let _ = set_stop.send(());
+        let _ = admission_stop.send(());
     });
     tokio::join!(
         job::run(ctx.clone(), async move {
@@ -149,6 +152,9 @@ async fn run_reconcilers(ctx: Arc<Context>, stop: oneshot::Receiver<()>) {
         }),
         jobset::run(ctx.clone(), async move {
             let _ = set_rx.await;
+        }),
+        admission::run(ctx.clone(), async move {
+            let _ = admission_rx.await;
         }),
     );
     stopper.abort();

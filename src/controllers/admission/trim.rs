@@ -1,0 +1,119 @@
+//! PURE: what admission keeps of watched objects. Only the fields placement and status read
+//! survive, so 5,000 nodes and their pods stay small in memory.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, Container, Node, NodeSpec, NodeStatus, Pod, PodSpec, PodStatus, ResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::crds::{COMPLETION_INDEX_ANNOTATION, GPU_INDICES_ANNOTATION, GPU_TOPOLOGY_ANNOTATION};
+
+fn keep_annotations(a: &mut Option<BTreeMap<String, String>>, keys: &[&str]) {
+    if let Some(map) = a.as_mut() {
+        map.retain(|k, _| keys.contains(&k.as_str()));
+    }
+}
+
+fn trim_meta(meta: &mut ObjectMeta, annotations: &[&str]) {
+    meta.managed_fields = None;
+    keep_annotations(&mut meta.annotations, annotations);
+}
+
+fn trim_container(c: &Container) -> Container {
+    Container {
+        name: c.name.clone(),
+        resources: c.resources.as_ref().map(|r| ResourceRequirements {
+            requests: r.requests.clone(),
+            limits: r.limits.clone(),
+            claims: None,
+        }),
+        restart_policy: c.restart_policy.clone(),
+        ..Default::default()
+    }
+}
+
+/// Keeps what placement, quorum and status read of a pod.
+pub fn pod(p: &mut Pod) {
+    trim_meta(&mut p.metadata, &[GPU_INDICES_ANNOTATION, COMPLETION_INDEX_ANNOTATION]);
+    if let Some(spec) = p.spec.take() {
+        p.spec = Some(PodSpec {
+            containers: spec.containers.iter().map(trim_container).collect(),
+            init_containers: spec.init_containers.as_ref().map(|cs| cs.iter().map(trim_container).collect()),
+            overhead: spec.overhead,
+            node_selector: spec.node_selector,
+            affinity: spec.affinity.map(|a| Affinity {
+                node_affinity: a.node_affinity,
+                pod_affinity: None,
+                pod_anti_affinity: None,
+            }),
+            tolerations: spec.tolerations,
+            node_name: spec.node_name,
+            scheduling_gates: spec.scheduling_gates,
+            priority: spec.priority,
+            resources: spec.resources,
+            ..Default::default()
+        });
+    }
+    if let Some(status) = p.status.take() {
+        p.status = Some(PodStatus { phase: status.phase, start_time: status.start_time, ..Default::default() });
+    }
+}
+
+/// Keeps what placement reads of a node.
+pub fn node(n: &mut Node) {
+    trim_meta(&mut n.metadata, &[GPU_TOPOLOGY_ANNOTATION]);
+    if let Some(spec) = n.spec.take() {
+        n.spec = Some(NodeSpec { taints: spec.taints, unschedulable: spec.unschedulable, ..Default::default() });
+    }
+    if let Some(status) = n.status.take() {
+        n.status =
+            Some(NodeStatus { allocatable: status.allocatable, capacity: status.capacity, ..Default::default() });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn pods_keep_only_what_placement_reads() {
+        let mut p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "labels": {"a": "b"}, "annotations": {GPU_INDICES_ANNOTATION: "0,1", "big": "x"},
+                         "managedFields": [{"manager": "m"}]},
+            "spec": {"nodeName": "n", "nodeSelector": {"k": "v"}, "volumes": [{"name": "v", "emptyDir": {}}],
+                     "containers": [{"name": "c", "image": "i", "command": ["x"], "env": [{"name": "E", "value": "v"}],
+                                     "resources": {"requests": {"cpu": "1"}}}],
+                     "tolerations": [{"operator": "Exists"}], "schedulingGates": [{"name": "g"}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .expect("pod");
+        pod(&mut p);
+        let v = serde_json::to_value(&p).expect("json");
+        assert_eq!(v["metadata"]["annotations"], json!({GPU_INDICES_ANNOTATION: "0,1"}));
+        assert_eq!(v["metadata"]["labels"], json!({"a": "b"}));
+        assert!(v["metadata"].get("managedFields").is_none());
+        assert_eq!(v["spec"]["containers"], json!([{"name": "c", "resources": {"requests": {"cpu": "1"}}}]));
+        assert!(v["spec"].get("volumes").is_none());
+        assert_eq!(v["spec"]["nodeName"], "n");
+        assert_eq!(v["spec"]["schedulingGates"], json!([{"name": "g"}]));
+        assert_eq!(v["status"], json!({"phase": "Running"}));
+    }
+
+    #[test]
+    fn nodes_keep_labels_taints_and_allocatable() {
+        let mut n: Node = serde_json::from_value(json!({
+            "metadata": {"name": "n", "labels": {"kubernetes.io/hostname": "n"}, "annotations": {GPU_TOPOLOGY_ANNOTATION: "{}", "x": "y"}},
+            "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}], "podCIDR": "10.0.0.0/24"},
+            "status": {"allocatable": {"cpu": "8"}, "images": [{"names": ["a"]}], "conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .expect("node");
+        node(&mut n);
+        let v = serde_json::to_value(&n).expect("json");
+        assert_eq!(v["metadata"]["annotations"], json!({GPU_TOPOLOGY_ANNOTATION: "{}"}));
+        assert_eq!(v["spec"], json!({"taints": [{"key": "k", "effect": "NoSchedule"}]}));
+        assert_eq!(v["status"], json!({"allocatable": {"cpu": "8"}}));
+    }
+}
