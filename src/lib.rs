@@ -6,4 +6,5 @@
 
 pub mod cli;
 pub mod crds;
+pub mod devices;
 pub mod workloadbuilder;
