@@ -1,5 +1,6 @@
 //! Subcommands of the `muster` binary. Each is a thin wrapper over the library.
 
+mod node_agent;
 mod validate;
 
 use std::process::ExitCode;
@@ -20,6 +21,8 @@ enum Command {
     Crds,
     /// Validate MusterJob and MusterJobSet manifests offline, as the cluster would.
     Validate(validate::Args),
+    /// Describe this node's GPUs and links from nvidia-smi as the gpu.muster.dev/topology annotation.
+    NodeAgent(node_agent::Args),
 }
 
 impl Cli {
@@ -37,6 +40,7 @@ impl Cli {
                 }
             },
             Command::Validate(args) => validate::run(args),
+            Command::NodeAgent(args) => node_agent::run(args),
         }
     }
 }
