@@ -7,6 +7,7 @@
 pub mod cli;
 pub mod controllers;
 pub mod crds;
+pub mod devices;
 pub mod scheduler;
 pub mod webhook;
 pub mod workloadbuilder;

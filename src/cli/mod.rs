@@ -1,6 +1,7 @@
 //! Subcommands of the `muster` binary. Each is a thin wrapper over the library.
 
 pub mod dev;
+mod node_agent;
 mod run;
 mod validate;
 
@@ -26,6 +27,8 @@ enum Command {
     Run(Box<run::Args>),
     /// Development tools for the local test cluster (hack/cluster-up.sh).
     Dev(dev::Args),
+    /// Describe this node's GPUs and links from nvidia-smi as the gpu.muster.dev/topology annotation.
+    NodeAgent(node_agent::Args),
 }
 
 impl Cli {
@@ -45,6 +48,7 @@ impl Cli {
             Command::Validate(args) => validate::run(args),
             Command::Run(args) => run::run(*args),
             Command::Dev(args) => dev::run(args),
+            Command::NodeAgent(args) => node_agent::run(args),
         }
     }
 }

@@ -1,0 +1,36 @@
+//! PURE GPU logic: the node GPU topology model, index selection, health, node scoring, the
+//! GPU ledger and the nvidia-smi parsers behind `muster node-agent`. Plain data in, plain data
+//! out: no Kubernetes client, no clock and no randomness here (callers pass `now`).
+//!
+//! A gang scheduler uses it in this order, per node and pod:
+//! [`GpuTopology::from_node`] -> [`healthy_mask`] -> [`available`] (healthy minus
+//! [`Ledger::used_mask`]) -> [`node_score`] to rank nodes -> [`select()`] (inside the score)
+//! -> [`Ledger::assign`].
+
+pub mod gpuset;
+pub mod health;
+pub mod ledger;
+pub mod nvidia_smi;
+pub mod score;
+pub mod select;
+pub mod topology;
+
+#[cfg(test)]
+mod fixtures;
+
+pub use gpuset::{GpuSet, MAX_GPUS};
+pub use health::{
+    ClusterMetrics, GpuMetrics, HealthReason, HealthThresholds, MetricsCache, MetricsError, MetricsSource, NodeHealth,
+    NodeMetrics, healthy_mask,
+};
+pub use ledger::{
+    Claim, Conflict, IndicesError, Ledger, LedgerProblem, PodPhase, PodRecord, format_indices, parse_indices,
+};
+pub use score::{NodeScore, node_score};
+pub use select::{EXACT_LIMIT, NUMA_SPAN_PENALTY, SelectOptions, Selection, select, select_brute_force, set_cost};
+pub use topology::{GpuTopology, Link, TopologyAnnotation, TopologyError};
+
+/// GPUs of a node a pod may be given: healthy and not held by any pod.
+pub fn available(health: &NodeHealth, used: GpuSet) -> GpuSet {
+    health.healthy.difference(used)
+}
