@@ -5,6 +5,7 @@
 pub mod admission;
 pub mod conditions;
 pub mod context;
+pub mod devices;
 pub mod job;
 pub mod jobset;
 pub mod metrics;

@@ -7,6 +7,7 @@
 //! [`Ledger::used_mask`]) -> [`node_score`] to rank nodes -> [`select()`] (inside the score)
 //! -> [`Ledger::assign`].
 
+pub mod chooser;
 pub mod gpuset;
 pub mod health;
 pub mod ledger;

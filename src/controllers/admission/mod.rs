@@ -25,10 +25,14 @@ use serde_json::json;
 use tokio::sync::Notify;
 
 use super::context::{Context, Result};
+use super::devices::DeviceReconciler;
+use super::devices::prometheus::PrometheusSource;
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{AdmissionPlan, CompositePodGroup, GroupPhase, PlanState, PlannedPod, PodGroup};
 use crate::crds::{ADMISSION_GATE, GPU_INDICES_ANNOTATION, HOSTNAME_LABEL, POD_GROUP_LABEL};
-use crate::scheduler::{self, Admission, Decision, GpuChooser, Group, GroupTree, PlaceOptions, Scoring, Snapshot};
+use crate::devices::chooser::{NodeGpus, TopologyChooser, node_gpus};
+use crate::devices::{HealthThresholds, MetricsCache, SelectOptions};
+use crate::scheduler::{self, Admission, Decision, Group, GroupTree, PlaceOptions, Scoring, Snapshot};
 use status::{ChildSummary, Outcome};
 
 /// Name of this controller in metrics and logs.
@@ -71,6 +75,9 @@ struct Admitter {
     roots: HashMap<RootKey, RootMemory>,
     patches: u64,
     fault_exit_after: Option<u64>,
+    devices: DeviceReconciler,
+    metrics_source: Option<PrometheusSource>,
+    gpu_metrics: MetricsCache,
 }
 
 fn spawn_watch<K>(
@@ -181,7 +188,25 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         _ = &mut shutdown => return,
     }
     let fault_exit_after = std::env::var(FAULT_EXIT_ENV).ok().and_then(|v| v.parse().ok());
-    let mut admitter = Admitter { ctx, caches, capacity, roots: HashMap::new(), patches: 0, fault_exit_after };
+    let metrics_source = ctx.config.prometheus_url.as_deref().and_then(|url| match PrometheusSource::new(url) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(error = %e, url, "GPU metrics source unusable; scheduling on topology alone");
+            None
+        }
+    });
+    let gpu_metrics = MetricsCache::new(ctx.config.gpu_metrics_ttl);
+    let mut admitter = Admitter {
+        ctx,
+        caches,
+        capacity,
+        roots: HashMap::new(),
+        patches: 0,
+        fault_exit_after,
+        devices: DeviceReconciler::default(),
+        metrics_source,
+        gpu_metrics,
+    };
     tracing::info!("admission caches ready");
     loop {
         let wake = match admitter.cycle().await {
@@ -229,23 +254,6 @@ pub fn indices_mask(value: &str) -> Option<u64> {
     Some(mask)
 }
 
-/// GPU indices held per node by live pods (bound, or pinned by admission).
-fn gpu_ledger(pods: &[Pod], snapshot: &Snapshot) -> BTreeMap<String, u64> {
-    let mut used: BTreeMap<String, u64> = BTreeMap::new();
-    for pod in pods {
-        let Some(value) = pod.annotations().get(GPU_INDICES_ANNOTATION) else { continue };
-        let node = match scheduler::pod_phase(pod) {
-            scheduler::PodPhase::Bound(node) => Some(node),
-            scheduler::PodPhase::Admitted(host) => snapshot.node_by_hostname(&host).map(|n| n.name.clone()),
-            _ => None,
-        };
-        if let (Some(node), Some(mask)) = (node, indices_mask(value)) {
-            *used.entry(node).or_default() |= mask;
-        }
-    }
-    used
-}
-
 fn group_pods(pods: &[Pod]) -> HashMap<RootKey, Vec<&Pod>> {
     let mut out: HashMap<RootKey, Vec<&Pod>> = HashMap::new();
     for pod in pods {
@@ -288,8 +296,13 @@ impl Admitter {
         let pods = state(&self.caches.pods);
         let nodes = state(&self.caches.nodes);
         let mut snapshot = Snapshot::from_cluster(&nodes, &pods);
-        for (node, mask) in gpu_ledger(&pods, &snapshot) {
-            snapshot.set_gpu_used(&node, mask);
+        // GPUs: topology and health per node, then the ledger (the device pass first gives
+        // indices to GPU pods bound without muster, so admission plans around them).
+        let gpus = self.gpu_state(&nodes).await;
+        let held = self.devices.pass(&self.ctx, &pods, &snapshot, &gpus).await?;
+        for (node, g) in &gpus {
+            let used = held.get(node).copied().unwrap_or_default().union(g.unhealthy());
+            snapshot.set_gpu_used(node, used.bits());
         }
         let by_group = group_pods(&pods);
         let mut wake: Option<Instant> = None;
@@ -318,7 +331,8 @@ impl Admitter {
 
         let mut forest = scheduler::build_forest(&pgs, &cpgs, &pods);
         scheduler::sort_for_admission(&mut forest.trees);
-        let chooser = self.gpu_chooser();
+        let single_numa = self.ctx.config.require_single_numa;
+        let chooser = TopologyChooser::new(gpus, SelectOptions { require_single_numa: single_numa });
         let options = self.place_options();
         let capacity = self.capacity.load(Ordering::Relaxed);
         let now = Instant::now();
@@ -338,7 +352,7 @@ impl Admitter {
                 continue;
             }
             let started = Instant::now();
-            let admission = scheduler::decide(&snapshot, tree, &options, chooser.as_ref());
+            let admission = scheduler::decide(&snapshot, tree, &options, &chooser);
             match admission {
                 Admission::Waiting(shortfall) => {
                     memory.quorate_since = None;
@@ -376,8 +390,21 @@ impl Admitter {
         Ok(wake)
     }
 
-    fn gpu_chooser(&self) -> Box<dyn GpuChooser + Send + Sync> {
-        Box::new(scheduler::LowestFreeIndices)
+    /// Each node's GPU model and health, refreshing the metrics cache when it is stale.
+    async fn gpu_state(&mut self, nodes: &[Node]) -> HashMap<String, NodeGpus> {
+        let now = std::time::SystemTime::now();
+        if let Some(source) = &self.metrics_source
+            && self.gpu_metrics.refresh(source, now).await
+            && let Some(e) = self.gpu_metrics.last_error()
+        {
+            tracing::warn!(error = %e, "GPU metrics unavailable; scheduling on topology alone");
+        }
+        let thresholds = HealthThresholds {
+            max_temperature_c: self.ctx.config.gpu_max_temperature,
+            min_free_memory_fraction: self.ctx.config.gpu_min_free_memory,
+            ..HealthThresholds::default()
+        };
+        node_gpus(nodes, &self.gpu_metrics, &thresholds, now)
     }
 
     async fn unschedulable(&mut self, key: &RootKey, tree: &GroupTree, decision: &Decision, capacity: u64) -> Instant {
