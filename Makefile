@@ -19,6 +19,7 @@ test: crds-check
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) test --lib --bins
 	$(MAKE) e2e
+	MUSTER_DEMO_PROFILE=debug MUSTER_DEMO_DIR=$(CURDIR)/target/demo-check bash hack/demo.sh --check
 
 unit:
 	$(CARGO) test --lib --bins
@@ -60,8 +61,21 @@ cluster-up: controlplane
 cluster-down:
 	@bash hack/cluster-down.sh
 
+## muster against the cluster of `make cluster-up`, webhooks on 127.0.0.1:9443 (Ctrl-C stops it).
+run: build controlplane
+	@$(BIN_DIR)/kubectl --kubeconfig target/cluster/kubeconfig create namespace muster-system --dry-run=client -o yaml \
+	  | $(BIN_DIR)/kubectl --kubeconfig target/cluster/kubeconfig apply -f - > /dev/null
+	$(CARGO) run -- run --kubeconfig target/cluster/kubeconfig --namespace muster-system \
+	  --metrics-bind-address 127.0.0.1:8080 --webhook-bind-address 127.0.0.1:9443 \
+	  --webhook-url https://127.0.0.1:9443 --webhook-manage-configurations=true
+
+## A local GPU cluster running muster end to end (left running; stop with `make demo-down`).
 demo:
-	@echo "make demo: not yet (see the demo issue); 'make test' works now."
+	@bash hack/demo.sh
 
 demo-down:
-	@bash hack/cluster-down.sh
+	@bash hack/demo.sh --down
+
+## The demo, non-interactively: exit 0 only when its promises hold (then stops it).
+demo-check:
+	@bash hack/demo.sh --check

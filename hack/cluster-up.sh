@@ -4,7 +4,8 @@
 #
 #   MUSTER_CLUSTER_DIR  where everything lives (default target/cluster): kubeconfig, logs/, pids/, pki/
 #   MUSTER_K8S_BIN      folder with the binaries (default: tools/k8s/bindir.sh; build with `make controlplane`)
-#   MUSTER_FEATURE_GATES  gates to ask for (default below); the ones the binaries refuse are dropped and reported
+#   MUSTER_FEATURE_GATES  gates to ask for (default below; empty asks for none); the ones the binaries refuse are dropped and reported
+#   MUSTER_RUNTIME_CONFIG extra API versions to serve (default below; empty serves only the defaults)
 #   MUSTER_CLUSTER_CRDS   CRD manifests (file or folder) installed before kube-controller-manager
 #                         starts, so its garbage collector knows them at once (default crds/; "" = none)
 #
@@ -17,8 +18,8 @@ dir=${MUSTER_CLUSTER_DIR:-$root/target/cluster}
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 bin=${MUSTER_K8S_BIN:-$(bash "$root/tools/k8s/bindir.sh")}
-gates_wanted=${MUSTER_FEATURE_GATES:-GenericWorkload,CompositePodGroup,WorkloadWithJob,TopologyAwareWorkloadScheduling,DRAWorkloadResourceClaims}
-runtime_wanted=${MUSTER_RUNTIME_CONFIG:-scheduling.k8s.io/v1beta1=true,scheduling.k8s.io/v1alpha3=true}
+gates_wanted=${MUSTER_FEATURE_GATES-GenericWorkload,CompositePodGroup,WorkloadWithJob,TopologyAwareWorkloadScheduling,DRAWorkloadResourceClaims}
+runtime_wanted=${MUSTER_RUNTIME_CONFIG-scheduling.k8s.io/v1beta1=true,scheduling.k8s.io/v1alpha3=true}
 components=(etcd kube-apiserver kube-scheduler kube-controller-manager kwok)
 crds=${MUSTER_CLUSTER_CRDS-$root/crds}
 
@@ -222,7 +223,7 @@ EOF
 serving=(--bind-address=127.0.0.1 --tls-cert-file="$pki/serving.crt" --tls-private-key-file="$pki/serving.key")
 start kube-scheduler "$bin/kube-scheduler" --config="$dir/scheduler.yaml" --secure-port="$sched_port" \
   "${serving[@]}" --feature-gates="$gates"
-controllers=garbage-collector-controller,namespace-controller,job-controller,ttl-after-finished-controller
+controllers=garbage-collector-controller,namespace-controller,job-controller,ttl-after-finished-controller,statefulset-controller,replicaset-controller,deployment-controller
 controllers+=,serviceaccount-controller,serviceaccount-token-controller,root-ca-certificate-publisher-controller
 controllers+=,pod-garbage-collector-controller,podgroup-protection-controller
 if ! grep -q podgroup-protection-controller "$logs/kube-controller-manager.help"; then

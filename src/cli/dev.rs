@@ -3,6 +3,7 @@
 //! [`add_nodes`] directly. The node shape is built by the pure [`fake_node`]; only [`add_nodes`]
 //! talks to the cluster.
 
+pub mod demo;
 pub mod topology;
 
 use std::collections::BTreeMap;
@@ -64,6 +65,22 @@ pub struct Args {
 enum DevCommand {
     /// Create or update fake GPU nodes managed by kwok (server-side apply: safe to repeat).
     AddNodes(AddNodesArgs),
+    /// Check what `make demo` promises (gangs admitted, the oversize one explained, GPU
+    /// indices disjoint); exit 0 only when all of it holds.
+    DemoCheck(DemoCheckArgs),
+}
+
+/// Arguments of `muster dev demo-check`.
+#[derive(clap::Args, Debug)]
+struct DemoCheckArgs {
+    /// Kubeconfig to use (default: $KUBECONFIG, then ~/.kube/config).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Print only a one-line summary (for progress while waiting).
+    #[arg(long)]
+    summary: bool,
+    #[command(flatten)]
+    expect: demo::Expectations,
 }
 
 /// Arguments of `muster dev add-nodes`.
@@ -272,9 +289,54 @@ pub async fn add_nodes(client: &Client, spec: &FakeGpuNodes) -> Result<Vec<Strin
     Ok(names)
 }
 
+async fn demo_check(args: &DemoCheckArgs) -> Result<Vec<demo::Finding>, Error> {
+    let client = client(args.kubeconfig.as_deref()).await?;
+    let ns = &args.expect.namespace;
+    let lp = kube::api::ListParams::default();
+    let pgs = Api::<crate::crds::PodGroup>::namespaced(client.clone(), ns).list(&lp).await?.items;
+    let cpgs = Api::<crate::crds::CompositePodGroup>::namespaced(client.clone(), ns).list(&lp).await?.items;
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::all(client).list(&lp).await?.items;
+    Ok(demo::check(&args.expect, &pgs, &cpgs, &pods))
+}
+
+fn run_demo_check(args: DemoCheckArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: tokio runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(demo_check(&args)) {
+        Ok(findings) => {
+            let passed = findings.iter().filter(|f| f.ok).count();
+            if args.summary {
+                let waiting: Vec<&str> = findings.iter().filter(|f| !f.ok).map(|f| f.what.as_str()).collect();
+                println!(
+                    "{passed}/{} checks hold{}",
+                    findings.len(),
+                    if waiting.is_empty() { String::new() } else { format!("; waiting: {}", waiting.join("; ")) }
+                );
+            } else {
+                for f in &findings {
+                    println!("{} {}", if f.ok { "ok  " } else { "FAIL" }, f.what);
+                }
+            }
+            if passed == findings.len() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 /// Runs `muster dev`.
 pub fn run(args: Args) -> ExitCode {
-    let DevCommand::AddNodes(args) = args.command;
+    let args = match args.command {
+        DevCommand::AddNodes(args) => args,
+        DevCommand::DemoCheck(args) => return run_demo_check(args),
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

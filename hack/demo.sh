@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# make demo: from a fresh clone to a local GPU cluster running muster end to end.
+#   hack/demo.sh          build what is missing, start the cluster and muster, apply examples/,
+#                         wait, print what a user would look at, and leave it all running
+#   hack/demo.sh --check  the same, non-interactively; exit 0 only when every promise holds,
+#                         then stop it all (MUSTER_DEMO_KEEP=1 keeps it running)
+#   hack/demo.sh --down   stop muster and the cluster
+# MUSTER_DEMO_DIR (default target/demo) holds the cluster, muster's log and pid.
+# MUSTER_DEMO_PROFILE=release (default) or debug picks the muster build.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+dir=${MUSTER_DEMO_DIR:-$root/target/demo}
+profile=${MUSTER_DEMO_PROFILE:-release}
+mode=${1:-run}
+began=$SECONDS
+
+step() { printf '\n\033[1m==> %s\033[0m (%ss)\n' "$*" "$((SECONDS - began))"; }
+die() { echo "demo: ERROR: $*" >&2; exit 1; }
+
+stop_muster() {
+  if [ -f "$dir/muster.pid" ]; then
+    local pid
+    pid=$(< "$dir/muster.pid")
+    if kill -0 "$pid" 2> /dev/null && tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q "muster run"; then
+      kill -TERM "$pid" 2> /dev/null || true
+      for _ in $(seq 50); do kill -0 "$pid" 2> /dev/null || break; sleep 0.1; done
+      kill -KILL "$pid" 2> /dev/null || true
+    fi
+    rm -f "$dir/muster.pid"
+  fi
+}
+
+down() {
+  stop_muster
+  [ -d "$dir" ] && MUSTER_CLUSTER_DIR=$dir bash "$root/hack/cluster-down.sh" || true
+}
+
+if [ "$mode" = "--down" ]; then
+  down
+  exit 0
+fi
+
+step "control plane binaries (built once per machine, cached)"
+bin=$(bash "$root/tools/k8s/build.sh")
+kc() { "$bin/kubectl" --kubeconfig "$dir/kubeconfig" "$@"; }
+
+step "muster ($profile build)"
+if [ "$profile" = release ]; then cargo build --release --quiet; else cargo build --quiet; fi
+muster=$root/target/$profile/muster
+[ -x "$muster" ] || die "$muster was not built"
+
+step "local cluster in $dir"
+# The upstream workload-scheduling gates stay off here, as on most clusters today, so
+# `kubectl get podgroups` means muster's PodGroups.
+MUSTER_CLUSTER_DIR=$dir MUSTER_K8S_BIN=$bin MUSTER_FEATURE_GATES= MUSTER_RUNTIME_CONFIG= \
+  bash "$root/hack/cluster-up.sh" > "$dir.cluster-up.log" 2>&1 || { cat "$dir.cluster-up.log"; die "cluster-up failed"; }
+grep -m1 "ready in" "$dir.cluster-up.log" || true
+export KUBECONFIG=$dir/kubeconfig
+
+step "16 kwok GPU nodes: 8 NVSwitch + 8 PCIe, 8 GPUs each, two racks"
+"$muster" dev add-nodes --count 8 --prefix gpu-nvs- --topology nvswitch --racks 2 | tail -n 1
+"$muster" dev add-nodes --count 8 --prefix gpu-pcie- --topology pcie --racks 2 --gpu-product NVIDIA-L40S | tail -n 1
+
+step "muster: controllers (leader election on) and admission webhooks"
+stop_muster
+read -r metrics_port webhook_port <<< "$(python3 -c '
+import socket
+s = [socket.socket() for _ in range(2)]
+for x in s: x.bind(("127.0.0.1", 0))
+print(" ".join(str(x.getsockname()[1]) for x in s))')"
+kc create namespace muster-system --dry-run=client -o yaml | kc apply -f - > /dev/null
+mkdir -p "$dir/logs"
+setsid "$muster" run --kubeconfig "$dir/kubeconfig" --namespace muster-system --leader-elect=true \
+  --metrics-bind-address "127.0.0.1:$metrics_port" --webhook-bind-address "127.0.0.1:$webhook_port" \
+  --webhook-url "https://127.0.0.1:$webhook_port" --webhook-manage-configurations=true \
+  > "$dir/logs/muster.log" 2>&1 < /dev/null &
+echo $! > "$dir/muster.pid"
+printf 'METRICS=http://127.0.0.1:%s/metrics\nWEBHOOK=https://127.0.0.1:%s\n' "$metrics_port" "$webhook_port" > "$dir/muster.env"
+for _ in $(seq 100); do
+  curl -sf "http://127.0.0.1:$metrics_port/readyz" > /dev/null 2>&1 \
+    && [ -n "$(kc get mutatingwebhookconfiguration muster-mutating -o jsonpath='{.webhooks[0].clientConfig.caBundle}' 2> /dev/null)" ] && break
+  kill -0 "$(< "$dir/muster.pid")" 2> /dev/null || { tail -n 20 "$dir/logs/muster.log"; die "muster exited"; }
+  sleep 0.2
+done
+echo "muster is up: log $dir/logs/muster.log, metrics http://127.0.0.1:$metrics_port/metrics"
+
+step "applying examples/"
+for _ in 1 2 3 4 5; do
+  kc apply -f "$root/examples/" && break
+  echo "(retrying: the webhook may still be starting)"; sleep 1
+done
+
+expect=(--admitted hello,train-2x4,inference,kv-cache,ray-train-driver-0,ray-train-workers-0
+        --admitted-composite ray-train --unschedulable too-big)
+step "waiting for the gangs"
+ok=0
+for _ in $(seq 60); do
+  if line=$("$muster" dev demo-check --summary "${expect[@]}" 2>&1); then ok=1; echo "  $line"; break; fi
+  echo "  $line"
+  sleep 2
+done
+
+step "what a user sees"
+echo "\$ kubectl get musterjobs,musterjobsets,podgroups,compositepodgroups"
+kc get musterjobs,musterjobsets,podgroups,compositepodgroups
+echo
+echo "\$ kubectl get pods -o custom-columns=POD:...,NODE:...,GPUS:...   (admitted pods, their node and GPU indices)"
+kc get pods --field-selector=status.phase!=Pending -o \
+  custom-columns='POD:.metadata.name,PODGROUP:.metadata.labels.scheduling\.muster\.dev/pod-group,NODE:.spec.nodeName,GPUS:.metadata.annotations.gpu\.muster\.dev/indices,PHASE:.status.phase' \
+  --sort-by=.spec.nodeName
+echo
+echo "\$ kubectl get podgroup too-big -o jsonpath='{.status.message}'"
+kc get podgroup too-big -o jsonpath='{.status.message}{"\n"}'
+echo
+"$muster" dev demo-check "${expect[@]}" || ok=0
+
+cat << USAGE
+
+The cluster and muster keep running ($((SECONDS - began))s so far).
+  export KUBECONFIG=$dir/kubeconfig PATH="$bin:\$PATH"
+  kubectl get podgroups -w                       # where each gang stands, and why
+  kubectl apply -f my-job.yaml                   # your own MusterJob / MusterJobSet
+  $muster validate -f my-job.yaml   # check a manifest offline first
+  tail -f $dir/logs/muster.log
+  make demo-down                                 # stop it all
+USAGE
+
+if [ "$mode" = "--check" ]; then
+  [ "${MUSTER_DEMO_KEEP:-0}" = 1 ] || down > /dev/null
+  [ $ok = 1 ] || die "the demo's promises do not hold (see above)"
+  echo "demo-check: every promise holds"
+fi
+[ $ok = 1 ] || die "not every gang reached its expected state in time (see above and $dir/logs/muster.log)"
