@@ -753,7 +753,7 @@ impl Admitter {
             }
             let outcome = outcome_of.get(&key).copied().flatten();
             let status = status::composite_status(cpg, &children, outcome, now);
-            if !same_cpg_status(cpg.status.as_ref(), &status) {
+            if !same_status(cpg.status.as_ref(), &status) {
                 self.apply_status::<CompositePodGroup>(&ns, &name, "CompositePodGroup", serde_json::to_value(&status)?)
                     .await?;
             }
@@ -799,31 +799,26 @@ fn visit<'a>(group: &'a Group, f: &mut impl FnMut(&'a Group)) {
     }
 }
 
-/// Status equality that ignores condition timestamps and the plan (written separately).
-fn same_status(
-    old: Option<&crate::crds::scheduling::PodGroupStatus>,
-    new: &crate::crds::scheduling::PodGroupStatus,
-) -> bool {
-    let Some(old) = old else { return false };
-    let strip = |s: &crate::crds::scheduling::PodGroupStatus| {
-        let mut s = s.clone();
-        s.plan = None;
-        s
-    };
-    strip(old) == strip(new)
+/// A group status whose `plan` is written apart from the rest (by the commit protocol).
+trait HasPlan: Clone + PartialEq {
+    fn without_plan(&self) -> Self;
 }
 
-fn same_cpg_status(
-    old: Option<&crate::crds::scheduling::CompositePodGroupStatus>,
-    new: &crate::crds::scheduling::CompositePodGroupStatus,
-) -> bool {
-    let Some(old) = old else { return false };
-    let strip = |s: &crate::crds::scheduling::CompositePodGroupStatus| {
-        let mut s = s.clone();
-        s.plan = None;
-        s
-    };
-    strip(old) == strip(new)
+impl HasPlan for crate::crds::scheduling::PodGroupStatus {
+    fn without_plan(&self) -> Self {
+        Self { plan: None, ..self.clone() }
+    }
+}
+
+impl HasPlan for crate::crds::scheduling::CompositePodGroupStatus {
+    fn without_plan(&self) -> Self {
+        Self { plan: None, ..self.clone() }
+    }
+}
+
+/// Status equality that ignores the plan.
+fn same_status<S: HasPlan>(old: Option<&S>, new: &S) -> bool {
+    old.is_some_and(|old| old.without_plan() == new.without_plan())
 }
 
 #[cfg(test)]
