@@ -101,6 +101,10 @@ pub struct Args {
     /// Create and update the webhook configurations (when no chart installed them).
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     webhook_manage_configurations: bool,
+    /// Apply muster's CRDs (server-side apply) at start, so an upgrade brings the new schema
+    /// (Helm never upgrades a chart's crds/).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    install_crds: bool,
 }
 
 fn init_tracing(level: &str, format: LogFormat) {
@@ -200,6 +204,7 @@ pub fn run(args: Args) -> ExitCode {
             http_addr: args.metrics_bind_address,
             leader_elect: args.leader_elect,
             webhook: args.webhook()?,
+            install_crds: args.install_crds,
         };
         controllers::run(client, args.config(), opts).await
     });

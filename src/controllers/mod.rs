@@ -6,6 +6,7 @@ pub mod admission;
 pub mod conditions;
 pub mod context;
 pub mod devices;
+pub mod install;
 pub mod job;
 pub mod jobset;
 pub mod metrics;
@@ -80,6 +81,9 @@ pub struct ManagerOptions {
     pub leader_elect: bool,
     /// Serve the admission webhooks (on every replica).
     pub webhook: Option<crate::webhook::WebhookOptions>,
+    /// Apply muster's CRDs before anything else (upgrades through Helm, which never upgrades
+    /// `crds/`).
+    pub install_crds: bool,
 }
 
 #[derive(Clone)]
@@ -164,6 +168,9 @@ async fn run_reconcilers(ctx: Arc<Context>, stop: oneshot::Receiver<()>) {
 /// Runs the controller manager: health and metrics on this replica, reconcilers on the leader.
 /// Returns after SIGTERM/Ctrl-C once the reconcilers have stopped.
 pub async fn run(client: Client, config: Config, opts: ManagerOptions) -> anyhow::Result<()> {
+    if opts.install_crds {
+        install::install_crds(&client).await.context("installing muster's CRDs (--install-crds)")?;
+    }
     let metrics = Arc::new(Metrics::default());
     let ready = Arc::new(AtomicBool::new(false));
     let http = tokio::spawn(serve_http(opts.http_addr, HttpState { metrics: metrics.clone(), ready: ready.clone() }));
