@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BIN_DIR = $(shell bash tools/k8s/bindir.sh)
 
-.PHONY: all build release test unit e2e crds crds-check fmt clippy bench controlplane cluster-up cluster-down run demo demo-down demo-check
+.PHONY: all build release test unit e2e chart-lint chart-test crds crds-check fmt clippy bench controlplane cluster-up cluster-down run demo demo-down demo-check
 
 all: build
 
@@ -13,12 +13,14 @@ build:
 release:
 	$(CARGO) build --release
 
-## Every test: formatting, lints, CRD drift, unit and property tests, then the real control plane.
-test: crds-check
+## Every test: formatting, lints, CRD drift, the chart's lint, unit and property tests, then the
+## real control plane (the e2e suite, then the chart on a control plane of its own).
+test: crds-check chart-lint
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) test --lib --bins
 	$(MAKE) e2e
+	$(MAKE) chart-test
 	MUSTER_DEMO_PROFILE=debug MUSTER_DEMO_DIR=$(CURDIR)/target/demo-check bash hack/demo.sh --check
 
 unit:
@@ -33,13 +35,31 @@ e2e: controlplane
 	  [ -d "$$d" ] && [ ! -e "/proc/$${d##*-}" ] && MUSTER_CLUSTER_DIR="$$d" bash hack/cluster-down.sh > /dev/null 2>&1; \
 	done; exit $$rc
 
-## Regenerate crds/ from the Rust types.
+## The Helm chart without a cluster: lint (default and full values), render, CRD copy up to date.
+chart-lint: controlplane
+	$(BIN_DIR)/helm lint --strict --quiet charts/muster
+	$(BIN_DIR)/helm lint --strict --quiet charts/muster -f charts/muster/ci/full-values.yaml
+	$(BIN_DIR)/helm template muster charts/muster > /dev/null
+	$(BIN_DIR)/helm template muster charts/muster -f charts/muster/ci/full-values.yaml > /dev/null
+	@diff -q crds/muster.yaml charts/muster/crds/muster.yaml > /dev/null || { echo "charts/muster/crds/ is stale: run 'make crds'"; exit 1; }
+
+## The chart on a control plane of its own (tests/chart): server-side dry-run, install, muster
+## running with only the chart's RBAC, refusals outside it, upgrades with a changed CRD.
+chart-test: controlplane
+	MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test --test chart; rc=$$?; \
+	for d in target/e2e-cluster-*; do \
+	  [ -d "$$d" ] && [ ! -e "/proc/$${d##*-}" ] && MUSTER_CLUSTER_DIR="$$d" bash hack/cluster-down.sh > /dev/null 2>&1; \
+	done; exit $$rc
+
+## Regenerate crds/ from the Rust types, and the chart's copy of it.
 crds:
 	$(CARGO) run --quiet -- crds > crds/muster.yaml
+	cp crds/muster.yaml charts/muster/crds/muster.yaml
 
-## Fail when crds/ is stale.
+## Fail when crds/ or the chart's copy is stale.
 crds-check:
 	$(CARGO) run --quiet -- crds | diff -u crds/muster.yaml - > /dev/null || { echo "crds/ is stale: run 'make crds'"; exit 1; }
+	@diff -q crds/muster.yaml charts/muster/crds/muster.yaml > /dev/null || { echo "charts/muster/crds/ is stale: run 'make crds'"; exit 1; }
 
 fmt:
 	$(CARGO) fmt --all

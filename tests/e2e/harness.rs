@@ -46,7 +46,8 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn k8s_bin() -> Result<PathBuf, String> {
+/// Folder with kubectl, helm and the control plane binaries (`MUSTER_K8S_BIN` or tools/k8s/bindir.sh).
+pub fn k8s_bin() -> Result<PathBuf, String> {
     if let Some(dir) = std::env::var_os("MUSTER_K8S_BIN") {
         return Ok(PathBuf::from(dir));
     }

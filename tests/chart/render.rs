@@ -1,0 +1,331 @@
+//! The chart without a cluster: lint, the schema, and the rendered objects against what the
+//! muster binary expects (its flags, its webhook configurations, its names, its CRDs).
+
+use std::collections::BTreeSet;
+
+use clap::{CommandFactory, Parser};
+use k8s_openapi::api::admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration};
+use muster::webhook::config::{self as webhooks, Endpoint};
+use serde_json::Value;
+
+use crate::support::{CRD_NAMES, RELEASE, chart_dir, container_args, documents, helm, of_kind, one, path_str, render};
+
+const NS: &str = "muster-system";
+
+fn full_values() -> String {
+    chart_dir().join("ci/full-values.yaml").display().to_string()
+}
+
+/// The renderings that together reach every template branch.
+fn renderings() -> Vec<(&'static str, Vec<Value>)> {
+    let full = full_values();
+    vec![
+        ("default", render(NS, &[])),
+        ("full-values", render(NS, &["-f", &full])),
+        ("webhook url", render(NS, &["--set", "webhook.url=https://127.0.0.1:9443"])),
+        ("webhook off", render(NS, &["--set", "webhook.enabled=false", "--set", "replicaCount=1"])),
+    ]
+}
+
+#[test]
+fn lint_passes_with_default_and_full_values() {
+    let chart = chart_dir();
+    let out = helm(&["lint", "--strict", path_str(&chart)]).unwrap_or_else(|e| panic!("{e}"));
+    assert!(out.contains("0 chart(s) failed"), "{out}");
+    let out = helm(&["lint", "--strict", path_str(&chart), "-f", &full_values()]).unwrap_or_else(|e| panic!("{e}"));
+    assert!(out.contains("0 chart(s) failed"), "{out}");
+}
+
+#[test]
+fn schema_rejects_typos_and_wrong_types() {
+    let chart = chart_dir();
+    let cases = [
+        ("webhok.enabled=false", "additional properties 'webhok' not allowed"),
+        ("image.tagg=1", "additional properties 'tagg' not allowed"),
+        ("controller.gpu.maxTemp=90", "additional properties 'maxTemp' not allowed"),
+        ("logFormat=yaml", "value must be one of"),
+        ("controller.placementStrategy=random", "value must be one of"),
+        ("webhook.certificate.mode=vault", "value must be one of"),
+        ("controller.gpu.minFreeMemory=3", "maximum"),
+        ("webhook.url=http://127.0.0.1:9443", "does not match pattern"),
+    ];
+    for (set, expected) in cases {
+        let err = helm(&["template", RELEASE, path_str(&chart), "--set", set]).expect_err(set);
+        assert!(err.contains(expected), "--set {set}: expected {expected:?} in:\n{err}");
+    }
+    let err = helm(&["template", RELEASE, path_str(&chart), "--set-string", "replicaCount=two"]).expect_err("string");
+    assert!(err.contains("replicaCount"), "{err}");
+    // What the schema cannot say, the templates refuse.
+    let err = helm(&[
+        "template",
+        RELEASE,
+        path_str(&chart),
+        "--set",
+        "webhook.url=https://127.0.0.1:9443",
+        "--set",
+        "webhook.certificate.mode=cert-manager",
+    ])
+    .expect_err("url with cert-manager");
+    assert!(err.contains("needs webhook.certificate.mode=self-managed"), "{err}");
+    let err = helm(&["template", RELEASE, path_str(&chart), "--set", "leaderElection.enabled=false"])
+        .expect_err("2 replicas without leader election");
+    assert!(err.contains("needs leaderElection.enabled"), "{err}");
+}
+
+/// The webhooks of a rendered configuration, as muster's own types.
+fn rendered_webhooks(docs: &[Value]) -> (ValidatingWebhookConfiguration, MutatingWebhookConfiguration) {
+    let v: ValidatingWebhookConfiguration =
+        serde_json::from_value(one(docs, "ValidatingWebhookConfiguration").clone()).expect("validating");
+    let m: MutatingWebhookConfiguration =
+        serde_json::from_value(one(docs, "MutatingWebhookConfiguration").clone()).expect("mutating");
+    (v, m)
+}
+
+#[test]
+fn webhook_configurations_are_the_ones_muster_applies() {
+    let service = Endpoint::Service { namespace: NS.into(), name: "muster-webhook".into(), port: 443 };
+    let url = Endpoint::Url("https://127.0.0.1:9443".into());
+    for (endpoint, extra) in [(service, vec![]), (url, vec!["--set", "webhook.url=https://127.0.0.1:9443/"])] {
+        let (v, m) = rendered_webhooks(&render(NS, &extra));
+        let want_v = webhooks::validating_configuration(&endpoint, None, NS);
+        let want_m = webhooks::mutating_configuration(&endpoint, None, NS);
+        assert_eq!(v.metadata.name, want_v.metadata.name);
+        assert_eq!(m.metadata.name, want_m.metadata.name);
+        assert_eq!(v.webhooks, want_v.webhooks, "ValidatingWebhookConfiguration differs from src/webhook/config.rs");
+        assert_eq!(m.webhooks, want_m.webhooks, "MutatingWebhookConfiguration differs from src/webhook/config.rs");
+    }
+    // cert-manager: same webhooks, CA injected by cert-manager from the chart's Certificate.
+    let docs = render(NS, &["-f", &full_values()]);
+    let (v, m) = rendered_webhooks(&docs);
+    let cert = one(&docs, "Certificate");
+    let inject = format!("{NS}/{}", cert["metadata"]["name"].as_str().expect("certificate name"));
+    for annotations in [v.metadata.annotations, m.metadata.annotations] {
+        assert_eq!(annotations.and_then(|a| a.get("cert-manager.io/inject-ca-from").cloned()), Some(inject.clone()));
+    }
+    let svc = webhooks::validating_configuration(
+        &Endpoint::Service { namespace: NS.into(), name: "muster-full-webhook".into(), port: 8443 },
+        None,
+        NS,
+    );
+    assert_eq!(v.webhooks, svc.webhooks);
+}
+
+/// `muster run`'s long flags and whether each takes a value.
+fn run_flags() -> Vec<(String, bool)> {
+    let cli = muster::cli::Cli::command();
+    let run = cli.find_subcommand("run").expect("muster run");
+    run.get_arguments()
+        .filter_map(|a| a.get_long().map(|l| (l.to_string(), a.get_action().takes_values())))
+        .filter(|(l, _)| l != "help")
+        .collect()
+}
+
+#[test]
+fn every_run_flag_is_a_value_and_every_rendering_parses() {
+    // Set from the pod itself: the in-cluster ServiceAccount, and the downward API
+    // (POD_NAMESPACE, POD_NAME; the test below checks the env).
+    let from_the_pod = ["kubeconfig", "namespace", "identity"];
+    let mut rendered = BTreeSet::new();
+    for (name, docs) in renderings() {
+        let deployment = one(&docs, "Deployment");
+        let args = container_args(deployment);
+        let mut argv = vec!["muster".to_string()];
+        argv.extend(args.iter().cloned());
+        if let Err(e) = muster::cli::Cli::try_parse_from(&argv) {
+            panic!("{name}: muster does not accept the chart's arguments {args:?}:\n{e}");
+        }
+        rendered.extend(
+            args.iter().filter_map(|a| a.strip_prefix("--")).map(|a| a.split('=').next().unwrap_or(a).to_string()),
+        );
+        let env = &deployment["spec"]["template"]["spec"]["containers"][0]["env"];
+        for (var, field) in [("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace")] {
+            let found = env.as_array().into_iter().flatten().find(|e| e["name"] == var);
+            assert_eq!(
+                found.map(|e| &e["valueFrom"]["fieldRef"]["fieldPath"]),
+                Some(&Value::from(field)),
+                "{name}: {var}"
+            );
+        }
+    }
+    for (flag, _) in run_flags() {
+        if from_the_pod.contains(&flag.as_str()) {
+            continue;
+        }
+        assert!(rendered.contains(&flag), "`muster run --{flag}` is not reachable from any chart value");
+    }
+}
+
+#[test]
+fn deployment_is_hardened_and_highly_available() {
+    let docs = render(NS, &[]);
+    let d = one(&docs, "Deployment");
+    let spec = &d["spec"]["template"]["spec"];
+    let c = &spec["containers"][0];
+    assert_eq!(d["spec"]["replicas"], 2);
+    let app_version = helm(&["show", "chart", path_str(&chart_dir())]).expect("show chart");
+    let app_version = app_version.lines().find_map(|l| l.strip_prefix("appVersion: ")).expect("appVersion");
+    assert_eq!(c["image"], format!("muster/muster:{}", app_version.trim_matches('"')));
+    assert_eq!(spec["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(spec["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
+    let sc = &c["securityContext"];
+    assert_eq!(sc["runAsNonRoot"], true);
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["capabilities"]["drop"], serde_json::json!(["ALL"]));
+    assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
+    assert_eq!(c["livenessProbe"]["httpGet"], serde_json::json!({"path": "/healthz", "port": "metrics"}));
+    assert_eq!(c["readinessProbe"]["httpGet"], serde_json::json!({"path": "/readyz", "port": "metrics"}));
+    assert!(c["resources"]["requests"]["cpu"].is_string() && c["resources"]["limits"]["memory"].is_string());
+    let anti = &spec["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0];
+    assert_eq!(anti["podAffinityTerm"]["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(anti["podAffinityTerm"]["labelSelector"]["matchLabels"], d["spec"]["selector"]["matchLabels"]);
+    let pdb = one(&docs, "PodDisruptionBudget");
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    assert_eq!(pdb["spec"]["selector"], d["spec"]["selector"]);
+    let webhook_svc = of_kind(&docs, "Service").into_iter().find(|s| s["metadata"]["name"] == "muster-webhook");
+    let port = &webhook_svc.expect("webhook Service")["spec"]["ports"][0];
+    assert_eq!((port["port"].clone(), port["targetPort"].clone()), (Value::from(443), Value::from("webhook")));
+    // One replica: no PodDisruptionBudget that would block every node drain.
+    let single = render(NS, &["--set", "replicaCount=1"]);
+    assert!(of_kind(&single, "PodDisruptionBudget").is_empty());
+}
+
+/// Every rule of every (Cluster)Role in `docs`.
+fn rules(docs: &[Value], kind: &str) -> Vec<Value> {
+    of_kind(docs, kind).into_iter().flat_map(|r| r["rules"].as_array().cloned().unwrap_or_default()).collect()
+}
+
+fn strings(v: &Value) -> Vec<&str> {
+    v.as_array().into_iter().flatten().filter_map(Value::as_str).collect()
+}
+
+#[test]
+fn rbac_has_no_wildcards_and_names_what_is_musters_alone() {
+    for (name, docs) in renderings() {
+        let cluster_rules = rules(&docs, "ClusterRole");
+        let role_rules = rules(&docs, "Role");
+        for rule in cluster_rules.iter().chain(&role_rules) {
+            for field in ["apiGroups", "resources", "verbs", "resourceNames"] {
+                assert!(!strings(&rule[field]).contains(&"*"), "{name}: wildcard in {rule}");
+            }
+            for verb in ["escalate", "bind", "impersonate", "deletecollection"] {
+                assert!(!strings(&rule["verbs"]).contains(&verb), "{name}: {verb} in {rule}");
+            }
+            assert!(rule.get("nonResourceURLs").is_none(), "{name}: {rule}");
+        }
+        let named = |rules: &[Value], resource: &str| -> Vec<Value> {
+            rules.iter().filter(|r| strings(&r["resources"]).contains(&resource)).cloned().collect()
+        };
+        // No Secret access cluster-wide; in muster's namespace only its own by name, plus create.
+        assert!(named(&cluster_rules, "secrets").is_empty(), "{name}: secrets in the ClusterRole");
+        for rule in named(&role_rules, "secrets") {
+            let names = strings(&rule["resourceNames"]);
+            if names.is_empty() {
+                assert_eq!(strings(&rule["verbs"]), ["create"], "{name}: {rule}");
+            } else {
+                assert_eq!(names, ["muster-webhook-tls"], "{name}: {rule}");
+            }
+        }
+        for rule in named(&role_rules, "leases") {
+            let names = strings(&rule["resourceNames"]);
+            if names.is_empty() {
+                assert_eq!(strings(&rule["verbs"]), ["create"], "{name}: {rule}");
+            } else {
+                assert_eq!(names, [muster::controllers::LEASE_NAME], "{name}: {rule}");
+            }
+        }
+        for rule in named(&cluster_rules, "customresourcedefinitions") {
+            assert_eq!(strings(&rule["resourceNames"]), CRD_NAMES, "{name}: {rule}");
+        }
+        for (resource, wanted) in [
+            ("validatingwebhookconfigurations", webhooks::VALIDATING_NAME),
+            ("mutatingwebhookconfigurations", webhooks::MUTATING_NAME),
+        ] {
+            for rule in named(&cluster_rules, resource) {
+                assert_eq!(strings(&rule["resourceNames"]), [wanted], "{name}: {rule}");
+            }
+        }
+        for rule in named(&cluster_rules, "nodes") {
+            assert_eq!(strings(&rule["verbs"]), ["get", "list", "watch"], "{name}: nodes are read only: {rule}");
+        }
+    }
+    // cert-manager mounts the Secret: muster gets no Secret access at all.
+    let docs = render(NS, &["-f", &full_values()]);
+    assert!(!rules(&docs, "Role").iter().any(|r| strings(&r["resources"]).contains(&"secrets")));
+    assert!(
+        !rules(&docs, "ClusterRole").iter().any(|r| strings(&r["resources"]).contains(&"customresourcedefinitions"))
+    );
+}
+
+#[test]
+fn chart_crds_are_the_generated_crds() {
+    let generated = muster::crds::all_yaml().expect("crds");
+    let chart = std::fs::read_to_string(chart_dir().join("crds/muster.yaml")).expect("charts/muster/crds/muster.yaml");
+    assert!(chart == generated, "charts/muster/crds/ is stale: run `make crds`");
+    let names: Vec<String> =
+        documents(&generated).iter().map(|d| d["metadata"]["name"].as_str().unwrap_or_default().to_string()).collect();
+    assert_eq!(names, CRD_NAMES);
+}
+
+/// Dotted paths of the values: the schema's leaves, and objects whose default is `{}` (such as
+/// `issuerRef`, whose keys only exist when set).
+fn schema_leaves(schema: &Value, defaults: &Value, prefix: &str, out: &mut Vec<String>) {
+    let empty_default = value_at(defaults, prefix).is_some_and(|v| v.as_object().is_some_and(|m| m.is_empty()));
+    let Some(props) = schema["properties"].as_object().filter(|_| !empty_default) else {
+        out.push(prefix.to_string());
+        return;
+    };
+    for (key, sub) in props {
+        if key == "global" {
+            continue;
+        }
+        let path = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+        schema_leaves(sub, defaults, &path, out);
+    }
+}
+
+fn value_at<'a>(values: &'a Value, path: &str) -> Option<&'a Value> {
+    if path.is_empty() {
+        return Some(values);
+    }
+    path.split('.').try_fold(values, |v, k| v.get(k))
+}
+
+#[test]
+fn readme_and_full_values_cover_every_value() {
+    let dir = chart_dir();
+    let schema: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("values.schema.json")).expect("schema")).expect("json");
+    let defaults: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(dir.join("values.yaml")).expect("values")).expect("yaml");
+    let mut leaves = Vec::new();
+    schema_leaves(&schema, &defaults, "", &mut leaves);
+    let readme = std::fs::read_to_string(dir.join("README.md")).expect("charts/muster/README.md");
+    let full: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(dir.join("ci/full-values.yaml")).expect("full")).expect("yaml");
+    for leaf in &leaves {
+        assert!(readme.contains(&format!("`{leaf}`")), "charts/muster/README.md does not list `{leaf}`");
+        assert!(value_at(&defaults, leaf).is_some(), "values.yaml has no default for {leaf}");
+        assert!(value_at(&full, leaf).is_some(), "ci/full-values.yaml does not set {leaf}");
+    }
+    // And nothing in values.yaml escapes the schema (helm checks types, this checks the list).
+    let mut documented = Vec::new();
+    fn leaves_of(v: &Value, prefix: &str, schema_leaves: &[String], out: &mut Vec<String>) {
+        if schema_leaves.iter().any(|l| l == prefix) {
+            out.push(prefix.to_string());
+            return;
+        }
+        if let Some(map) = v.as_object() {
+            for (k, sub) in map {
+                let path = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                leaves_of(sub, &path, schema_leaves, out);
+            }
+        } else {
+            out.push(prefix.to_string());
+        }
+    }
+    leaves_of(&defaults, "", &leaves, &mut documented);
+    for path in documented {
+        assert!(leaves.contains(&path), "values.yaml `{path}` is not in values.schema.json");
+    }
+}
