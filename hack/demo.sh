@@ -48,7 +48,7 @@ kc() { "$bin/kubectl" --kubeconfig "$dir/kubeconfig" "$@"; }
 
 step "muster ($profile build)"
 if [ "$profile" = release ]; then cargo build --release --quiet; else cargo build --quiet; fi
-muster=$root/target/$profile/muster
+muster=${CARGO_TARGET_DIR:-$root/target}/$profile/muster
 [ -x "$muster" ] || die "$muster was not built"
 
 step "local cluster in $dir"

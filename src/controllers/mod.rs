@@ -90,6 +90,8 @@ pub struct ManagerOptions {
 struct HttpState {
     metrics: Arc<Metrics>,
     ready: Arc<AtomicBool>,
+    /// False until the webhook server serves a certificate (true when it is off).
+    webhook_ready: Arc<AtomicBool>,
 }
 
 async fn serve_http(addr: SocketAddr, state: HttpState) -> anyhow::Result<()> {
@@ -104,10 +106,10 @@ async fn serve_http(addr: SocketAddr, state: HttpState) -> anyhow::Result<()> {
         .route(
             "/readyz",
             get(|State(s): State<HttpState>| async move {
-                if s.ready.load(Ordering::Relaxed) {
-                    (StatusCode::OK, "ok")
-                } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+                match (s.ready.load(Ordering::Relaxed), s.webhook_ready.load(Ordering::Relaxed)) {
+                    (true, true) => (StatusCode::OK, "ok"),
+                    (false, _) => (StatusCode::SERVICE_UNAVAILABLE, "not ready"),
+                    (true, false) => (StatusCode::SERVICE_UNAVAILABLE, "webhook server not serving yet"),
                 }
             }),
         )
@@ -173,7 +175,11 @@ pub async fn run(client: Client, config: Config, opts: ManagerOptions) -> anyhow
     }
     let metrics = Arc::new(Metrics::default());
     let ready = Arc::new(AtomicBool::new(false));
-    let http = tokio::spawn(serve_http(opts.http_addr, HttpState { metrics: metrics.clone(), ready: ready.clone() }));
+    let webhook_ready = Arc::new(AtomicBool::new(opts.webhook.is_none()));
+    let http = tokio::spawn(serve_http(
+        opts.http_addr,
+        HttpState { metrics: metrics.clone(), ready: ready.clone(), webhook_ready: webhook_ready.clone() },
+    ));
     let ctx = Arc::new(Context::new(client.clone(), metrics.clone(), config.clone()));
     let mut shutdown = Box::pin(shutdown_signal());
     let (webhook_stop, webhook_stop_rx) = oneshot::channel::<()>();
@@ -183,7 +189,7 @@ pub async fn run(client: Client, config: Config, opts: ManagerOptions) -> anyhow
             let stop = async move {
                 let _ = webhook_stop_rx.await;
             };
-            if let Err(e) = crate::webhook::serve(client, w, metrics, stop).await {
+            if let Err(e) = crate::webhook::serve(client, w, metrics, webhook_ready, stop).await {
                 tracing::error!(error = format!("{e:#}"), "webhook server stopped");
             }
         })

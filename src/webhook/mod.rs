@@ -235,9 +235,9 @@ pub async fn serve(
     client: Client,
     opts: WebhookOptions,
     metrics: Arc<Metrics>,
+    ready: Arc<AtomicBool>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let ready = Arc::new(AtomicBool::new(false));
     let (mut ca, mut cert, mut key) = load(&client, &opts).await.context("loading the webhook certificate")?;
     let tls = RustlsConfig::from_pem(cert.clone().into_bytes(), key.clone().into_bytes())
         .await
