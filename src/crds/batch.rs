@@ -49,14 +49,18 @@ pub enum CompletionMode {
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
+// Update rules report at the field that changed (as upstream's Job validation does); the block
+// rules stay quiet while `scheduling` itself is being set or cleared, which is reported alone.
 #[x_kube(
-    validation = Rule::new("!has(self.scheduling) || !has(self.scheduling.schedulingPolicy) || !has(self.scheduling.schedulingPolicy.gang) || !has(self.scheduling.schedulingPolicy.gang.minCount) || self.scheduling.schedulingPolicy.gang.minCount <= self.parallelism").message("scheduling.schedulingPolicy.gang.minCount must be less than or equal to parallelism"),
-    validation = Rule::new("(has(self.scheduling) && has(self.scheduling.schedulingPolicy) && has(self.scheduling.schedulingPolicy.gang)) == (has(oldSelf.scheduling) && has(oldSelf.scheduling.schedulingPolicy) && has(oldSelf.scheduling.schedulingPolicy.gang))").message("scheduling.schedulingPolicy: the policy variant (basic or gang) is immutable"),
-    validation = Rule::new("(has(self.scheduling) && has(self.scheduling.schedulingConstraints)) == (has(oldSelf.scheduling) && has(oldSelf.scheduling.schedulingConstraints)) && (!has(self.scheduling) || !has(self.scheduling.schedulingConstraints) || self.scheduling.schedulingConstraints == oldSelf.scheduling.schedulingConstraints)").message("scheduling.schedulingConstraints is immutable"),
-    validation = Rule::new("(has(self.scheduling) && has(self.scheduling.disruptionMode)) == (has(oldSelf.scheduling) && has(oldSelf.scheduling.disruptionMode)) && (!has(self.scheduling) || !has(self.scheduling.disruptionMode) || self.scheduling.disruptionMode == oldSelf.scheduling.disruptionMode)").message("scheduling.disruptionMode is immutable"),
-    validation = Rule::new("(has(self.scheduling) && has(self.scheduling.resourceClaims)) == (has(oldSelf.scheduling) && has(oldSelf.scheduling.resourceClaims)) && (!has(self.scheduling) || !has(self.scheduling.resourceClaims) || self.scheduling.resourceClaims == oldSelf.scheduling.resourceClaims)").message("scheduling.resourceClaims is immutable"),
-    validation = Rule::new("has(self.completions) == has(oldSelf.completions) && (!has(self.completions) || self.completions == oldSelf.completions)").message("completions is immutable"),
-    validation = Rule::new("self.completionMode == oldSelf.completionMode").message("completionMode is immutable")
+    validation = Rule::new("!has(self.scheduling) || !has(self.scheduling.schedulingPolicy) || !has(self.scheduling.schedulingPolicy.gang) || !has(self.scheduling.schedulingPolicy.gang.minCount) || self.scheduling.schedulingPolicy.gang.minCount <= self.parallelism").message("must be less than or equal to parallelism").field_path(".scheduling.schedulingPolicy.gang.minCount"),
+    validation = Rule::new("has(self.scheduling) == has(oldSelf.scheduling)").message(Message::Expression("has(self.scheduling) ? 'field cannot be set once created' : 'field cannot be cleared once set'".into())).field_path(".scheduling"),
+    validation = Rule::new("!has(self.scheduling) || !has(oldSelf.scheduling) || has(self.scheduling.schedulingPolicy) == has(oldSelf.scheduling.schedulingPolicy)").message(Message::Expression("has(self.scheduling.schedulingPolicy) ? 'field cannot be set once created' : 'field cannot be cleared once set'".into())).field_path(".scheduling.schedulingPolicy"),
+    validation = Rule::new("!has(self.scheduling) || !has(oldSelf.scheduling) || !has(self.scheduling.schedulingPolicy) || !has(oldSelf.scheduling.schedulingPolicy) || has(self.scheduling.schedulingPolicy.gang) == has(oldSelf.scheduling.schedulingPolicy.gang)").message("field is immutable: the policy may not change between `basic` and `gang`; only gang.minCount may change").field_path(".scheduling.schedulingPolicy"),
+    validation = Rule::new("!has(self.scheduling) || !has(oldSelf.scheduling) || (has(self.scheduling.schedulingConstraints) == has(oldSelf.scheduling.schedulingConstraints) && (!has(self.scheduling.schedulingConstraints) || self.scheduling.schedulingConstraints == oldSelf.scheduling.schedulingConstraints))").message("field is immutable").field_path(".scheduling.schedulingConstraints"),
+    validation = Rule::new("!has(self.scheduling) || !has(oldSelf.scheduling) || (has(self.scheduling.disruptionMode) == has(oldSelf.scheduling.disruptionMode) && (!has(self.scheduling.disruptionMode) || self.scheduling.disruptionMode == oldSelf.scheduling.disruptionMode))").message("field is immutable").field_path(".scheduling.disruptionMode"),
+    validation = Rule::new("!has(self.scheduling) || !has(oldSelf.scheduling) || (has(self.scheduling.resourceClaims) == has(oldSelf.scheduling.resourceClaims) && (!has(self.scheduling.resourceClaims) || self.scheduling.resourceClaims == oldSelf.scheduling.resourceClaims))").message("field is immutable").field_path(".scheduling.resourceClaims"),
+    validation = Rule::new("has(self.completions) == has(oldSelf.completions) && (!has(self.completions) || self.completions == oldSelf.completions)").message("field is immutable").field_path(".completions"),
+    validation = Rule::new("self.completionMode == oldSelf.completionMode").message("field is immutable").field_path(".completionMode")
 )]
 pub struct MusterJobSpec {
     /// Pods running at once. Mutable.
@@ -254,9 +258,9 @@ pub struct FailurePolicy {
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = Rule::new("!has(self.scheduling) || size(self.replicatedJobs) <= 8").message("replicatedJobs: must have at most 8 items when scheduling is set"),
-    validation = Rule::new("has(self.scheduling) == has(oldSelf.scheduling) && (!has(self.scheduling) || self.scheduling == oldSelf.scheduling)").message("scheduling is immutable"),
-    validation = Rule::new("self.replicatedJobs.map(r, r.name) == oldSelf.replicatedJobs.map(r, r.name) && self.replicatedJobs.all(r, oldSelf.replicatedJobs.exists(o, o.name == r.name && o.replicas == r.replicas))").message("replicatedJobs may not be added, removed or resized")
+    validation = Rule::new("!has(self.scheduling) || size(self.replicatedJobs) <= 8").message("must have at most 8 items when scheduling is set").field_path(".replicatedJobs"),
+    validation = Rule::new("has(self.scheduling) == has(oldSelf.scheduling) && (!has(self.scheduling) || self.scheduling == oldSelf.scheduling)").message("field is immutable").field_path(".scheduling"),
+    validation = Rule::new("self.replicatedJobs.map(r, r.name) == oldSelf.replicatedJobs.map(r, r.name) && self.replicatedJobs.all(r, oldSelf.replicatedJobs.exists(o, o.name == r.name && o.replicas == r.replicas))").message("replicatedJobs may not be added, removed, renamed or resized").field_path(".replicatedJobs")
 )]
 pub struct MusterJobSetSpec {
     /// Gang policy, topology constraint and disruption mode of the set's CompositePodGroup.

@@ -23,7 +23,7 @@ pub struct Empty {}
 
 /// How the pods of a PodGroup are scheduled: exactly one of `basic` or `gang`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
-#[x_kube(validation = Rule::new("has(self.basic) != has(self.gang)").message("must specify exactly one of: `basic`, `gang`"))]
+#[x_kube(validation = Rule::new("has(self.basic) != has(self.gang)").message(Message::Expression("has(self.basic) ? 'must specify exactly one of: `basic`, `gang`' : 'must specify one of: `basic`, `gang`'".into())))]
 pub struct PodGroupSchedulingPolicy {
     /// Each pod is scheduled on its own, as soon as it fits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -46,7 +46,7 @@ pub struct GangSchedulingPolicy {
 
 /// How a CompositePodGroup is scheduled: exactly one of `basic` or `gang`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
-#[x_kube(validation = Rule::new("has(self.basic) != has(self.gang)").message("must specify exactly one of: `basic`, `gang`"))]
+#[x_kube(validation = Rule::new("has(self.basic) != has(self.gang)").message(Message::Expression("has(self.basic) ? 'must specify exactly one of: `basic`, `gang`' : 'must specify one of: `basic`, `gang`'".into())))]
 pub struct CompositePodGroupSchedulingPolicy {
     /// Child groups are scheduled independently.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -87,7 +87,7 @@ pub struct TopologyConstraint {
 /// What happens to the group when one of its pods is disrupted: exactly one of `single`
 /// (only that pod) or `all` (the whole group is restarted).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
-#[x_kube(validation = Rule::new("has(self.single) != has(self.all)").message("must specify exactly one of: `single`, `all`"))]
+#[x_kube(validation = Rule::new("has(self.single) != has(self.all)").message(Message::Expression("has(self.single) ? 'must specify exactly one of: `single`, `all`' : 'must specify one of: `single`, `all`'".into())))]
 pub struct DisruptionMode {
     /// Only the disrupted pod is affected.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -101,7 +101,7 @@ pub struct DisruptionMode {
 /// (an existing claim) or `resourceClaimTemplateName` (one claim per group from a template).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("has(self.resourceClaimName) != has(self.resourceClaimTemplateName)").message("must specify exactly one of: `resourceClaimName`, `resourceClaimTemplateName`"))]
+#[x_kube(validation = Rule::new("has(self.resourceClaimName) != has(self.resourceClaimTemplateName)").message(Message::Expression("has(self.resourceClaimName) ? 'must specify exactly one of: `resourceClaimName`, `resourceClaimTemplateName`' : 'must specify one of: `resourceClaimName`, `resourceClaimTemplateName`'".into())))]
 pub struct PodGroupResourceClaim {
     /// Name of the claim within the group (a DNS label), unique in the list.
     #[schemars(length(min = 1, max = 63), regex(pattern = DNS_LABEL_PATTERN))]

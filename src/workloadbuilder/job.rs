@@ -201,6 +201,16 @@ fn job_spec_errors(spec: &MusterJobSpec, old: Option<&MusterJobSpec>, path: &Fie
     }
     errs.extend(template_errors(&spec.template, &path.child("template")));
     if let Some(old) = old {
+        let scheduling_path = path.child("scheduling");
+        set_once(&mut errs, &scheduling_path, spec.scheduling.is_some(), old.scheduling.is_some());
+        if let (Some(new_s), Some(old_s)) = (&spec.scheduling, &old.scheduling) {
+            set_once(
+                &mut errs,
+                &scheduling_path.child("schedulingPolicy"),
+                new_s.scheduling_policy.is_some(),
+                old_s.scheduling_policy.is_some(),
+            );
+        }
         if spec.template != old.template {
             errs.push(FieldError::invalid(&path.child("template"), "{...}", "field is immutable"));
         }
@@ -222,12 +232,31 @@ fn job_spec_errors(spec: &MusterJobSpec, old: Option<&MusterJobSpec>, path: &Fie
     errs
 }
 
+/// batch/v1 freezes the presence of `scheduling` and `schedulingPolicy` (NoSet/NoUnset): the
+/// builder alone would see `unset` and `basic` as the same policy, while the controller treats
+/// any change of `scheduling` as a frozen field changed.
+fn set_once(errs: &mut ErrorList, path: &FieldPath, now: bool, before: bool) {
+    match (before, now) {
+        (false, true) => errs.push(FieldError::invalid(path, "null", "field cannot be set once created")),
+        (true, false) => errs.push(FieldError::invalid(path, "null", "field cannot be cleared once set")),
+        _ => {}
+    }
+}
+
+/// Which of `scheduling` and `scheduling.schedulingPolicy` a spec sets.
+fn scheduling_presence(spec: &MusterJobSpec) -> (bool, bool) {
+    (spec.scheduling.is_some(), spec.scheduling.as_ref().is_some_and(|s| s.scheduling_policy.is_some()))
+}
+
 /// Every rule for a MusterJob spec at `path`: job-level rules, then the builder's validation
-/// of its scheduling blocks (with update rules when `old` is given).
+/// of its scheduling blocks (with update rules when `old` is given; a `scheduling` set or
+/// cleared is reported once, by the job-level rules).
 pub fn validate_job_spec(spec: &MusterJobSpec, old: Option<&MusterJobSpec>, path: &FieldPath) -> ErrorList {
     let mut errs = job_spec_errors(spec, old, path);
     let item = job_item(spec, JOB_TEMPLATE_NAME, path);
-    let old_item = old.map(|o| job_item(o, JOB_TEMPLATE_NAME, path));
+    let old_item = old
+        .filter(|o| scheduling_presence(o) == scheduling_presence(spec))
+        .map(|o| job_item(o, JOB_TEMPLATE_NAME, path));
     errs.extend(Builder::new(item, build_options("", "", None)).validate(old_item.as_ref()));
     errs
 }
@@ -301,7 +330,9 @@ pub fn validate_jobset(set: &MusterJobSet, old: Option<&MusterJobSet>) -> ErrorL
         if spec.scheduling.is_none() {
             // Independent children: each is its own leaf tree.
             let item = job_item(&rjob.template.spec, JOB_TEMPLATE_NAME, &tpath);
-            let old_item = old_rjob.map(|r| job_item(&r.template.spec, JOB_TEMPLATE_NAME, &tpath));
+            let old_item = old_rjob
+                .filter(|r| scheduling_presence(&r.template.spec) == scheduling_presence(&rjob.template.spec))
+                .map(|r| job_item(&r.template.spec, JOB_TEMPLATE_NAME, &tpath));
             errs.extend(Builder::new(item, build_options("", "", None)).validate(old_item.as_ref()));
         }
     }

@@ -591,6 +591,25 @@ fn job_template_and_completions_are_frozen() {
 }
 
 #[test]
+fn scheduling_and_its_policy_cannot_be_set_or_cleared() {
+    let basic =
+        || PodGroupScheduling { scheduling_policy: Some(PodGroupSchedulingPolicy::basic()), ..Default::default() };
+    let none = job("j", job_spec(2, None));
+    let errs = validate_job(&job("j", job_spec(2, Some(basic()))), Some(&none));
+    assert_eq!(paths(&errs), vec!["spec.scheduling"]);
+    assert_eq!(errs[0].detail, "field cannot be set once created");
+    let errs = validate_job(&none, Some(&job("j", job_spec(2, Some(gang(Some(2)))))));
+    assert_eq!(paths(&errs), vec!["spec.scheduling"], "reported once, not as a policy change too");
+    assert_eq!(errs[0].detail, "field cannot be cleared once set");
+    let empty = job("j", job_spec(2, Some(PodGroupScheduling::default())));
+    let errs = validate_job(&job("j", job_spec(2, Some(basic()))), Some(&empty));
+    assert_eq!(paths(&errs), vec!["spec.scheduling.schedulingPolicy"]);
+    assert!(
+        validate_job(&job("j", job_spec(2, Some(basic()))), Some(&job("j", job_spec(2, Some(basic()))))).is_empty()
+    );
+}
+
+#[test]
 fn job_names_leave_room_for_pod_names() {
     let errs = validate_job(&job(&"j".repeat(53), job_spec(1, None)), None);
     assert_eq!(paths(&errs), vec!["metadata.name"]);
