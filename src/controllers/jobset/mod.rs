@@ -142,6 +142,13 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>
         )
         .await;
     }
+    for r in &decision.resize {
+        let mut patch = json!({"spec": {"parallelism": r.parallelism}});
+        if r.gang {
+            patch["spec"]["scheduling"] = json!({"schedulingPolicy": {"gang": {"minCount": r.min_count}}});
+        }
+        jobs.patch(&r.child, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    }
     for (child, suspend) in &decision.suspend {
         let patch = json!({"spec": {"suspend": suspend}});
         jobs.patch(child, &PatchParams::default(), &Patch::Merge(&patch)).await?;

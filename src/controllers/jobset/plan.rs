@@ -9,8 +9,8 @@ use kube::Resource;
 
 use crate::controllers::conditions;
 use crate::crds::batch::{
-    JobPhase, JobSetPhase, MusterJob, MusterJobSet, MusterJobSetSpec, MusterJobSetStatus, ReplicatedJobStatus,
-    SuccessOperator,
+    JobPhase, JobSetPhase, MusterJob, MusterJobSet, MusterJobSetSpec, MusterJobSetStatus, MusterJobSpec,
+    ReplicatedJobStatus, SuccessOperator,
 };
 use crate::crds::{GROUP_TEMPLATE_ANNOTATION, JOBSET_NAME_LABEL, PARENT_COMPOSITE_ANNOTATION, REPLICATED_JOB_LABEL};
 use crate::workloadbuilder::job::child_job_name;
@@ -47,6 +47,10 @@ pub struct ObservedChild {
     pub ready: bool,
     /// `spec.suspend` of the child.
     pub suspended: bool,
+    /// `spec.parallelism` of the child.
+    pub parallelism: i32,
+    /// `spec.scheduling.schedulingPolicy.gang.minCount` of the child.
+    pub min_count: Option<i32>,
 }
 
 impl ObservedChild {
@@ -63,8 +67,27 @@ impl ObservedChild {
             terminating: meta.deletion_timestamp.is_some(),
             ready: status.is_some_and(|s| s.ready >= job.spec.parallelism.max(1) && s.active > 0),
             suspended: job.spec.suspend,
+            parallelism: job.spec.parallelism,
+            min_count: min_count(&job.spec),
         }
     }
+}
+
+fn min_count(spec: &MusterJobSpec) -> Option<i32> {
+    spec.scheduling.as_ref().and_then(|s| s.scheduling_policy.as_ref()).and_then(|p| p.min_count())
+}
+
+/// New parallelism and gang quorum of a child.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resize {
+    /// Child name.
+    pub child: String,
+    /// Its replicatedJob's parallelism.
+    pub parallelism: i32,
+    /// Its replicatedJob's `gang.minCount` (unset: the default follows parallelism).
+    pub min_count: Option<i32>,
+    /// The child has a gang policy (only then is `minCount` written).
+    pub gang: bool,
 }
 
 /// The decision of one reconcile.
@@ -76,6 +99,9 @@ pub struct SetPlan {
     pub delete: Vec<(String, &'static str)>,
     /// Children whose `spec.suspend` must be set to the value given.
     pub suspend: Vec<(String, bool)>,
+    /// Children whose parallelism and gang quorum must follow their replicatedJob's template
+    /// (the only fields of it that may change).
+    pub resize: Vec<Resize>,
     /// Events to publish: (warning, reason, message).
     pub events: Vec<(bool, &'static str, String)>,
     /// The status to write.
@@ -107,6 +133,7 @@ pub fn plan(set: &MusterJobSet, children: &[ObservedChild], now: Timestamp) -> S
         create: vec![],
         delete: vec![],
         suspend: vec![],
+        resize: vec![],
         events: vec![],
         status: MusterJobSetStatus::default(),
     };
@@ -199,6 +226,22 @@ pub fn plan(set: &MusterJobSet, children: &[ObservedChild], now: Timestamp) -> S
                     .is_some_and(|r| r.template.spec.suspend);
             if c.suspended != want && is_active(c) {
                 out.suspend.push((c.name.clone(), want));
+            }
+            let template = spec.replicated_jobs.iter().find(|r| r.name == c.replicated_job).map(|r| &r.template.spec);
+            if let Some(t) = template
+                && is_active(c)
+                && (c.parallelism, c.min_count) != (t.parallelism, min_count(t))
+            {
+                out.resize.push(Resize {
+                    child: c.name.clone(),
+                    parallelism: t.parallelism,
+                    min_count: min_count(t),
+                    gang: t
+                        .scheduling
+                        .as_ref()
+                        .and_then(|s| s.scheduling_policy.as_ref())
+                        .is_some_and(|p| p.gang.is_some()),
+                });
             }
         }
         let was = conditions::is_true(&status.conditions, condition::SUSPENDED);
@@ -311,6 +354,8 @@ mod tests {
             terminating: false,
             ready: false,
             suspended: false,
+            parallelism: 1,
+            min_count: None,
         }
     }
 
@@ -409,6 +454,30 @@ mod tests {
         assert_eq!(with.metadata.labels.expect("labels").get(JOBSET_NAME_LABEL).map(String::as_str), Some("s"));
         let without = child_job(&set(false, &[("workers", 2)]), 0, 0, 0).expect("child");
         assert!(!without.metadata.annotations.expect("annotations").contains_key(GROUP_TEMPLATE_ANNOTATION));
+    }
+
+    #[test]
+    fn children_follow_parallelism_and_min_count_of_their_template() {
+        let mut s = set(true, &[("a", 2), ("b", 1)]);
+        s.spec.replicated_jobs[0].template.spec.parallelism = 3;
+        s.spec.replicated_jobs[0].template.spec.scheduling = Some(crate::crds::blocks::PodGroupScheduling {
+            scheduling_policy: Some(crate::crds::blocks::PodGroupSchedulingPolicy::gang(Some(2))),
+            ..Default::default()
+        });
+        let mut current = child("s-a-1", "a", Some(JobPhase::Running), 0);
+        (current.parallelism, current.min_count) = (3, Some(2));
+        let kids = [
+            child("s-a-0", "a", Some(JobPhase::Running), 0),
+            current,
+            child("s-b-0", "b", Some(JobPhase::Running), 0),
+            child("s-a-2", "a", Some(JobPhase::Complete), 0),
+        ];
+        let p = plan(&s, &kids, now());
+        assert_eq!(
+            p.resize,
+            vec![Resize { child: "s-a-0".into(), parallelism: 3, min_count: Some(2), gang: true }],
+            "only active children that differ"
+        );
     }
 
     #[test]
