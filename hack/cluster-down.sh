@@ -9,19 +9,26 @@ dir=${MUSTER_CLUSTER_DIR:-$root/target/cluster}
 [ -d "$dir" ] || { echo "cluster-down: no cluster in $dir"; exit 0; }
 dir=$(cd "$dir" && pwd)
 pids=$dir/pids
-# Stop order: the clients first, etcd last.
-components=(kwok kube-controller-manager kube-scheduler kube-apiserver etcd)
+# Stop order: the clients first (muster: the e2e harness's `muster run`), etcd last.
+components=(muster kwok kube-controller-manager kube-scheduler kube-apiserver etcd)
 
 log() { echo "cluster-down: $*" >&2; }
 
 ours() { # pid -> is it a component process started for this folder?
-  local pid=$1 cmd
+  local pid=$1 cmd env
   [ -r "/proc/$pid/cmdline" ] || return 1
   cmd=$(tr '\0' ' ' < "/proc/$pid/cmdline" 2> /dev/null) || return 1
-  [[ " $cmd" == *" $dir/"* || "$cmd" == *"=$dir/"* ]] || return 1
   local exe=${cmd%% *}
-  case "${exe##*/}" in etcd | kube-apiserver | kube-scheduler | kube-controller-manager | kwok) return 0 ;; esac
-  return 1
+  case "${exe##*/}" in
+    etcd | kube-apiserver | kube-scheduler | kube-controller-manager | kwok)
+      [[ " $cmd" == *" $dir/"* || "$cmd" == *"=$dir/"* ]] ;;
+    # Its kubeconfig may live elsewhere (MUSTER_E2E_MUSTER_KUBECONFIG): the harness marks it
+    # with MUSTER_CLUSTER_DIR in its environment instead.
+    muster)
+      env=$(tr '\0' '\n' < "/proc/$pid/environ" 2> /dev/null) || return 1
+      grep -qxF "MUSTER_CLUSTER_DIR=$dir" <<< "$env" ;;
+    *) return 1 ;;
+  esac
 }
 
 stop() { # pid...: SIGTERM, wait up to 15 s, then SIGKILL

@@ -11,6 +11,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use muster::cli::dev::{FakeGpuNodes, GPU_RESOURCE, TopologyKind};
 use serde_json::{Value, json};
 
+use crate::harness::manager::muster;
 use crate::harness::{POOL_PREFIX, add_gpu_nodes, client, cluster, kubectl, kubectl_apply, namespace, wait_for};
 
 const SHORT: Duration = Duration::from_secs(30);
@@ -126,6 +127,8 @@ async fn add_nodes_is_idempotent_and_writes_the_topology() {
 
 #[tokio::test]
 async fn garbage_collector_deletes_owned_objects() {
+    // The MusterJob below passes muster's validating webhook.
+    let _muster = muster().await;
     let ns = namespace("gc");
     let client = client().await;
     let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);

@@ -5,6 +5,11 @@
 //! (`hack/cluster-watchdog.sh`, in its own process group) runs `hack/cluster-down.sh` as soon as
 //! this test process is gone, whether it exited, a test panicked, or it was killed.
 //! Each test takes its own namespace from [`namespace`], deleted when the guard drops.
+//! muster itself is started on first use too ([`manager::muster`]).
+
+// Spelled out: tests/chart includes this file by path, which would look for it elsewhere.
+#[path = "harness/manager.rs"]
+pub mod manager;
 
 use std::future::Future;
 use std::os::unix::process::CommandExt;
@@ -14,7 +19,10 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use muster::cli::dev::{FakeGpuNodes, add_nodes};
+use muster::crds::ADMISSION_GATE;
 
 /// Prefix of the GPU node pool every test may use (untainted, 8 GPUs each, nvswitch).
 pub const POOL_PREFIX: &str = "pool-gpu-";
@@ -267,4 +275,47 @@ pub async fn add_gpu_nodes(spec: &FakeGpuNodes) -> Vec<String> {
         kubectl(&["wait", "--for=condition=Ready", "--timeout=60s", &format!("node/{name}")]);
     }
     names
+}
+
+/// Removes muster's admission gate from every pod of `namespace` that still has it, so that
+/// kube-scheduler binds them (to the untainted pool) and kwok runs them. Returns how many were
+/// ungated. Stands in for the admission reconciler (src/controllers/admission.rs) until it
+/// lands: then tests that need running pods wait for real admission instead of calling this.
+pub async fn ungate_all(namespace: &str) -> usize {
+    let pods: Api<Pod> = Api::namespaced(client().await, namespace);
+    let Ok(list) = pods.list(&ListParams::default()).await else { return 0 };
+    let mut ungated = 0;
+    for pod in list.items {
+        let gates = pod.spec.as_ref().and_then(|s| s.scheduling_gates.clone()).unwrap_or_default();
+        let Some(i) = gates.iter().position(|g| g.name == ADMISSION_GATE) else { continue };
+        // `test` first: the gate list may have changed since the list.
+        let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+            {"op": "test", "path": format!("/spec/schedulingGates/{i}/name"), "value": ADMISSION_GATE},
+            {"op": "remove", "path": format!("/spec/schedulingGates/{i}")},
+        ]))
+        .expect("json patch");
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        if pods.patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch)).await.is_ok() {
+            ungated += 1;
+        }
+    }
+    ungated
+}
+
+/// The sum of the samples of metric `name` (in Prometheus/OpenMetrics text) whose labels
+/// include every `(label, value)` of `labels`; 0 when there are none.
+pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(series, _)| {
+            let (metric, rest) = series.split_once('{').unwrap_or((series, "}"));
+            metric == name
+                && labels.iter().all(|(k, v)| {
+                    let pair = format!("{k}=\"{v}\"");
+                    rest.starts_with(&pair) || rest.contains(&format!(",{pair}"))
+                })
+        })
+        .filter_map(|(_, value)| value.parse::<f64>().ok())
+        .sum()
 }

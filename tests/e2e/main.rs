@@ -1,6 +1,11 @@
 //! End-to-end tests against a real control plane (etcd, kube-apiserver, kube-scheduler,
-//! kube-controller-manager, kwok), built by tools/k8s and started once per run by [`harness`].
+//! kube-controller-manager, kwok), built by tools/k8s and started once per run by [`harness`],
+//! with muster itself running against it.
 //! Run with `make e2e`; the cluster's logs stay in `target/e2e-cluster-<pid>/logs`.
 
+mod cases;
 mod controlplane;
+mod differential;
 mod harness;
+mod jobs;
+mod webhook;

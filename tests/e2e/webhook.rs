@@ -1,0 +1,337 @@
+//! muster's admission webhooks as the apiserver calls them on 127.0.0.1: what `kubectl apply`
+//! refuses and with which field paths (the CRD's schema and CEL rules answer first, the
+//! webhook after them; the paths asserted are the ones users see), what passes, how pods are
+//! gated, and that only opted-in objects depend on muster being up.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, PostParams};
+use muster::crds::{ADMISSION_GATE, POD_GROUP_LABEL};
+use serde_json::{Value, json};
+
+use crate::cases::{
+    Case, base_spec, create_cases, error_paths, job_manifest, merge_patch, path_set, update_bases, update_cases,
+};
+use crate::harness::manager::{Muster, NAMESPACE, muster, muster_exclusive};
+use crate::harness::{client, cluster, metric, namespace};
+
+/// `kubectl apply` of `manifest` in `ns`: `Ok` when admitted, else the error. Client-side, as
+/// users type it (server-side apply refuses duplicate list keys before validation runs, with
+/// no field path of its own).
+fn apply(ns: &str, manifest: &Value) -> Result<String, String> {
+    cluster().kubectl_stdin(&["apply", "-n", ns, "-f", "-"], Some(&manifest.to_string()))
+}
+
+/// Checks that applying `manifest` is admitted (no `want`) or refused at exactly `want`;
+/// returns a line describing the mismatch, if any.
+fn expect(case: &str, ns: &str, manifest: &Value, want: &[&str]) -> Option<String> {
+    let got = match apply(ns, manifest) {
+        Ok(_) => BTreeSet::new(),
+        Err(e) => {
+            let paths = error_paths(&e);
+            if paths.is_empty() {
+                return Some(format!("{case}: refused without a field path: {e}"));
+            }
+            paths
+        }
+    };
+    (got != path_set(want)).then(|| format!("{case}: want {want:?}, got {got:?}"))
+}
+
+fn object_name(case: &Case) -> String {
+    case.object_name.clone().unwrap_or_else(|| case.name.replace('_', "-"))
+}
+
+#[tokio::test]
+async fn musterjobs_breaking_a_rule_are_refused_at_its_field_path() {
+    let _muster = muster().await;
+    let ns = namespace("webhook-jobs");
+    let failures: Vec<String> = create_cases()
+        .iter()
+        .filter_map(|c| expect(c.name, &ns.name, &job_manifest("MusterJob", &object_name(c), &c.spec), c.paths))
+        .collect();
+    assert!(failures.is_empty(), "{} case(s) differ:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[tokio::test]
+async fn frozen_musterjob_fields_are_refused_on_update() {
+    let _muster = muster().await;
+    let ns = namespace("webhook-job-updates");
+    let bases = update_bases();
+    let mut failures = Vec::new();
+    for case in update_cases() {
+        // A fresh base per case, so that an admitted change does not move the next one's start.
+        let name = case.name.replace('_', "-");
+        let spec = &bases.iter().find(|(n, _)| *n == case.base).expect("base").1;
+        let mut manifest = job_manifest("MusterJob", &name, spec);
+        apply(&ns.name, &manifest).unwrap_or_else(|e| panic!("base of {}: {e}", case.name));
+        merge_patch(&mut manifest, &case.patch);
+        failures.extend(expect(case.name, &ns.name, &manifest, case.paths));
+    }
+    assert!(failures.is_empty(), "{} case(s) differ:\n{}", failures.len(), failures.join("\n"));
+}
+
+fn set_manifest(name: &str, spec: Value) -> Value {
+    json!({"apiVersion": "batch.muster.dev/v1alpha1", "kind": "MusterJobSet", "metadata": {"name": name}, "spec": spec})
+}
+
+fn rjob(name: &str, replicas: i32, spec: Value) -> Value {
+    let mut s = base_spec();
+    merge_patch(&mut s, &spec);
+    json!({"name": name, "replicas": replicas, "template": {"spec": s}})
+}
+
+#[tokio::test]
+async fn musterjobsets_breaking_a_rule_are_refused_at_its_field_path() {
+    let _muster = muster().await;
+    let ns = namespace("webhook-sets");
+    let gang = json!({"schedulingPolicy": {"gang": {}}});
+    let two = || vec![rjob("a", 1, json!({})), rjob("b", 1, json!({}))];
+    let cases: Vec<(&str, Value, &[&str])> = vec![
+        (
+            "nine_replicated_jobs_with_scheduling",
+            set_manifest(
+                "nine",
+                json!({"scheduling": gang, "replicatedJobs": (0..9).map(|i| rjob(&format!("r{i}"), 1, json!({}))).collect::<Vec<_>>()}),
+            ),
+            &["spec.replicatedJobs"],
+        ),
+        (
+            "min_group_count_above_child_groups",
+            set_manifest(
+                "above",
+                json!({"scheduling": {"schedulingPolicy": {"gang": {"minGroupCount": 3}}}, "replicatedJobs": two()}),
+            ),
+            &["spec.scheduling.schedulingPolicy.gang.minGroupCount"],
+        ),
+        (
+            "min_group_count_zero",
+            set_manifest(
+                "zero",
+                json!({"scheduling": {"schedulingPolicy": {"gang": {"minGroupCount": 0}}}, "replicatedJobs": two()}),
+            ),
+            &["spec.scheduling.schedulingPolicy.gang.minGroupCount"],
+        ),
+        (
+            "composite_basic_with_disruption_mode_all",
+            set_manifest("basic-all", json!({"scheduling": {"disruptionMode": {"all": {}}}, "replicatedJobs": two()})),
+            &["spec.scheduling.disruptionMode"],
+        ),
+        (
+            "child_restart_policy_always",
+            set_manifest(
+                "always",
+                json!({"replicatedJobs": [rjob("a", 1, json!({"template": {"spec": {"restartPolicy": "Always"}}}))]}),
+            ),
+            &["spec.replicatedJobs[0].template.spec.template.spec.restartPolicy"],
+        ),
+        (
+            "child_min_count_above_parallelism",
+            set_manifest(
+                "child-min",
+                json!({"scheduling": gang, "replicatedJobs": [rjob("a", 1, json!({"scheduling": {"schedulingPolicy": {"gang": {"minCount": 3}}}}))]}),
+            ),
+            &["spec.replicatedJobs[0].template.spec.scheduling.schedulingPolicy.gang.minCount"],
+        ),
+        (
+            "child_job_name_too_long",
+            set_manifest(&"s".repeat(40), json!({"replicatedJobs": [rjob(&"r".repeat(12), 1, json!({}))]})),
+            &["spec.replicatedJobs[0].name"],
+        ),
+        (
+            "duplicate_replicated_job_names",
+            set_manifest("dup", json!({"replicatedJobs": [rjob("a", 1, json!({})), rjob("a", 1, json!({}))]})),
+            &["spec.replicatedJobs[1]"],
+        ),
+        (
+            "success_policy_names_an_unknown_replicated_job",
+            set_manifest(
+                "target",
+                json!({"successPolicy": {"targetReplicatedJobs": ["nope"]}, "replicatedJobs": two()}),
+            ),
+            &["spec.successPolicy.targetReplicatedJobs[0]"],
+        ),
+        (
+            "gang_of_two_children",
+            set_manifest(
+                "fine",
+                json!({"scheduling": {"schedulingPolicy": {"gang": {"minGroupCount": 2}}}, "replicatedJobs": two()}),
+            ),
+            &[],
+        ),
+    ];
+    let failures: Vec<String> =
+        cases.iter().filter_map(|(name, manifest, want)| expect(name, &ns.name, manifest, want)).collect();
+    assert!(failures.is_empty(), "{} case(s) differ:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[tokio::test]
+async fn frozen_musterjobset_fields_are_refused_on_update() {
+    let _muster = muster().await;
+    let ns = namespace("webhook-set-updates");
+    let base = || {
+        json!({"scheduling": {"schedulingPolicy": {"gang": {}}}, "replicatedJobs": [
+            rjob("driver", 1, json!({})),
+            rjob("workers", 2, json!({"scheduling": {"schedulingPolicy": {"gang": {"minCount": 2}}}})),
+        ]})
+    };
+    let cases: Vec<(&str, Value, &[&str])> = vec![
+        (
+            "scheduling_changed",
+            json!({"scheduling": {"schedulingConstraints": {"topology": [{"key": "topology.muster.dev/rack"}]}}}),
+            &["spec.scheduling"],
+        ),
+        ("scheduling_cleared", json!({"scheduling": null}), &["spec.scheduling"]),
+        ("replicas_changed", json!({"replicatedJobs": [rjob("driver", 2, json!({}))]}), &["spec.replicatedJobs"]),
+        (
+            "child_template_changed",
+            json!({"replicatedJobs": [rjob("driver", 1, json!({"template": {"metadata": {"labels": {"v": "2"}}}}))]}),
+            &["spec.replicatedJobs[0].template.spec.template"],
+        ),
+        (
+            "child_policy_changed",
+            json!({"replicatedJobs": [rjob("driver", 1, json!({"scheduling": {"schedulingPolicy": {"gang": {}}}}))]}),
+            &["spec.replicatedJobs[0].template.spec.scheduling"],
+        ),
+        ("child_min_count_changed", json!({}), &[]),
+    ];
+    let mut failures = Vec::new();
+    for (i, (name, change, want)) in cases.into_iter().enumerate() {
+        let set = format!("set-{i}");
+        let mut spec = base();
+        apply(&ns.name, &set_manifest(&set, spec.clone())).unwrap_or_else(|e| panic!("base of {name}: {e}"));
+        if name == "child_min_count_changed" {
+            spec["replicatedJobs"][1]["template"]["spec"]["scheduling"]["schedulingPolicy"]["gang"]["minCount"] =
+                json!(1);
+        } else if let Some(rjobs) = change.get("replicatedJobs") {
+            // Replace the first replicatedJob only (a list-map merge keyed by name).
+            spec["replicatedJobs"][0] = rjobs[0].clone();
+        } else {
+            merge_patch(&mut spec, &change);
+        }
+        failures.extend(expect(name, &ns.name, &set_manifest(&set, spec), want));
+    }
+    assert!(failures.is_empty(), "{} case(s) differ:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[tokio::test]
+async fn the_examples_are_admitted() {
+    let _muster = muster().await;
+    let ns = namespace("webhook-examples");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
+    files.sort();
+    assert!(!files.is_empty());
+    for f in files {
+        let out = cluster().kubectl(&[
+            "apply",
+            "--server-side",
+            "--field-manager=muster-e2e",
+            "-n",
+            &ns.name,
+            "-f",
+            f.to_str().unwrap(),
+        ]);
+        assert!(out.is_ok(), "{}: {out:?}", f.display());
+    }
+}
+
+fn pod(name: &str, labels: Value, spec: Value) -> Pod {
+    let mut s = json!({"containers": [{"name": "main", "image": "registry.invalid/none"}]});
+    merge_patch(&mut s, &spec);
+    serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}, "spec": s})).unwrap()
+}
+
+fn gates(p: &Pod) -> Vec<String> {
+    let gates = p.spec.as_ref().and_then(|s| s.scheduling_gates.clone()).unwrap_or_default();
+    gates.into_iter().map(|g| g.name).collect()
+}
+
+async fn mutate_requests(muster: &Muster) -> f64 {
+    metric(&muster.metrics().await, "muster_webhook_requests_total", &[("path", "/mutate")])
+}
+
+#[tokio::test]
+async fn labelled_pods_are_gated_and_unlabelled_pods_never_reach_the_webhook() {
+    let muster = muster().await;
+    let ns = namespace("webhook-pods");
+    let pods: Api<Pod> = Api::namespaced(client().await, &ns.name);
+    let pp = PostParams::default();
+
+    let patched = |t: &str| metric(t, "muster_webhook_requests_total", &[("path", "/mutate"), ("outcome", "patched")]);
+    let before = patched(&muster.metrics().await);
+    let gated = pods.create(&pp, &pod("joins", json!({POD_GROUP_LABEL: "g"}), json!({}))).await.unwrap();
+    assert_eq!(gates(&gated), [ADMISSION_GATE]);
+    assert!(patched(&muster.metrics().await) > before, "the mutating webhook counted a patch");
+
+    let other_gate = json!({"schedulingGates": [{"name": "example.com/other"}]});
+    let both = pods.create(&pp, &pod("two-gates", json!({POD_GROUP_LABEL: "g"}), other_gate)).await.unwrap();
+    assert_eq!(gates(&both), ["example.com/other", ADMISSION_GATE]);
+    let own_gate = json!({"schedulingGates": [{"name": ADMISSION_GATE}]});
+    let once = pods.create(&pp, &pod("gated-already", json!({POD_GROUP_LABEL: "g"}), own_gate)).await.unwrap();
+    assert_eq!(gates(&once), [ADMISSION_GATE], "the gate is not added twice");
+
+    // Other tests' pods move the counter too; one quiet round proves the unlabelled pod was
+    // never sent (if it were, every round would move it).
+    let mut quiet = false;
+    for i in 0..10 {
+        let before = mutate_requests(&muster).await;
+        let plain = pods.create(&pp, &pod(&format!("plain-{i}"), json!({"app": "x"}), json!({}))).await.unwrap();
+        assert!(gates(&plain).is_empty(), "an unlabelled pod is not gated");
+        if mutate_requests(&muster).await == before {
+            quiet = true;
+            break;
+        }
+    }
+    assert!(quiet, "creating an unlabelled pod moved muster_webhook_requests_total{{path=\"/mutate\"}} every time");
+}
+
+#[tokio::test]
+async fn pods_that_cannot_join_a_podgroup_are_refused() {
+    let _muster = muster().await;
+    let ns = namespace("webhook-bad-pods");
+    let pods: Api<Pod> = Api::namespaced(client().await, &ns.name);
+    let pp = PostParams::default();
+    let err = pods.create(&pp, &pod("bad-name", json!({POD_GROUP_LABEL: "Not_A_Name"}), json!({}))).await.unwrap_err();
+    assert!(err.to_string().contains("is not a PodGroup name"), "{err}");
+    let pinned = pod("pinned", json!({POD_GROUP_LABEL: "g"}), json!({"nodeName": "pool-gpu-0"}));
+    let err = pods.create(&pp, &pinned).await.unwrap_err();
+    assert!(err.to_string().contains("spec.nodeName"), "{err}");
+}
+
+/// With muster stopped, only what opted in is refused (its webhooks fail closed); everything
+/// else is created as usual, and so are labelled pods in muster's own namespace.
+#[tokio::test]
+async fn with_muster_stopped_only_opted_in_objects_are_refused() {
+    let muster = muster_exclusive().await;
+    let ns = namespace("webhook-down");
+    let c = client().await;
+    let pods: Api<Pod> = Api::namespaced(c.clone(), &ns.name);
+    let pp = PostParams::default();
+    muster.stop().await;
+
+    pods.create(&pp, &pod("plain", json!({"app": "x"}), json!({}))).await.expect("an unlabelled pod");
+    let kubectl = |yaml: &str| cluster().kubectl_stdin(&["-n", &ns.name, "create", "-f", "-"], Some(yaml));
+    kubectl("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: plain}\ndata: {a: b}\n").expect("a ConfigMap");
+    kubectl(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: plain}\nspec:\n  selector: {matchLabels: {app: x}}\n  template:\n    metadata: {labels: {app: x}}\n    spec: {containers: [{name: main, image: registry.invalid/none}]}\n",
+    )
+    .expect("a Deployment");
+    let own: Api<Pod> = Api::namespaced(c.clone(), NAMESPACE);
+    let exempt = pod("e2e-exempt", json!({POD_GROUP_LABEL: "g"}), json!({}));
+    let created = own.create(&pp, &exempt).await.expect("a labelled pod in muster's namespace skips the webhook");
+    assert!(gates(&created).is_empty());
+    own.delete("e2e-exempt", &DeleteParams::default()).await.unwrap();
+
+    let err = pods.create(&pp, &pod("joins", json!({POD_GROUP_LABEL: "g"}), json!({}))).await.unwrap_err();
+    assert!(err.to_string().contains("gate.pods.muster.dev"), "{err}");
+    let job = job_manifest("MusterJob", "refused", &json!({}));
+    let err = apply(&ns.name, &job).unwrap_err();
+    assert!(err.contains("validate.batch.muster.dev"), "{err}");
+
+    muster.start().await;
+    let gated = pods.create(&pp, &pod("joins", json!({POD_GROUP_LABEL: "g"}), json!({}))).await.unwrap();
+    assert_eq!(gates(&gated), [ADMISSION_GATE]);
+    apply(&ns.name, &job).expect("admitted again");
+}
