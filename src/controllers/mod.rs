@@ -37,6 +37,27 @@ pub fn controller_uid(meta: &ObjectMeta) -> Option<&str> {
     meta.owner_references.iter().flatten().find(|o| o.controller == Some(true)).map(|o| o.uid.as_str())
 }
 
+/// Tells the owner of an object of kind `K` that does not decode why muster leaves it alone
+/// (a Warning event `DecodeFailed` on it); the controllers skip such objects, so without this
+/// nothing would say why it never gets a status.
+pub async fn report_undecodable<K: kube::Resource<DynamicType = ()>>(
+    ctx: &Context,
+    invalid: &kube::core::error_boundary::InvalidObject,
+) {
+    let kind = K::kind(&());
+    tracing::warn!(kind = %kind, name = ?invalid.metadata.name, namespace = ?invalid.metadata.namespace, error = %invalid.error, "object does not decode; skipped");
+    let reference = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some(K::api_version(&()).to_string()),
+        kind: Some(kind.to_string()),
+        name: invalid.metadata.name.clone(),
+        namespace: invalid.metadata.namespace.clone(),
+        uid: invalid.metadata.uid.clone(),
+        ..Default::default()
+    };
+    let note = format!("muster cannot read this {kind} and leaves it alone: {}", invalid.error);
+    ctx.event(&reference, true, "DecodeFailed", "Decode", note).await;
+}
+
 /// Server-side applies a headless Service `name` selecting pods with label `key=name`, owned by
 /// `owner`, so pods get stable DNS names (`<hostname>.<name>`).
 pub async fn apply_headless_service(

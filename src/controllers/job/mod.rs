@@ -65,7 +65,7 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, ctx: Arc<Context>) -
     let job = match &guard.0 {
         Ok(job) => job,
         Err(invalid) => {
-            tracing::warn!(name = ?invalid.metadata.name, namespace = ?invalid.metadata.namespace, error = %invalid.error, "MusterJob does not decode; skipped");
+            super::report_undecodable::<MusterJob>(&ctx, invalid).await;
             return Ok(Action::await_change());
         }
     };

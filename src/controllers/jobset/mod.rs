@@ -58,7 +58,7 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>
     let set = match &guard.0 {
         Ok(set) => set,
         Err(invalid) => {
-            tracing::warn!(name = ?invalid.metadata.name, namespace = ?invalid.metadata.namespace, error = %invalid.error, "MusterJobSet does not decode; skipped");
+            super::report_undecodable::<MusterJobSet>(&ctx, invalid).await;
             return Ok(Action::await_change());
         }
     };
