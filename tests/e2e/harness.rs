@@ -19,10 +19,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, Patch, PatchParams};
 use muster::cli::dev::{FakeGpuNodes, add_nodes};
-use muster::crds::ADMISSION_GATE;
 
 /// Prefix of the GPU node pool every test may use (untainted, 8 GPUs each, nvswitch).
 pub const POOL_PREFIX: &str = "pool-gpu-";
@@ -275,31 +272,6 @@ pub async fn add_gpu_nodes(spec: &FakeGpuNodes) -> Vec<String> {
         kubectl(&["wait", "--for=condition=Ready", "--timeout=60s", &format!("node/{name}")]);
     }
     names
-}
-
-/// Removes muster's admission gate from every pod of `namespace` that still has it, so that
-/// kube-scheduler binds them (to the untainted pool) and kwok runs them. Returns how many were
-/// ungated. Stands in for the admission reconciler (src/controllers/admission.rs) until it
-/// lands: then tests that need running pods wait for real admission instead of calling this.
-pub async fn ungate_all(namespace: &str) -> usize {
-    let pods: Api<Pod> = Api::namespaced(client().await, namespace);
-    let Ok(list) = pods.list(&ListParams::default()).await else { return 0 };
-    let mut ungated = 0;
-    for pod in list.items {
-        let gates = pod.spec.as_ref().and_then(|s| s.scheduling_gates.clone()).unwrap_or_default();
-        let Some(i) = gates.iter().position(|g| g.name == ADMISSION_GATE) else { continue };
-        // `test` first: the gate list may have changed since the list.
-        let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
-            {"op": "test", "path": format!("/spec/schedulingGates/{i}/name"), "value": ADMISSION_GATE},
-            {"op": "remove", "path": format!("/spec/schedulingGates/{i}")},
-        ]))
-        .expect("json patch");
-        let name = pod.metadata.name.clone().unwrap_or_default();
-        if pods.patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch)).await.is_ok() {
-            ungated += 1;
-        }
-    }
-    ungated
 }
 
 /// The sum of the samples of metric `name` (in Prometheus/OpenMetrics text) whose labels

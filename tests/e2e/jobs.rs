@@ -13,7 +13,7 @@ use kube::{Resource, ResourceExt};
 use muster::controllers::job::plan::{COMPLETION_INDEX_ENV, GPU_INDICES_ENV};
 use muster::crds::batch::{JobPhase, JobSetPhase};
 use muster::crds::blocks::{DisruptionMode, PodGroupResourceClaim, PodGroupSchedulingPolicy, SchedulingConstraints};
-use muster::crds::scheduling::{WorkloadControllerRef, WorkloadReference};
+use muster::crds::scheduling::{GroupPhase, WorkloadControllerRef, WorkloadReference};
 use muster::crds::{
     ADMISSION_GATE, COMPLETION_INDEX_ANNOTATION, CompositePodGroup, CompositePodGroupSchedulingPolicy,
     GROUP_TEMPLATE_ANNOTATION, JOB_NAME_LABEL, JOBSET_NAME_LABEL, MusterJob, MusterJobSet, PARENT_COMPOSITE_ANNOTATION,
@@ -21,7 +21,7 @@ use muster::crds::{
 };
 
 use crate::harness::manager::{muster, muster_exclusive};
-use crate::harness::{client, kubectl, kubectl_apply, metric, namespace, ungate_all, wait_for};
+use crate::harness::{client, kubectl, kubectl_apply, metric, namespace, wait_for};
 
 const SHORT: Duration = Duration::from_secs(30);
 const LONG: Duration = Duration::from_secs(90);
@@ -59,6 +59,9 @@ where
     let what = format!("{} {name}", K::kind(&()));
     wait_for(&what, SHORT, || async { api.get_opt(name).await.ok().flatten() }).await
 }
+
+/// A pod template no node matches: its pods stay gated (admission finds no place for them).
+const NOWHERE: &str = "nodeSelector: {muster.dev/e2e: nowhere}";
 
 /// Pods of MusterJob `job`, once there are `n` (not being deleted).
 async fn pods_of(pods: &Api<Pod>, job: &str, n: usize) -> Vec<Pod> {
@@ -121,6 +124,7 @@ spec:
   template:
     spec:
       restartPolicy: Never
+      nodeSelector: {muster.dev/e2e: nowhere}
       containers:
       - {name: main, image: registry.invalid/none, resources: {limits: {nvidia.com/gpu: "1"}}}
 ---
@@ -232,6 +236,13 @@ spec:
     assert_eq!(status.phase, Some(JobPhase::Pending), "gated pods are pending");
     assert_eq!((status.workload_name.as_deref(), status.pod_group_name.as_deref()), (Some("train"), Some("train")));
     assert_eq!(status.progress.as_deref(), Some("0/3"));
+    let explained = wait_for("admission to explain why train waits", SHORT, || async {
+        let s = a.groups.get("train").await.ok()?.status?;
+        (s.phase == Some(GroupPhase::Unschedulable) && s.pods == 3).then_some(s)
+    })
+    .await;
+    assert_eq!((explained.gated, explained.admitted), (3, 0));
+    assert!(explained.message.is_some_and(|m| !m.is_empty()));
 
     // Gang without minCount: resolved to parallelism; no mode: single; non-Indexed: no Service.
     let resolved = eventually(&a.groups, "resolved").await;
@@ -252,9 +263,7 @@ async fn jobset_compiles_a_composite_tree_and_child_jobs() {
     let _muster = muster().await;
     let ns = namespace("jobset-compile");
     let a = apis(&ns.name).await;
-    kubectl_apply(
-        &ns.name,
-        r#"
+    let set = r#"
 apiVersion: batch.muster.dev/v1alpha1
 kind: MusterJobSet
 metadata: {name: ray}
@@ -266,7 +275,7 @@ spec:
   - name: driver
     template:
       spec:
-        template: {spec: {restartPolicy: Never, containers: [{name: main, image: registry.invalid/none}]}}
+        template: {spec: {restartPolicy: Never, NOWHERE, containers: [{name: main, image: registry.invalid/none}]}}
   - name: workers
     replicas: 2
     template:
@@ -276,9 +285,9 @@ spec:
         completions: 2
         completionMode: Indexed
         scheduling: {schedulingPolicy: {gang: {}}, disruptionMode: {all: {}}}
-        template: {spec: {restartPolicy: Never, containers: [{name: main, image: registry.invalid/none}]}}
-"#,
-    );
+        template: {spec: {restartPolicy: Never, NOWHERE, containers: [{name: main, image: registry.invalid/none}]}}
+"#;
+    kubectl_apply(&ns.name, &set.replace("NOWHERE", NOWHERE));
     let set = eventually(&a.sets, "ray").await;
     let set_uid = set.uid().unwrap();
 
@@ -470,6 +479,56 @@ spec:
     }
 }
 
+/// A failed child restarts the whole set (`failurePolicy.maxRestarts`): the children are
+/// deleted and made again under the same names, each with a PodGroup of its own; when the last
+/// attempt fails too, the set fails.
+#[tokio::test]
+async fn a_failed_child_restarts_the_set_until_max_restarts() {
+    let _muster = muster().await;
+    let ns = namespace("jobset-restart");
+    let a = apis(&ns.name).await;
+    kubectl_apply(
+        &ns.name,
+        r#"
+apiVersion: batch.muster.dev/v1alpha1
+kind: MusterJobSet
+metadata: {name: retry}
+spec:
+  scheduling: {schedulingPolicy: {gang: {}}}
+  failurePolicy: {maxRestarts: 1}
+  replicatedJobs:
+  - name: steady
+    template:
+      spec:
+        template: {spec: {containers: [{name: main, image: registry.invalid/none}]}}
+  - name: flaky
+    template:
+      spec:
+        backoffLimit: 0
+        template:
+          metadata: {annotations: {sim.muster.dev/fail-after: "1s"}}
+          spec: {containers: [{name: main, image: registry.invalid/none}]}
+"#,
+    );
+    let first = eventually(&a.jobs, "retry-flaky-0").await.uid().unwrap();
+    let set = wait_for("the set Failed after one restart", LONG, || async {
+        let set = a.sets.get("retry").await.ok()?;
+        (set.status.as_ref()?.phase == Some(JobSetPhase::Failed)).then_some(set)
+    })
+    .await;
+    let status = set.status.unwrap();
+    assert_eq!(status.restarts, 1);
+    let failed = condition(&status.conditions, "Failed").expect("a Failed condition");
+    assert_eq!(failed.reason, "FailedJobs");
+    let child = a.jobs.get("retry-flaky-0").await.unwrap();
+    assert_ne!(child.uid().unwrap(), first, "the child was made again");
+    let child_status = child.status.unwrap();
+    assert_eq!(child_status.phase, Some(JobPhase::Failed), "{:?}", child_status.conditions);
+    let group = a.groups.get("retry-flaky-0").await.unwrap();
+    let owners = group.metadata.owner_references.unwrap_or_default();
+    assert!(controller_of(&owners[0], "MusterJob", "retry-flaky-0", &child.metadata.uid.unwrap()), "{owners:?}");
+}
+
 #[tokio::test]
 async fn deleting_a_jobset_collects_everything_it_made() {
     let _muster = muster().await;
@@ -498,11 +557,10 @@ spec:
     let all = ListParams::default();
     wait_for("5 pods of the set", SHORT, || async { (a.pods.list(&all).await.ok()?.items.len() == 5).then_some(()) })
         .await;
-    // Some pods bound and running too, not only gated ones.
-    wait_for("running pods", LONG, || async {
-        ungate_all(&ns.name).await;
+    // Admitted, bound and running, not only gated.
+    wait_for("the set's pods running", LONG, || async {
         let pods = a.pods.list(&all).await.ok()?.items;
-        pods.iter().any(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")).then_some(())
+        pods.iter().all(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")).then_some(())
     })
     .await;
     assert_eq!(a.jobs.list(&all).await.unwrap().items.len(), 3);
@@ -546,7 +604,6 @@ spec:
 "#,
     );
     let job = wait_for("flaky Failed", LONG, || async {
-        ungate_all(&ns.name).await;
         let job = a.jobs.get("flaky").await.ok()?;
         (job.status.as_ref()?.phase == Some(JobPhase::Failed)).then_some(job)
     })
@@ -590,7 +647,6 @@ spec:
 "#,
     );
     let job = wait_for("quick Complete", LONG, || async {
-        ungate_all(&ns.name).await;
         let job = a.jobs.get("quick").await.ok()?;
         (job.status.as_ref()?.phase == Some(JobPhase::Complete)).then_some(job)
     })
@@ -676,7 +732,7 @@ spec:
     wait_counts(&a, "frozen", (3, 3, 3)).await;
     let status = a.jobs.get("frozen").await.unwrap().status.unwrap();
     assert_eq!(condition(&status.conditions, "Invalid").map(|c| c.status.as_str()), Some("False"));
-    assert_eq!(status.phase, Some(JobPhase::Pending));
+    assert!(matches!(status.phase, Some(JobPhase::Pending | JobPhase::Running)), "{:?}", status.phase);
 }
 
 /// `spec.template.metadata.creationTimestamp` with ten fractional digits passes the CRD schema
@@ -732,6 +788,12 @@ spec:
     assert!(a.groups.get_opt("malformed").await.unwrap().is_none(), "the malformed job is skipped");
     let raw = kubectl(&["-n", &ns.name, "get", "musterjob", "malformed", "-o", "jsonpath={.status}"]);
     assert_eq!(raw, "", "and gets no status");
+    let events = wait_for("a DecodeFailed warning on the malformed job", SHORT, || async {
+        let events = events_of(&ns.name, "malformed").await;
+        events.iter().any(|(t, r, _)| t == "Warning" && r == "DecodeFailed").then_some(events)
+    })
+    .await;
+    assert!(events.iter().any(|(_, _, m)| m.contains("unparsed input")), "{events:?}");
 }
 
 #[tokio::test]

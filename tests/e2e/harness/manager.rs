@@ -9,7 +9,7 @@
 //!
 //! `MUSTER_E2E_MUSTER_KUBECONFIG` replaces the admin kubeconfig muster itself runs with, e.g. by
 //! one that impersonates the Helm chart's ServiceAccount to prove its RBAC; the tests keep using
-//! the admin kubeconfig. The process is marked with `MUSTER_CLUSTER_DIR` in its environment, so
+//! the admin kubeconfig. `MUSTER_E2E_MUSTER_ARGS` appends arguments to `muster run`. The process is marked with `MUSTER_CLUSTER_DIR` in its environment, so
 //! hack/cluster-down.sh (run by the watchdog when the test process ends) stops it too.
 
 use std::io::Write as _;
@@ -35,6 +35,8 @@ use super::{client, cluster};
 pub const NAMESPACE: &str = "muster-system";
 /// Environment variable naming the kubeconfig muster runs with (default: the admin one).
 pub const KUBECONFIG_ENV: &str = "MUSTER_E2E_MUSTER_KUBECONFIG";
+/// Environment variable with more `muster run` arguments (whitespace separated), appended.
+pub const ARGS_ENV: &str = "MUSTER_E2E_MUSTER_ARGS";
 /// How long a start may take (a killed predecessor's Lease expires after 15 s).
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -224,8 +226,8 @@ fn free_port() -> u16 {
 }
 
 async fn start() -> Result<Running, String> {
-    let began = Instant::now();
     let cluster = cluster();
+    let began = Instant::now();
     match cluster.kubectl(&["create", "namespace", NAMESPACE]) {
         Ok(_) => {}
         Err(e) if e.contains("AlreadyExists") => {}
@@ -256,6 +258,7 @@ async fn start() -> Result<Running, String> {
         .arg(format!("--webhook-bind-address={}", endpoints.webhook))
         .arg(format!("--webhook-url=https://{}", endpoints.webhook))
         .arg("--webhook-manage-configurations=true")
+        .args(std::env::var(ARGS_ENV).unwrap_or_default().split_whitespace())
         .env("MUSTER_CLUSTER_DIR", &cluster.dir)
         .env("NO_COLOR", "1")
         .env_remove("KUBECONFIG")
