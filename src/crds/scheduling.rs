@@ -54,7 +54,7 @@ pub struct WorkloadControllerRef {
 #[x_kube(
     validation = Rule::new("(has(self.podGroupTemplates) && size(self.podGroupTemplates) > 0) != (has(self.compositePodGroupTemplates) && size(self.compositePodGroupTemplates) > 0)").message("must specify exactly one of: `podGroupTemplates`, `compositePodGroupTemplates`"),
     validation = Rule::new("has(self.podGroupTemplates) == has(oldSelf.podGroupTemplates) && has(self.compositePodGroupTemplates) == has(oldSelf.compositePodGroupTemplates)").message("templates may not be added or removed"),
-    validation = Rule::new("has(self.controllerRef) == has(oldSelf.controllerRef) && (!has(self.controllerRef) || self.controllerRef == oldSelf.controllerRef)").message("controllerRef is immutable")
+    validation = Rule::new("has(self.controllerRef) == has(oldSelf.controllerRef) && (!has(self.controllerRef) || self.controllerRef == oldSelf.controllerRef)").message("field is immutable").field_path(".controllerRef")
 )]
 pub struct WorkloadSpec {
     /// The object this Workload was compiled from. Immutable.
@@ -89,14 +89,14 @@ pub struct WorkloadStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = Rule::new("!has(self.schedulingPolicy.gang) || has(self.schedulingPolicy.gang.minCount)").message("schedulingPolicy.gang.minCount: Required value"),
-    validation = Rule::new("has(self.schedulingPolicy.gang) == has(oldSelf.schedulingPolicy.gang)").message("schedulingPolicy: the policy variant (basic or gang) is immutable"),
-    validation = Rule::new("has(self.schedulingConstraints) == has(oldSelf.schedulingConstraints) && (!has(self.schedulingConstraints) || self.schedulingConstraints == oldSelf.schedulingConstraints)").message("schedulingConstraints is immutable"),
-    validation = Rule::new("has(self.resourceClaims) == has(oldSelf.resourceClaims) && (!has(self.resourceClaims) || self.resourceClaims == oldSelf.resourceClaims)").message("resourceClaims is immutable"),
-    validation = Rule::new("has(self.disruptionMode) == has(oldSelf.disruptionMode) && (!has(self.disruptionMode) || self.disruptionMode == oldSelf.disruptionMode)").message("disruptionMode is immutable"),
-    validation = Rule::new("has(self.priorityClassName) == has(oldSelf.priorityClassName) && (!has(self.priorityClassName) || self.priorityClassName == oldSelf.priorityClassName)").message("priorityClassName is immutable"),
-    validation = Rule::new("has(self.priority) == has(oldSelf.priority) && (!has(self.priority) || self.priority == oldSelf.priority)").message("priority is immutable"),
-    validation = Rule::new("has(self.preemptionPolicy) == has(oldSelf.preemptionPolicy) && (!has(self.preemptionPolicy) || self.preemptionPolicy == oldSelf.preemptionPolicy)").message("preemptionPolicy is immutable")
+    validation = Rule::new("!has(self.schedulingPolicy.gang) || has(self.schedulingPolicy.gang.minCount)").message("required in a compiled template").field_path(".schedulingPolicy.gang.minCount").reason(Reason::FieldValueRequired),
+    validation = Rule::new("has(self.schedulingPolicy.gang) == has(oldSelf.schedulingPolicy.gang)").message("field is immutable: the policy may not change between `basic` and `gang`").field_path(".schedulingPolicy"),
+    validation = Rule::new("has(self.schedulingConstraints) == has(oldSelf.schedulingConstraints) && (!has(self.schedulingConstraints) || self.schedulingConstraints == oldSelf.schedulingConstraints)").message("field is immutable").field_path(".schedulingConstraints"),
+    validation = Rule::new("has(self.resourceClaims) == has(oldSelf.resourceClaims) && (!has(self.resourceClaims) || self.resourceClaims == oldSelf.resourceClaims)").message("field is immutable").field_path(".resourceClaims"),
+    validation = Rule::new("has(self.disruptionMode) == has(oldSelf.disruptionMode) && (!has(self.disruptionMode) || self.disruptionMode == oldSelf.disruptionMode)").message("field is immutable").field_path(".disruptionMode"),
+    validation = Rule::new("has(self.priorityClassName) == has(oldSelf.priorityClassName) && (!has(self.priorityClassName) || self.priorityClassName == oldSelf.priorityClassName)").message("field is immutable").field_path(".priorityClassName"),
+    validation = Rule::new("has(self.priority) == has(oldSelf.priority) && (!has(self.priority) || self.priority == oldSelf.priority)").message("field is immutable").field_path(".priority"),
+    validation = Rule::new("has(self.preemptionPolicy) == has(oldSelf.preemptionPolicy) && (!has(self.preemptionPolicy) || self.preemptionPolicy == oldSelf.preemptionPolicy)").message("field is immutable").field_path(".preemptionPolicy")
 )]
 pub struct PodGroupTemplate {
     /// Name of the template (a DNS label), unique across the whole tree.
@@ -141,11 +141,11 @@ pub enum PreemptionPolicy {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = Rule::new("!has(self.schedulingPolicy.gang) || has(self.schedulingPolicy.gang.minGroupCount)").message("schedulingPolicy.gang.minGroupCount: Required value"),
+    validation = Rule::new("!has(self.schedulingPolicy.gang) || has(self.schedulingPolicy.gang.minGroupCount)").message("required in a compiled template").field_path(".schedulingPolicy.gang.minGroupCount").reason(Reason::FieldValueRequired),
     validation = Rule::new("(has(self.podGroupTemplates) && size(self.podGroupTemplates) > 0) || (has(self.compositePodGroupTemplates) && size(self.compositePodGroupTemplates) > 0)").message("must have at least one child template"),
-    validation = Rule::new("self.schedulingPolicy == oldSelf.schedulingPolicy").message("schedulingPolicy is immutable"),
-    validation = Rule::new("has(self.schedulingConstraints) == has(oldSelf.schedulingConstraints) && (!has(self.schedulingConstraints) || self.schedulingConstraints == oldSelf.schedulingConstraints)").message("schedulingConstraints is immutable"),
-    validation = Rule::new("has(self.disruptionMode) == has(oldSelf.disruptionMode) && (!has(self.disruptionMode) || self.disruptionMode == oldSelf.disruptionMode)").message("disruptionMode is immutable")
+    validation = Rule::new("self.schedulingPolicy == oldSelf.schedulingPolicy").message("field is immutable").field_path(".schedulingPolicy"),
+    validation = Rule::new("has(self.schedulingConstraints) == has(oldSelf.schedulingConstraints) && (!has(self.schedulingConstraints) || self.schedulingConstraints == oldSelf.schedulingConstraints)").message("field is immutable").field_path(".schedulingConstraints"),
+    validation = Rule::new("has(self.disruptionMode) == has(oldSelf.disruptionMode) && (!has(self.disruptionMode) || self.disruptionMode == oldSelf.disruptionMode)").message("field is immutable").field_path(".disruptionMode")
 )]
 pub struct CompositePodGroupTemplate {
     /// Name of the template (a DNS label), unique across the whole tree.
@@ -317,17 +317,17 @@ pub struct AdmissionPlan {
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = Rule::new("!has(self.schedulingPolicy.gang) || has(self.schedulingPolicy.gang.minCount)").message("schedulingPolicy.gang.minCount: Required value"),
-    validation = Rule::new("!has(self.parentCompositePodGroupName) || has(self.workloadRef)").message("parentCompositePodGroupName requires workloadRef"),
-    validation = Rule::new("has(self.schedulingPolicy.gang) == has(oldSelf.schedulingPolicy.gang)").message("schedulingPolicy: the policy variant (basic or gang) is immutable"),
-    validation = Rule::new("has(self.parentCompositePodGroupName) == has(oldSelf.parentCompositePodGroupName) && (!has(self.parentCompositePodGroupName) || self.parentCompositePodGroupName == oldSelf.parentCompositePodGroupName)").message("parentCompositePodGroupName is immutable"),
-    validation = Rule::new("has(self.workloadRef) == has(oldSelf.workloadRef) && (!has(self.workloadRef) || self.workloadRef == oldSelf.workloadRef)").message("workloadRef is immutable"),
-    validation = Rule::new("has(self.schedulingConstraints) == has(oldSelf.schedulingConstraints) && (!has(self.schedulingConstraints) || self.schedulingConstraints == oldSelf.schedulingConstraints)").message("schedulingConstraints is immutable"),
-    validation = Rule::new("has(self.resourceClaims) == has(oldSelf.resourceClaims) && (!has(self.resourceClaims) || self.resourceClaims == oldSelf.resourceClaims)").message("resourceClaims is immutable"),
-    validation = Rule::new("self.disruptionMode == oldSelf.disruptionMode").message("disruptionMode is immutable"),
-    validation = Rule::new("has(self.priorityClassName) == has(oldSelf.priorityClassName) && (!has(self.priorityClassName) || self.priorityClassName == oldSelf.priorityClassName)").message("priorityClassName is immutable"),
-    validation = Rule::new("has(self.priority) == has(oldSelf.priority) && (!has(self.priority) || self.priority == oldSelf.priority)").message("priority is immutable"),
-    validation = Rule::new("has(self.preemptionPolicy) == has(oldSelf.preemptionPolicy) && (!has(self.preemptionPolicy) || self.preemptionPolicy == oldSelf.preemptionPolicy)").message("preemptionPolicy is immutable")
+    validation = Rule::new("!has(self.schedulingPolicy.gang) || has(self.schedulingPolicy.gang.minCount)").message("required in a compiled template").field_path(".schedulingPolicy.gang.minCount").reason(Reason::FieldValueRequired),
+    validation = Rule::new("!has(self.parentCompositePodGroupName) || has(self.workloadRef)").message("required when parentCompositePodGroupName is set").field_path(".workloadRef").reason(Reason::FieldValueRequired),
+    validation = Rule::new("has(self.schedulingPolicy.gang) == has(oldSelf.schedulingPolicy.gang)").message("field is immutable: the policy may not change between `basic` and `gang`").field_path(".schedulingPolicy"),
+    validation = Rule::new("has(self.parentCompositePodGroupName) == has(oldSelf.parentCompositePodGroupName) && (!has(self.parentCompositePodGroupName) || self.parentCompositePodGroupName == oldSelf.parentCompositePodGroupName)").message("field is immutable").field_path(".parentCompositePodGroupName"),
+    validation = Rule::new("has(self.workloadRef) == has(oldSelf.workloadRef) && (!has(self.workloadRef) || self.workloadRef == oldSelf.workloadRef)").message("field is immutable").field_path(".workloadRef"),
+    validation = Rule::new("has(self.schedulingConstraints) == has(oldSelf.schedulingConstraints) && (!has(self.schedulingConstraints) || self.schedulingConstraints == oldSelf.schedulingConstraints)").message("field is immutable").field_path(".schedulingConstraints"),
+    validation = Rule::new("has(self.resourceClaims) == has(oldSelf.resourceClaims) && (!has(self.resourceClaims) || self.resourceClaims == oldSelf.resourceClaims)").message("field is immutable").field_path(".resourceClaims"),
+    validation = Rule::new("self.disruptionMode == oldSelf.disruptionMode").message("field is immutable").field_path(".disruptionMode"),
+    validation = Rule::new("has(self.priorityClassName) == has(oldSelf.priorityClassName) && (!has(self.priorityClassName) || self.priorityClassName == oldSelf.priorityClassName)").message("field is immutable").field_path(".priorityClassName"),
+    validation = Rule::new("has(self.priority) == has(oldSelf.priority) && (!has(self.priority) || self.priority == oldSelf.priority)").message("field is immutable").field_path(".priority"),
+    validation = Rule::new("has(self.preemptionPolicy) == has(oldSelf.preemptionPolicy) && (!has(self.preemptionPolicy) || self.preemptionPolicy == oldSelf.preemptionPolicy)").message("field is immutable").field_path(".preemptionPolicy")
 )]
 pub struct PodGroupSpec {
     /// The CompositePodGroup this group belongs to; unset for a root group.
@@ -441,7 +441,7 @@ pub struct PodGroupStatus {
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = Rule::new("!has(self.schedulingPolicy.gang) || has(self.schedulingPolicy.gang.minGroupCount)").message("schedulingPolicy.gang.minGroupCount: Required value"),
+    validation = Rule::new("!has(self.schedulingPolicy.gang) || has(self.schedulingPolicy.gang.minGroupCount)").message("required in a compiled template").field_path(".schedulingPolicy.gang.minGroupCount").reason(Reason::FieldValueRequired),
     validation = Rule::new("self == oldSelf").message("the spec of a CompositePodGroup is immutable")
 )]
 pub struct CompositePodGroupSpec {

@@ -328,3 +328,87 @@ async fn with_muster_stopped_only_opted_in_objects_are_refused() {
     assert_eq!(gates(&gated), [ADMISSION_GATE]);
     apply(&ns.name, &job).expect("admitted again");
 }
+
+/// The objects muster compiles keep their frozen fields against hand edits too (only
+/// `minCount` may change), reported at the field, and hand-written ones get the same rules.
+#[tokio::test]
+async fn compiled_workloads_and_podgroups_refuse_changes_to_frozen_fields() {
+    let _muster = muster().await;
+    let ns = namespace("webhook-compiled");
+    let job = job_manifest(
+        "MusterJob",
+        "compiled",
+        &json!({"scheduling": {"schedulingPolicy": {"gang": {"minCount": 2}}},
+            "template": {"spec": {"nodeSelector": {"muster.dev/e2e": "nowhere"}}}}),
+    );
+    apply(&ns.name, &job).unwrap();
+    crate::harness::wait_for("PodGroup compiled", std::time::Duration::from_secs(30), || async {
+        cluster().kubectl(&["-n", &ns.name, "get", "podgroups.scheduling.muster.dev", "compiled"]).ok()
+    })
+    .await;
+    let patch = |resource: &str, p: Value| {
+        cluster().kubectl(&[
+            "-n",
+            &ns.name,
+            "patch",
+            resource,
+            "compiled",
+            "--type=merge",
+            "--dry-run=server",
+            "-p",
+            &p.to_string(),
+        ])
+    };
+    let cases: Vec<(&str, &str, Value, &[&str])> = vec![
+        ("min_count", "mpg", json!({"spec": {"schedulingPolicy": {"gang": {"minCount": 1}}}}), &[]),
+        ("mode", "mpg", json!({"spec": {"disruptionMode": {"single": null, "all": {}}}}), &["spec.disruptionMode"]),
+        (
+            "policy",
+            "mpg",
+            json!({"spec": {"schedulingPolicy": {"gang": null, "basic": {}}}}),
+            &["spec.schedulingPolicy"],
+        ),
+        ("workload_ref", "mpg", json!({"spec": {"workloadRef": {"templateName": "other"}}}), &["spec.workloadRef"]),
+        (
+            "template_mode",
+            "mwl",
+            json!({"spec": {"podGroupTemplates": [{"name": "main", "schedulingPolicy": {"gang": {"minCount": 2}}, "disruptionMode": {"all": {}}}]}}),
+            &["spec.podGroupTemplates[0].disruptionMode"],
+        ),
+        (
+            "template_renamed",
+            "mwl",
+            json!({"spec": {"podGroupTemplates": [{"name": "other", "schedulingPolicy": {"gang": {"minCount": 2}}}]}}),
+            &["spec.podGroupTemplates"],
+        ),
+        ("controller_ref", "mwl", json!({"spec": {"controllerRef": {"name": "other"}}}), &["spec.controllerRef"]),
+    ];
+    let mut failures = Vec::new();
+    for (name, resource, p, want) in cases {
+        let got = match patch(resource, p) {
+            Ok(_) => BTreeSet::new(),
+            Err(e) => error_paths(&e),
+        };
+        if got != path_set(want) {
+            failures.push(format!("{name}: want {want:?}, got {got:?}"));
+        }
+    }
+    let hand = json!({"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": "PodGroup", "metadata": {"name": "hand"},
+        "spec": {"parentCompositePodGroupName": "x", "schedulingPolicy": {"gang": {}}}});
+    failures.extend(expect(
+        "hand_written_podgroup",
+        &ns.name,
+        &hand,
+        &["spec.schedulingPolicy.gang.minCount", "spec.workloadRef"],
+    ));
+    let dup = json!({"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": "Workload", "metadata": {"name": "dup"},
+        "spec": {"compositePodGroupTemplates": [{"name": "a", "schedulingPolicy": {"basic": {}},
+            "podGroupTemplates": [{"name": "a", "schedulingPolicy": {"basic": {}}}]}]}});
+    failures.extend(expect(
+        "template_names_unique_across_the_tree",
+        &ns.name,
+        &dup,
+        &["spec.compositePodGroupTemplates[0].podGroupTemplates[0].name"],
+    ));
+    assert!(failures.is_empty(), "{} case(s) differ:\n{}", failures.len(), failures.join("\n"));
+}
