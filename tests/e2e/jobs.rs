@@ -692,11 +692,11 @@ spec:
     );
     wait_counts(&a, "frozen", (2, 2, 2)).await;
     let generation = |j: &MusterJob| j.metadata.generation;
-    let patch = |p: &str| ["-n", &ns.name, "patch", "musterjob", "frozen", "--type=merge", "-p", p].map(String::from);
+    let patch = |p: &'static str| ["-n", ns.name.as_str(), "patch", "musterjob", "frozen", "--type=merge", "-p", p];
 
     let webhook_away = muster.without_validating_webhook().await;
     let args = patch(r#"{"spec":{"template":{"metadata":{"labels":{"version":"2"}}}}}"#);
-    webhook_away.write(&args.iter().map(String::as_str).collect::<Vec<_>>(), None).await;
+    webhook_away.write(&args, None).await;
     let job = wait_for("frozen Invalid", SHORT, || async {
         let j = a.jobs.get("frozen").await.ok()?;
         let invalid = condition(&j.status.as_ref()?.conditions, "Invalid")?.status == "True";
@@ -717,7 +717,7 @@ spec:
 
     // An allowed change is seen (observedGeneration moves) but not acted on.
     let args = patch(r#"{"spec":{"parallelism":3}}"#);
-    kubectl(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    kubectl(&args);
     wait_for("the parallelism change observed", SHORT, || async {
         let j = a.jobs.get("frozen").await.ok()?;
         (j.status.as_ref()?.observed_generation == generation(&j) && generation(&job) < generation(&j)).then_some(())
@@ -727,7 +727,7 @@ spec:
 
     // Reverting the frozen field (the webhook would refuse that too) brings the job back.
     let args = patch(r#"{"spec":{"template":{"metadata":{"labels":{"version":null}}}}}"#);
-    webhook_away.write(&args.iter().map(String::as_str).collect::<Vec<_>>(), None).await;
+    webhook_away.write(&args, None).await;
     webhook_away.restore().await;
     wait_counts(&a, "frozen", (3, 3, 3)).await;
     let status = a.jobs.get("frozen").await.unwrap().status.unwrap();
