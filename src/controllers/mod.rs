@@ -93,6 +93,25 @@ pub async fn apply_headless_service(
     Ok(())
 }
 
+/// The priority of a group, resolved once when it is created (the field is immutable): the
+/// value of PriorityClass `class`, or of the cluster's global default class when none is
+/// named; `None` when neither exists (priority 0, as for pods).
+pub async fn resolve_priority(client: &Client, class: Option<&str>) -> context::Result<Option<i32>> {
+    use k8s_openapi::api::scheduling::v1::PriorityClass;
+    let api = Api::<PriorityClass>::all(client.clone());
+    match class {
+        Some(name) => Ok(api.get_opt(name).await?.and_then(|c| c.value)),
+        None => Ok(api
+            .list(&kube::api::ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|c| c.global_default == Some(true))
+            .filter_map(|c| c.value)
+            .max()),
+    }
+}
+
 /// How the manager runs.
 #[derive(Clone, Debug)]
 pub struct ManagerOptions {

@@ -152,7 +152,9 @@ async fn ensure_groups(job: &MusterJob, ctx: &Context) -> Result<std::result::Re
     let uid = owner.uid.clone();
     let pgs = Api::<PodGroup>::namespaced(ctx.client.clone(), &ns);
     let hashes = frozen_hashes(job)?;
-    if let Some(existing) = pgs.get_opt(&name).await? {
+    let existing = pgs.get_opt(&name).await?;
+    let existing_priority = existing.as_ref().map(|e| e.spec.priority);
+    if let Some(existing) = existing {
         if controller_uid(&existing.metadata) != Some(uid.as_str()) {
             return Ok(Err((
                 "NameConflict",
@@ -206,6 +208,10 @@ async fn ensure_groups(job: &MusterJob, ctx: &Context) -> Result<std::result::Re
         (builder, name.clone(), JOB_TEMPLATE_NAME.to_string(), None, workload_owner)
     };
     let mut pg = builder.new_pod_group(&name, &template)?;
+    pg.spec.priority = match existing_priority {
+        Some(p) => p,
+        None => super::resolve_priority(&ctx.client, pg.spec.priority_class_name.as_deref()).await?,
+    };
     pg.spec.parent_composite_pod_group_name = parent;
     // A root job's PodGroup is also owned by its Workload (as upstream's Job controller does).
     pg.metadata.owner_references.get_or_insert_with(Vec::new).extend(workload_owner);

@@ -81,12 +81,27 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>
     if let Some(item) = jobset_item(&set.spec) {
         let builder = Builder::new(item, build_options(&name, &ns, Some(owner.clone())));
         let workload = builder.build_workload()?.clone();
-        let cpg = builder.new_composite_pod_group(&name, &root_template_name(&set.spec))?;
+        let mut cpg = builder.new_composite_pod_group(&name, &root_template_name(&set.spec))?;
         let wls = Api::<Workload>::namespaced(ctx.client.clone(), &ns);
         let cpgs = Api::<CompositePodGroup>::namespaced(ctx.client.clone(), &ns);
+        let existing_cpg = cpgs.get_opt(&name).await?;
+        // The set is admitted as one root: it ranks by the highest priority among its pods'
+        // classes, fixed when the CompositePodGroup is made (the field is immutable).
+        cpg.spec.priority = match &existing_cpg {
+            Some(c) => c.spec.priority,
+            None => {
+                let mut best = None;
+                for rjob in &set.spec.replicated_jobs {
+                    let class =
+                        rjob.template.spec.template.spec.as_ref().and_then(|s| s.priority_class_name.as_deref());
+                    best = best.max(super::resolve_priority(&ctx.client, class).await?);
+                }
+                best
+            }
+        };
         for (kind, existing) in [
             ("Workload", wls.get_opt(&name).await?.map(|w| w.metadata)),
-            ("CompositePodGroup", cpgs.get_opt(&name).await?.map(|c| c.metadata)),
+            ("CompositePodGroup", existing_cpg.map(|c| c.metadata)),
         ] {
             if let Some(meta) = existing
                 && controller_uid(&meta) != Some(uid.as_str())
