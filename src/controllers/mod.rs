@@ -95,21 +95,22 @@ pub async fn apply_headless_service(
 
 /// The priority of a group, resolved once when it is created (the field is immutable): the
 /// value of PriorityClass `class`, or of the cluster's global default class when none is
-/// named; `None` when neither exists (priority 0, as for pods).
-pub async fn resolve_priority(client: &Client, class: Option<&str>) -> context::Result<Option<i32>> {
+/// named, else 0 (as pod admission and upstream's PodGroup admission do).
+pub async fn resolve_priority(client: &Client, class: Option<&str>) -> context::Result<i32> {
     use k8s_openapi::api::scheduling::v1::PriorityClass;
     let api = Api::<PriorityClass>::all(client.clone());
-    match class {
-        Some(name) => Ok(api.get_opt(name).await?.and_then(|c| c.value)),
-        None => Ok(api
+    let value = match class {
+        Some(name) => api.get_opt(name).await?.and_then(|c| c.value),
+        None => api
             .list(&kube::api::ListParams::default())
             .await?
             .items
             .into_iter()
             .filter(|c| c.global_default == Some(true))
             .filter_map(|c| c.value)
-            .max()),
-    }
+            .max(),
+    };
+    Ok(value.unwrap_or(0))
 }
 
 /// How the manager runs.

@@ -17,10 +17,6 @@ use crate::harness::{client, cluster, namespace, wait_for};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Upstream's PodGroup gets `spec.priority` from the Priority admission plugin (0 without a
-/// class); muster's PodGroup is a custom resource no admission plugin fills in, so it has none.
-const PODGROUP_PRIORITY_SET_BY_ADMISSION: &str = "PODGROUP_PRIORITY_SET_BY_ADMISSION";
-
 fn native(kind: &str) -> ApiResource {
     ApiResource::from_gvk(&GroupVersionKind::gvk("scheduling.k8s.io", "v1beta1", kind))
 }
@@ -57,15 +53,14 @@ fn workload_content(w: &DynamicObject) -> Value {
     spec
 }
 
-/// A PodGroup's spec without its workloadRef (names) and, upstream, the admission-set priority.
-fn pod_group_content(g: &DynamicObject, upstream: bool) -> Value {
+/// A PodGroup's spec without its workloadRef (names). The priority stays: upstream's Priority
+/// admission plugin resolves it from the class (0 without one), and muster's job controller
+/// resolves it the same way when it creates the PodGroup.
+fn pod_group_content(g: &DynamicObject) -> Value {
     let mut spec = g.data["spec"].clone();
     drop_nulls(&mut spec);
     if let Some(m) = spec.as_object_mut() {
         m.remove("workloadRef");
-        if upstream {
-            m.remove("priority");
-        }
     }
     spec
 }
@@ -155,14 +150,13 @@ async fn jobs_and_musterjobs_compile_to_the_same_workload_and_podgroup() {
         if u != m {
             differences.push(format!("{name}: Workload spec\n  upstream {u}\n  muster   {m}"));
         }
-        let (u, m) = (pod_group_content(&upg, true), pod_group_content(&mpg, false));
+        let (u, m) = (pod_group_content(&upg), pod_group_content(&mpg));
         if u != m {
             differences.push(format!("{name}: PodGroup spec\n  upstream {u}\n  muster   {m}"));
         }
-        // PODGROUP_PRIORITY_SET_BY_ADMISSION, checked rather than ignored.
         let want = if name == "priority-class" { 1000 } else { 0 };
-        assert_eq!(upg.data["spec"]["priority"], json!(want), "{PODGROUP_PRIORITY_SET_BY_ADMISSION}: {name}");
-        assert_eq!(mpg.data["spec"].get("priority"), None, "{PODGROUP_PRIORITY_SET_BY_ADMISSION}: {name}");
+        assert_eq!(upg.data["spec"]["priority"], json!(want), "upstream priority: {name}");
+        assert_eq!(mpg.data["spec"]["priority"], json!(want), "muster priority: {name}");
     }
     assert!(differences.is_empty(), "{} difference(s):\n{}", differences.len(), differences.join("\n"));
 }

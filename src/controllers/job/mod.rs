@@ -210,7 +210,7 @@ async fn ensure_groups(job: &MusterJob, ctx: &Context) -> Result<std::result::Re
     let mut pg = builder.new_pod_group(&name, &template)?;
     pg.spec.priority = match existing_priority {
         Some(p) => p,
-        None => super::resolve_priority(&ctx.client, pg.spec.priority_class_name.as_deref()).await?,
+        None => Some(super::resolve_priority(&ctx.client, pg.spec.priority_class_name.as_deref()).await?),
     };
     pg.spec.parent_composite_pod_group_name = parent;
     // A root job's PodGroup is also owned by its Workload (as upstream's Job controller does).

@@ -94,7 +94,7 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>
                 for rjob in &set.spec.replicated_jobs {
                     let class =
                         rjob.template.spec.template.spec.as_ref().and_then(|s| s.priority_class_name.as_deref());
-                    best = best.max(super::resolve_priority(&ctx.client, class).await?);
+                    best = best.max(Some(super::resolve_priority(&ctx.client, class).await?));
                 }
                 best
             }
