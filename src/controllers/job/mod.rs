@@ -111,7 +111,7 @@ fn is_child(job: &MusterJob) -> bool {
 }
 
 fn owner_ref(job: &MusterJob) -> Result<OwnerReference> {
-    job.controller_owner_ref(&()).ok_or_else(|| Error::Missing("the MusterJob has no uid yet".into()))
+    super::controller_ref(job).ok_or_else(|| Error::Missing("the MusterJob has no uid yet".into()))
 }
 
 /// Hashes of the fields frozen after creation, as `part=hash` pairs.

@@ -8,7 +8,6 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::Resource;
 
 use crate::controllers::conditions;
 use crate::crds::batch::{CompletionMode, JobPhase, MusterJob, MusterJobSpec, MusterJobStatus};
@@ -423,7 +422,7 @@ pub fn new_pod(job: &MusterJob, new: &NewPod, pod_group: &str, subdomain: Option
             namespace: job.metadata.namespace.clone(),
             labels: Some(labels),
             annotations: Some(annotations),
-            owner_references: job.controller_owner_ref(&()).map(|o| vec![o]),
+            owner_references: crate::controllers::controller_ref(job).map(|o| vec![o]),
             finalizers: tmeta.finalizers,
             ..Default::default()
         },

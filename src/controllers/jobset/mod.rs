@@ -73,8 +73,7 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>
     }
     let ns = set.namespace().unwrap_or_default();
     let name = set.name_any();
-    let owner =
-        set.controller_owner_ref(&()).ok_or_else(|| Error::Missing("the MusterJobSet has no uid yet".into()))?;
+    let owner = super::controller_ref(set).ok_or_else(|| Error::Missing("the MusterJobSet has no uid yet".into()))?;
     let uid = owner.uid.clone();
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let (mut workload_name, mut cpg_name) = (None, None);

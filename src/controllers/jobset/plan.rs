@@ -5,7 +5,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
-use kube::Resource;
 
 use crate::controllers::conditions;
 use crate::crds::batch::{
@@ -315,7 +314,7 @@ pub fn child_job(set: &MusterJobSet, r: usize, i: i32, attempt: i32) -> Option<M
             namespace: set.metadata.namespace.clone(),
             labels: Some(labels),
             annotations: Some(annotations),
-            owner_references: set.controller_owner_ref(&()).map(|o| vec![o]),
+            owner_references: crate::controllers::controller_ref(set).map(|o| vec![o]),
             ..Default::default()
         },
         spec,
