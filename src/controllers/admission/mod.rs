@@ -482,7 +482,9 @@ impl Admitter {
             created_at: Some(Time(now)),
             pods: decision.plan.iter().map(PlannedPod::from).collect(),
         };
-        self.write_plan(&ns, &root, composite, Some(&plan)).await?;
+        if !self.write_plan(&ns, &root, composite, Some(&plan)).await? {
+            return Ok(()); // the group was deleted meanwhile: nothing to admit
+        }
         plan.state = PlanState::Committing;
         self.write_plan(&ns, &root, composite, Some(&plan)).await?;
         let by_uid: HashMap<&str, &Pod> =
@@ -555,25 +557,28 @@ impl Admitter {
         Ok(())
     }
 
-    async fn write_plan(&self, ns: &str, name: &str, composite: bool, plan: Option<&AdmissionPlan>) -> Result<()> {
-        let (api_version, kind) = if composite {
-            ("scheduling.muster.dev/v1alpha1", "CompositePodGroup")
-        } else {
-            ("scheduling.muster.dev/v1alpha1", "PodGroup")
-        };
+    /// Writes (or clears) a root's plan. Returns false when the group is gone.
+    async fn write_plan(&self, ns: &str, name: &str, composite: bool, plan: Option<&AdmissionPlan>) -> Result<bool> {
+        let kind = if composite { "CompositePodGroup" } else { "PodGroup" };
         // A merge patch of status.plan alone: the rest of the status is written on its own.
-        let body = json!({"apiVersion": api_version, "kind": kind, "status": {"plan": plan}});
+        let body = json!({"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": kind, "status": {"plan": plan}});
         let params = PatchParams::default();
-        if composite {
+        let result = if composite {
             Api::<CompositePodGroup>::namespaced(self.ctx.client.clone(), ns)
                 .patch_status(name, &params, &Patch::Merge(&body))
-                .await?;
+                .await
+                .map(|_| ())
         } else {
             Api::<PodGroup>::namespaced(self.ctx.client.clone(), ns)
                 .patch_status(name, &params, &Patch::Merge(&body))
-                .await?;
+                .await
+                .map(|_| ())
+        };
+        match result {
+            Ok(()) => Ok(true),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+            Err(e) => Err(e.into()),
         }
-        Ok(())
     }
 
     /// Follows a recorded plan: resumes a commit cut short, drops a plan no pod saw, and fails
