@@ -20,7 +20,8 @@ ours() { # pid -> is it a component process started for this folder?
   cmd=$(tr '\0' ' ' < "/proc/$pid/cmdline" 2> /dev/null) || return 1
   local exe=${cmd%% *}
   case "${exe##*/}" in
-    etcd | kube-apiserver | kube-scheduler | kube-controller-manager | kwok)
+    # prometheus: hack/prometheus.sh started with a folder inside this one (the e2e tests do).
+    etcd | kube-apiserver | kube-scheduler | kube-controller-manager | kwok | prometheus)
       [[ " $cmd" == *" $dir/"* || "$cmd" == *"=$dir/"* ]] ;;
     # Its kubeconfig may live elsewhere (MUSTER_E2E_MUSTER_KUBECONFIG): the harness marks it
     # with MUSTER_CLUSTER_DIR in its environment instead.

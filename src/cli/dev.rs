@@ -1,8 +1,9 @@
 //! `muster dev`: tools for the local development cluster (`hack/cluster-up.sh`), not for production.
 //! `muster dev add-nodes` creates fake GPU nodes that kwok keeps Ready; the e2e harness calls
 //! [`add_nodes`] directly. The node shape is built by the pure [`fake_node`]; only [`add_nodes`]
-//! talks to the cluster.
+//! talks to the cluster. `muster dev fake-dcgm-exporter` ([`dcgm`]) reports their GPU health.
 
+pub mod dcgm;
 pub mod demo;
 pub mod topology;
 
@@ -65,6 +66,8 @@ pub struct Args {
 enum DevCommand {
     /// Create or update fake GPU nodes managed by kwok (server-side apply: safe to repeat).
     AddNodes(AddNodesArgs),
+    /// Serve DCGM exporter metrics (temperature, memory, utilization) for fake GPU nodes.
+    FakeDcgmExporter(dcgm::Args),
     /// Check what `make demo` promises (gangs admitted, the oversize one explained, GPU
     /// indices disjoint); exit 0 only when all of it holds.
     DemoCheck(DemoCheckArgs),
@@ -336,6 +339,7 @@ pub fn run(args: Args) -> ExitCode {
     let args = match args.command {
         DevCommand::AddNodes(args) => args,
         DevCommand::DemoCheck(args) => return run_demo_check(args),
+        DevCommand::FakeDcgmExporter(args) => return dcgm::run(args),
     };
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
