@@ -279,6 +279,23 @@ fn finished(pod: &Pod) -> bool {
     matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
 }
 
+/// Counts a pod just pinned by `planned` in the snapshot (resources and GPU indices), so the
+/// roots planned later in the same cycle see the capacity taken.
+fn reserve(snapshot: &mut Snapshot, pod: &Pod, planned: &PlannedPod) {
+    let mut admitted = pod.clone();
+    if let Some(spec) = admitted.spec.as_mut() {
+        spec.node_selector.get_or_insert_with(BTreeMap::new).insert(HOSTNAME_LABEL.into(), planned.hostname.clone());
+        spec.scheduling_gates = None;
+    }
+    snapshot.add_pod(&admitted);
+    if let Some(mask) = planned.gpu_indices.as_deref().and_then(indices_mask)
+        && let Some(node) = snapshot.node(&planned.node)
+    {
+        let used = node.gpu_used | mask;
+        snapshot.set_gpu_used(&planned.node, used);
+    }
+}
+
 impl Admitter {
     fn place_options(&self) -> PlaceOptions {
         let scoring = match self.ctx.config.placement {
@@ -314,7 +331,7 @@ impl Admitter {
             if let Some(plan) = pg.status.as_ref().and_then(|s| s.plan.clone()) {
                 let key = key_of(&pg.namespace().unwrap_or_default(), &pg.name_any());
                 busy.insert(key.clone());
-                if let Some(t) = self.follow_plan(&key, GroupRef::Leaf(pg), &plan, &by_group).await? {
+                if let Some(t) = self.follow_plan(&key, GroupRef::Leaf(pg), &plan, &by_group, &mut snapshot).await? {
                     soonest(t);
                 }
             }
@@ -323,7 +340,9 @@ impl Admitter {
             if let Some(plan) = cpg.status.as_ref().and_then(|s| s.plan.clone()) {
                 let key = key_of(&cpg.namespace().unwrap_or_default(), &cpg.name_any());
                 busy.insert(key.clone());
-                if let Some(t) = self.follow_plan(&key, GroupRef::Composite(cpg), &plan, &by_group).await? {
+                if let Some(t) =
+                    self.follow_plan(&key, GroupRef::Composite(cpg), &plan, &by_group, &mut snapshot).await?
+                {
                     soonest(t);
                 }
             }
@@ -492,21 +511,7 @@ impl Admitter {
         for planned in &plan.pods {
             let Some(pod) = by_uid.get(planned.uid.as_str()) else { continue };
             self.patch_pod(&ns, pod, planned).await?;
-            // Count it at once so the next root in this cycle sees the capacity taken.
-            let mut admitted = (*pod).clone();
-            if let Some(spec) = admitted.spec.as_mut() {
-                spec.node_selector
-                    .get_or_insert_with(BTreeMap::new)
-                    .insert(HOSTNAME_LABEL.into(), planned.hostname.clone());
-                spec.scheduling_gates = None;
-            }
-            snapshot.add_pod(&admitted);
-            if let Some(mask) = planned.gpu_indices.as_deref().and_then(indices_mask)
-                && let Some(node) = snapshot.node(&planned.node)
-            {
-                let used = node.gpu_used | mask;
-                snapshot.set_gpu_used(&planned.node, used);
-            }
+            reserve(snapshot, pod, planned);
         }
         plan.state = PlanState::Admitted;
         self.write_plan(&ns, &root, composite, Some(&plan)).await?;
@@ -589,6 +594,7 @@ impl Admitter {
         group: GroupRef<'_>,
         plan: &AdmissionPlan,
         by_group: &HashMap<RootKey, Vec<&Pod>>,
+        snapshot: &mut Snapshot,
     ) -> Result<Option<Instant>> {
         let (ns, root) = (&key.0, &key.1);
         let composite = matches!(group, GroupRef::Composite(_));
@@ -614,6 +620,8 @@ impl Admitter {
                 for (planned, pod) in &live {
                     if is_gated(pod) {
                         self.patch_pod(ns, pod, planned).await?;
+                        // The snapshot saw it gated: count it before other roots are planned.
+                        reserve(snapshot, pod, planned);
                     }
                 }
                 let mut done = plan.clone();
