@@ -6,8 +6,14 @@
 //! this test process is gone, whether it exited, a test panicked, or it was killed.
 //! Each test takes its own namespace from [`namespace`], deleted when the guard drops.
 //! muster itself is started on first use too ([`manager::muster`]).
+//! A test that needs muster configured otherwise runs [`extra::extra_muster`] in its place; GPU
+//! health comes from a fake DCGM exporter and a real Prometheus ([`dcgm::gpu_metrics`]).
 
-// Spelled out: tests/chart includes this file by path, which would look for it elsewhere.
+// Spelled out: tests/chart includes this file by path, which would look for them elsewhere.
+#[path = "harness/dcgm.rs"]
+pub mod dcgm;
+#[path = "harness/extra.rs"]
+pub mod extra;
 #[path = "harness/manager.rs"]
 pub mod manager;
 

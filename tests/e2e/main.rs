@@ -3,9 +3,12 @@
 //! with muster itself running against it.
 //! Run with `make e2e`; the cluster's logs stay in `target/e2e-cluster-<pid>/logs`.
 
+mod admission;
 mod cases;
 mod controlplane;
 mod differential;
+mod gangs;
+mod gpus;
 mod harness;
 mod jobs;
 mod webhook;

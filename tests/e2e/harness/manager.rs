@@ -220,7 +220,7 @@ async fn ensure_running() -> Endpoints {
     panic!("muster did not start: {last}");
 }
 
-fn free_port() -> u16 {
+pub(super) fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     listener.local_addr().expect("local address").port()
 }
@@ -268,7 +268,7 @@ async fn start() -> Result<Running, String> {
         .spawn()
         .map_err(|e| format!("cannot run muster: {e}"))?;
     let _ = std::fs::write(pid_file(), child.id().to_string());
-    match wait_ready(&mut child, &endpoints, &identity).await {
+    match wait_ready(&mut child, &endpoints, NAMESPACE, &identity).await {
         Ok(()) => {
             eprintln!(
                 "e2e: muster #{n} ready in {:.1}s (metrics http://{}, webhook https://{}, log {})",
@@ -289,7 +289,7 @@ async fn start() -> Result<Running, String> {
     }
 }
 
-async fn terminate(child: &mut Child) {
+pub(super) async fn terminate(child: &mut Child) {
     let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
     let deadline = Instant::now() + Duration::from_secs(15);
     while Instant::now() < deadline {
@@ -306,7 +306,12 @@ async fn terminate(child: &mut Child) {
 /// webhook configurations point at this instance with a CA bundle, and the apiserver really
 /// calls both webhooks (a labelled pod comes back gated, a job only the webhook refuses is
 /// refused).
-async fn wait_ready(child: &mut Child, endpoints: &Endpoints, identity: &str) -> Result<(), String> {
+pub(super) async fn wait_ready(
+    child: &mut Child,
+    endpoints: &Endpoints,
+    namespace: &str,
+    identity: &str,
+) -> Result<(), String> {
     let deadline = Instant::now() + START_TIMEOUT;
     let client = client().await;
     let url = format!("https://{}", endpoints.webhook);
@@ -318,7 +323,7 @@ async fn wait_ready(child: &mut Child, endpoints: &Endpoints, identity: &str) ->
         if Instant::now() > deadline {
             return Err(format!("timed out after {START_TIMEOUT:?} waiting for {waiting_for}"));
         }
-        match ready_step(&client, endpoints, identity, &url).await {
+        match ready_step(&client, endpoints, namespace, identity, &url).await {
             Ok(()) => return Ok(()),
             Err(what) => waiting_for = what,
         }
@@ -329,6 +334,7 @@ async fn wait_ready(child: &mut Child, endpoints: &Endpoints, identity: &str) ->
 async fn ready_step(
     client: &kube::Client,
     endpoints: &Endpoints,
+    namespace: &str,
     identity: &str,
     url: &str,
 ) -> Result<(), &'static str> {
@@ -336,7 +342,7 @@ async fn ready_step(
     if !readyz.is_ok_and(|r| r.status().is_success()) {
         return Err("/readyz");
     }
-    let lease = Api::<Lease>::namespaced(client.clone(), NAMESPACE).get_opt(muster::controllers::LEASE_NAME).await;
+    let lease = Api::<Lease>::namespaced(client.clone(), namespace).get_opt(muster::controllers::LEASE_NAME).await;
     let holder = lease.ok().flatten().and_then(|l| l.spec?.holder_identity);
     if holder.as_deref() != Some(identity) {
         return Err("the leader Lease");
