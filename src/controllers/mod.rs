@@ -229,6 +229,14 @@ pub async fn run(client: Client, config: Config, opts: ManagerOptions) -> anyhow
     ));
     let ctx = Arc::new(Context::new(client.clone(), metrics.clone(), config.clone()));
     let mut shutdown = Box::pin(shutdown_signal());
+    // A graceful stop talks to the API server (lease release, in-flight reconciles); when it is
+    // unreachable that could hang, so a stop request ends the process after a grace period.
+    tokio::spawn(async {
+        shutdown_signal().await;
+        tokio::time::sleep(std::time::Duration::from_secs(15)).await;
+        tracing::error!("graceful shutdown took longer than 15s; exiting");
+        std::process::exit(1);
+    });
     let (webhook_stop, webhook_stop_rx) = oneshot::channel::<()>();
     let webhook = opts.webhook.clone().map(|w| {
         let client = client.clone();

@@ -78,7 +78,24 @@ struct Admitter {
     devices: DeviceReconciler,
     metrics_source: Option<PrometheusSource>,
     gpu_metrics: MetricsCache,
+    /// Writes not yet seen in the watch caches: a decision on a stale cache could plan a
+    /// gang twice or drop a plan it just wrote, so cycles wait until the caches catch up.
+    unseen: Unseen,
+    /// Unhealthy GPUs per node at the last cycle: a GPU cooling down frees capacity.
+    unhealthy: BTreeMap<String, u64>,
 }
+
+/// Writes of this process that the watch caches have not shown yet.
+#[derive(Default)]
+struct Unseen {
+    /// Root -> the plan (id and state) it was given, or `None` when it was cleared.
+    plans: HashMap<RootKey, (Option<(String, PlanState)>, Instant)>,
+    /// Pods ungated by a commit.
+    ungated: HashMap<String, Instant>,
+}
+
+/// How long to wait for the caches to show a write before deciding anyway.
+const CACHE_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn spawn_watch<K>(
     api: Api<K>,
@@ -206,6 +223,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         devices: DeviceReconciler::default(),
         metrics_source,
         gpu_metrics,
+        unseen: Unseen::default(),
+        unhealthy: BTreeMap::new(),
     };
     tracing::info!("admission caches ready");
     loop {
@@ -312,6 +331,9 @@ impl Admitter {
         let cpgs = state(&self.caches.composites);
         let pods = state(&self.caches.pods);
         let nodes = state(&self.caches.nodes);
+        if !self.caches_caught_up(&pgs, &cpgs, &pods) {
+            return Ok(Some(Instant::now() + Duration::from_millis(100)));
+        }
         let mut snapshot = Snapshot::from_cluster(&nodes, &pods);
         // GPUs: topology and health per node, then the ledger (the device pass first gives
         // indices to GPU pods bound without muster, so admission plans around them).
@@ -406,7 +428,38 @@ impl Admitter {
         // Forget roots that are gone.
         let live: HashSet<RootKey> = forest.trees.iter().map(|t| key_of(&t.namespace, t.root.name())).collect();
         self.roots.retain(|k, _| live.contains(k) || busy.contains(k));
+        if self.metrics_source.is_some() {
+            // GPU health changes arrive by polling, not by watch events.
+            soonest(Instant::now() + self.ctx.config.gpu_metrics_ttl);
+        }
         Ok(wake)
+    }
+
+    /// True when every write of ours shows in the caches (or waited long enough).
+    fn caches_caught_up(&mut self, pgs: &[PodGroup], cpgs: &[CompositePodGroup], pods: &[Pod]) -> bool {
+        let now = Instant::now();
+        // `None`: the group is gone (nothing to wait for); `Some(plan)`: its plan as cached.
+        let plan_of = |key: &RootKey| -> Option<Option<(String, PlanState)>> {
+            let same = |ns: Option<String>, name: String| ns.as_deref() == Some(key.0.as_str()) && name == key.1;
+            let plan = |p: Option<&AdmissionPlan>| p.map(|p| (p.id.clone(), p.state));
+            pgs.iter()
+                .find(|g| same(g.namespace(), g.name_any()))
+                .map(|g| plan(g.status.as_ref().and_then(|s| s.plan.as_ref())))
+                .or_else(|| {
+                    cpgs.iter()
+                        .find(|g| same(g.namespace(), g.name_any()))
+                        .map(|g| plan(g.status.as_ref().and_then(|s| s.plan.as_ref())))
+                })
+        };
+        self.unseen.plans.retain(|key, (want, at)| {
+            now.duration_since(*at) < CACHE_SYNC_TIMEOUT && plan_of(key).is_some_and(|cached| cached != *want)
+        });
+        let gated: HashSet<&str> =
+            pods.iter().filter(|p| is_gated(p)).filter_map(|p| p.metadata.uid.as_deref()).collect();
+        self.unseen
+            .ungated
+            .retain(|uid, at| now.duration_since(*at) < CACHE_SYNC_TIMEOUT && gated.contains(uid.as_str()));
+        self.unseen.plans.is_empty() && self.unseen.ungated.is_empty()
     }
 
     /// Each node's GPU model and health, refreshing the metrics cache when it is stale.
@@ -423,7 +476,15 @@ impl Admitter {
             min_free_memory_fraction: self.ctx.config.gpu_min_free_memory,
             ..HealthThresholds::default()
         };
-        node_gpus(nodes, &self.gpu_metrics, &thresholds, now)
+        let gpus = node_gpus(nodes, &self.gpu_metrics, &thresholds, now);
+        let unhealthy: BTreeMap<String, u64> =
+            gpus.iter().map(|(n, g)| (n.clone(), g.unhealthy().bits())).filter(|(_, m)| *m != 0).collect();
+        if unhealthy != self.unhealthy {
+            // Health changed: roots waiting in backoff may fit now (or no longer).
+            self.capacity.fetch_add(1, Ordering::Relaxed);
+            self.unhealthy = unhealthy;
+        }
+        gpus
     }
 
     async fn unschedulable(&mut self, key: &RootKey, tree: &GroupTree, decision: &Decision, capacity: u64) -> Instant {
@@ -548,7 +609,9 @@ impl Admitter {
         }
         let api = Api::<Pod>::namespaced(self.ctx.client.clone(), ns);
         match api.patch(&planned.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-            Ok(_) => {}
+            Ok(_) => {
+                self.unseen.ungated.insert(planned.uid.clone(), Instant::now());
+            }
             Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 || e.code == 422 => {
                 tracing::info!(pod = %planned.name, error = %e.message, "planned pod changed or is gone; skipped");
             }
@@ -563,7 +626,13 @@ impl Admitter {
     }
 
     /// Writes (or clears) a root's plan. Returns false when the group is gone.
-    async fn write_plan(&self, ns: &str, name: &str, composite: bool, plan: Option<&AdmissionPlan>) -> Result<bool> {
+    async fn write_plan(
+        &mut self,
+        ns: &str,
+        name: &str,
+        composite: bool,
+        plan: Option<&AdmissionPlan>,
+    ) -> Result<bool> {
         let kind = if composite { "CompositePodGroup" } else { "PodGroup" };
         // A merge patch of status.plan alone: the rest of the status is written on its own.
         let body = json!({"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": kind, "status": {"plan": plan}});
@@ -580,7 +649,11 @@ impl Admitter {
                 .map(|_| ())
         };
         match result {
-            Ok(()) => Ok(true),
+            Ok(()) => {
+                let want = plan.map(|p| (p.id.clone(), p.state));
+                self.unseen.plans.insert(key_of(ns, name), (want, Instant::now()));
+                Ok(true)
+            }
             Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
             Err(e) => Err(e.into()),
         }

@@ -12,6 +12,9 @@ use crate::devices::{ClusterMetrics, GpuMetrics, MetricsError, MetricsSource};
 /// The series muster reads.
 pub const SERIES: [&str; 4] =
     ["DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_UTIL"];
+/// When each temperature sample was scraped: an instant query's own timestamp is the query
+/// time, which would hide a stalled exporter from the staleness check.
+pub const SAMPLE_TIME: &str = "timestamp(DCGM_FI_DEV_GPU_TEMP)";
 
 /// Queries Prometheus's HTTP API.
 #[derive(Clone, Debug)]
@@ -77,6 +80,7 @@ struct Partial {
     used: Option<f64>,
     util: Option<f64>,
     at: f64,
+    sampled: Option<f64>,
 }
 
 /// Combines the four series into per-node, per-GPU metrics. Samples without a `Hostname` or a
@@ -99,6 +103,7 @@ pub fn combine(series: &[(&str, Vec<Sample>)]) -> ClusterMetrics {
                 "DCGM_FI_DEV_FB_FREE" => p.free = Some(v),
                 "DCGM_FI_DEV_FB_USED" => p.used = Some(v),
                 "DCGM_FI_DEV_GPU_UTIL" => p.util = Some(v),
+                SAMPLE_TIME => p.sampled = Some(v),
                 _ => {}
             }
         }
@@ -107,7 +112,7 @@ pub fn combine(series: &[(&str, Vec<Sample>)]) -> ClusterMetrics {
     for ((host, gpu), p) in parts {
         let (Some(temp), Some(free), Some(used)) = (p.temp, p.free, p.used) else { continue };
         let total = free + used;
-        let observed_at = SystemTime::UNIX_EPOCH + Duration::from_secs_f64(p.at.max(0.0));
+        let observed_at = SystemTime::UNIX_EPOCH + Duration::from_secs_f64(p.sampled.unwrap_or(p.at).max(0.0));
         let m = GpuMetrics {
             temperature_c: temp,
             memory_free_fraction: if total > 0.0 { free / total } else { 0.0 },
@@ -122,7 +127,7 @@ pub fn combine(series: &[(&str, Vec<Sample>)]) -> ClusterMetrics {
 impl MetricsSource for PrometheusSource {
     async fn snapshot(&self) -> Result<ClusterMetrics, MetricsError> {
         let mut series = Vec::new();
-        for name in SERIES {
+        for name in SERIES.into_iter().chain([SAMPLE_TIME]) {
             series.push((name, self.query(name).await?));
         }
         Ok(combine(&series))
@@ -150,6 +155,7 @@ mod tests {
             ("DCGM_FI_DEV_FB_FREE", vec![sample("n1", "0", 100.0, "60000"), sample("n1", "1", 100.0, "1000")]),
             ("DCGM_FI_DEV_FB_USED", vec![sample("n1", "0", 100.0, "20000"), sample("n1", "1", 100.0, "79000")]),
             ("DCGM_FI_DEV_GPU_UTIL", vec![sample("n1", "0", 100.0, "50")]),
+            (SAMPLE_TIME, vec![sample("n1", "1", 100.0, "40")]),
         ]);
         let g0 = m["n1"].gpus[&0];
         assert_eq!(g0.temperature_c, 91.0);
@@ -157,6 +163,8 @@ mod tests {
         assert!((g0.utilization - 0.5).abs() < 1e-9);
         assert_eq!(g0.observed_at, SystemTime::UNIX_EPOCH + Duration::from_secs(100));
         assert!((m["n1"].gpus[&1].memory_free_fraction - 0.0125).abs() < 1e-9);
+        // A scrape time, when known, wins over the query time.
+        assert_eq!(m["n1"].gpus[&1].observed_at, SystemTime::UNIX_EPOCH + Duration::from_secs(40));
         assert_eq!(m.len(), 1);
     }
 
