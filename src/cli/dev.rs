@@ -302,15 +302,8 @@ async fn demo_check(args: &DemoCheckArgs) -> Result<Vec<demo::Finding>, Error> {
     Ok(demo::check(&args.expect, &pgs, &cpgs, &pods))
 }
 
-fn run_demo_check(args: DemoCheckArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: tokio runtime: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    match runtime.block_on(demo_check(&args)) {
+async fn run_demo_check(args: DemoCheckArgs) -> ExitCode {
+    match demo_check(&args).await {
         Ok(findings) => {
             let passed = findings.iter().filter(|f| f.ok).count();
             if args.summary {
@@ -338,20 +331,18 @@ fn run_demo_check(args: DemoCheckArgs) -> ExitCode {
 pub fn run(args: Args) -> ExitCode {
     let args = match args.command {
         DevCommand::AddNodes(args) => args,
-        DevCommand::DemoCheck(args) => return run_demo_check(args),
+        DevCommand::DemoCheck(args) => return super::block_on(run_demo_check(args)),
         DevCommand::FakeDcgmExporter(args) => return dcgm::run(args),
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: tokio runtime: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let result = runtime.block_on(async {
+    super::block_on(run_add_nodes(args))
+}
+
+async fn run_add_nodes(args: AddNodesArgs) -> ExitCode {
+    let result = async {
         let client = client(args.kubeconfig.as_deref()).await?;
         add_nodes(&client, &args.nodes).await
-    });
+    }
+    .await;
     match result {
         Ok(names) => {
             let spec = &args.nodes;

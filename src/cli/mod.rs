@@ -7,6 +7,17 @@ mod validate;
 
 use std::process::ExitCode;
 
+/// Runs `future` on a single-threaded runtime; exit code 2 when no runtime can be made.
+fn block_on<F: std::future::Future<Output = ExitCode>>(future: F) -> ExitCode {
+    match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime.block_on(future),
+        Err(e) => {
+            eprintln!("error: tokio runtime: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 use clap::{Parser, Subcommand};
 
 /// muster: gang admission and GPU topology for batch and AI jobs on Kubernetes.

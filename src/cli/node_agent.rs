@@ -60,14 +60,7 @@ pub fn run(args: Args) -> ExitCode {
         eprintln!("error: --node-name (or $NODE_NAME) is required unless --print is given");
         return ExitCode::from(2);
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    runtime.block_on(run_async(args))
+    super::block_on(run_async(args))
 }
 
 async fn run_async(args: Args) -> ExitCode {

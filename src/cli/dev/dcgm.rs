@@ -321,15 +321,12 @@ pub fn run(args: Args) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: tokio runtime: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let result = runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    super::super::block_on(serve_until_stopped(args.listen, state))
+}
+
+async fn serve_until_stopped(listen: std::net::SocketAddr, state: FakeGpus) -> ExitCode {
+    let result: std::io::Result<()> = async {
+        let listener = tokio::net::TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         // Tests read this line to learn the port.
         let mut stdout = std::io::stdout();
@@ -339,7 +336,8 @@ pub fn run(args: Args) -> ExitCode {
             r = serve(listener, state) => r,
             _ = crate::controllers::shutdown_signal() => Ok(()),
         }
-    });
+    }
+    .await;
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
