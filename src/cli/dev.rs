@@ -32,8 +32,7 @@ pub const RACK_LABEL: &str = "topology.muster.dev/rack";
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 /// The GPU product label (as NVIDIA GPU feature discovery sets it).
 pub const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
-/// The extended resource of a GPU.
-pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+pub use crate::crds::GPU_RESOURCE;
 
 /// Errors of `muster dev`.
 #[derive(Debug, thiserror::Error)]
