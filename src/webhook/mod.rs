@@ -238,16 +238,20 @@ pub async fn serve(
     ready: Arc<AtomicBool>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    // Bound before anything else: a replica whose port is taken must never report ready.
+    let listener = std::net::TcpListener::bind(opts.bind).with_context(|| format!("binding {}", opts.bind))?;
+    listener.set_nonblocking(true).with_context(|| format!("binding {}", opts.bind))?;
     let (mut ca, mut cert, mut key) = load(&client, &opts).await.context("loading the webhook certificate")?;
     let tls = RustlsConfig::from_pem(cert.clone().into_bytes(), key.clone().into_bytes())
         .await
         .context("loading the webhook certificate")?;
     register(&client, &opts, ca.as_deref()).await.context("registering the webhooks")?;
-    ready.store(true, Ordering::Relaxed);
     let handle = axum_server::Handle::new();
-    let server = axum_server::bind_rustls(opts.bind, tls.clone())
+    let server = axum_server::from_tcp_rustls(listener, tls.clone())
+        .with_context(|| format!("serving on {}", opts.bind))?
         .handle(handle.clone())
         .serve(router(AppState { metrics, ready: ready.clone() }).into_make_service());
+    ready.store(true, Ordering::Relaxed);
     tracing::info!(addr = %opts.bind, endpoint = ?opts.endpoint, "serving admission webhooks");
     let refresher = async {
         let mut tick = tokio::time::interval(opts.resync);
