@@ -201,22 +201,25 @@ async fn register(client: &Client, opts: &WebhookOptions, ca: Option<&str>) -> a
         return Ok(());
     }
     let Some(ca) = ca else { return Ok(()) };
+    // A strategic merge patch (webhooks merge by name), not an apply: an apply creates a missing
+    // configuration, which here is only ever refused (invalid, or forbidden by the chart's RBAC)
+    // and hid the "not found" below.
+    let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
     let bundle = k8s_openapi::ByteString(ca.as_bytes().to_vec());
-    let ca_only = |name: &str, webhooks: Vec<String>, kind: &str| {
+    let ca_only = |webhooks: Vec<String>| {
         let items: Vec<serde_json::Value> =
             webhooks.iter().map(|w| json!({"name": w, "clientConfig": {"caBundle": bundle}})).collect();
-        with_kind(json!({"metadata": {"name": name}, "webhooks": items}), kind)
+        json!({"webhooks": items})
     };
     let vnames = validating.webhooks.iter().flatten().map(|w| w.name.clone()).collect();
     let mnames = mutating.webhooks.iter().flatten().map(|w| w.name.clone()).collect();
-    for (name, body, validating_kind) in [
-        (config::VALIDATING_NAME, ca_only(config::VALIDATING_NAME, vnames, "ValidatingWebhookConfiguration"), true),
-        (config::MUTATING_NAME, ca_only(config::MUTATING_NAME, mnames, "MutatingWebhookConfiguration"), false),
-    ] {
+    for (name, body, validating_kind) in
+        [(config::VALIDATING_NAME, ca_only(vnames), true), (config::MUTATING_NAME, ca_only(mnames), false)]
+    {
         let result = if validating_kind {
-            vapi.patch(name, &params, &Patch::Apply(&body)).await.map(|_| ())
+            vapi.patch(name, &params, &Patch::Strategic(&body)).await.map(|_| ())
         } else {
-            mapi.patch(name, &params, &Patch::Apply(&body)).await.map(|_| ())
+            mapi.patch(name, &params, &Patch::Strategic(&body)).await.map(|_| ())
         };
         match result {
             Ok(()) => {}
