@@ -5,7 +5,8 @@
 //! (`hack/cluster-watchdog.sh`, in its own process group) runs `hack/cluster-down.sh` as soon as
 //! this test process is gone, whether it exited, a test panicked, or it was killed.
 //! Each test takes its own namespace from [`namespace`], deleted when the guard drops.
-//! muster itself is started on first use too ([`manager::muster`]).
+//! muster itself is started on first use too ([`manager::muster`]), as admin or, with
+//! `MUSTER_E2E_RBAC=chart`, as the Helm chart's ServiceAccount ([`rbac`]).
 //! A test that needs muster configured otherwise runs [`extra::extra_muster`] in its place; GPU
 //! health comes from a fake DCGM exporter and a real Prometheus ([`dcgm::gpu_metrics`]).
 
@@ -16,6 +17,8 @@ pub mod dcgm;
 pub mod extra;
 #[path = "harness/manager.rs"]
 pub mod manager;
+#[path = "harness/rbac.rs"]
+pub mod rbac;
 
 use std::future::Future;
 use std::os::unix::process::CommandExt;

@@ -82,21 +82,37 @@ impl ExtraMuster {
             metrics: SocketAddr::from(([127, 0, 0, 1], free_port())),
             webhook: SocketAddr::from(([127, 0, 0, 1], free_port())),
         };
+        // Chart RBAC mode: like the shared muster, as the chart's ServiceAccount (installed in
+        // this namespace, calling this instance).
+        let chart = if super::rbac::enabled() {
+            Some(super::rbac::prepare(cluster, &namespace, &format!("https://{}", endpoints.webhook))?)
+        } else {
+            None
+        };
+        let kubeconfig = chart.as_ref().map_or_else(|| cluster.kubeconfig.clone(), |c| c.kubeconfig.clone());
         let identity = format!("muster-extra-{}-{n}", std::process::id());
         let log = cluster.dir.join("logs").join(format!("muster-extra-{n}.log"));
         let mut file = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
-        let _ = writeln!(file, "=== e2e: extra muster #{n}: run {} (env {env:?})", args.join(" "));
+        let _ = writeln!(
+            file,
+            "=== e2e: extra muster #{n}: run {} (env {env:?}) with {}",
+            args.join(" "),
+            kubeconfig.display()
+        );
         let stderr = file.try_clone().map_err(|e| e.to_string())?;
         let mut child = Command::new(env!("CARGO_BIN_EXE_muster"))
             .arg("run")
             .arg("--kubeconfig")
-            .arg(&cluster.kubeconfig)
+            .arg(&kubeconfig)
             .args(["--namespace", &namespace, "--leader-elect=true", "--identity", &identity])
             .args(["--log-level", "info,muster=debug"])
             .arg(format!("--metrics-bind-address={}", endpoints.metrics))
             .arg(format!("--webhook-bind-address={}", endpoints.webhook))
             .arg(format!("--webhook-url=https://{}", endpoints.webhook))
-            .arg("--webhook-manage-configurations=true")
+            .args(match &chart {
+                Some(chart) => chart.args.clone(),
+                None => vec!["--webhook-manage-configurations=true".to_string()],
+            })
             .args(args)
             .envs(env.iter().copied())
             .env("MUSTER_CLUSTER_DIR", &cluster.dir)

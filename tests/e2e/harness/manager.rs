@@ -9,7 +9,8 @@
 //!
 //! `MUSTER_E2E_MUSTER_KUBECONFIG` replaces the admin kubeconfig muster itself runs with, e.g. by
 //! one that impersonates the Helm chart's ServiceAccount to prove its RBAC; the tests keep using
-//! the admin kubeconfig. `MUSTER_E2E_MUSTER_ARGS` appends arguments to `muster run`. The process is marked with `MUSTER_CLUSTER_DIR` in its environment, so
+//! the admin kubeconfig. `MUSTER_E2E_RBAC=chart` does the same with the chart's own objects
+//! ([`super::rbac`]). `MUSTER_E2E_MUSTER_ARGS` appends arguments to `muster run`. The process is marked with `MUSTER_CLUSTER_DIR` in its environment, so
 //! hack/cluster-down.sh (run by the watchdog when the test process ends) stops it too.
 
 use std::io::Write as _;
@@ -238,7 +239,16 @@ async fn start() -> Result<Running, String> {
         metrics: SocketAddr::from(([127, 0, 0, 1], free_port())),
         webhook: SocketAddr::from(([127, 0, 0, 1], free_port())),
     };
-    let kubeconfig = std::env::var_os(KUBECONFIG_ENV).map(PathBuf::from).unwrap_or_else(|| cluster.kubeconfig.clone());
+    // Chart RBAC mode: the chart's objects call this instance; muster runs as its ServiceAccount.
+    let chart = if super::rbac::enabled() {
+        Some(super::rbac::prepare(cluster, NAMESPACE, &format!("https://{}", endpoints.webhook))?)
+    } else {
+        None
+    };
+    let kubeconfig = match &chart {
+        Some(chart) => chart.kubeconfig.clone(),
+        None => std::env::var_os(KUBECONFIG_ENV).map(PathBuf::from).unwrap_or_else(|| cluster.kubeconfig.clone()),
+    };
     let identity = format!("muster-e2e-{}-{n}", std::process::id());
     let log_path = log_path();
     let mut log = std::fs::OpenOptions::new()
@@ -257,7 +267,10 @@ async fn start() -> Result<Running, String> {
         .arg(format!("--metrics-bind-address={}", endpoints.metrics))
         .arg(format!("--webhook-bind-address={}", endpoints.webhook))
         .arg(format!("--webhook-url=https://{}", endpoints.webhook))
-        .arg("--webhook-manage-configurations=true")
+        .args(match &chart {
+            Some(chart) => chart.args.clone(),
+            None => vec!["--webhook-manage-configurations=true".to_string()],
+        })
         .args(std::env::var(ARGS_ENV).unwrap_or_default().split_whitespace())
         .env("MUSTER_CLUSTER_DIR", &cluster.dir)
         .env("NO_COLOR", "1")
