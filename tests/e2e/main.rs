@@ -5,6 +5,7 @@
 
 mod admission;
 mod cases;
+mod certs;
 mod controlplane;
 mod differential;
 mod gangs;
