@@ -130,6 +130,12 @@ pub enum Error {
 }
 
 impl Error {
+    /// The object's namespace is being deleted: nothing more can be created there, and the
+    /// object itself is about to go, so retrying is pointless.
+    pub fn namespace_terminating(&self) -> bool {
+        matches!(self, Error::Kube(kube::Error::Api(e)) if e.code == 403 && e.message.contains("because it is being terminated"))
+    }
+
     /// A short label for metrics.
     pub fn metric_label(&self) -> &'static str {
         match self {

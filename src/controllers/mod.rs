@@ -141,7 +141,7 @@ struct HttpState {
     webhook_ready: Arc<AtomicBool>,
 }
 
-async fn serve_http(addr: SocketAddr, state: HttpState) -> anyhow::Result<()> {
+async fn serve_http(listener: tokio::net::TcpListener, state: HttpState) -> anyhow::Result<()> {
     let app = axum::Router::new()
         .route(
             "/metrics",
@@ -161,8 +161,9 @@ async fn serve_http(addr: SocketAddr, state: HttpState) -> anyhow::Result<()> {
             }),
         )
         .with_state(state);
-    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
-    tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+    }
     axum::serve(listener, app).await?;
     Ok(())
 }
@@ -223,8 +224,11 @@ pub async fn run(client: Client, config: Config, opts: ManagerOptions) -> anyhow
     let metrics = Arc::new(Metrics::default());
     let ready = Arc::new(AtomicBool::new(false));
     let webhook_ready = Arc::new(AtomicBool::new(opts.webhook.is_none()));
+    // Bound here, so a taken port stops muster at once instead of leaving it never ready.
+    let listener =
+        tokio::net::TcpListener::bind(opts.http_addr).await.with_context(|| format!("binding {}", opts.http_addr))?;
     let http = tokio::spawn(serve_http(
-        opts.http_addr,
+        listener,
         HttpState { metrics: metrics.clone(), ready: ready.clone(), webhook_ready: webhook_ready.clone() },
     ));
     let ctx = Arc::new(Context::new(client.clone(), metrics.clone(), config.clone()));
@@ -245,7 +249,10 @@ pub async fn run(client: Client, config: Config, opts: ManagerOptions) -> anyhow
                 let _ = webhook_stop_rx.await;
             };
             if let Err(e) = crate::webhook::serve(client, w, metrics, webhook_ready, stop).await {
-                tracing::error!(error = format!("{e:#}"), "webhook server stopped");
+                // Webhooks fail closed for opted-in objects: without them this replica is
+                // useless, so exit and let the restart policy (or the user) bring it back.
+                tracing::error!(error = format!("{e:#}"), "webhook server stopped; exiting");
+                std::process::exit(1);
             }
         })
     });

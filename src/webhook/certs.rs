@@ -173,6 +173,13 @@ pub fn renewal(bundle: &CertBundle, sans: &[String], now: Timestamp, life: &Life
     }
 }
 
+/// The first PEM block of a bundle (the current CA comes first), newline-terminated.
+fn first_pem_block(bundle: &str) -> Option<String> {
+    const END: &str = "-----END CERTIFICATE-----";
+    let end = bundle.find(END)? + END.len();
+    Some(format!("{}\n", bundle[..end].trim_start()))
+}
+
 fn text(secret: &Secret, key: &str) -> Option<String> {
     secret.data.as_ref()?.get(key).and_then(|b| String::from_utf8(b.0.clone()).ok())
 }
@@ -268,10 +275,12 @@ pub async fn ensure(
                     Renewal::Everything => {
                         let old_ca = bundle.ca_pem.clone();
                         bundle = generate(sans, now, life)?;
-                        // Trust the old CA a little longer, for clients that still have it.
-                        if !old_ca.is_empty() && from_secret(&secret).is_some() {
-                            bundle.ca_pem =
-                                format!("{}{}", bundle.ca_pem, old_ca.lines().collect::<Vec<_>>().join("\n") + "\n");
+                        // Trust the previous CA a little longer, for clients that still have it
+                        // (only that one: the bundle does not grow with every rotation).
+                        if let Some(previous) = first_pem_block(&old_ca)
+                            && from_secret(&secret).is_some()
+                        {
+                            bundle.ca_pem = format!("{}{previous}", bundle.ca_pem);
                         }
                     }
                 }
@@ -372,6 +381,15 @@ mod tests {
         assert_eq!(renewal(&b, &sans, t(75), &life), Renewal::Serving);
         assert_eq!(renewal(&b, &["b.svc".to_string()], t(10), &life), Renewal::Serving);
         assert_eq!(renewal(&b, &sans, t(980), &life), Renewal::Everything);
+    }
+
+    #[test]
+    fn a_bundle_keeps_only_the_previous_ca() {
+        let a = generate(&["x.svc".to_string()], t(1_000), &Lifetimes::default()).expect("generate");
+        let b = generate(&["x.svc".to_string()], t(2_000), &Lifetimes::default()).expect("generate");
+        let two = format!("{}{}", b.ca_pem, a.ca_pem);
+        assert_eq!(first_pem_block(&two).as_deref(), Some(b.ca_pem.as_str()));
+        assert_eq!(first_pem_block("no pem"), None);
     }
 
     #[test]
