@@ -119,6 +119,19 @@ pub async fn resolve_priority(client: &Client, class: Option<&str>) -> context::
     Ok(value.unwrap_or(0))
 }
 
+/// The reconcilers' error policy: no retry in a namespace being deleted; otherwise count the
+/// error and try again in 5 s.
+pub fn retry_after_error(controller: &str, err: &Error, ctx: &Context) -> kube::runtime::controller::Action {
+    use kube::runtime::controller::Action;
+    if err.namespace_terminating() {
+        tracing::debug!(controller, error = %err, "namespace is being deleted; not retrying");
+        return Action::await_change();
+    }
+    ctx.metrics.reconcile_error(controller, err.metric_label());
+    tracing::warn!(controller, error = %err, "reconcile failed");
+    Action::requeue(std::time::Duration::from_secs(5))
+}
+
 /// How the manager runs.
 #[derive(Clone, Debug)]
 pub struct ManagerOptions {

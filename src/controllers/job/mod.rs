@@ -55,13 +55,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
 }
 
 fn error_policy(_job: Arc<DeserializeGuard<MusterJob>>, err: &Error, ctx: Arc<Context>) -> Action {
-    if err.namespace_terminating() {
-        tracing::debug!(error = %err, "namespace is being deleted; not retrying");
-        return Action::await_change();
-    }
-    ctx.metrics.reconcile_error(CONTROLLER, err.metric_label());
-    tracing::warn!(error = %err, "job reconcile failed");
-    Action::requeue(Duration::from_secs(5))
+    super::retry_after_error(CONTROLLER, err, &ctx)
 }
 
 async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, ctx: Arc<Context>) -> Result<Action> {

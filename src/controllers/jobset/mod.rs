@@ -6,7 +6,6 @@
 pub mod plan;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::{Future, StreamExt};
 use k8s_openapi::jiff::Timestamp;
@@ -48,13 +47,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
 }
 
 fn error_policy(_set: Arc<DeserializeGuard<MusterJobSet>>, err: &Error, ctx: Arc<Context>) -> Action {
-    if err.namespace_terminating() {
-        tracing::debug!(error = %err, "namespace is being deleted; not retrying");
-        return Action::await_change();
-    }
-    ctx.metrics.reconcile_error(CONTROLLER, err.metric_label());
-    tracing::warn!(error = %err, "jobset reconcile failed");
-    Action::requeue(Duration::from_secs(5))
+    super::retry_after_error(CONTROLLER, err, &ctx)
 }
 
 async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>) -> Result<Action> {
