@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BIN_DIR = $(shell bash tools/k8s/bindir.sh)
 
-.PHONY: all build release test unit e2e e2e-rbac chart-lint chart-test crds crds-check fmt clippy bench controlplane cluster-up cluster-down run demo demo-down demo-check
+.PHONY: all build release test unit e2e e2e-rbac e2e-service chart-lint chart-test crds crds-check fmt clippy bench controlplane cluster-up cluster-down run demo demo-down demo-check
 
 all: build
 
@@ -15,13 +15,15 @@ release:
 
 ## Every test: formatting, lints, CRD drift, the chart's lint, unit and property tests, then the
 ## real control plane (the e2e suite, its controller tests again with muster as the chart's
-## ServiceAccount, then the chart on a control plane of its own).
+## ServiceAccount, the webhooks through their Service, then the chart on a control plane of its
+## own).
 test: crds-check chart-lint
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) test --lib --bins
 	$(MAKE) e2e
 	$(MAKE) e2e-rbac
+	$(MAKE) e2e-service
 	$(MAKE) chart-test
 	MUSTER_DEMO_PROFILE=debug MUSTER_DEMO_DIR=$(CURDIR)/target/demo-check bash hack/demo.sh --check
 
@@ -44,6 +46,15 @@ E2E_RBAC_TESTS = jobs:: webhook:: admission:: gpus:: differential::
 e2e-rbac: controlplane
 	MUSTER_E2E_RBAC=chart MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test --test e2e -- --test-threads=4 $(E2E_RBAC_TESTS); rc=$$?; \
 	bash hack/e2e-rbac-check.sh "$$(ls -td target/e2e-cluster-*/ | head -1)" || rc=1; \
+	for d in target/e2e-cluster-*; do \
+	  [ -d "$$d" ] && [ ! -e "/proc/$${d##*-}" ] && MUSTER_CLUSTER_DIR="$$d" bash hack/cluster-down.sh > /dev/null 2>&1; \
+	done; exit $$rc
+
+## The webhooks as the apiserver calls them inside a cluster, through their Service
+## (tests/service): a control plane of its own whose apiserver routes to endpoints, and muster in
+## a network namespace behind the Service's EndpointSlice (hack/testhost.sh: root and iproute2).
+e2e-service: controlplane
+	MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test --test service; rc=$$?; \
 	for d in target/e2e-cluster-*; do \
 	  [ -d "$$d" ] && [ ! -e "/proc/$${d##*-}" ] && MUSTER_CLUSTER_DIR="$$d" bash hack/cluster-down.sh > /dev/null 2>&1; \
 	done; exit $$rc

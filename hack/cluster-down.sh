@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Stops the cluster hack/cluster-up.sh started in MUSTER_CLUSTER_DIR (default target/cluster):
 # every process named in its pid files, then any component process still running from that
-# folder. Keeps logs/, pki/ and the kubeconfig; removes the etcd data. Fails if a process survives.
+# folder, then the test host (hack/testhost.sh) made for it, if any. Keeps logs/, pki/ and the
+# kubeconfig; removes the etcd data. Fails if a process or the test host survives.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -80,6 +81,9 @@ done
 if [ ${#left[@]} -gt 0 ]; then
   log "ERROR: still running: ${left[*]}"
   exit 1
+fi
+if [ -f "$dir/testhost.env" ]; then
+  bash "$root/hack/testhost.sh" down "$dir" || { log "ERROR: the test host of $dir is still there"; exit 1; }
 fi
 rm -rf "$dir/etcd"
 log "stopped $((stopped + ${#strays[@]})) process(es) of $dir; none left"

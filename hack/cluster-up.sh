@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# Starts a local Kubernetes control plane on free 127.0.0.1 ports: etcd, kube-apiserver,
-# kube-scheduler, kube-controller-manager and kwok (fake nodes annotated kwok.x-k8s.io/node=fake).
+# Starts a local Kubernetes control plane on free 127.0.0.1 ports (kube-apiserver's address can
+# be another): etcd, kube-apiserver, kube-scheduler, kube-controller-manager and kwok (fake nodes
+# annotated kwok.x-k8s.io/node=fake).
 #
+#   MUSTER_APISERVER_ADDRESS  IPv4 address kube-apiserver listens on and the kubeconfig names
+#                         (default 127.0.0.1; another one must already be on an interface of this
+#                         machine, e.g. the veth of hack/testhost.sh); its serving cert covers it
+#   MUSTER_APISERVER_EXTRA_ARGS  more kube-apiserver flags, whitespace separated (e.g.
+#                         --enable-aggregator-routing=true)
 #   MUSTER_CLUSTER_DIR  where everything lives (default target/cluster): kubeconfig, logs/, pids/, pki/
 #   MUSTER_K8S_BIN      folder with the binaries (default: tools/k8s/bindir.sh; build with `make controlplane`)
 #   MUSTER_FEATURE_GATES  gates to ask for (default below; empty asks for none); the ones the binaries refuse are dropped and reported
@@ -21,6 +27,8 @@ bin=${MUSTER_K8S_BIN:-$(bash "$root/tools/k8s/bindir.sh")}
 gates_wanted=${MUSTER_FEATURE_GATES-GenericWorkload,CompositePodGroup,WorkloadWithJob,TopologyAwareWorkloadScheduling,DRAWorkloadResourceClaims}
 runtime_wanted=${MUSTER_RUNTIME_CONFIG-scheduling.k8s.io/v1beta1=true,scheduling.k8s.io/v1alpha3=true}
 components=(etcd kube-apiserver kube-scheduler kube-controller-manager kwok)
+api_address=${MUSTER_APISERVER_ADDRESS:-127.0.0.1}
+read -r -a api_extra_args <<< "${MUSTER_APISERVER_EXTRA_ARGS:-}"
 crds=${MUSTER_CLUSTER_CRDS-$root/crds}
 
 log() { echo "cluster-up: $*" >&2; }
@@ -32,6 +40,7 @@ done
 for t in openssl curl python3 setsid flock; do
   command -v "$t" > /dev/null || die "$t not found"
 done
+[[ $api_address =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "MUSTER_APISERVER_ADDRESS=$api_address is not an IPv4 address"
 
 exec 9> "$dir/.lock"
 flock 9
@@ -52,9 +61,12 @@ alive() {
 }
 
 healthy() {
-  local c
+  local c a cmd
   for c in "${components[@]}"; do alive "$c" || return 1; done
-  [ -f "$kubeconfig" ] && kc get --raw /readyz > /dev/null 2>&1
+  cmd=" $(tr '\0' ' ' < "/proc/$(< "$pids/kube-apiserver.pid")/cmdline") "
+  for a in "${api_extra_args[@]}"; do [[ $cmd == *" $a "* ]] || return 1; done
+  [ -f "$kubeconfig" ] && grep -qF "server: https://$api_address:" "$kubeconfig" \
+    && kc get --raw /readyz > /dev/null 2>&1
 }
 
 if healthy; then
@@ -70,22 +82,15 @@ fi
 rm -rf "$dir/etcd" "$pids" "$logs" "$dir/features.txt"
 mkdir -p "$pki" "$logs" "$pids"
 
-# --- PKI: one CA; a serving cert with 127.0.0.1 as IP SAN; one admin client cert (system:masters).
+# --- PKI: one CA; a serving cert with 127.0.0.1 (and MUSTER_APISERVER_ADDRESS) as IP SANs; one
+# admin client cert (system:masters).
 if [ ! -f "$pki/admin.key" ]; then
   (
     cd "$pki"
+    rm -f serving.crt
     openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj /CN=muster-e2e-ca \
       -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
       -keyout ca.key -out ca.crt
-    cat > serving.ext << 'EOF'
-basicConstraints=critical,CA:FALSE
-keyUsage=critical,digitalSignature,keyEncipherment
-extendedKeyUsage=serverAuth
-subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
-EOF
-    openssl req -newkey rsa:2048 -nodes -subj /CN=kube-apiserver -keyout serving.key -out serving.csr
-    openssl x509 -req -in serving.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
-      -extfile serving.ext -out serving.crt
     printf 'basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n' > client.ext
     openssl req -newkey rsa:2048 -nodes -subj "/O=system:masters/CN=muster-admin" -keyout admin.key -out admin.csr
     openssl x509 -req -in admin.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
@@ -94,6 +99,20 @@ EOF
     openssl rsa -in sa.key -pubout -out sa.pub
     rm -f ./*.csr
   ) > "$logs/pki.log" 2>&1 || die "openssl failed: see $logs/pki.log"
+fi
+# (Re)issued when it does not cover the address (a folder reused with another one).
+if ! { [ -f "$pki/serving.crt" ] && openssl x509 -in "$pki/serving.crt" -noout -ext subjectAltName 2> /dev/null \
+  | grep -qE "IP Address:${api_address//./\\.}(,|\$)"; }; then
+  sans="IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+  [ "$api_address" = 127.0.0.1 ] || sans+=",IP:$api_address"
+  (
+    cd "$pki"
+    printf 'basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=%s\n' "$sans" > serving.ext
+    openssl req -newkey rsa:2048 -nodes -subj /CN=kube-apiserver -keyout serving.key -out serving.csr
+    openssl x509 -req -in serving.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+      -extfile serving.ext -out serving.crt
+    rm -f serving.csr
+  ) >> "$logs/pki.log" 2>&1 || die "openssl failed: see $logs/pki.log"
 fi
 
 # --- Feature gates: keep the ones every component lists in its --help; report the rest.
@@ -169,7 +188,7 @@ while :; do
   # TaintNodesByCondition is off: no node-lifecycle controller runs to lift the not-ready
   # taint it puts on every new Node, so kwok nodes would never take pods.
   start kube-apiserver "$bin/kube-apiserver" --etcd-servers="http://127.0.0.1:$etcd_port" --etcd-prefix=/registry \
-    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$api_port" \
+    --bind-address="$api_address" --advertise-address="$api_address" --secure-port="$api_port" \
     --tls-cert-file="$pki/serving.crt" --tls-private-key-file="$pki/serving.key" --cert-dir="$dir/serving" \
     --client-ca-file="$pki/ca.crt" --authorization-mode=RBAC --allow-privileged=true \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
@@ -177,8 +196,8 @@ while :; do
     --service-cluster-ip-range=10.96.0.0/16 --endpoint-reconciler-type=none \
     --enable-priority-and-fairness=false --max-requests-inflight=0 --max-mutating-requests-inflight=0 \
     --disable-admission-plugins=TaintNodesByCondition \
-    --profiling=false --feature-gates="$gates" --runtime-config="$runtime_config"
-  write_kubeconfig "https://127.0.0.1:$api_port" "$kubeconfig"
+    --profiling=false --feature-gates="$gates" --runtime-config="$runtime_config" "${api_extra_args[@]}"
+  write_kubeconfig "https://$api_address:$api_port" "$kubeconfig"
   if ! wait_until "kube-apiserver /readyz" kube-apiserver 90 kc get --raw /readyz; then
     # An unknown group/version in --runtime-config is fatal at start: drop it and say so.
     # (1.37.2 says: err="group version scheduling.k8s.io/v1alpha9 that has not been registered")
@@ -270,7 +289,7 @@ wait_until "the default ServiceAccount" kube-controller-manager 60 kc -n default
 cat > "$dir/cluster.env" << EOF
 KUBECONFIG=$kubeconfig
 MUSTER_K8S_BIN=$bin
-APISERVER=https://127.0.0.1:$api_port
+APISERVER=https://$api_address:$api_port
 ETCD=http://127.0.0.1:$etcd_port
 SCHEDULER_HEALTHZ=https://127.0.0.1:$sched_port/healthz
 CONTROLLER_MANAGER_HEALTHZ=https://127.0.0.1:$cm_port/healthz

@@ -105,6 +105,7 @@ async fn handle(
             if outcome == Outcome::Denied {
                 tracing::info!(path, kind = %req.kind.kind, name = %req.name, namespace = ?req.namespace, message = %resp.result.message, "denied");
             }
+            tracing::debug!(path, uid = %req.uid, operation = ?req.operation, kind = %req.kind.kind, namespace = req.namespace.as_deref().unwrap_or_default(), name = %req.name, outcome = ?outcome, "admission review");
             (resp, Some(outcome))
         }
         Err(e) => (AdmissionResponse::invalid(e.to_string()), None),

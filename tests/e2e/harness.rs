@@ -9,6 +9,8 @@
 //! `MUSTER_E2E_RBAC=chart`, as the Helm chart's ServiceAccount ([`rbac`]).
 //! A test that needs muster configured otherwise runs [`extra::extra_muster`] in its place; GPU
 //! health comes from a fake DCGM exporter and a real Prometheus ([`dcgm::gpu_metrics`]).
+//! A test binary whose cluster needs more before it starts (tests/service: a network namespace
+//! and kube-apiserver flags) gets it from [`cluster_with`].
 
 // Spelled out: tests/chart includes this file by path, which would look for them elsewhere.
 #[path = "harness/dcgm.rs"]
@@ -48,12 +50,27 @@ pub struct Cluster {
 
 static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
 
+/// Runs once in the cluster's folder before hack/cluster-up.sh (after the watchdog started, so
+/// whatever it makes is cleaned up with the cluster) and returns more environment for it.
+pub type Prepare = fn(&Path) -> Result<Vec<(String, String)>, String>;
+
+static PREPARE: OnceLock<Prepare> = OnceLock::new();
+
 /// The shared cluster, started on first use. Panics (failing the calling test) when it cannot start.
 pub fn cluster() -> &'static Cluster {
     match CLUSTER.get_or_init(start) {
         Ok(c) => c,
         Err(e) => panic!("e2e cluster unavailable: {e}"),
     }
+}
+
+/// Like [`cluster`], for a test binary whose cluster needs `prepare` (e.g. tests/service: a
+/// network namespace and apiserver flags). Every test of that binary must get the cluster from
+/// here first: a cluster already started by [`cluster`] is not prepared.
+#[allow(dead_code)] // tests/e2e starts its cluster unprepared
+pub fn cluster_with(prepare: Prepare) -> &'static Cluster {
+    let _ = PREPARE.set(prepare);
+    cluster()
 }
 
 fn repo() -> PathBuf {
@@ -95,10 +112,16 @@ fn start() -> Result<Cluster, String> {
         .spawn()
         .map_err(|e| format!("cannot start hack/cluster-watchdog.sh: {e}"))?;
 
+    let env = match PREPARE.get() {
+        Some(prepare) => prepare(&dir)?,
+        None => Vec::new(),
+    };
+
     // cluster-up installs crds/ (server-side apply) before the garbage collector starts.
     let crds = repo().join("crds");
     let up = Command::new("bash")
         .arg(repo().join("hack/cluster-up.sh"))
+        .envs(env)
         .env("MUSTER_CLUSTER_DIR", &dir)
         .env("MUSTER_CLUSTER_CRDS", &crds)
         .env("MUSTER_K8S_BIN", &bin)
