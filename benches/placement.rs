@@ -2,16 +2,26 @@
 //! half used): (a) a 3-pod gang, (b) a 1,000-pod gang, each also with a topology constraint
 //! (125 racks, 5 zones).
 //! The snapshot is built outside the measured loops; its build from Node/Pod objects is
-//! measured on its own. `cargo bench --bench placement` prints the time per decision.
+//! measured on its own. Each case runs three times: with the lowest free GPU indices, and
+//! with the chooser admission really uses (GPU topology from the node annotation, a third
+//! each of NVSwitch, two-socket PCIe and DGX-1 cube-mesh nodes; exact minimum-cost sets and
+//! node scores), once with its cache of GPU choices empty (the first decision after muster
+//! starts) and once warm (every later decision: the cache outlives admission cycles).
+//! `cargo bench --bench placement` prints the time per decision.
+
+mod common;
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
+use std::time::SystemTime;
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use k8s_openapi::api::core::v1::{Container, Node, NodeSpec, NodeStatus, Pod, PodSpec, ResourceRequirements, Taint};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use muster::crds::{GPU_RESOURCE, HOSTNAME_LABEL, POD_GROUP_LABEL};
+use muster::crds::{GPU_RESOURCE, GPU_TOPOLOGY_ANNOTATION, HOSTNAME_LABEL, POD_GROUP_LABEL};
+use muster::devices::chooser::{TopologyChooser, node_gpus};
+use muster::devices::{HealthThresholds, MetricsCache, SelectOptions};
 use muster::scheduler::{
     CPU, GroupTree, LeafGroup, LeafPolicy, LowestFreeIndices, MEMORY, PODS, PlaceOptions, PodShape, Resources,
     Snapshot, place,
@@ -44,6 +54,7 @@ fn cluster() -> (Vec<Node>, Vec<Pod>, BTreeMap<String, u64>) {
     let mut nodes = Vec::with_capacity(NODES);
     let mut pods = Vec::new();
     let mut gpu_used = BTreeMap::new();
+    let topologies: Vec<String> = common::fixtures().iter().map(|(_, _, t)| t.to_annotation().to_json()).collect();
     for i in 0..NODES {
         let name = format!("gpu-{i:05}");
         let labels = [
@@ -60,7 +71,14 @@ fn cluster() -> (Vec<Node>, Vec<Pod>, BTreeMap<String, u64>) {
             }]
         });
         nodes.push(Node {
-            metadata: ObjectMeta { name: Some(name.clone()), labels: Some(labels.into()), ..Default::default() },
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some(labels.into()),
+                annotations: Some(
+                    [(GPU_TOPOLOGY_ANNOTATION.to_string(), topologies[i % topologies.len()].clone())].into(),
+                ),
+                ..Default::default()
+            },
             spec: Some(NodeSpec { taints, ..Default::default() }),
             status: Some(NodeStatus {
                 allocatable: Some(quantities(&[
@@ -140,19 +158,45 @@ fn bench(c: &mut Criterion) {
         b.iter(|| black_box(snapshot(black_box(&nodes), &pods, &gpu_used)))
     });
 
+    let gpus = node_gpus(&nodes, &MetricsCache::default(), &HealthThresholds::default(), SystemTime::now());
+    let chooser = || TopologyChooser::new(gpus.clone(), SelectOptions::default());
+    // One chooser for every warm run: its cache fills during criterion's warm-up.
+    let warm = chooser();
+    c.bench_function("chooser: GPU models of 5,000 nodes (once per admission cycle)", |b| {
+        b.iter(|| black_box(chooser()))
+    });
+
     let options = PlaceOptions::default();
     let cases = [
-        ("place: 3-pod gang (4 GPUs each) on 5,000 nodes", gang(3, 4, None)),
-        ("place: 3-pod gang (4 GPUs each) on 5,000 nodes, one rack of 125", gang(3, 4, Some(RACK))),
-        ("place: 1,000-pod gang (4 GPUs each) on 5,000 nodes", gang(1_000, 4, None)),
-        ("place: 1,000-pod gang (2 GPUs each) on 5,000 nodes, one zone of 5", gang(1_000, 2, Some(ZONE))),
+        ("3-pod gang (4 GPUs each) on 5,000 nodes", gang(3, 4, None)),
+        ("3-pod gang (4 GPUs each) on 5,000 nodes, one rack of 125", gang(3, 4, Some(RACK))),
+        ("1,000-pod gang (4 GPUs each) on 5,000 nodes", gang(1_000, 4, None)),
+        ("1,000-pod gang (2 GPUs each) on 5,000 nodes, one zone of 5", gang(1_000, 2, Some(ZONE))),
     ];
     for (name, tree) in &cases {
         let d = place(&snap, tree, &options, &LowestFreeIndices);
         assert!(d.admitted, "{name}: {}", d.message());
         let nodes_used = d.plan.iter().map(|p| p.node.as_str()).collect::<std::collections::BTreeSet<_>>().len();
-        println!("{name}: {} pods on {nodes_used} nodes", d.plan.len());
-        c.bench_function(name, |b| b.iter(|| black_box(place(&snap, black_box(tree), &options, &LowestFreeIndices))));
+        println!("{name}: {} pods on {nodes_used} nodes (lowest free indices)", d.plan.len());
+        c.bench_function(&format!("place, lowest free indices: {name}"), |b| {
+            b.iter(|| black_box(place(&snap, black_box(tree), &options, &LowestFreeIndices)))
+        });
+
+        let d = place(&snap, tree, &options, &chooser());
+        assert!(d.admitted, "{name}: {}", d.message());
+        let nodes_used = d.plan.iter().map(|p| p.node.as_str()).collect::<std::collections::BTreeSet<_>>().len();
+        println!("{name}: {} pods on {nodes_used} nodes (GPU topology)", d.plan.len());
+        c.bench_function(&format!("place, GPU topology, cache empty: {name}"), |b| {
+            // By reference: the chooser is built and dropped outside the measurement.
+            b.iter_batched_ref(
+                chooser,
+                |gpus| black_box(place(&snap, black_box(tree), &options, gpus)),
+                BatchSize::LargeInput,
+            )
+        });
+        c.bench_function(&format!("place, GPU topology, cache warm: {name}"), |b| {
+            b.iter(|| black_box(place(&snap, black_box(tree), &options, &warm)))
+        });
     }
 }
 

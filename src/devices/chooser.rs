@@ -2,11 +2,15 @@
 //! the [`GpuChooser`] the scheduler asks for concrete indices (minimum-cost set, node score).
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::Node;
 
-use super::{GpuSet, GpuTopology, HealthThresholds, MetricsCache, NodeHealth, SelectOptions, healthy_mask, node_score};
+use super::{
+    Fit, GpuSet, GpuTopology, HealthThresholds, MetricsCache, NodeHealth, SelectOptions, SelectionKey, fit,
+    healthy_mask,
+};
 use crate::crds::{GPU_RESOURCE, GPU_TOPOLOGY_ANNOTATION};
 use crate::scheduler::{GpuChoice, GpuChooser, NodeInfo};
 
@@ -60,25 +64,116 @@ pub fn node_gpus(
     out
 }
 
+/// The load-independent part of GPU choices ([`Fit`]), shared by every admission cycle: it
+/// depends only on the node's kind ([`SelectionKey`]), its free healthy GPUs, the count and
+/// the options, so one answer serves every node of that kind and occupancy, now and later.
+///
+/// Kinds get ids that are never reused; past [`FitCache::LIMIT`] answers (or as many kinds)
+/// everything is forgotten at once, so memory stays bounded and an old id never names a new
+/// kind.
+#[derive(Debug, Default)]
+pub struct FitCache {
+    inner: Mutex<FitCacheInner>,
+}
+
+#[derive(Debug, Default)]
+struct FitCacheInner {
+    kinds: HashMap<SelectionKey, usize>,
+    next_kind: usize,
+    fits: HashMap<(usize, u64, u32, SelectOptions), Option<Fit>>,
+}
+
+impl FitCache {
+    /// Most answers (and kinds) kept before the cache starts over.
+    pub const LIMIT: usize = 1 << 18;
+
+    /// The id of a node kind.
+    fn kind(&self, key: SelectionKey) -> usize {
+        let Ok(mut inner) = self.inner.lock() else {
+            return usize::MAX;
+        };
+        if let Some(&id) = inner.kinds.get(&key) {
+            return id;
+        }
+        if inner.kinds.len() >= Self::LIMIT {
+            inner.kinds.clear();
+            inner.fits.clear();
+        }
+        let id = inner.next_kind;
+        inner.next_kind += 1;
+        inner.kinds.insert(key, id);
+        id
+    }
+
+    /// The cached answer, or `compute`'s (then kept).
+    fn fit(&self, key: (usize, u64, u32, SelectOptions), compute: impl FnOnce() -> Option<Fit>) -> Option<Fit> {
+        // A poisoned lock (a panic elsewhere) or an unnamed kind: compute without the cache.
+        let Ok(mut inner) = self.inner.lock() else {
+            return compute();
+        };
+        if key.0 == usize::MAX {
+            return compute();
+        }
+        if let Some(fit) = inner.fits.get(&key) {
+            return *fit;
+        }
+        if inner.fits.len() >= Self::LIMIT {
+            inner.fits.clear();
+        }
+        let fit = compute();
+        inner.fits.insert(key, fit);
+        fit
+    }
+
+    /// How many answers are kept.
+    pub fn len(&self) -> usize {
+        self.inner.lock().map(|i| i.fits.len()).unwrap_or(0)
+    }
+
+    /// Whether no answer is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// Chooses GPU indices by topology and health: the minimum-cost free, healthy set, and a node
 /// score (link cost, fragmentation left behind, load) for ranking nodes.
+///
+/// Placement asks every node that passes the filters, thousands per decision; the exact
+/// selection behind each answer comes from a [`FitCache`], and each node's load is added on
+/// top.
 pub struct TopologyChooser {
-    nodes: HashMap<String, NodeGpus>,
+    nodes: HashMap<String, (usize, NodeGpus)>,
     options: SelectOptions,
+    cache: Arc<FitCache>,
 }
 
 impl TopologyChooser {
-    /// A chooser over `nodes`.
+    /// A chooser over `nodes` with a cache of its own.
     pub fn new(nodes: HashMap<String, NodeGpus>, options: SelectOptions) -> Self {
-        Self { nodes, options }
+        Self::with_cache(nodes, options, Arc::default())
+    }
+
+    /// A chooser over `nodes` sharing `cache` with earlier and later choosers.
+    pub fn with_cache(nodes: HashMap<String, NodeGpus>, options: SelectOptions, cache: Arc<FitCache>) -> Self {
+        let nodes = nodes
+            .into_iter()
+            .map(|(name, gpus)| {
+                let kind = cache.kind(gpus.topology.selection_key());
+                (name, (kind, gpus))
+            })
+            .collect();
+        Self { nodes, options, cache }
     }
 }
 
 impl GpuChooser for TopologyChooser {
     fn choose(&self, node: &NodeInfo, count: u32, used: u64) -> Option<GpuChoice> {
-        let gpus = self.nodes.get(&node.name)?;
+        let (kind, gpus) = self.nodes.get(&node.name)?;
         let available = super::available(&gpus.health, GpuSet::from_bits(used));
-        let score = node_score(&gpus.topology, available, count as usize, &gpus.health.utilization, self.options)?;
+        let key = (*kind, available.bits(), count, self.options);
+        let fit = self.cache.fit(key, || fit(&gpus.topology, available, count as usize, self.options))?;
+        let score = fit.with_load(&gpus.health.utilization);
         Some(GpuChoice { mask: score.selection.gpus.bits(), score: score.score })
     }
 }
@@ -86,7 +181,7 @@ impl GpuChooser for TopologyChooser {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devices::{GpuMetrics, NodeMetrics};
+    use crate::devices::{GpuMetrics, NodeMetrics, fixtures};
     use crate::scheduler::Resources;
     use serde_json::json;
 
@@ -152,6 +247,50 @@ mod tests {
         let next = chooser.choose(&info, 2, 0b1100).expect("another pair");
         assert!(next.mask == 0b11_0000 || next.mask == 0b1100_0000, "{:b}", next.mask);
         assert!(chooser.choose(&info, 8, 0).is_none(), "only 7 healthy GPUs");
+    }
+
+    proptest::proptest! {
+        /// The shared cache never changes an answer: every node, whatever its kind, health,
+        /// load and used GPUs, gets exactly what scoring it alone gives.
+        #[test]
+        fn cached_choices_equal_scoring_each_node_alone(
+            nodes in proptest::collection::vec((0usize..4, 0u64..256, 0u64..256, proptest::option::of(0u8..=100)), 1..24),
+            count in 1u32..=8,
+        ) {
+            let kinds = [fixtures::dgx_h100(), fixtures::pcie(), fixtures::dgx1(), GpuTopology::unknown(8)];
+            let cache = Arc::new(FitCache::default());
+            // Two admission cycles sharing one cache; in the second, each name holds the
+            // next node's GPUs, so a cached answer reaching the wrong node would show.
+            for shift in 0..2 {
+                let mut map = HashMap::new();
+                let mut expected = Vec::new();
+                for i in 0..nodes.len() {
+                    let (kind, healthy, used, load) = nodes[(i + shift) % nodes.len()];
+                    let health = NodeHealth {
+                        healthy: GpuSet::from_bits(healthy),
+                        reasons: vec![],
+                        utilization: vec![load.map(|l| f64::from(l) / 100.0); 8],
+                    };
+                    let available = crate::devices::available(&health, GpuSet::from_bits(used));
+                    let alone = crate::devices::node_score(
+                        &kinds[kind], available, count as usize, &health.utilization, SelectOptions::default(),
+                    )
+                    .map(|s| GpuChoice { mask: s.selection.gpus.bits(), score: s.score });
+                    let name = format!("n{i}");
+                    map.insert(name.clone(), NodeGpus { topology: kinds[kind].clone(), topology_problem: None, health });
+                    expected.push((name, used, alone));
+                }
+                let chooser = TopologyChooser::with_cache(map, SelectOptions::default(), cache.clone());
+                // Twice: the second round answers from the cache.
+                for _ in 0..2 {
+                    for (name, used, alone) in &expected {
+                        let got = chooser.choose(&NodeInfo::new(name, Resources::new()), count, *used);
+                        proptest::prop_assert_eq!(got, *alone, "node {}", name);
+                    }
+                }
+            }
+            proptest::prop_assert!(!cache.is_empty());
+        }
     }
 
     #[test]

@@ -27,9 +27,9 @@ pub use health::{
 pub use ledger::{
     Claim, Conflict, IndicesError, Ledger, LedgerProblem, PodPhase, PodRecord, format_indices, parse_indices,
 };
-pub use score::{NodeScore, node_score};
+pub use score::{Fit, NodeScore, fit, node_score};
 pub use select::{EXACT_LIMIT, NUMA_SPAN_PENALTY, SelectOptions, Selection, select, select_brute_force, set_cost};
-pub use topology::{GpuTopology, Link, TopologyAnnotation, TopologyError};
+pub use topology::{GpuTopology, Link, SelectionKey, TopologyAnnotation, TopologyError};
 
 /// GPUs of a node a pod may be given: healthy and not held by any pod.
 pub fn available(health: &NodeHealth, used: GpuSet) -> GpuSet {

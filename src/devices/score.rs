@@ -28,6 +28,43 @@ pub struct NodeScore {
     pub idle: f64,
 }
 
+/// The part of a node's score that depends only on its topology and free GPUs, not on load:
+/// what gang placement may compute once for every node of the same kind and occupancy.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Fit {
+    /// The GPUs [`select`] would give the pod on this node.
+    pub selection: Selection,
+    /// 0..=1: see [`NodeScore::topology`].
+    pub topology: f64,
+    /// 0..=1: see [`NodeScore::fragmentation`].
+    pub fragmentation: f64,
+}
+
+/// The load-independent part of [`node_score`], or `None` when `available` cannot hold `k`.
+pub fn fit(topology: &GpuTopology, available: GpuSet, k: usize, options: SelectOptions) -> Option<Fit> {
+    let available = available.intersection(topology.all());
+    let selection = select(topology, available, k, options)?;
+    let topo = 0.5 * link_quality(selection.cost, k) + 0.5 * numa_quality(topology, selection.gpus, k);
+    let rest = available.difference(selection.gpus);
+    let n = topology.len().max(1) as f64;
+    let fill = (n - rest.len() as f64) / n;
+    let fragmentation = 0.5 * fill + 0.5 * cohesion(topology, rest);
+    Some(Fit { selection, topology: topo, fragmentation })
+}
+
+impl Fit {
+    /// The node's score with the load of the chosen GPUs (`utilization` by GPU index).
+    pub fn with_load(self, utilization: &[Option<f64>]) -> NodeScore {
+        let (sum, n) = (self.selection.gpus.iter().filter_map(|i| utilization.get(i).copied().flatten()))
+            .fold((0.0, 0usize), |(sum, n), u| (sum + u, n + 1));
+        let idle = if n == 0 { 1.0 } else { 1.0 - sum / n as f64 };
+        let idle = idle.clamp(0.0, 1.0);
+        let total = TOPOLOGY_WEIGHT * self.topology + FRAGMENTATION_WEIGHT * self.fragmentation + IDLE_WEIGHT * idle;
+        let score = (total * 100.0).round().clamp(0.0, 100.0) as u8;
+        NodeScore { score, selection: self.selection, topology: self.topology, fragmentation: self.fragmentation, idle }
+    }
+}
+
 /// Scores placing a pod of `k` GPUs on a node, or `None` when `available` cannot hold it.
 ///
 /// * topology: the mean of link quality, `1 - (cost - ideal) / (worst - ideal)` where ideal
@@ -47,19 +84,7 @@ pub fn node_score(
     utilization: &[Option<f64>],
     options: SelectOptions,
 ) -> Option<NodeScore> {
-    let available = available.intersection(topology.all());
-    let selection = select(topology, available, k, options)?;
-    let topo = 0.5 * link_quality(selection.cost, k) + 0.5 * numa_quality(topology, selection.gpus, k);
-    let rest = available.difference(selection.gpus);
-    let n = topology.len().max(1) as f64;
-    let fill = (n - rest.len() as f64) / n;
-    let fragmentation = 0.5 * fill + 0.5 * cohesion(topology, rest);
-    let busy: Vec<f64> = selection.gpus.iter().filter_map(|i| utilization.get(i).copied().flatten()).collect();
-    let idle = if busy.is_empty() { 1.0 } else { 1.0 - busy.iter().sum::<f64>() / busy.len() as f64 };
-    let idle = idle.clamp(0.0, 1.0);
-    let total = TOPOLOGY_WEIGHT * topo + FRAGMENTATION_WEIGHT * fragmentation + IDLE_WEIGHT * idle;
-    let score = (total * 100.0).round().clamp(0.0, 100.0) as u8;
-    Some(NodeScore { score, selection, topology: topo, fragmentation, idle })
+    fit(topology, available, k, options).map(|f| f.with_load(utilization))
 }
 
 /// 1 when the set spans no more NUMA nodes than `k` GPUs need on this node, halving with each

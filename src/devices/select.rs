@@ -45,7 +45,7 @@ fn span_penalty(span: usize) -> u64 {
 }
 
 /// How a pod wants its GPUs chosen.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct SelectOptions {
     /// A pod of two or more GPUs must get them all from one (known) NUMA node.
     pub require_single_numa: bool,

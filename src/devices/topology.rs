@@ -240,6 +240,15 @@ pub struct Gpu {
     pub memory_mib: Option<u64>,
 }
 
+/// The parts of a [`GpuTopology`] that GPU choice depends on, to share one answer between
+/// nodes of the same kind (see [`GpuTopology::selection_key`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SelectionKey {
+    links: Vec<Link>,
+    numa: Vec<Option<u32>>,
+    known: bool,
+}
+
 /// The GPUs of one node and how they connect; GPU `i` is the one with device index `i`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GpuTopology {
@@ -372,6 +381,12 @@ impl GpuTopology {
             .map(|i| numa_groups.iter().position(|(_, g)| g.contains(i)).map_or(0, |p| 1u64 << (p % 64)))
             .collect();
         GpuTopology { gpus, links, costs, numa_groups, numa_bits, known }
+    }
+
+    /// What selection and scoring read of this topology (links, NUMA placement, whether it is
+    /// known; not UUIDs or memory): nodes with equal keys get the same GPU choices.
+    pub fn selection_key(&self) -> SelectionKey {
+        SelectionKey { links: self.links.clone(), numa: self.gpus.iter().map(|g| g.numa).collect(), known: self.known }
     }
 
     /// Number of GPUs.

@@ -30,7 +30,7 @@ use super::devices::prometheus::PrometheusSource;
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{AdmissionPlan, CompositePodGroup, GroupPhase, PlanState, PlannedPod, PodGroup};
 use crate::crds::{ADMISSION_GATE, GPU_INDICES_ANNOTATION, HOSTNAME_LABEL, POD_GROUP_LABEL};
-use crate::devices::chooser::{NodeGpus, TopologyChooser, node_gpus};
+use crate::devices::chooser::{FitCache, NodeGpus, TopologyChooser, node_gpus};
 use crate::devices::{HealthThresholds, MetricsCache, SelectOptions};
 use crate::scheduler::{self, Admission, Decision, Group, GroupTree, PlaceOptions, Scoring, Snapshot};
 use status::{ChildSummary, Outcome};
@@ -83,6 +83,8 @@ struct Admitter {
     unseen: Unseen,
     /// Unhealthy GPUs per node at the last cycle: a GPU cooling down frees capacity.
     unhealthy: BTreeMap<String, u64>,
+    /// GPU choices by node kind and occupancy, kept across cycles.
+    fits: Arc<FitCache>,
 }
 
 /// Writes of this process that the watch caches have not shown yet.
@@ -225,6 +227,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         gpu_metrics,
         unseen: Unseen::default(),
         unhealthy: BTreeMap::new(),
+        fits: Arc::default(),
     };
     tracing::info!("admission caches ready");
     loop {
@@ -373,7 +376,8 @@ impl Admitter {
         let mut forest = scheduler::build_forest(&pgs, &cpgs, &pods);
         scheduler::sort_for_admission(&mut forest.trees);
         let single_numa = self.ctx.config.require_single_numa;
-        let chooser = TopologyChooser::new(gpus, SelectOptions { require_single_numa: single_numa });
+        let chooser =
+            TopologyChooser::with_cache(gpus, SelectOptions { require_single_numa: single_numa }, self.fits.clone());
         let options = self.place_options();
         let capacity = self.capacity.load(Ordering::Relaxed);
         let now = Instant::now();
