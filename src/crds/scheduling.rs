@@ -283,6 +283,10 @@ pub struct AdmissionPlan {
     /// When the plan was made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_at: Option<Time>,
+    /// When the last pod was ungated (the commit finished, or was resumed after a restart):
+    /// the bind timeout counts from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admitted_at: Option<Time>,
     /// Where each admitted pod goes.
     #[serde(default)]
     pub pods: Vec<PlannedPod>,

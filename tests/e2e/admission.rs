@@ -4,6 +4,7 @@
 //! tainted nodes, so tests running side by side never share capacity.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
@@ -214,12 +215,17 @@ async fn a_composite_gang_is_admitted_only_when_every_child_fits() {
 
 /// The commit protocol: muster exits (test hook) after 3 of 8 pod patches; the plan on the
 /// PodGroup says what was decided, and the restarted muster finishes that very plan.
+/// muster stays down longer than the restarted one's bind timeout, and a second gate of the
+/// test's keeps the pods from binding for a while after it resumes: the pods it ungates then
+/// still get the whole timeout to bind, counted from the resume, not from the plan.
 #[tokio::test]
 async fn a_crash_between_pod_patches_ends_with_the_whole_gang_admitted_as_planned() {
     let mut extra = extra_muster(&[], &[(FAULT_EXIT_ENV, "3")]).await;
     let ns = namespace("adm-crash");
     let nodes = TestNodes::add(&ns.name, 2, 4, 1).await;
-    apply(&ns.name, &gpu_job("crash", 8, 1, &nodes, gang(8), json!({})));
+    let mut job = gpu_job("crash", 8, 1, &nodes, gang(8), json!({}));
+    merge(&mut job, json!({"spec": {"template": {"spec": {"schedulingGates": [{"name": "e2e.muster.dev/hold"}]}}}}));
+    apply(&ns.name, &job);
     let status = extra.exited(LONG).await;
     assert_eq!(status.code(), Some(3), "muster exits through the test hook");
 
@@ -237,7 +243,22 @@ async fn a_crash_between_pod_patches_ends_with_the_whole_gang_admitted_as_planne
         assert_eq!((pin_of(p), indices_of(p)), (Some(want.hostname.as_str()), want.gpu_indices.as_deref()));
     }
 
-    extra.start(&[], &[]).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    extra.start(&["--bind-timeout", "8"], &[]).await;
+    let resumed = wait_for("all 8 pods ungated by the restarted muster", LONG, || async {
+        let live = job_pods(&pods, "crash").await;
+        (live.len() == 8 && !live.iter().any(gated)).then_some(live)
+    })
+    .await;
+    // The plan is 10 s old, beyond the bind timeout; the resume was just now.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let plan = groups.get("crash").await.unwrap().status.and_then(|s| s.plan);
+    assert_eq!(plan.map(|p| p.state), Some(PlanState::Admitted), "the watchdog must wait for the resumed pods");
+    for p in &resumed {
+        let patch = json!([{"op": "remove", "path": "/spec/schedulingGates/0"}]);
+        let patch: json_patch::Patch = serde_json::from_value(patch).unwrap();
+        pods.patch(&p.name_any(), &PatchParams::default(), &Patch::<()>::Json(patch)).await.unwrap();
+    }
     let bound = all_bound(&pods, "crash", 8).await;
     for p in &bound {
         let want = planned

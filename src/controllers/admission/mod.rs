@@ -564,6 +564,7 @@ impl Admitter {
             id: format!("{root}-{}", now.as_millisecond()),
             state: PlanState::Planned,
             created_at: Some(Time(now)),
+            admitted_at: None,
             pods: decision.plan.iter().map(PlannedPod::from).collect(),
         };
         if !self.write_plan(&ns, &root, composite, Some(&plan)).await? {
@@ -579,6 +580,7 @@ impl Admitter {
             reserve(snapshot, pod, planned);
         }
         plan.state = PlanState::Admitted;
+        plan.admitted_at = Some(Time(Timestamp::now()));
         self.write_plan(&ns, &root, composite, Some(&plan)).await?;
         let message = decision.message();
         let key = key_of(&ns, &root);
@@ -703,6 +705,8 @@ impl Admitter {
                 }
                 let mut done = plan.clone();
                 done.state = PlanState::Admitted;
+                // The pods just ungated get the whole bind timeout, however long muster was down.
+                done.admitted_at = Some(Time(Timestamp::now()));
                 self.write_plan(ns, root, composite, Some(&done)).await?;
                 self.roots.entry(key.clone()).or_default().outcome =
                     Some(Outcome::Admitted(format!("admitted {} pod(s) (commit resumed)", live.len())));
@@ -716,8 +720,8 @@ impl Admitter {
             self.write_plan(ns, root, composite, None).await?;
             return Ok(None);
         }
-        let created = plan.created_at.as_ref().map(|t| t.0).unwrap_or_else(Timestamp::now);
-        let age = Duration::from_secs((Timestamp::now().as_second() - created.as_second()).max(0) as u64);
+        let since = plan.admitted_at.as_ref().or(plan.created_at.as_ref()).map(|t| t.0).unwrap_or_else(Timestamp::now);
+        let age = Duration::from_secs((Timestamp::now().as_second() - since.as_second()).max(0) as u64);
         let timeout = self.ctx.config.bind_timeout;
         if age < timeout {
             return Ok(Some(Instant::now() + (timeout - age) + Duration::from_millis(200)));
