@@ -74,6 +74,8 @@ pub struct Metrics {
     pub gpus_total: Family<NodeLabels, Gauge>,
     /// GPUs not offered per node (unhealthy).
     pub gpus_unhealthy: Family<NodeLabels, Gauge>,
+    /// Kinds of GPU problem per node (topology annotation, metrics, health).
+    pub gpu_node_problems: Family<NodeLabels, Gauge>,
     /// Webhook requests, by path and outcome.
     pub webhook_requests: Family<WebhookLabels, Counter>,
     /// Webhook request duration, by path.
@@ -113,6 +115,7 @@ impl Default for Metrics {
             gpus_allocated: Family::default(),
             gpus_total: Family::default(),
             gpus_unhealthy: Family::default(),
+            gpu_node_problems: Family::default(),
             webhook_requests: Family::default(),
             webhook_duration: Family::new_with_constructor(histogram_seconds),
             registry: Registry::default(),
@@ -143,6 +146,11 @@ impl Default for Metrics {
         registry.register("gpus_allocated", "GPUs allocated per node", m.gpus_allocated.clone());
         registry.register("gpus", "GPUs per node", m.gpus_total.clone());
         registry.register("gpus_unhealthy", "GPUs not offered because of health, per node", m.gpus_unhealthy.clone());
+        registry.register(
+            "gpu_node_problems",
+            "Kinds of GPU problem per node (topology annotation, metrics, health); see the node's events",
+            m.gpu_node_problems.clone(),
+        );
         registry.register("webhook_requests", "Admission webhook requests", m.webhook_requests.clone());
         registry.register("webhook_duration_seconds", "Admission webhook request duration", m.webhook_duration.clone());
         Self { registry, ..m }

@@ -30,6 +30,13 @@ impl NodeGpus {
     pub fn unhealthy(&self) -> GpuSet {
         self.topology.all().difference(self.health.healthy)
     }
+
+    /// What an operator should hear about this node's GPUs (see [`NodeHealth::problems`]),
+    /// the topology annotation first.
+    pub fn problems(&self, metrics_expected: bool) -> Vec<String> {
+        let topology = self.topology_problem.iter().map(|p| format!("GPU topology: {p}"));
+        topology.chain(self.health.problems(metrics_expected)).collect()
+    }
 }
 
 fn allocatable_gpus(node: &Node) -> u64 {

@@ -209,6 +209,44 @@ pub fn healthy_mask(
     health
 }
 
+impl NodeHealth {
+    /// What is worth telling an operator, one line per kind of problem with the GPUs it
+    /// concerns: stable while the situation is (no measured values, no ages), so a report can
+    /// be made when it changes rather than every cycle. Without `metrics_expected` (no metrics
+    /// source configured), missing metrics are not a problem.
+    pub fn problems(&self, metrics_expected: bool) -> Vec<String> {
+        let mut by_kind: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for reason in &self.reasons {
+            let (kind, index) = match reason {
+                HealthReason::NoMetrics if metrics_expected => {
+                    ("no GPU metrics for this node; health not checked", None)
+                }
+                HealthReason::Missing { index } if metrics_expected => {
+                    ("no metrics, health not checked, for GPU", Some(*index as u64))
+                }
+                HealthReason::NoMetrics | HealthReason::Missing { .. } => continue,
+                HealthReason::Stale { index, .. } => ("stale metrics ignored for GPU", Some(*index as u64)),
+                HealthReason::Invalid { index } => ("out-of-range metrics ignored for GPU", Some(*index as u64)),
+                HealthReason::UnknownGpu { index } => {
+                    ("metrics for GPUs the node does not have:", Some(u64::from(*index)))
+                }
+                HealthReason::Hot { index, .. } => ("too hot, not offered: GPU", Some(*index as u64)),
+                HealthReason::LowFreeMemory { index, .. } => {
+                    ("too little free memory, not offered: GPU", Some(*index as u64))
+                }
+            };
+            let entry = by_kind.entry(kind).or_default();
+            if let Some(i) = index {
+                entry.push(i.to_string());
+            }
+        }
+        by_kind
+            .into_iter()
+            .map(|(kind, gpus)| if gpus.is_empty() { kind.to_string() } else { format!("{kind} {}", gpus.join(",")) })
+            .collect()
+    }
+}
+
 /// A metrics query that failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("GPU metrics query failed: {0}")]
@@ -307,6 +345,33 @@ mod tests {
 
     fn check(model: &GpuTopology, metrics: Option<&NodeMetrics>, now: u64) -> NodeHealth {
         healthy_mask(model, metrics, &HealthThresholds::default(), at(now))
+    }
+
+    #[test]
+    fn problems_are_grouped_by_kind_and_stable_while_the_situation_is() {
+        let model = GpuTopology::unknown(4);
+        let m = node(&[
+            (0, sample(95.0, 0.9, 100)),
+            (1, sample(60.0, 0.1, 100)),
+            (2, sample(60.0, 0.9, 10)),
+            (7, sample(60.0, 0.9, 100)),
+        ]);
+        let later = check(&model, Some(&m), 120).problems(true);
+        assert_eq!(
+            later,
+            [
+                "metrics for GPUs the node does not have: 7",
+                "no metrics, health not checked, for GPU 3",
+                "stale metrics ignored for GPU 2",
+                "too hot, not offered: GPU 0",
+                "too little free memory, not offered: GPU 1",
+            ]
+        );
+        // Ten seconds on, the stale sample is older but the report is the same.
+        assert_eq!(check(&model, Some(&m), 130).problems(true), later);
+        // Without a metrics source, absent metrics are expected.
+        assert!(check(&model, None, 120).problems(false).is_empty());
+        assert_eq!(check(&model, None, 120).problems(true), ["no GPU metrics for this node; health not checked"]);
     }
 
     #[test]

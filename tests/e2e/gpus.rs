@@ -1,7 +1,7 @@
 //! GPU indices end to end: disjoint sets for gangs admitted together, indices freed by a
 //! finished pod going to the next one, indices for GPU pods kube-scheduler bound without
 //! muster, the GPU gauges and conflict counter, and a hot GPU (fake DCGM exporter -> real
-//! Prometheus -> `muster run --prometheus-url`) left out.
+//! Prometheus -> `muster run --prometheus-url`) left out and reported on the Node.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -161,6 +161,15 @@ async fn hot_and_memory_starved_gpus_are_not_offered() {
         (metric(&extra.metrics().await, "muster_gpus_unhealthy", &[("node", node)]) == 2.0).then_some(())
     })
     .await;
+    // Operators hear why, on the Node (cluster-scoped objects' events live in `default`).
+    let warned = wait_for("a GPUProblems event on the node", LONG, || async {
+        let events = events_of("default", node).await;
+        events.into_iter().find(|(t, r, m)| t == "Warning" && r == "GPUProblems" && m.contains("too hot")).map(|e| e.2)
+    })
+    .await;
+    assert!(warned.contains("too hot, not offered: GPU 1"), "{warned}");
+    assert!(warned.contains("too little free memory, not offered: GPU 2"), "{warned}");
+    assert!(metric(&extra.metrics().await, "muster_gpu_node_problems", &[("node", node)]) >= 2.0);
 
     apply(&ns.name, &gpu_job("pair", 2, 1, &nodes, gang(2), json!({})));
     let pods: Api<Pod> = Api::namespaced(client().await, &ns.name);

@@ -26,6 +26,7 @@ use tokio::sync::Notify;
 
 use super::context::{Context, Result};
 use super::devices::DeviceReconciler;
+use super::metrics::NodeLabels;
 use super::devices::prometheus::PrometheusSource;
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{AdmissionPlan, CompositePodGroup, GroupPhase, PlanState, PlannedPod, PodGroup};
@@ -85,6 +86,8 @@ struct Admitter {
     unhealthy: BTreeMap<String, u64>,
     /// GPU choices by node kind and occupancy, kept across cycles.
     fits: Arc<FitCache>,
+    /// GPU problems per node last reported (topology annotation, metrics, health).
+    gpu_problems: BTreeMap<String, Vec<String>>,
 }
 
 /// Writes of this process that the watch caches have not shown yet.
@@ -228,6 +231,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         unseen: Unseen::default(),
         unhealthy: BTreeMap::new(),
         fits: Arc::default(),
+        gpu_problems: BTreeMap::new(),
     };
     tracing::info!("admission caches ready");
     loop {
@@ -481,6 +485,7 @@ impl Admitter {
             ..HealthThresholds::default()
         };
         let gpus = node_gpus(nodes, &self.gpu_metrics, &thresholds, now);
+        self.report_gpu_problems(nodes, &gpus).await;
         let unhealthy: BTreeMap<String, u64> =
             gpus.iter().map(|(n, g)| (n.clone(), g.unhealthy().bits())).filter(|(_, m)| *m != 0).collect();
         if unhealthy != self.unhealthy {
@@ -489,6 +494,58 @@ impl Admitter {
             self.unhealthy = unhealthy;
         }
         gpus
+    }
+
+    /// Tells operators, once per change, what keeps a node's GPUs from full use: a missing or
+    /// malformed topology annotation, missing, stale or invalid metrics, GPUs too hot or full.
+    /// A log line and an event on the Node, and the gauge `muster_gpu_node_problems`.
+    async fn report_gpu_problems(&mut self, nodes: &[Node], gpus: &HashMap<String, NodeGpus>) {
+        let metrics_expected = self.metrics_source.is_some();
+        let now: BTreeMap<String, Vec<String>> = gpus
+            .iter()
+            .map(|(n, g)| (n.clone(), g.problems(metrics_expected)))
+            .filter(|(_, p)| !p.is_empty())
+            .collect();
+        if now == self.gpu_problems {
+            return;
+        }
+        for node in nodes {
+            let name = node.name_any();
+            let (before, after) = (self.gpu_problems.get(&name), now.get(&name));
+            if before == after {
+                continue;
+            }
+            let object = node.object_ref(&());
+            self.ctx
+                .metrics
+                .gpu_node_problems
+                .get_or_create(&NodeLabels { node: name.clone() })
+                .set(after.map_or(0, |p| p.len() as i64));
+            match after {
+                Some(problems) => {
+                    let note = problems.join("; ");
+                    tracing::warn!(node = %name, problems = %note, "GPU problems on node");
+                    self.ctx.event(&object, true, "GPUProblems", "Schedule", note).await;
+                }
+                None => {
+                    tracing::info!(node = %name, "GPU problems on node cleared");
+                    self.ctx
+                        .event(
+                            &object,
+                            false,
+                            "GPUProblemsCleared",
+                            "Schedule",
+                            "GPU topology and metrics usable again",
+                        )
+                        .await;
+                }
+            }
+        }
+        // Nodes gone: forget them.
+        for name in self.gpu_problems.keys().filter(|n| !now.contains_key(*n)) {
+            self.ctx.metrics.gpu_node_problems.remove(&NodeLabels { node: name.clone() });
+        }
+        self.gpu_problems = now;
     }
 
     async fn unschedulable(&mut self, key: &RootKey, tree: &GroupTree, decision: &Decision, capacity: u64) -> Instant {
