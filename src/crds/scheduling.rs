@@ -54,7 +54,8 @@ pub struct WorkloadControllerRef {
 #[x_kube(
     validation = Rule::new("(has(self.podGroupTemplates) && size(self.podGroupTemplates) > 0) != (has(self.compositePodGroupTemplates) && size(self.compositePodGroupTemplates) > 0)").message("must specify exactly one of: `podGroupTemplates`, `compositePodGroupTemplates`"),
     validation = Rule::new("has(self.podGroupTemplates) == has(oldSelf.podGroupTemplates) && has(self.compositePodGroupTemplates) == has(oldSelf.compositePodGroupTemplates)").message("templates may not be added or removed"),
-    validation = Rule::new("has(self.controllerRef) == has(oldSelf.controllerRef) && (!has(self.controllerRef) || self.controllerRef == oldSelf.controllerRef)").message("field is immutable").field_path(".controllerRef")
+    validation = Rule::new("has(self.controllerRef) == has(oldSelf.controllerRef) && (!has(self.controllerRef) || self.controllerRef == oldSelf.controllerRef)").message("field is immutable").field_path(".controllerRef"),
+    validation = Rule::new("has(self.compositePodGroupTemplates) == has(oldSelf.compositePodGroupTemplates) && (!has(self.compositePodGroupTemplates) || (size(self.compositePodGroupTemplates) == size(oldSelf.compositePodGroupTemplates) && self.compositePodGroupTemplates.all(t, oldSelf.compositePodGroupTemplates.exists(o, o.name == t.name))))").message("templates may not be added or removed").field_path(".compositePodGroupTemplates")
 )]
 pub struct WorkloadSpec {
     /// The object this Workload was compiled from. Immutable.
@@ -145,7 +146,12 @@ pub enum PreemptionPolicy {
     validation = Rule::new("(has(self.podGroupTemplates) && size(self.podGroupTemplates) > 0) || (has(self.compositePodGroupTemplates) && size(self.compositePodGroupTemplates) > 0)").message("must have at least one child template"),
     validation = Rule::new("self.schedulingPolicy == oldSelf.schedulingPolicy").message("field is immutable").field_path(".schedulingPolicy"),
     validation = Rule::new("has(self.schedulingConstraints) == has(oldSelf.schedulingConstraints) && (!has(self.schedulingConstraints) || self.schedulingConstraints == oldSelf.schedulingConstraints)").message("field is immutable").field_path(".schedulingConstraints"),
-    validation = Rule::new("has(self.disruptionMode) == has(oldSelf.disruptionMode) && (!has(self.disruptionMode) || self.disruptionMode == oldSelf.disruptionMode)").message("field is immutable").field_path(".disruptionMode")
+    validation = Rule::new("has(self.disruptionMode) == has(oldSelf.disruptionMode) && (!has(self.disruptionMode) || self.disruptionMode == oldSelf.disruptionMode)").message("field is immutable").field_path(".disruptionMode"),
+    validation = Rule::new("has(self.priorityClassName) == has(oldSelf.priorityClassName) && (!has(self.priorityClassName) || self.priorityClassName == oldSelf.priorityClassName)").message("field is immutable").field_path(".priorityClassName"),
+    validation = Rule::new("has(self.priority) == has(oldSelf.priority) && (!has(self.priority) || self.priority == oldSelf.priority)").message("field is immutable").field_path(".priority"),
+    validation = Rule::new("has(self.preemptionPolicy) == has(oldSelf.preemptionPolicy) && (!has(self.preemptionPolicy) || self.preemptionPolicy == oldSelf.preemptionPolicy)").message("field is immutable").field_path(".preemptionPolicy"),
+    validation = Rule::new("has(self.podGroupTemplates) == has(oldSelf.podGroupTemplates) && (!has(self.podGroupTemplates) || (size(self.podGroupTemplates) == size(oldSelf.podGroupTemplates) && self.podGroupTemplates.all(t, oldSelf.podGroupTemplates.exists(o, o.name == t.name))))").message("templates may not be added or removed").field_path(".podGroupTemplates"),
+    validation = Rule::new("has(self.compositePodGroupTemplates) == has(oldSelf.compositePodGroupTemplates) && (!has(self.compositePodGroupTemplates) || (size(self.compositePodGroupTemplates) == size(oldSelf.compositePodGroupTemplates) && self.compositePodGroupTemplates.all(t, oldSelf.compositePodGroupTemplates.exists(o, o.name == t.name))))").message("templates may not be added or removed").field_path(".compositePodGroupTemplates")
 )]
 pub struct CompositePodGroupTemplate {
     /// Name of the template (a DNS label), unique across the whole tree.
@@ -194,7 +200,8 @@ fn composite_templates_schema(generator: &mut SchemaGenerator) -> Schema {
             "type": "array",
             "maxItems": 0,
             "description": "The template tree may be at most 4 levels deep.",
-            "items": {"type": "object"},
+            // `name` only so that the parent's rules over its children's names compile.
+            "items": {"type": "object", "properties": {"name": {"type": "string"}}},
         });
     }
     SCHEMA_DEPTH.set(depth);

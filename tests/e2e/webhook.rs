@@ -330,7 +330,8 @@ async fn with_muster_stopped_only_opted_in_objects_are_refused() {
 }
 
 /// The objects muster compiles keep their frozen fields against hand edits too (only
-/// `minCount` may change), reported at the field, and hand-written ones get the same rules.
+/// `minCount` may change), reported at the field, and hand-written ones get the same rules;
+/// composite trees keep their shape and their composite templates' priority.
 #[tokio::test]
 async fn compiled_workloads_and_podgroups_refuse_changes_to_frozen_fields() {
     let _muster = muster().await;
@@ -346,13 +347,24 @@ async fn compiled_workloads_and_podgroups_refuse_changes_to_frozen_fields() {
         cluster().kubectl(&["-n", &ns.name, "get", "podgroups.scheduling.muster.dev", "compiled"]).ok()
     })
     .await;
+    // A hand-written composite tree (what a MusterJobSet compiles to) for the composite cases.
+    let tree = |root: &str, priority: i32, children: &[&str]| {
+        let children: Vec<Value> =
+            children.iter().map(|c| json!({"name": c, "schedulingPolicy": {"gang": {"minCount": 1}}})).collect();
+        json!({"compositePodGroupTemplates": [{"name": root, "priority": priority,
+            "schedulingPolicy": {"gang": {"minGroupCount": 1}}, "podGroupTemplates": children}]})
+    };
+    let workload = json!({"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": "Workload",
+        "metadata": {"name": "tree"}, "spec": tree("root", 5, &["a", "b"])});
+    apply(&ns.name, &workload).expect("a composite Workload");
     let patch = |resource: &str, p: Value| {
+        let (resource, name) = resource.split_once('/').unwrap_or((resource, "compiled"));
         cluster().kubectl(&[
             "-n",
             &ns.name,
             "patch",
             resource,
-            "compiled",
+            name,
             "--type=merge",
             "--dry-run=server",
             "-p",
@@ -382,6 +394,31 @@ async fn compiled_workloads_and_podgroups_refuse_changes_to_frozen_fields() {
             &["spec.podGroupTemplates"],
         ),
         ("controller_ref", "mwl", json!({"spec": {"controllerRef": {"name": "other"}}}), &["spec.controllerRef"]),
+        ("composite_unchanged", "mwl/tree", json!({"spec": tree("root", 5, &["a", "b"])}), &[]),
+        (
+            "composite_child_removed",
+            "mwl/tree",
+            json!({"spec": tree("root", 5, &["a"])}),
+            &["spec.compositePodGroupTemplates[0].podGroupTemplates"],
+        ),
+        (
+            "composite_child_renamed",
+            "mwl/tree",
+            json!({"spec": tree("root", 5, &["a", "c"])}),
+            &["spec.compositePodGroupTemplates[0].podGroupTemplates"],
+        ),
+        (
+            "composite_priority",
+            "mwl/tree",
+            json!({"spec": tree("root", 6, &["a", "b"])}),
+            &["spec.compositePodGroupTemplates[0].priority"],
+        ),
+        (
+            "composite_renamed",
+            "mwl/tree",
+            json!({"spec": tree("other", 5, &["a", "b"])}),
+            &["spec.compositePodGroupTemplates"],
+        ),
     ];
     let mut failures = Vec::new();
     for (name, resource, p, want) in cases {
