@@ -1,8 +1,9 @@
 //! `muster validate`: the schema-level and builder validation the cluster would run, offline.
-//! Exit 0 when every MusterJob/MusterJobSet is valid, 1 when one is not, 2 on unreadable input.
+//! Exit 0 when every MusterJob/MusterJobSet is valid (or there is none), 1 when one is not, 2 on
+//! unreadable or unparsable input. Other kinds are skipped with a note on stderr.
 
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use serde::de::DeserializeOwned;
@@ -15,7 +16,8 @@ use crate::workloadbuilder::job::{validate_job, validate_jobset};
 /// Arguments of `muster validate`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Manifest file(s) to check (multi-document YAML; `-` reads standard input).
+    /// Manifest file(s) or directories to check (multi-document YAML or JSON; a directory means
+    /// its `*.yaml`, `*.yml` and `*.json` files, not recursive; `-` reads standard input).
     #[arg(short = 'f', long = "filename", required = true)]
     files: Vec<PathBuf>,
     /// The objects as they are now: the manifests are then checked as updates of them.
@@ -124,7 +126,34 @@ pub fn errors_of(manifest: &Manifest, old: Option<&Manifest>) -> ErrorList {
     }
 }
 
-fn read(path: &PathBuf) -> Result<String, String> {
+/// Extensions of the manifest files read from a directory.
+const MANIFEST_EXTENSIONS: [&str; 3] = ["yaml", "yml", "json"];
+
+/// The files `paths` name: each file as given, each directory as its manifest files, sorted
+/// (like `kubectl apply -f DIR`, not recursive).
+pub fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
+    let mut out = Vec::new();
+    for p in paths {
+        if p.as_os_str() == "-" || !p.is_dir() {
+            out.push(p.clone());
+            continue;
+        }
+        let entries = std::fs::read_dir(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let mut files = Vec::new();
+        for entry in entries {
+            let path = entry.map_err(|e| format!("{}: {e}", p.display()))?.path();
+            let manifest = path.extension().and_then(|e| e.to_str()).is_some_and(|e| MANIFEST_EXTENSIONS.contains(&e));
+            if manifest && path.is_file() {
+                files.push(path);
+            }
+        }
+        files.sort();
+        out.extend(files);
+    }
+    Ok(out)
+}
+
+fn read(path: &Path) -> Result<String, String> {
     if path.as_os_str() == "-" {
         let mut s = String::new();
         std::io::stdin().read_to_string(&mut s).map_err(|e| format!("stdin: {e}"))?;
@@ -136,7 +165,7 @@ fn read(path: &PathBuf) -> Result<String, String> {
 
 fn load(paths: &[PathBuf]) -> Result<Vec<(String, Document)>, String> {
     let mut out = Vec::new();
-    for p in paths {
+    for p in &expand(paths)? {
         let text = read(p)?;
         let docs = parse_documents(&text).map_err(|e| format!("{}: {e}", p.display()))?;
         out.extend(docs.into_iter().map(|d| (p.display().to_string(), d)));
@@ -146,11 +175,17 @@ fn load(paths: &[PathBuf]) -> Result<Vec<(String, Document)>, String> {
 
 /// Runs `muster validate`.
 pub fn run(args: Args) -> ExitCode {
-    let (new, old) = match (load(&args.files), load(&args.old)) {
+    ExitCode::from(check(&args.files, &args.old))
+}
+
+/// Checks the manifests in `files` (as updates of those in `old`), prints the verdicts, and
+/// returns the exit status: 0 valid (or nothing to check), 1 invalid, 2 unreadable.
+fn check(files: &[PathBuf], old: &[PathBuf]) -> u8 {
+    let (new, old) = match (load(files), load(old)) {
         (Ok(n), Ok(o)) => (n, o),
         (Err(e), _) | (_, Err(e)) => {
             eprintln!("error: {e}");
-            return ExitCode::from(2);
+            return 2;
         }
     };
     let find_old = |kind: &str, name: &str| {
@@ -186,8 +221,79 @@ pub fn run(args: Args) -> ExitCode {
         }
     }
     if checked == 0 {
-        eprintln!("error: no MusterJob or MusterJobSet found");
-        return ExitCode::from(2);
+        eprintln!("note: no MusterJob or MusterJobSet found; nothing to check");
     }
-    if invalid { ExitCode::from(1) } else { ExitCode::SUCCESS }
+    u8::from(invalid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VALID_JOB: &str = "apiVersion: batch.muster.dev/v1alpha1\nkind: MusterJob\nmetadata: {name: ok}\nspec:\n  template: {spec: {containers: [{name: c, image: x}]}}\n";
+    const INVALID_JOB: &str = "apiVersion: batch.muster.dev/v1alpha1\nkind: MusterJob\nmetadata: {name: bad}\nspec:\n  parallelism: 1\n  scheduling: {schedulingPolicy: {gang: {minCount: 2}}}\n  template: {spec: {containers: [{name: c, image: x}]}}\n";
+    const CONFIG_MAP: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: cm}\ndata: {a: b}\n";
+
+    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, text).expect("write fixture");
+        path
+    }
+
+    #[test]
+    fn a_directory_means_its_manifest_files_sorted_not_recursive() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let b = write(dir.path(), "b.yml", VALID_JOB);
+        let a = write(dir.path(), "a.yaml", VALID_JOB);
+        let c = write(dir.path(), "c.json", "{}");
+        write(dir.path(), "README.md", "# not a manifest");
+        std::fs::create_dir(dir.path().join("nested.yaml")).expect("mkdir");
+        write(&dir.path().join("nested.yaml"), "deep.yaml", INVALID_JOB);
+        let single = write(dir.path(), "single.txt", VALID_JOB);
+        let listed = expand(&[dir.path().to_path_buf(), single.clone()]).expect("expand");
+        assert_eq!(listed, vec![a, b, c, single], "a file named on its own is read whatever its name");
+    }
+
+    #[test]
+    fn a_directory_of_valid_manifests_and_other_kinds_exits_0() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        write(dir.path(), "job.yaml", VALID_JOB);
+        write(dir.path(), "mixed.yaml", &format!("{CONFIG_MAP}---\n{VALID_JOB}"));
+        write(dir.path(), "service.json", r#"{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}}"#);
+        assert_eq!(check(&[dir.path().to_path_buf()], &[]), 0);
+    }
+
+    #[test]
+    fn an_invalid_manifest_in_a_directory_exits_1() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        write(dir.path(), "a.yaml", VALID_JOB);
+        write(dir.path(), "b.yaml", INVALID_JOB);
+        assert_eq!(check(&[dir.path().to_path_buf()], &[]), 1);
+    }
+
+    #[test]
+    fn no_muster_object_at_all_is_not_an_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cm = write(dir.path(), "cm.yaml", CONFIG_MAP);
+        assert_eq!(check(std::slice::from_ref(&cm), &[]), 0);
+        let empty = tempfile::tempdir().expect("tempdir");
+        assert_eq!(check(&[empty.path().to_path_buf()], &[]), 0);
+    }
+
+    #[test]
+    fn unreadable_or_unparsable_input_exits_2() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert_eq!(check(&[dir.path().join("missing.yaml")], &[]), 2);
+        let broken = write(dir.path(), "broken.yaml", "kind: [unclosed\n");
+        assert_eq!(check(&[broken], &[]), 2);
+        write(dir.path(), "ok.yaml", VALID_JOB);
+        write(dir.path(), "z-broken.json", "{\"kind\": ");
+        assert_eq!(check(&[dir.path().to_path_buf()], &[]), 2, "one unparsable file in a directory");
+    }
+
+    #[test]
+    fn the_repository_examples_are_valid() {
+        let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+        assert_eq!(check(&[examples], &[]), 0);
+    }
 }

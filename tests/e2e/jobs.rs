@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference};
 use kube::api::{Api, ListParams};
 use kube::{Resource, ResourceExt};
 use muster::controllers::job::plan::{COMPLETION_INDEX_ENV, GPU_INDICES_ENV};
-use muster::crds::batch::{JobPhase, JobSetPhase};
+use muster::crds::batch::{CompletionMode, JobPhase, JobSetPhase};
 use muster::crds::blocks::{DisruptionMode, PodGroupResourceClaim, PodGroupSchedulingPolicy, SchedulingConstraints};
 use muster::crds::scheduling::{GroupPhase, WorkloadControllerRef, WorkloadReference};
 use muster::crds::{
@@ -275,6 +275,8 @@ spec:
   - name: driver
     template:
       spec:
+        completions: 1
+        completionMode: Indexed
         template: {spec: {restartPolicy: Never, NOWHERE, containers: [{name: main, image: registry.invalid/none}]}}
   - name: workers
     replicas: 2
@@ -330,6 +332,7 @@ spec:
         assert_eq!(job.labels().get(JOBSET_NAME_LABEL).map(String::as_str), Some("ray"));
         assert_eq!(job.labels().get(REPLICATED_JOB_LABEL).map(String::as_str), Some(rjob));
         assert_eq!(job.labels().get("role").is_some(), rjob == "workers", "template labels reach the child");
+        assert_eq!(job.spec.completion_mode, CompletionMode::Indexed, "both templates ask for Indexed");
 
         let group = eventually(&a.groups, child).await;
         assert_eq!(group.spec.parent_composite_pod_group_name.as_deref(), Some("ray"));
@@ -351,11 +354,11 @@ spec:
             assert_eq!(p.labels().get(POD_GROUP_LABEL).map(String::as_str), Some(child));
             assert_eq!(p.labels().get(JOBSET_NAME_LABEL).map(String::as_str), Some("ray"));
             assert!(is_gated(&p));
+            // Every pod is addressable as <set>-<rjob>-<i>-<index>.<set> through the set's Service.
+            let index = p.annotations().get(COMPLETION_INDEX_ANNOTATION).cloned().expect("a completion index");
             let spec = p.spec.unwrap();
             assert_eq!(spec.subdomain.as_deref(), Some("ray"));
-            if rjob == "workers" {
-                assert!(spec.hostname.unwrap().starts_with(&format!("{child}-")));
-            }
+            assert_eq!(spec.hostname, Some(format!("{child}-{index}")));
         }
     }
     let svc = eventually(&a.services, "ray").await;

@@ -68,6 +68,9 @@ pub struct ObservedPod {
     pub ready: bool,
     /// Still held by the admission gate.
     pub gated: bool,
+    /// Container restarts so far, init containers included (`restartPolicy: OnFailure` counts
+    /// them toward `backoffLimit`).
+    pub restarts: i32,
 }
 
 impl ObservedPod {
@@ -96,6 +99,11 @@ impl ObservedPod {
                 .as_ref()
                 .and_then(|s| s.scheduling_gates.as_ref())
                 .is_some_and(|g| g.iter().any(|g| g.name == ADMISSION_GATE)),
+            restarts: status
+                .into_iter()
+                .flat_map(|s| s.container_statuses.iter().flatten().chain(s.init_container_statuses.iter().flatten()))
+                .map(|c| c.restart_count.max(0))
+                .fold(0i32, i32::saturating_add),
         }
     }
     fn active(&self) -> bool {
@@ -145,6 +153,22 @@ pub fn completions(spec: &MusterJobSpec) -> i32 {
     spec.completions.unwrap_or(spec.parallelism).max(0)
 }
 
+/// Reads indexes in the batch/v1 form written by [`format_indexes`]; parts that do not parse
+/// are skipped (the status is muster's own, so that only happens after a hand edit).
+pub fn parse_indexes(s: &str) -> BTreeSet<i32> {
+    let mut out = BTreeSet::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let range = match part.split_once('-') {
+            Some((a, b)) => a.parse::<i32>().ok().zip(b.parse::<i32>().ok()),
+            None => part.parse::<i32>().ok().map(|i| (i, i)),
+        };
+        if let Some((start, end)) = range {
+            out.extend(start..=end);
+        }
+    }
+    out
+}
+
 /// Compresses indexes into the batch/v1 form: `0-2,5,7-8`.
 pub fn format_indexes(indexes: &BTreeSet<i32>) -> String {
     let mut out: Vec<String> = Vec::new();
@@ -158,6 +182,22 @@ pub fn format_indexes(indexes: &BTreeSet<i32>) -> String {
         out.push(if start == end { start.to_string() } else { format!("{start}-{end}") });
     }
     out.join(",")
+}
+
+/// Pod failures so far, at least: what the last status recorded, and what the failed pods still
+/// visible prove. A pod of attempt `k` was created after `k` failures were counted, so `k` plus
+/// the failed pods of attempts `k` and later is a lower bound even when older failed pods are
+/// gone.
+fn failures(recorded: i32, pods: &[ObservedPod]) -> i32 {
+    let mut attempts: Vec<i32> = pods.iter().filter(|p| p.phase == Phase::Failed).map(|p| p.attempt.max(0)).collect();
+    attempts.sort_unstable_by(|a, b| b.cmp(a));
+    attempts.iter().enumerate().map(|(n, a)| a.saturating_add(n as i32 + 1)).fold(recorded.max(0), i32::max)
+}
+
+/// batch/v1's `pastBackoffLimitOnFailure`: with a limit of 0 one restart is too many, else the
+/// job fails once the restarts reach the limit.
+fn restarts_past_limit(restarts: i32, backoff_limit: i32) -> bool {
+    if backoff_limit <= 0 { restarts > 0 } else { restarts >= backoff_limit }
 }
 
 fn finished_condition(status: &MusterJobStatus) -> Option<&'static str> {
@@ -176,16 +216,32 @@ pub fn plan(
 ) -> JobPlan {
     let want_completions = completions(job_spec);
     let active: Vec<&ObservedPod> = pods.iter().filter(|p| p.active()).collect();
-    let succeeded_pods = pods.iter().filter(|p| p.phase == Phase::Succeeded).count() as i32;
-    let failed = pods.iter().filter(|p| p.phase == Phase::Failed).count() as i32;
+    // Counts never go below what the last status recorded: finished pods may be deleted (by
+    // people, or pod GC), and a count that drops would let the job retry past backoffLimit or
+    // run an index again that already succeeded.
+    let succeeded_pods = (pods.iter().filter(|p| p.phase == Phase::Succeeded).count() as i32).max(prev.succeeded);
+    let failed = failures(prev.failed, pods);
+    let recorded_indexes = prev.completed_indexes.as_deref().map(parse_indexes).unwrap_or_default();
     let succeeded_indexes: BTreeSet<i32> = pods
         .iter()
         .filter(|p| p.phase == Phase::Succeeded)
         .filter_map(|p| p.index)
+        .chain(recorded_indexes)
         .filter(|i| (0..want_completions).contains(i))
         .collect();
     let indexed = job_spec.completion_mode == CompletionMode::Indexed;
     let succeeded = if indexed { succeeded_indexes.len() as i32 } else { succeeded_pods.min(want_completions) };
+    // batch/v1: with `restartPolicy: OnFailure` a failing container restarts in place, so the
+    // restarts of the pods still pending or running are the retries backoffLimit bounds.
+    let on_failure = job_spec.template.spec.as_ref().and_then(|s| s.restart_policy.as_deref()) == Some("OnFailure");
+    let restarts = if on_failure {
+        pods.iter()
+            .filter(|p| matches!(p.phase, Phase::Pending | Phase::Running))
+            .map(|p| p.restarts)
+            .fold(0i32, i32::saturating_add)
+    } else {
+        0
+    };
 
     let mut status = MusterJobStatus {
         conditions: prev.conditions.clone(),
@@ -211,6 +267,13 @@ pub fn plan(
     conditions::set(&mut status.conditions, condition::INVALID, false, "Valid", "", generation, now);
     let already = finished_condition(prev);
     if already.is_none() {
+        // batch/v1: activeDeadlineSeconds counts the time a job is continuously active. A
+        // suspended job has no startTime, and resuming one starts the clock again.
+        if job_spec.suspend {
+            status.start_time = None;
+        } else if status.start_time.is_none() || conditions::is_true(&prev.conditions, condition::SUSPENDED) {
+            status.start_time = Some(Time(now));
+        }
         let started = status.start_time.as_ref().map(|t| t.0);
         let deadline_passed = match (job_spec.active_deadline_seconds, started) {
             (Some(d), Some(s)) if !job_spec.suspend => now.as_second() - s.as_second() >= d,
@@ -227,6 +290,15 @@ pub fn plan(
                 condition: condition::FAILED,
                 reason: "BackoffLimitExceeded",
                 message: format!("{failed} pod(s) failed, more than the backoff limit of {}", job_spec.backoff_limit),
+            })
+        } else if restarts_past_limit(restarts, job_spec.backoff_limit) {
+            Some(Finish {
+                condition: condition::FAILED,
+                reason: "BackoffLimitExceeded",
+                message: format!(
+                    "containers restarted {restarts} time(s) (restartPolicy OnFailure), reaching the backoff limit of {}",
+                    job_spec.backoff_limit
+                ),
             })
         } else if deadline_passed {
             Some(Finish {
@@ -284,9 +356,6 @@ pub fn plan(
                 generation,
                 now,
             );
-        }
-        if status.start_time.is_none() {
-            status.start_time = Some(Time(now));
         }
         if let (Some(d), Some(s)) = (job_spec.active_deadline_seconds, status.start_time.as_ref()) {
             out.requeue_after = Some((s.0.as_second() + d - now.as_second()).max(1));
@@ -359,6 +428,8 @@ fn plan_pods(
         return;
     }
     let missing = want_active - keep.len();
+    // `failed` never drops and is above every failed pod's attempt (see `failures`), so a new
+    // attempt never reuses a number whose failure would restart it again at once.
     let attempt = failed;
     if spec.completion_mode == CompletionMode::Indexed {
         let busy: BTreeSet<i32> = keep.iter().filter_map(|p| p.index).collect();

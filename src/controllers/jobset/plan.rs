@@ -293,6 +293,12 @@ pub fn plan(set: &MusterJobSet, children: &[ObservedChild], now: Timestamp) -> S
 }
 
 /// The child MusterJob `i` of replicatedJob `r`, for restart attempt `attempt`.
+///
+/// The child runs its template's spec as written. Only Indexed pods get a hostname, so only
+/// they are addressable as `<set>-<rjob>-<i>-<index>.<set>` through the set's headless Service;
+/// upstream JobSet defaults its Jobs to Indexed when the mode is unset, but here the CRD
+/// defaults `completionMode` to `NonIndexed` and an unset mode cannot be told from a chosen
+/// one, so muster does not override it: templates that want per-pod DNS names say `Indexed`.
 pub fn child_job(set: &MusterJobSet, r: usize, i: i32, attempt: i32) -> Option<MusterJob> {
     let rjob = set.spec.replicated_jobs.get(r)?;
     let set_name = set.metadata.name.clone().unwrap_or_default();
@@ -325,6 +331,7 @@ pub fn child_job(set: &MusterJobSet, r: usize, i: i32, attempt: i32) -> Option<M
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::crds::batch::CompletionMode;
     use crate::crds::batch::{FailurePolicy, SuccessPolicy};
 
     fn set(scheduling: bool, rjobs: &[(&str, i32)]) -> MusterJobSet {
@@ -453,6 +460,19 @@ mod tests {
         assert_eq!(with.metadata.labels.expect("labels").get(JOBSET_NAME_LABEL).map(String::as_str), Some("s"));
         let without = child_job(&set(false, &[("workers", 2)]), 0, 0, 0).expect("child");
         assert!(!without.metadata.annotations.expect("annotations").contains_key(GROUP_TEMPLATE_ANNOTATION));
+    }
+
+    #[test]
+    fn children_keep_the_completion_mode_of_their_template() {
+        let mut s = set(true, &[("driver", 1), ("workers", 2)]);
+        s.spec.replicated_jobs[0].template.spec.completions = Some(1);
+        s.spec.replicated_jobs[0].template.spec.completion_mode = CompletionMode::Indexed;
+        let mode = |r: usize| child_job(&s, r, 0, 0).expect("child").spec.completion_mode;
+        assert_eq!(mode(0), CompletionMode::Indexed);
+        assert_eq!(mode(1), CompletionMode::NonIndexed);
+        let driver = child_job(&s, 0, 0, 0).expect("child");
+        assert_eq!(driver.spec.completions, Some(1), "nothing else of the template changes");
+        assert_eq!(driver.metadata.name.as_deref(), Some("s-driver-0"));
     }
 
     #[test]

@@ -24,6 +24,7 @@ fn pod(name: &str, phase: Phase, index: Option<i32>) -> ObservedPod {
         terminating: false,
         ready: phase == Phase::Running,
         gated: false,
+        restarts: 0,
     }
 }
 
@@ -136,6 +137,178 @@ fn suspend_deletes_active_pods_and_sets_the_condition() {
     let resumed = plan(&s, None, &p.status, &[pod("b", Phase::Succeeded, None)], false, now());
     assert_eq!(resumed.create.len(), 1);
     assert!(!conditions::is_true(&resumed.status.conditions, condition::SUSPENDED));
+}
+
+#[test]
+fn suspended_time_does_not_count_toward_the_deadline() {
+    let mut s = spec(1, Some(1), CompletionMode::NonIndexed);
+    s.active_deadline_seconds = Some(10);
+    s.suspend = true;
+    let long_ago = Time(Timestamp::from_second(now().as_second() - 3_600).expect("ts"));
+    let running = MusterJobStatus { start_time: Some(long_ago.clone()), ..Default::default() };
+    let suspended = plan(&s, None, &running, &[pod("a", Phase::Running, None)], false, now());
+    assert!(suspended.finished.is_none(), "a suspended job never fails on its deadline");
+    assert_eq!(suspended.status.start_time, None, "suspending clears startTime");
+    assert_eq!(suspended.requeue_after, None);
+
+    // Resumed an hour after the deadline would have passed: the clock starts again.
+    s.suspend = false;
+    let later = Timestamp::from_second(now().as_second() + 3_600).expect("ts");
+    let resumed = plan(&s, None, &suspended.status, &[], false, later);
+    assert!(resumed.finished.is_none());
+    assert_eq!(resumed.status.start_time, Some(Time(later)));
+    assert_eq!(resumed.requeue_after, Some(10));
+    assert_eq!(resumed.create.len(), 1);
+
+    // A status written while suspended that still holds an old startTime is reset too.
+    let stale = MusterJobStatus { start_time: Some(long_ago), ..suspended.status.clone() };
+    let resumed = plan(&s, None, &stale, &[], false, later);
+    assert!(resumed.finished.is_none());
+    assert_eq!(resumed.status.start_time, Some(Time(later)));
+
+    // Once resumed, the deadline runs from the resume.
+    let due = Timestamp::from_second(later.as_second() + 10).expect("ts");
+    let p = plan(&s, None, &resumed.status, &[pod("b", Phase::Running, None)], false, due);
+    assert_eq!(p.finished.map(|f| f.reason), Some("DeadlineExceeded"));
+}
+
+#[test]
+fn created_suspended_jobs_have_no_start_time_until_resumed() {
+    let mut s = spec(1, Some(1), CompletionMode::NonIndexed);
+    s.suspend = true;
+    let p = run(&s, &[]);
+    assert_eq!(p.status.start_time, None);
+    assert!(p.create.is_empty());
+}
+
+fn on_failure(mut s: MusterJobSpec) -> MusterJobSpec {
+    if let Some(t) = s.template.spec.as_mut() {
+        t.restart_policy = Some("OnFailure".into());
+    }
+    s
+}
+
+fn restarted(name: &str, phase: Phase, restarts: i32) -> ObservedPod {
+    ObservedPod { restarts, ..pod(name, phase, None) }
+}
+
+#[test]
+fn on_failure_container_restarts_count_toward_the_backoff_limit() {
+    let mut s = on_failure(spec(2, Some(2), CompletionMode::NonIndexed));
+    s.backoff_limit = 3;
+    let p = run(&s, &[restarted("a", Phase::Running, 1), restarted("b", Phase::Running, 1)]);
+    assert!(p.finished.is_none(), "2 restarts, limit 3");
+    let p = run(&s, &[restarted("a", Phase::Running, 2), restarted("b", Phase::Pending, 1)]);
+    let f = p.finished.expect("failed");
+    assert_eq!((f.condition, f.reason), (condition::FAILED, "BackoffLimitExceeded"));
+    assert_eq!(p.status.failed, 0, "status.failed counts failed pods only");
+    assert_eq!(p.delete.len(), 2);
+    assert_eq!(p.status.phase, Some(JobPhase::Failed));
+}
+
+#[test]
+fn on_failure_with_backoff_limit_zero_fails_on_the_first_restart() {
+    let mut s = on_failure(spec(1, Some(1), CompletionMode::NonIndexed));
+    s.backoff_limit = 0;
+    assert!(run(&s, &[restarted("a", Phase::Running, 0)]).finished.is_none());
+    assert_eq!(run(&s, &[restarted("a", Phase::Running, 1)]).finished.map(|f| f.reason), Some("BackoffLimitExceeded"));
+}
+
+#[test]
+fn restarts_count_only_with_restart_policy_on_failure() {
+    let mut s = spec(1, Some(1), CompletionMode::NonIndexed);
+    s.backoff_limit = 1;
+    // restartPolicy unset: muster's pods run with Never, where a pod failure is the retry.
+    assert!(run(&s, &[restarted("a", Phase::Running, 5)]).finished.is_none());
+    // A finished pod's restarts are not counted again: it counts as a failed pod.
+    let s = on_failure(s);
+    assert!(run(&s, &[restarted("a", Phase::Failed, 5)]).finished.is_none());
+}
+
+#[test]
+fn observed_pods_sum_container_and_init_container_restarts() {
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "p"},
+        "status": {"phase": "Running",
+            "containerStatuses": [
+                {"name": "a", "image": "x", "imageID": "", "ready": true, "restartCount": 2},
+                {"name": "b", "image": "x", "imageID": "", "ready": true, "restartCount": 1}],
+            "initContainerStatuses": [
+                {"name": "i", "image": "x", "imageID": "", "ready": true, "restartCount": 3}]},
+    }))
+    .expect("fixture");
+    assert_eq!(ObservedPod::from_pod(&pod).restarts, 6);
+}
+
+#[test]
+fn deleted_failed_pods_still_count_toward_the_backoff_limit() {
+    let mut s = spec(1, Some(1), CompletionMode::NonIndexed);
+    s.backoff_limit = 2;
+    let prev = MusterJobStatus { failed: 2, ..Default::default() };
+    let p = plan(&s, None, &prev, &[], false, now());
+    assert_eq!(p.status.failed, 2, "the two failed pods were deleted; the count never drops");
+    assert!(p.finished.is_none());
+    assert_eq!(p.create, vec![NewPod { index: None, attempt: 2 }], "attempt numbers are not reused");
+    // Its replacement (attempt 2: made after 2 failures) fails too: the third failure.
+    let third = ObservedPod { attempt: 2, ..pod("c", Phase::Failed, None) };
+    let p = plan(&s, None, &p.status, &[third], false, now());
+    assert_eq!(p.status.failed, 3);
+    assert_eq!(p.finished.map(|f| f.reason), Some("BackoffLimitExceeded"));
+}
+
+#[test]
+fn failures_are_at_least_what_attempts_and_the_last_status_prove() {
+    let failed = |attempt: i32| ObservedPod { attempt, ..pod("p", Phase::Failed, None) };
+    assert_eq!(failures(0, &[]), 0);
+    assert_eq!(failures(4, &[failed(0)]), 4, "the recorded count");
+    assert_eq!(failures(0, &[failed(0), failed(0)]), 2, "the visible count");
+    assert_eq!(failures(1, &[failed(5)]), 6, "attempt 5 was made after 5 failures");
+    assert_eq!(failures(0, &[failed(5), failed(2), failed(5)]), 7);
+    assert_eq!(failures(0, &[ObservedPod { attempt: 9, ..pod("r", Phase::Running, None) }]), 0);
+}
+
+#[test]
+fn deleted_succeeded_pods_still_count_toward_completions() {
+    let s = spec(1, Some(3), CompletionMode::NonIndexed);
+    let prev = MusterJobStatus { succeeded: 2, ..Default::default() };
+    let p = plan(&s, None, &prev, &[], false, now());
+    assert_eq!(p.status.succeeded, 2);
+    assert_eq!(p.create.len(), 1);
+    let p = plan(&s, None, &prev, &[pod("c", Phase::Succeeded, None)], false, now());
+    assert_eq!(p.status.succeeded, 2, "max of recorded and visible, not their sum");
+    let p = plan(&s, None, &p.status, &[pod("d", Phase::Succeeded, None)], false, now());
+    assert_eq!(p.status.succeeded, 2, "a pod counted before cannot be told from a new one");
+}
+
+#[test]
+fn indexed_jobs_do_not_rerun_indexes_recorded_as_completed() {
+    let s = spec(2, Some(4), CompletionMode::Indexed);
+    let prev = MusterJobStatus { succeeded: 2, completed_indexes: Some("0,2".into()), ..Default::default() };
+    // The pods of indexes 0 and 2 were deleted after they succeeded.
+    let p = plan(&s, None, &prev, &[pod("b", Phase::Succeeded, Some(1))], false, now());
+    assert_eq!(p.create, vec![NewPod { index: Some(3), attempt: 0 }]);
+    assert_eq!(p.status.completed_indexes.as_deref(), Some("0-2"));
+    assert_eq!(p.status.succeeded, 3);
+    let done = plan(&s, None, &p.status, &[pod("d", Phase::Succeeded, Some(3))], false, now());
+    assert_eq!(done.finished.map(|f| f.condition), Some(condition::COMPLETE));
+}
+
+#[test]
+fn completed_indexes_read_back_what_format_writes() {
+    for text in ["", "0", "0-2,5,7-8", "3-4,10"] {
+        assert_eq!(format_indexes(&parse_indexes(text)), text);
+    }
+    assert_eq!(parse_indexes(" 1 , x, 4-3"), [1].into_iter().collect());
+}
+
+#[test]
+fn a_gang_restart_never_reuses_a_failed_attempt() {
+    let s = spec(2, Some(2), CompletionMode::Indexed);
+    // Attempt 3 failed, but the status records fewer failures (written by an older muster).
+    let mut failed = pod("a", Phase::Failed, Some(0));
+    failed.attempt = 3;
+    let p = plan(&s, None, &MusterJobStatus { failed: 1, ..Default::default() }, &[failed], true, now());
+    assert!(p.create.iter().all(|n| n.attempt == 4), "{:?}", p.create);
 }
 
 #[test]
