@@ -43,9 +43,21 @@ pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 /// Hostname label a pod is pinned with.
 pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 
-/// Every CRD muster serves, in a stable order.
+/// CRD annotation: the muster version whose schema the CRD holds, so `--install-crds` never
+/// puts back an older schema (a rollback, or an old replica restarting during an upgrade).
+pub const CRD_VERSION_ANNOTATION: &str = "muster.dev/version";
+
+/// Every CRD muster serves, in a stable order, annotated with this muster's version.
 pub fn all() -> Vec<CustomResourceDefinition> {
-    vec![MusterJob::crd(), MusterJobSet::crd(), Workload::crd(), PodGroup::crd(), CompositePodGroup::crd()]
+    let mut crds =
+        vec![MusterJob::crd(), MusterJobSet::crd(), Workload::crd(), PodGroup::crd(), CompositePodGroup::crd()];
+    for crd in &mut crds {
+        crd.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(CRD_VERSION_ANNOTATION.to_string(), env!("CARGO_PKG_VERSION").to_string());
+    }
+    crds
 }
 
 /// All CRDs as one multi-document YAML stream.
