@@ -25,7 +25,7 @@ test: crds-check chart-lint
 	$(MAKE) e2e-rbac
 	$(MAKE) e2e-service
 	$(MAKE) chart-test
-	MUSTER_DEMO_PROFILE=debug MUSTER_DEMO_DIR=$(CURDIR)/target/demo-check bash hack/demo.sh --check
+	MUSTER_DEMO_PROFILE=debug $(MAKE) demo-check
 
 unit:
 	$(CARGO) test --lib --bins
@@ -105,13 +105,19 @@ cluster-up: controlplane
 cluster-down:
 	@bash hack/cluster-down.sh
 
-## muster against the cluster of `make cluster-up`, webhooks on 127.0.0.1:9443 (Ctrl-C stops it).
+## muster (debug build) against the cluster of `make cluster-up` (MUSTER_CLUSTER_DIR, default
+## target/cluster), registering its webhooks there; Ctrl-C stops it. Its addresses are variables:
+## `make run RUN_METRICS_ADDRESS=127.0.0.1:18080 RUN_WEBHOOK_ADDRESS=127.0.0.1:19443` when
+## 8080 or 9443 is taken (the apiserver calls the webhooks at https://RUN_WEBHOOK_ADDRESS).
+RUN_KUBECONFIG ?= $(or $(MUSTER_CLUSTER_DIR),target/cluster)/kubeconfig
+RUN_METRICS_ADDRESS ?= 127.0.0.1:8080
+RUN_WEBHOOK_ADDRESS ?= 127.0.0.1:9443
 run: build controlplane
-	@$(BIN_DIR)/kubectl --kubeconfig target/cluster/kubeconfig create namespace muster-system --dry-run=client -o yaml \
-	  | $(BIN_DIR)/kubectl --kubeconfig target/cluster/kubeconfig apply -f - > /dev/null
-	$(CARGO) run -- run --kubeconfig target/cluster/kubeconfig --namespace muster-system \
-	  --metrics-bind-address 127.0.0.1:8080 --webhook-bind-address 127.0.0.1:9443 \
-	  --webhook-url https://127.0.0.1:9443 --webhook-manage-configurations=true
+	@$(BIN_DIR)/kubectl --kubeconfig $(RUN_KUBECONFIG) create namespace muster-system --dry-run=client -o yaml \
+	  | $(BIN_DIR)/kubectl --kubeconfig $(RUN_KUBECONFIG) apply -f - > /dev/null
+	$(CARGO) run -- run --kubeconfig $(RUN_KUBECONFIG) --namespace muster-system \
+	  --metrics-bind-address $(RUN_METRICS_ADDRESS) --webhook-bind-address $(RUN_WEBHOOK_ADDRESS) \
+	  --webhook-url https://$(RUN_WEBHOOK_ADDRESS) --webhook-manage-configurations=true
 
 ## A local GPU cluster running muster end to end (left running; stop with `make demo-down`).
 demo:
@@ -120,6 +126,9 @@ demo:
 demo-down:
 	@bash hack/demo.sh --down
 
-## The demo, non-interactively: exit 0 only when its promises hold (then stops it).
+## The demo, non-interactively: exit 0 only when its promises hold (then stops it). It runs in
+## its own folder (DEMO_CHECK_DIR), so a demo left running by `make demo` (target/demo) is
+## neither reused nor stopped.
+DEMO_CHECK_DIR ?= $(CURDIR)/target/demo-check
 demo-check:
-	@bash hack/demo.sh --check
+	@MUSTER_DEMO_DIR=$(DEMO_CHECK_DIR) bash hack/demo.sh --check

@@ -19,6 +19,25 @@ began=$SECONDS
 step() { printf '\n\033[1m==> %s\033[0m (%ss)\n' "$*" "$((SECONDS - began))"; }
 die() { echo "demo: ERROR: $*" >&2; exit 1; }
 
+# Runs "$@" and, while it runs, prints a line every 20 s with the time spent: the first release
+# build takes minutes and must not look hung (in a terminal or in a log). The heartbeat is
+# stopped here, or stops itself within a second once this script is gone (a failure, Ctrl-C).
+with_heartbeat() {
+  local what=$1 t0=$SECONDS rc=0 beat
+  shift
+  (
+    next=$((t0 + 20))
+    while sleep 1 > /dev/null 2>&1 && kill -0 $$ 2> /dev/null; do
+      [ $SECONDS -lt $next ] || { echo "  still $what, $((SECONDS - t0))s"; next=$((next + 20)); }
+    done
+  ) &
+  beat=$!
+  "$@" || rc=$?
+  kill "$beat" 2> /dev/null || true
+  wait "$beat" 2> /dev/null || true
+  return $rc
+}
+
 stop_muster() {
   if [ -f "$dir/muster.pid" ]; then
     local pid
@@ -47,7 +66,11 @@ bin=$(bash "$root/tools/k8s/build.sh")
 kc() { "$bin/kubectl" --kubeconfig "$dir/kubeconfig" "$@"; }
 
 step "muster ($profile build)"
-if [ "$profile" = release ]; then cargo build --release --quiet; else cargo build --quiet; fi
+if [ "$profile" = release ]; then
+  with_heartbeat "building muster in release mode (minutes the first time)" cargo build --release --quiet
+else
+  with_heartbeat "building muster (debug)" cargo build --quiet
+fi
 muster=${CARGO_TARGET_DIR:-$root/target}/$profile/muster
 [ -x "$muster" ] || die "$muster was not built"
 

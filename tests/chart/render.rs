@@ -48,6 +48,9 @@ fn schema_rejects_typos_and_wrong_types() {
         ("webhook.certificate.mode=vault", "value must be one of"),
         ("controller.gpu.minFreeMemory=3", "maximum"),
         ("webhook.url=http://127.0.0.1:9443", "does not match pattern"),
+        ("resources.requsts.cpu=1", "additional properties 'requsts' not allowed"),
+        ("securityContext.runAsNonroot=true", "additional properties 'runAsNonroot' not allowed"),
+        ("podSecurityContext.fsgroup=10001", "additional properties 'fsgroup' not allowed"),
     ];
     for (set, expected) in cases {
         let err = helm(&["template", RELEASE, path_str(&chart), "--set", set]).expect_err(set);

@@ -40,13 +40,18 @@ fn admitted(phase: Option<GroupPhase>) -> bool {
     matches!(phase, Some(GroupPhase::Admitted | GroupPhase::Running | GroupPhase::Succeeded))
 }
 
+/// A phase as `kubectl get` prints it: its API value (the variant's name), `<none>` when unset.
+fn shown(phase: Option<GroupPhase>) -> String {
+    phase.map_or_else(|| "<none>".to_string(), |p| format!("{p:?}"))
+}
+
 /// Checks the demo's expectations against the cluster's objects.
 pub fn check(expect: &Expectations, pgs: &[PodGroup], cpgs: &[CompositePodGroup], pods: &[Pod]) -> Vec<Finding> {
     let mut out = Vec::new();
     let pg = |name: &str| pgs.iter().find(|g| g.metadata.name.as_deref() == Some(name));
     for name in &expect.admitted {
         let phase = pg(name).and_then(|g| g.status.as_ref()).and_then(|s| s.phase);
-        out.push(Finding { ok: admitted(phase), what: format!("PodGroup {name} admitted (phase {phase:?})") });
+        out.push(Finding { ok: admitted(phase), what: format!("PodGroup {name} admitted (phase {})", shown(phase)) });
     }
     for name in &expect.admitted_composite {
         let phase = cpgs
@@ -54,7 +59,10 @@ pub fn check(expect: &Expectations, pgs: &[PodGroup], cpgs: &[CompositePodGroup]
             .find(|g| g.metadata.name.as_deref() == Some(name.as_str()))
             .and_then(|g| g.status.as_ref())
             .and_then(|s| s.phase);
-        out.push(Finding { ok: admitted(phase), what: format!("CompositePodGroup {name} admitted (phase {phase:?})") });
+        out.push(Finding {
+            ok: admitted(phase),
+            what: format!("CompositePodGroup {name} admitted (phase {})", shown(phase)),
+        });
     }
     for name in &expect.unschedulable {
         let status = pg(name).and_then(|g| g.status.as_ref());
@@ -63,7 +71,10 @@ pub fn check(expect: &Expectations, pgs: &[PodGroup], cpgs: &[CompositePodGroup]
         let started = status.map(|s| s.admitted + s.running).unwrap_or(0);
         out.push(Finding {
             ok: phase == Some(GroupPhase::Unschedulable) && !message.is_empty() && started == 0,
-            what: format!("PodGroup {name} Unschedulable with a reason, no pod started (phase {phase:?}: {message:?})"),
+            what: format!(
+                "PodGroup {name} Unschedulable with a reason, no pod started (phase {}: {message:?})",
+                shown(phase)
+            ),
         });
     }
     // No GPU index held twice on a node by live pods.
@@ -137,5 +148,26 @@ mod tests {
         let findings = check(&expect, &pgs, &[], &pods);
         assert_eq!(findings.iter().filter(|f| !f.ok).count(), 3, "{findings:?}");
         assert!(findings.iter().any(|f| f.what.contains("n1 GPU 1: p1, p2")));
+    }
+
+    #[test]
+    fn findings_print_phases_as_kubectl_does() {
+        let expect = Expectations {
+            admitted: vec!["a".into(), "missing".into()],
+            admitted_composite: vec!["c".into()],
+            unschedulable: vec!["big".into()],
+            ..Default::default()
+        };
+        let pgs = [group("a", GroupPhase::Running, ""), group("big", GroupPhase::Unschedulable, "0/16 nodes fit")];
+        let whats: Vec<String> = check(&expect, &pgs, &[], &[]).into_iter().map(|f| f.what).collect();
+        assert_eq!(
+            whats[..4],
+            [
+                "PodGroup a admitted (phase Running)",
+                "PodGroup missing admitted (phase <none>)",
+                "CompositePodGroup c admitted (phase <none>)",
+                "PodGroup big Unschedulable with a reason, no pod started (phase Unschedulable: \"0/16 nodes fit\")",
+            ]
+        );
     }
 }
