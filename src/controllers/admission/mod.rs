@@ -26,8 +26,8 @@ use tokio::sync::Notify;
 
 use super::context::{Context, Result};
 use super::devices::DeviceReconciler;
-use super::metrics::NodeLabels;
 use super::devices::prometheus::PrometheusSource;
+use super::metrics::NodeLabels;
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{AdmissionPlan, CompositePodGroup, GroupPhase, PlanState, PlannedPod, PodGroup};
 use crate::crds::{ADMISSION_GATE, GPU_INDICES_ANNOTATION, HOSTNAME_LABEL, POD_GROUP_LABEL};
