@@ -172,6 +172,45 @@ fn plural(n: u32, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
+impl FilterReason {
+    /// The reason as a metric label: a fixed name, with the resource for `Insufficient` (no
+    /// taint keys or values, so the label set stays small).
+    pub fn class(&self) -> String {
+        match self {
+            FilterReason::Unusable(_) => "NodeUnusable".into(),
+            FilterReason::Unschedulable => "NodeUnschedulable".into(),
+            FilterReason::NodeAffinity => "NodeAffinity".into(),
+            FilterReason::UntoleratedTaint { .. } => "UntoleratedTaint".into(),
+            FilterReason::Insufficient(resource) => format!("Insufficient {resource}"),
+            FilterReason::TooManyPods => "TooManyPods".into(),
+            FilterReason::GpuIndices => "GpuIndices".into(),
+        }
+    }
+}
+
+impl Explanation {
+    /// What kept the group out, as a metric label (the first failed child's, for a composite):
+    /// the most common reason among the nodes the pods' selector and affinity allow; when
+    /// every filtered node was one they exclude, `InsufficientCapacity` if some nodes fit
+    /// pods (just not enough) and `NodeAffinity` if none did; else the kind of failure
+    /// (`TooFewPods`, `Topology`, `DomainConflict`, `Children`).
+    pub fn metric_reason(&self) -> String {
+        match &self.kind {
+            ExplanationKind::TooFewPods(_) => "TooFewPods".into(),
+            ExplanationKind::Pods(p) => match p.reasons.iter().find(|r| r.reason != FilterReason::NodeAffinity) {
+                Some(r) => r.reason.class(),
+                None if p.nodes_fit > 0 || p.reasons.is_empty() => "InsufficientCapacity".into(),
+                None => "NodeAffinity".into(),
+            },
+            ExplanationKind::Children(c) => {
+                c.failed.first().map_or_else(|| "Children".into(), Explanation::metric_reason)
+            }
+            ExplanationKind::Topology(t) => t.in_best.as_ref().map_or_else(|| "Topology".into(), |e| e.metric_reason()),
+            ExplanationKind::DomainConflict(_) => "DomainConflict".into(),
+        }
+    }
+}
+
 impl fmt::Display for Explanation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let group = &self.group;
@@ -280,6 +319,43 @@ mod tests {
             invalid: vec![],
             domain: None,
         }
+    }
+
+    #[test]
+    fn metric_reasons_name_the_commonest_filter_without_taint_details() {
+        let taint = FilterReason::UntoleratedTaint { key: "dedicated".into(), value: "infra".into() };
+        let gpu = FilterReason::Insufficient("nvidia.com/gpu".into());
+        let leaf = |reasons: Vec<ReasonCount>| Explanation {
+            group: "g".into(),
+            kind: ExplanationKind::Pods(pods(0, 0, reasons)),
+        };
+        assert_eq!(
+            leaf(vec![ReasonCount { reason: gpu.clone(), nodes: 32 }, ReasonCount { reason: taint.clone(), nodes: 8 }])
+                .metric_reason(),
+            "Insufficient nvidia.com/gpu"
+        );
+        assert_eq!(leaf(vec![ReasonCount { reason: taint, nodes: 40 }]).metric_reason(), "UntoleratedTaint");
+        assert_eq!(leaf(vec![]).metric_reason(), "InsufficientCapacity");
+        // Nodes the selector excludes are not what kept the pods out, unless no node fit at all.
+        let elsewhere = ReasonCount { reason: FilterReason::NodeAffinity, nodes: 38 };
+        let mut some_fit = pods(2, 0, vec![elsewhere.clone()]);
+        let explain = |p: &PodsUnplaced| Explanation { group: "g".into(), kind: ExplanationKind::Pods(p.clone()) };
+        assert_eq!(explain(&some_fit).metric_reason(), "InsufficientCapacity");
+        some_fit.reasons.push(ReasonCount { reason: gpu.clone(), nodes: 2 });
+        assert_eq!(explain(&some_fit).metric_reason(), "Insufficient nvidia.com/gpu");
+        assert_eq!(leaf(vec![elsewhere]).metric_reason(), "NodeAffinity");
+        let composite = Explanation {
+            group: "set".into(),
+            kind: ExplanationKind::Children(ChildrenUnplaced {
+                children: 2,
+                placed: 1,
+                min_group_count: 2,
+                gang: true,
+                not_tried: 0,
+                failed: vec![leaf(vec![ReasonCount { reason: gpu, nodes: 40 }])],
+            }),
+        };
+        assert_eq!(composite.metric_reason(), "Insufficient nvidia.com/gpu");
     }
 
     #[test]

@@ -78,7 +78,7 @@ async fn a_gang_that_fits_is_admitted_whole_and_every_pod_binds_where_it_was_pin
 
 #[tokio::test]
 async fn a_gang_too_big_binds_nothing_says_why_and_is_admitted_once_a_node_is_added() {
-    let _muster = muster().await;
+    let muster = muster().await;
     let ns = namespace("adm-too-big");
     let mut nodes = TestNodes::add(&ns.name, 2, 4, 1).await;
     apply(&ns.name, &gpu_job("wide", 9, 1, &nodes, gang(9), json!({})));
@@ -89,6 +89,10 @@ async fn a_gang_too_big_binds_nothing_says_why_and_is_admitted_once_a_node_is_ad
     let status = waiting.status.clone().unwrap();
     let message = status.message.clone().unwrap_or_default();
     assert!(message.contains("group \"wide\" (only 8 placeable, minCount 9)"), "{message}");
+    // Its 2 nodes fit 8 pods; every other node is excluded by its selector: not enough capacity.
+    let text = muster.metrics().await;
+    let attempts = metric(&text, "muster_unschedulable_attempts_total", &[("reason", "InsufficientCapacity")]);
+    assert!(attempts >= 1.0, "unschedulable attempts by reason: {text}");
     let admitted = condition(&waiting, "Admitted").expect("Admitted condition");
     assert_eq!(
         (admitted.status.as_str(), admitted.reason.as_str(), admitted.message.as_str()),

@@ -557,11 +557,7 @@ impl Admitter {
         memory.next_attempt = Some(at);
         memory.capacity_seen = capacity;
         memory.outcome = Some(Outcome::Unschedulable(message.clone()));
-        let reason = decision
-            .explanation
-            .as_ref()
-            .map(|e| format!("{:?}", e.kind).split(['(', ' ', '{']).next().unwrap_or("Unschedulable").to_string())
-            .unwrap_or_else(|| "Unschedulable".into());
+        let reason = decision.explanation.as_ref().map_or_else(|| "Unschedulable".into(), |e| e.metric_reason());
         self.ctx.metrics.unschedulable_attempts.get_or_create(&super::metrics::ReasonLabels { reason }).inc();
         if memory.last_event.as_deref() != Some(message.as_str()) {
             memory.last_event = Some(message.clone());
