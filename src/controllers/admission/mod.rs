@@ -108,7 +108,7 @@ fn spawn_watch<K>(
     trim: fn(&mut K),
     notify: Arc<Notify>,
     capacity: Arc<AtomicU64>,
-    frees: fn(&Event<K>) -> bool,
+    mut frees: impl FnMut(&Event<K>) -> bool + Send + 'static,
 ) -> Store<K>
 where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
@@ -133,18 +133,12 @@ where
     store
 }
 
-fn no_trim<K>(_: &mut K) {}
-
 fn pod_frees(ev: &Event<Pod>) -> bool {
     match ev {
         Event::Delete(_) => true,
         Event::Apply(p) => matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed")),
         _ => false,
     }
-}
-
-fn node_changes(ev: &Event<Node>) -> bool {
-    matches!(ev, Event::Apply(_) | Event::Delete(_) | Event::InitDone)
 }
 
 fn never(_: &Event<PodGroup>) -> bool {
@@ -165,7 +159,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         pod_groups: spawn_watch(
             Api::<PodGroup>::all(client.clone()),
             cfg(),
-            no_trim,
+            trim::managed_fields::<PodGroup>,
             notify.clone(),
             capacity.clone(),
             never,
@@ -173,7 +167,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         composites: spawn_watch(
             Api::<CompositePodGroup>::all(client.clone()),
             cfg(),
-            no_trim,
+            trim::managed_fields::<CompositePodGroup>,
             notify.clone(),
             capacity.clone(),
             never_cpg,
@@ -187,14 +181,10 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
             capacity.clone(),
             pod_frees,
         ),
-        nodes: spawn_watch(
-            Api::<Node>::all(client.clone()),
-            cfg(),
-            trim::node,
-            notify.clone(),
-            capacity.clone(),
-            node_changes,
-        ),
+        nodes: spawn_watch(Api::<Node>::all(client.clone()), cfg(), trim::node, notify.clone(), capacity.clone(), {
+            let mut seen = trim::NodeFingerprints::default();
+            move |ev: &Event<Node>| seen.changed(ev)
+        }),
     };
     let ready = async {
         let _ = tokio::join!(

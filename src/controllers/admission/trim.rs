@@ -1,12 +1,14 @@
 //! PURE: what admission keeps of watched objects. Only the fields placement and status read
 //! survive, so 5,000 nodes and their pods stay small in memory.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{DefaultHasher, Hash, Hasher};
 
 use k8s_openapi::api::core::v1::{
     Affinity, Container, Node, NodeSpec, NodeStatus, Pod, PodSpec, PodStatus, ResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::runtime::watcher::Event;
 
 use crate::crds::{COMPLETION_INDEX_ANNOTATION, GPU_INDICES_ANNOTATION, GPU_TOPOLOGY_ANNOTATION};
 
@@ -61,6 +63,47 @@ pub fn pod(p: &mut Pod) {
     }
 }
 
+/// Drops `managedFields`, the bulk of an object nobody here reads.
+pub fn managed_fields<K: kube::Resource>(k: &mut K) {
+    k.meta_mut().managed_fields = None;
+}
+
+/// What placement reads of each node (after [`node`]), as a hash: a node update changes free
+/// capacity only when this changes, so status heartbeats do not wake roots in backoff.
+#[derive(Debug, Default)]
+pub struct NodeFingerprints(HashMap<String, u64>);
+
+impl NodeFingerprints {
+    fn of(n: &Node) -> u64 {
+        let mut h = DefaultHasher::new();
+        let parts = (&n.metadata.labels, &n.metadata.annotations, &n.spec, &n.status);
+        // Serializing cannot fail for these types; an empty body then still hashes the same.
+        serde_json::to_vec(&parts).unwrap_or_default().hash(&mut h);
+        h.finish()
+    }
+
+    /// Whether `ev` can change what fits: a node added, removed or changed in what placement
+    /// reads, or the end of a relist (anything may have happened meanwhile).
+    pub fn changed(&mut self, ev: &Event<Node>) -> bool {
+        match ev {
+            Event::Apply(n) => {
+                let name = n.metadata.name.clone().unwrap_or_default();
+                self.0.insert(name, Self::of(n)) != Some(Self::of(n))
+            }
+            Event::InitApply(n) => {
+                self.0.insert(n.metadata.name.clone().unwrap_or_default(), Self::of(n));
+                false
+            }
+            Event::Delete(n) => {
+                self.0.remove(n.metadata.name.as_deref().unwrap_or_default());
+                true
+            }
+            Event::Init => false,
+            Event::InitDone => true,
+        }
+    }
+}
+
 /// Keeps what placement reads of a node.
 pub fn node(n: &mut Node) {
     trim_meta(&mut n.metadata, &[GPU_TOPOLOGY_ANNOTATION]);
@@ -76,7 +119,37 @@ pub fn node(n: &mut Node) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use serde_json::json;
+
+    #[test]
+    fn only_node_changes_placement_reads_count() {
+        let mut n: Node = serde_json::from_value(json!({
+            "metadata": {"name": "n", "labels": {"rack": "a"}, "resourceVersion": "1"},
+            "status": {"allocatable": {"nvidia.com/gpu": "8"},
+                       "conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": "2026-01-01T00:00:00Z"}]}
+        }))
+        .expect("node");
+        node(&mut n);
+        let mut seen = NodeFingerprints::default();
+        assert!(!seen.changed(&Event::Init));
+        assert!(!seen.changed(&Event::InitApply(n.clone())), "a relist reports once, at its end");
+        assert!(seen.changed(&Event::InitDone));
+        // A heartbeat: new resourceVersion and heartbeat time, nothing placement reads.
+        let mut beat = n.clone();
+        beat.metadata.resource_version = Some("2".into());
+        assert!(!seen.changed(&Event::Apply(beat.clone())));
+        let mut relabelled = beat.clone();
+        relabelled.metadata.labels = Some([("rack".to_string(), "b".to_string())].into());
+        assert!(seen.changed(&Event::Apply(relabelled.clone())));
+        assert!(!seen.changed(&Event::Apply(relabelled.clone())));
+        let mut bigger = relabelled.clone();
+        bigger.status.as_mut().expect("status").allocatable =
+            Some([("nvidia.com/gpu".to_string(), Quantity("16".into()))].into());
+        assert!(seen.changed(&Event::Apply(bigger.clone())));
+        assert!(seen.changed(&Event::Delete(bigger.clone())));
+        assert!(seen.changed(&Event::Apply(bigger)), "a node seen again after its deletion is new");
+    }
 
     #[test]
     fn pods_keep_only_what_placement_reads() {
