@@ -3,12 +3,10 @@
 //! baseline, and prints set cost against the brute-force optimum, NUMA and NVLink locality
 //! and placement success. Prints numbers only; `cargo bench --bench gpu_report`.
 
-mod common;
-
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use muster::devices::{GpuSet, GpuTopology, SelectOptions, node_score, select, select_brute_force, set_cost};
+use muster::devices::{GpuSet, GpuTopology, SelectOptions, fixtures, node_score, select, select_brute_force, set_cost};
 
 const NODES: usize = 64;
 const PODS: usize = 10_000;
@@ -245,7 +243,7 @@ fn main() {
     println!("cost/opt: mean set cost of multi-GPU pods over the brute-force optimum for the same free GPUs");
     println!("1-NUMA: pods of 2+ GPUs that fit one NUMA node and were kept on one");
     println!("1-NVLink: pods of 2+ GPUs that fit an NVLink clique and got GPUs all NVLinked to each other");
-    for (name, about, t) in common::fixtures() {
+    for (name, about, t) in fixtures::named() {
         let shape = shape(&t);
         let pods = trace(SEED, t.len());
         println!();

@@ -9,8 +9,6 @@
 //! starts) and once warm (every later decision: the cache outlives admission cycles).
 //! `cargo bench --bench placement` prints the time per decision.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::time::SystemTime;
@@ -21,7 +19,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use muster::crds::{GPU_RESOURCE, GPU_TOPOLOGY_ANNOTATION, HOSTNAME_LABEL, POD_GROUP_LABEL};
 use muster::devices::chooser::{TopologyChooser, node_gpus};
-use muster::devices::{HealthThresholds, MetricsCache, SelectOptions};
+use muster::devices::{HealthThresholds, MetricsCache, SelectOptions, fixtures};
 use muster::scheduler::{
     CPU, GroupTree, LeafGroup, LeafPolicy, LowestFreeIndices, MEMORY, PODS, PlaceOptions, PodShape, Resources,
     Snapshot, place,
@@ -54,7 +52,7 @@ fn cluster() -> (Vec<Node>, Vec<Pod>, BTreeMap<String, u64>) {
     let mut nodes = Vec::with_capacity(NODES);
     let mut pods = Vec::new();
     let mut gpu_used = BTreeMap::new();
-    let topologies: Vec<String> = common::fixtures().iter().map(|(_, _, t)| t.to_annotation().to_json()).collect();
+    let topologies: Vec<String> = fixtures::named().iter().map(|(_, _, t)| t.to_annotation().to_json()).collect();
     for i in 0..NODES {
         let name = format!("gpu-{i:05}");
         let labels = [

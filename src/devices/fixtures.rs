@@ -38,6 +38,15 @@ pub fn all() -> Vec<GpuTopology> {
     vec![dgx_h100(), pcie(), dgx1()]
 }
 
+/// The three fixture topologies with a name and a one-line description each.
+pub fn named() -> Vec<(&'static str, &'static str, GpuTopology)> {
+    vec![
+        ("dgx-h100", "8x H100, NVSwitch (all NV18), 2 NUMA nodes", dgx_h100()),
+        ("pcie-2socket", "8x L40S on PCIe switches (PIX pairs, NODE, SYS), 2 NUMA nodes", pcie()),
+        ("dgx1-v100", "8x V100, hybrid cube-mesh NVLink (NV1/NV2), 2 NUMA nodes", dgx1()),
+    ]
+}
+
 /// `n` GPUs (a multiple of 8) as DGX-1 cube meshes side by side, four GPUs per NUMA node,
 /// `SYS` between blocks.
 pub fn dgx1_blocks(n: usize) -> GpuTopology {

@@ -16,8 +16,9 @@ pub mod score;
 pub mod select;
 pub mod topology;
 
-#[cfg(test)]
-mod fixtures;
+/// The nvidia-smi fixture topologies, for tests and benchmarks (not part of muster's API).
+#[doc(hidden)]
+pub mod fixtures;
 
 pub use gpuset::{GpuSet, MAX_GPUS};
 pub use health::{
