@@ -10,7 +10,7 @@
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,6 +26,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
 
+use crate::harness::manager::{Endpoints, muster_command};
 use crate::harness::rbac::service_account_kubeconfig;
 use crate::harness::{TestNamespace, client, cluster, kubectl_apply, namespace, wait_for};
 
@@ -200,25 +201,11 @@ fn spawn(
         .open(log)
         .unwrap_or_else(|e| panic!("{}: {e}", log.display()));
     let _ = writeln!(file, "=== e2e: muster {identity}: webhook {webhook}, metrics {metrics}");
-    Command::new(env!("CARGO_BIN_EXE_muster"))
-        .arg("run")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(["--namespace", namespace, "--leader-elect=true", "--identity", identity])
-        .args(["--log-level", "info,muster=debug"])
-        .arg(format!("--metrics-bind-address={metrics}"))
-        .arg(format!("--webhook-bind-address={webhook}"))
-        .arg(format!("--webhook-url=https://{webhook}"))
-        .arg("--webhook-manage-configurations=false")
-        .arg(format!("--webhook-secret={SECRET}"))
+    let endpoints = Endpoints { metrics, webhook };
+    let registration = vec!["--webhook-manage-configurations=false".to_string(), format!("--webhook-secret={SECRET}")];
+    muster_command(kubeconfig, namespace, identity, &endpoints, Some(&registration), file)
+        .unwrap_or_else(|e| panic!("{e}"))
         .args(extra)
-        .env("MUSTER_CLUSTER_DIR", &cluster().dir)
-        .env("NO_COLOR", "1")
-        .env_remove("KUBECONFIG")
-        .env_remove("MUSTER_LOG")
-        .stdin(Stdio::null())
-        .stdout(file.try_clone().unwrap_or_else(|e| panic!("{e}")))
-        .stderr(file)
         .spawn()
         .unwrap_or_else(|e| panic!("starting muster: {e}"))
 }

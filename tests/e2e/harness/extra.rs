@@ -12,12 +12,12 @@
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use super::cluster;
-use super::manager::{Endpoints, MusterExclusive, free_port, muster_exclusive, terminate, wait_ready};
+use super::manager::{Endpoints, MusterExclusive, free_port, muster_command, muster_exclusive, terminate, wait_ready};
 
 static STARTS: AtomicU32 = AtomicU32::new(0);
 
@@ -99,30 +99,12 @@ impl ExtraMuster {
             args.join(" "),
             kubeconfig.display()
         );
-        let stderr = file.try_clone().map_err(|e| e.to_string())?;
-        let mut child = Command::new(env!("CARGO_BIN_EXE_muster"))
-            .arg("run")
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .args(["--namespace", &namespace, "--leader-elect=true", "--identity", &identity])
-            .args(["--log-level", "info,muster=debug"])
-            .arg(format!("--metrics-bind-address={}", endpoints.metrics))
-            .arg(format!("--webhook-bind-address={}", endpoints.webhook))
-            .arg(format!("--webhook-url=https://{}", endpoints.webhook))
-            .args(match &chart {
-                Some(chart) => chart.args.clone(),
-                None => vec!["--webhook-manage-configurations=true".to_string()],
-            })
-            .args(args)
-            .envs(env.iter().copied())
-            .env("MUSTER_CLUSTER_DIR", &cluster.dir)
-            .env("NO_COLOR", "1")
-            .env_remove("KUBECONFIG")
-            .stdin(Stdio::null())
-            .stdout(file)
-            .stderr(stderr)
-            .spawn()
-            .map_err(|e| format!("cannot run muster: {e}"))?;
+        let mut child =
+            muster_command(&kubeconfig, &namespace, &identity, &endpoints, chart.as_ref().map(|c| &c.args), file)?
+                .args(args)
+                .envs(env.iter().copied())
+                .spawn()
+                .map_err(|e| format!("cannot run muster: {e}"))?;
         if let Err(e) = wait_ready(&mut child, &endpoints, &namespace, &identity).await {
             terminate(&mut child).await;
             let text = std::fs::read_to_string(&log).unwrap_or_default();

@@ -13,9 +13,10 @@
 //! ([`super::rbac`]). `MUSTER_E2E_MUSTER_ARGS` appends arguments to `muster run`. The process is marked with `MUSTER_CLUSTER_DIR` in its environment, so
 //! hack/cluster-down.sh (run by the watchdog when the test process ends) stops it too.
 
+use std::fs::File;
 use std::io::Write as _;
 use std::net::{SocketAddr, TcpListener};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -226,6 +227,42 @@ pub(super) fn free_port() -> u16 {
     listener.local_addr().expect("local address").port()
 }
 
+/// `muster run` as every e2e instance runs it: leader election on `namespace` as `identity`,
+/// the given endpoints, output to `log`; `registration` says how the webhooks are registered
+/// (default: muster manages its configurations by URL). Callers add their own arguments.
+pub fn muster_command(
+    kubeconfig: &Path,
+    namespace: &str,
+    identity: &str,
+    endpoints: &Endpoints,
+    registration: Option<&Vec<String>>,
+    log: File,
+) -> Result<Command, String> {
+    let stderr = log.try_clone().map_err(|e| e.to_string())?;
+    let mut command = Command::new(env!("CARGO_BIN_EXE_muster"));
+    command
+        .arg("run")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--namespace", namespace, "--leader-elect=true", "--identity", identity])
+        .args(["--log-level", "info,muster=debug"])
+        .arg(format!("--metrics-bind-address={}", endpoints.metrics))
+        .arg(format!("--webhook-bind-address={}", endpoints.webhook))
+        .arg(format!("--webhook-url=https://{}", endpoints.webhook))
+        .args(match registration {
+            Some(args) => args.clone(),
+            None => vec!["--webhook-manage-configurations=true".to_string()],
+        })
+        .env("MUSTER_CLUSTER_DIR", &cluster().dir)
+        .env("NO_COLOR", "1")
+        .env_remove("KUBECONFIG")
+        .env_remove("MUSTER_LOG")
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(stderr);
+    Ok(command)
+}
+
 async fn start() -> Result<Running, String> {
     let cluster = cluster();
     let began = Instant::now();
@@ -257,29 +294,11 @@ async fn start() -> Result<Running, String> {
         .open(&log_path)
         .map_err(|e| format!("{}: {e}", log_path.display()))?;
     let _ = writeln!(log, "=== e2e: muster run #{n} ({identity}) with {}", kubeconfig.display());
-    let stderr = log.try_clone().map_err(|e| e.to_string())?;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_muster"))
-        .arg("run")
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .args(["--namespace", NAMESPACE, "--leader-elect=true", "--identity", &identity])
-        .args(["--log-level", "info,muster=debug"])
-        .arg(format!("--metrics-bind-address={}", endpoints.metrics))
-        .arg(format!("--webhook-bind-address={}", endpoints.webhook))
-        .arg(format!("--webhook-url=https://{}", endpoints.webhook))
-        .args(match &chart {
-            Some(chart) => chart.args.clone(),
-            None => vec!["--webhook-manage-configurations=true".to_string()],
-        })
-        .args(std::env::var(ARGS_ENV).unwrap_or_default().split_whitespace())
-        .env("MUSTER_CLUSTER_DIR", &cluster.dir)
-        .env("NO_COLOR", "1")
-        .env_remove("KUBECONFIG")
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(stderr)
-        .spawn()
-        .map_err(|e| format!("cannot run muster: {e}"))?;
+    let mut child =
+        muster_command(&kubeconfig, NAMESPACE, &identity, &endpoints, chart.as_ref().map(|c| &c.args), log)?
+            .args(std::env::var(ARGS_ENV).unwrap_or_default().split_whitespace())
+            .spawn()
+            .map_err(|e| format!("cannot run muster: {e}"))?;
     let _ = std::fs::write(pid_file(), child.id().to_string());
     match wait_ready(&mut child, &endpoints, NAMESPACE, &identity).await {
         Ok(()) => {
