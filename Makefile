@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BIN_DIR = $(shell bash tools/k8s/bindir.sh)
 
-.PHONY: all build release test unit e2e e2e-rbac e2e-service chart-lint chart-test crds crds-check fmt clippy bench controlplane cluster-up cluster-down run demo demo-down demo-check
+.PHONY: all build release host-deps host-deps-demo test unit e2e e2e-rbac e2e-service chart-lint chart-test crds crds-check fmt clippy bench controlplane cluster-up cluster-down run demo demo-down demo-check
 
 all: build
 
@@ -13,11 +13,20 @@ build:
 release:
 	$(CARGO) build --release
 
+## The host packages the README's commands need (hack/host-deps.sh): installed when root and
+## apt-get are there, otherwise make stops before any build, printing the exact command to run.
+host-deps:
+	@bash hack/host-deps.sh test
+
+host-deps-demo:
+	@bash hack/host-deps.sh demo
+
 ## Every test: formatting, lints, CRD drift, the chart's lint, unit and property tests, then the
 ## real control plane (the e2e suite, its controller tests again with muster as the chart's
 ## ServiceAccount, the webhooks through their Service, then the chart on a control plane of its
-## own).
-test: crds-check chart-lint
+## own). host-deps comes first, so a missing package stops it before anything is built.
+test: host-deps
+	$(MAKE) crds-check chart-lint
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) test --lib --bins
@@ -120,7 +129,7 @@ run: build controlplane
 	  --webhook-url https://$(RUN_WEBHOOK_ADDRESS) --webhook-manage-configurations=true
 
 ## A local GPU cluster running muster end to end (left running; stop with `make demo-down`).
-demo:
+demo: host-deps-demo
 	@bash hack/demo.sh
 
 demo-down:
