@@ -29,6 +29,9 @@ pub enum FilterReason {
     TooManyPods,
     /// Enough `nvidia.com/gpu` by count, but no acceptable set of free GPU indices.
     GpuIndices,
+    /// kube-scheduler refused a pin of this gang to the node in an earlier attempt; it is
+    /// avoided for a while.
+    RefusedEarlier,
 }
 
 impl fmt::Display for FilterReason {
@@ -49,6 +52,7 @@ impl fmt::Display for FilterReason {
             FilterReason::Insufficient(resource) => write!(f, "Insufficient {resource}"),
             FilterReason::TooManyPods => f.write_str("Too many pods"),
             FilterReason::GpuIndices => f.write_str("node(s) had no free GPU indices"),
+            FilterReason::RefusedEarlier => f.write_str("node(s) refused this gang's pods in an earlier attempt"),
         }
     }
 }
@@ -184,6 +188,7 @@ impl FilterReason {
             FilterReason::Insufficient(resource) => format!("Insufficient {resource}"),
             FilterReason::TooManyPods => "TooManyPods".into(),
             FilterReason::GpuIndices => "GpuIndices".into(),
+            FilterReason::RefusedEarlier => "RefusedEarlier".into(),
         }
     }
 }

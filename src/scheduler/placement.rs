@@ -176,6 +176,11 @@ pub fn decide(snapshot: &Snapshot, tree: &GroupTree, options: &PlaceOptions, gpu
 pub fn place(snapshot: &Snapshot, tree: &GroupTree, options: &PlaceOptions, gpus: &dyn GpuChooser) -> Decision {
     let all: Vec<u32> = (0..u32::try_from(snapshot.nodes().len()).unwrap_or(u32::MAX)).collect();
     let mut engine = Engine::new(snapshot, options, gpus);
+    for name in &tree.avoid_nodes {
+        if let Some(i) = snapshot.index_of(name) {
+            engine.avoided[i as usize] = true;
+        }
+    }
     let attempt = engine.place_group(&tree.root, &all, None);
     let plan = engine.plan.iter().map(|t| t.placed(snapshot)).collect();
     Decision { root: tree.root.name().to_string(), admitted: attempt.success, plan, explanation: attempt.explanation }
@@ -224,6 +229,7 @@ enum ReasonKey<'a> {
     Insufficient(&'a str),
     TooManyPods,
     GpuIndices,
+    RefusedEarlier,
 }
 
 impl ReasonKey<'_> {
@@ -236,6 +242,7 @@ impl ReasonKey<'_> {
             ReasonKey::Insufficient(resource) => FilterReason::Insufficient(resource.into()),
             ReasonKey::TooManyPods => FilterReason::TooManyPods,
             ReasonKey::GpuIndices => FilterReason::GpuIndices,
+            ReasonKey::RefusedEarlier => FilterReason::RefusedEarlier,
         }
     }
 }
@@ -318,6 +325,8 @@ struct Engine<'a> {
     slot: Vec<u32>,
     deltas: Vec<Delta>,
     plan: Vec<Tentative<'a>>,
+    /// Per node: the root avoids it (kube-scheduler refused a pin there recently).
+    avoided: Vec<bool>,
 }
 
 impl<'a> Engine<'a> {
@@ -329,6 +338,7 @@ impl<'a> Engine<'a> {
             slot: vec![NO_SLOT; snapshot.nodes().len()],
             deltas: Vec::new(),
             plan: Vec::new(),
+            avoided: vec![false; snapshot.nodes().len()],
         }
     }
 
@@ -472,6 +482,10 @@ impl<'a> Engine<'a> {
             let node = self.node(i);
             if let Some(u) = node.unusable {
                 scan.tally.add(ReasonKey::Unusable(u));
+                continue;
+            }
+            if self.avoided[i as usize] {
+                scan.tally.add(ReasonKey::RefusedEarlier);
                 continue;
             }
             if node.unschedulable && !tolerates_unschedulable {

@@ -2,7 +2,7 @@
 //! (CompositePodGroups) hold their children. Built from PodGroup, CompositePodGroup and Pod
 //! lists; also orders roots for admission. Quorum and placement read it; nothing here decides.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -124,6 +124,9 @@ pub struct GroupTree {
     pub priority: i32,
     /// The root's creation time.
     pub created: Option<Timestamp>,
+    /// Node names placement must not use for this root: kube-scheduler refused a pin of the
+    /// root's pods there in a recent attempt (set by the shell from the root's rollbacks).
+    pub avoid_nodes: BTreeSet<String>,
 }
 
 impl LeafPolicy {
@@ -315,7 +318,13 @@ impl Group {
 impl GroupTree {
     /// A tree with priority 0 and no creation time.
     pub fn new(namespace: &str, root: impl Into<Group>) -> Self {
-        Self { namespace: namespace.into(), root: root.into(), priority: 0, created: None }
+        Self {
+            namespace: namespace.into(),
+            root: root.into(),
+            priority: 0,
+            created: None,
+            avoid_nodes: BTreeSet::new(),
+        }
     }
 
     /// The order key among roots: priority descending, then creation ascending (unknown last),
@@ -464,6 +473,7 @@ pub fn build_forest(pod_groups: &[PodGroup], composites: &[CompositePodGroup], p
                 root,
                 priority: priority.unwrap_or(0),
                 created: created.as_ref().map(|t| t.0),
+                avoid_nodes: BTreeSet::new(),
             }),
             None => unresolved.push(Unresolved {
                 namespace: key.0.clone(),

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, Node, NodeSpec, NodeStatus, Pod, PodSpec, PodStatus, ResourceRequirements,
+    Container, Node, NodeSpec, NodeStatus, Pod, PodSpec, PodStatus, ResourceRequirements, Volume,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher::Event;
@@ -32,8 +32,23 @@ fn trim_container(c: &Container) -> Container {
             claims: None,
         }),
         restart_policy: c.restart_policy.clone(),
+        // Only ports with a hostPort matter to placement (NodePorts).
+        ports: c
+            .ports
+            .as_ref()
+            .map(|ports| ports.iter().filter(|p| p.host_port.is_some_and(|h| h > 0)).cloned().collect::<Vec<_>>())
+            .filter(|p| !p.is_empty()),
         ..Default::default()
     }
+}
+
+/// Keeps a pod volume only when it names a PersistentVolumeClaim (VolumeBinding reads those).
+fn trim_volume(v: &Volume) -> Option<Volume> {
+    v.persistent_volume_claim.as_ref().map(|pvc| Volume {
+        name: v.name.clone(),
+        persistent_volume_claim: Some(pvc.clone()),
+        ..Default::default()
+    })
 }
 
 /// Keeps what placement, quorum and status read of a pod.
@@ -45,11 +60,14 @@ pub fn pod(p: &mut Pod) {
             init_containers: spec.init_containers.as_ref().map(|cs| cs.iter().map(trim_container).collect()),
             overhead: spec.overhead,
             node_selector: spec.node_selector,
-            affinity: spec.affinity.map(|a| Affinity {
-                node_affinity: a.node_affinity,
-                pod_affinity: None,
-                pod_anti_affinity: None,
-            }),
+            affinity: spec.affinity,
+            topology_spread_constraints: spec.topology_spread_constraints,
+            volumes: spec
+                .volumes
+                .map(|vs| vs.iter().filter_map(trim_volume).collect::<Vec<_>>())
+                .filter(|v| !v.is_empty()),
+            scheduler_name: spec.scheduler_name,
+            resource_claims: spec.resource_claims,
             tolerations: spec.tolerations,
             node_name: spec.node_name,
             scheduling_gates: spec.scheduling_gates,
@@ -59,7 +77,13 @@ pub fn pod(p: &mut Pod) {
         });
     }
     if let Some(status) = p.status.take() {
-        p.status = Some(PodStatus { phase: status.phase, start_time: status.start_time, ..Default::default() });
+        // PodScheduled tells why kube-scheduler refused a pinned pod (the bind watcher reads it).
+        let conditions = status
+            .conditions
+            .map(|cs| cs.into_iter().filter(|c| c.type_ == "PodScheduled").collect::<Vec<_>>())
+            .filter(|cs| !cs.is_empty());
+        p.status =
+            Some(PodStatus { phase: status.phase, start_time: status.start_time, conditions, ..Default::default() });
     }
 }
 
@@ -158,6 +182,7 @@ mod tests {
                          "managedFields": [{"manager": "m"}]},
             "spec": {"nodeName": "n", "nodeSelector": {"k": "v"}, "volumes": [{"name": "v", "emptyDir": {}}],
                      "containers": [{"name": "c", "image": "i", "command": ["x"], "env": [{"name": "E", "value": "v"}],
+                                     "ports": [{"containerPort": 80}],
                                      "resources": {"requests": {"cpu": "1"}}}],
                      "tolerations": [{"operator": "Exists"}], "schedulingGates": [{"name": "g"}]},
             "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
@@ -173,6 +198,36 @@ mod tests {
         assert_eq!(v["spec"]["nodeName"], "n");
         assert_eq!(v["spec"]["schedulingGates"], json!([{"name": "g"}]));
         assert_eq!(v["status"], json!({"phase": "Running"}));
+    }
+
+    #[test]
+    fn pods_keep_what_inter_pod_filters_and_the_bind_watcher_read() {
+        let mut p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p"},
+            "spec": {"volumes": [{"name": "v", "emptyDir": {}}, {"name": "d", "persistentVolumeClaim": {"claimName": "data"}}],
+                     "containers": [{"name": "c", "ports": [{"containerPort": 80}, {"containerPort": 81, "hostPort": 8081}]}],
+                     "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                         {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "x"}}}]}},
+                     "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}],
+                     "schedulerName": "other"},
+            "status": {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"},
+                       {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes"}]}
+        }))
+        .expect("pod");
+        pod(&mut p);
+        let v = serde_json::to_value(&p).expect("json");
+        assert_eq!(v["spec"]["volumes"], json!([{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]));
+        assert_eq!(v["spec"]["containers"][0]["ports"], json!([{"containerPort": 81, "hostPort": 8081}]));
+        assert_eq!(
+            v["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]["topologyKey"],
+            "kubernetes.io/hostname"
+        );
+        assert_eq!(v["spec"]["topologySpreadConstraints"][0]["maxSkew"], 1);
+        assert_eq!(v["spec"]["schedulerName"], "other");
+        assert_eq!(
+            v["status"]["conditions"],
+            json!([{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes"}])
+        );
     }
 
     #[test]
