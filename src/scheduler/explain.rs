@@ -32,6 +32,27 @@ pub enum FilterReason {
     /// kube-scheduler refused a pin of this gang to the node in an earlier attempt; it is
     /// avoided for a while.
     RefusedEarlier,
+    /// A host port the pod needs is taken (NodePorts).
+    HostPorts,
+    /// A claim of the pod keeps it off every node (VolumeBinding), in kube-scheduler's words.
+    Volume(String),
+    /// A bound volume's node affinity excludes the node (VolumeBinding).
+    VolumeNodeAffinity,
+    /// A bound volume's zone or region differs from the node's (VolumeZone).
+    VolumeZone,
+    /// The node lacks a topology spread constraint's key (PodTopologySpread).
+    SpreadLabel,
+    /// One more pod there would exceed a spread constraint's maxSkew (PodTopologySpread).
+    Spread,
+    /// Pinned there, kube-scheduler would count only that node for a spread constraint with
+    /// `minDomains` (nodeAffinityPolicy Honor) and refuse the pod.
+    SpreadPinned,
+    /// No pod the pod's required affinity selects is in the node's domain (InterPodAffinity).
+    PodAffinity,
+    /// A pod the pod's required anti-affinity selects is in the node's domain.
+    PodAntiAffinity,
+    /// A pod in the node's domain has required anti-affinity selecting this pod.
+    ExistingAntiAffinity,
 }
 
 impl fmt::Display for FilterReason {
@@ -53,6 +74,20 @@ impl fmt::Display for FilterReason {
             FilterReason::TooManyPods => f.write_str("Too many pods"),
             FilterReason::GpuIndices => f.write_str("node(s) had no free GPU indices"),
             FilterReason::RefusedEarlier => f.write_str("node(s) refused this gang's pods in an earlier attempt"),
+            FilterReason::HostPorts => f.write_str("node(s) didn't have free ports for the requested pod ports"),
+            FilterReason::Volume(why) => f.write_str(why),
+            FilterReason::VolumeNodeAffinity => f.write_str("node(s) had volume node affinity conflict"),
+            FilterReason::VolumeZone => f.write_str("node(s) had no available volume zone"),
+            FilterReason::SpreadLabel => {
+                f.write_str("node(s) didn't match pod topology spread constraints (missing required label)")
+            }
+            FilterReason::Spread => f.write_str("node(s) didn't match pod topology spread constraints"),
+            FilterReason::SpreadPinned => f.write_str(
+                "node(s) would fail pod topology spread constraints once pinned (minDomains counts the pinned node alone)",
+            ),
+            FilterReason::PodAffinity => f.write_str("node(s) didn't match pod affinity rules"),
+            FilterReason::PodAntiAffinity => f.write_str("node(s) didn't match pod anti-affinity rules"),
+            FilterReason::ExistingAntiAffinity => f.write_str("node(s) didn't satisfy existing pods anti-affinity rules"),
         }
     }
 }
@@ -189,6 +224,15 @@ impl FilterReason {
             FilterReason::TooManyPods => "TooManyPods".into(),
             FilterReason::GpuIndices => "GpuIndices".into(),
             FilterReason::RefusedEarlier => "RefusedEarlier".into(),
+            FilterReason::HostPorts => "NodePorts".into(),
+            FilterReason::Volume(_) | FilterReason::VolumeNodeAffinity => "VolumeBinding".into(),
+            FilterReason::VolumeZone => "VolumeZone".into(),
+            FilterReason::SpreadLabel | FilterReason::Spread | FilterReason::SpreadPinned => {
+                "PodTopologySpread".into()
+            }
+            FilterReason::PodAffinity | FilterReason::PodAntiAffinity | FilterReason::ExistingAntiAffinity => {
+                "InterPodAffinity".into()
+            }
         }
     }
 }

@@ -14,6 +14,7 @@
 
 mod explain;
 mod gpu;
+mod interpod;
 mod placement;
 mod quantity;
 mod quorum;
@@ -21,6 +22,7 @@ mod resources;
 mod shape;
 mod snapshot;
 mod tree;
+mod volumes;
 
 #[cfg(test)]
 mod properties;
@@ -30,6 +32,7 @@ pub use explain::{
     TooFewPods, TopologyUnplaced,
 };
 pub use gpu::{GpuChoice, GpuChooser, LowestFreeIndices, format_gpu_indices, gpu_indices};
+pub use interpod::{HostPort, PodRules, PodTerm, Selector, SpreadConstraint, WeightedTerm, host_ports};
 pub use placement::{
     Admission, Decision, Feasibility, PlaceOptions, PlacedPod, Scoring, decide, place, placement_feasible,
 };
@@ -41,8 +44,9 @@ pub use shape::{
     UNSCHEDULABLE_TAINT_KEY,
 };
 pub use snapshot::{
-    Labels, MAX_GPUS, NodeInfo, PodPhase, Snapshot, SnapshotError, Unusable, is_terminating, pod_phase,
+    Labels, MAX_GPUS, NodeInfo, NodePod, PodPhase, Snapshot, SnapshotError, Unusable, is_terminating, pod_phase,
 };
+pub use volumes::{ClaimState, VolumeConflict, VolumeNodes, Volumes};
 pub use tree::{
     CompositeGroup, CompositePolicy, Forest, Group, GroupPod, GroupTree, LeafGroup, LeafPolicy, PodState, Unresolved,
     UnresolvedReason, build_forest, sort_for_admission,

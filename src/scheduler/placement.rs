@@ -27,6 +27,9 @@ use super::resources::{CPU, EPHEMERAL_STORAGE, MEMORY, Resources};
 use super::shape::PodShape;
 use super::snapshot::{NodeInfo, Snapshot, Unusable};
 use super::tree::{CompositeGroup, CompositePolicy, Group, GroupTree, LeafGroup, LeafPolicy, PodState};
+use pods::{Facts, PodLevel};
+
+mod pods;
 use crate::crds::GPU_RESOURCE;
 use crate::crds::scheduling::PlannedPod;
 
@@ -175,7 +178,9 @@ pub fn decide(snapshot: &Snapshot, tree: &GroupTree, options: &PlaceOptions, gpu
 /// of the same composite needs, and a failed gang's room goes to the groups after it.
 pub fn place(snapshot: &Snapshot, tree: &GroupTree, options: &PlaceOptions, gpus: &dyn GpuChooser) -> Decision {
     let all: Vec<u32> = (0..u32::try_from(snapshot.nodes().len()).unwrap_or(u32::MAX)).collect();
-    let mut engine = Engine::new(snapshot, options, gpus);
+    let facts = Facts::new(snapshot, tree);
+    let mut engine = Engine::new(snapshot, options, gpus, &facts);
+    engine.namespace = &tree.namespace;
     for name in &tree.avoid_nodes {
         if let Some(i) = snapshot.index_of(name) {
             engine.avoided[i as usize] = true;
@@ -200,7 +205,7 @@ struct Tentative<'a> {
     leaf: &'a LeafGroup,
     pod: usize,
     node: u32,
-    requests: &'a Resources,
+    shape: &'a PodShape,
     gpu_mask: u64,
 }
 
@@ -230,6 +235,16 @@ enum ReasonKey<'a> {
     TooManyPods,
     GpuIndices,
     RefusedEarlier,
+    HostPorts,
+    Volume(&'a str),
+    VolumeNodeAffinity,
+    VolumeZone,
+    SpreadLabel,
+    Spread,
+    SpreadPinned,
+    PodAffinity,
+    PodAntiAffinity,
+    ExistingAntiAffinity,
 }
 
 impl ReasonKey<'_> {
@@ -243,6 +258,16 @@ impl ReasonKey<'_> {
             ReasonKey::TooManyPods => FilterReason::TooManyPods,
             ReasonKey::GpuIndices => FilterReason::GpuIndices,
             ReasonKey::RefusedEarlier => FilterReason::RefusedEarlier,
+            ReasonKey::HostPorts => FilterReason::HostPorts,
+            ReasonKey::Volume(why) => FilterReason::Volume(why.into()),
+            ReasonKey::VolumeNodeAffinity => FilterReason::VolumeNodeAffinity,
+            ReasonKey::VolumeZone => FilterReason::VolumeZone,
+            ReasonKey::SpreadLabel => FilterReason::SpreadLabel,
+            ReasonKey::Spread => FilterReason::Spread,
+            ReasonKey::SpreadPinned => FilterReason::SpreadPinned,
+            ReasonKey::PodAffinity => FilterReason::PodAffinity,
+            ReasonKey::PodAntiAffinity => FilterReason::PodAntiAffinity,
+            ReasonKey::ExistingAntiAffinity => FilterReason::ExistingAntiAffinity,
         }
     }
 }
@@ -272,6 +297,9 @@ struct Candidate {
     node: u32,
     fit: u32,
     score: u32,
+    /// Raw inter-pod preferences for one pod (preferred terms, `ScheduleAnyway` spread),
+    /// normalised over the candidates before they are ranked; 0 for interchangeable pods.
+    preference: i64,
 }
 
 fn by_score(a: &Candidate, b: &Candidate) -> Ordering {
@@ -321,6 +349,10 @@ struct Engine<'a> {
     snapshot: &'a Snapshot,
     options: &'a PlaceOptions,
     gpus: &'a dyn GpuChooser,
+    /// What the root's shapes need that does not change within the decision.
+    facts: &'a Facts<'a>,
+    /// The root's namespace.
+    namespace: &'a str,
     /// Per node: index into `deltas`, or `NO_SLOT`.
     slot: Vec<u32>,
     deltas: Vec<Delta>,
@@ -330,11 +362,13 @@ struct Engine<'a> {
 }
 
 impl<'a> Engine<'a> {
-    fn new(snapshot: &'a Snapshot, options: &'a PlaceOptions, gpus: &'a dyn GpuChooser) -> Self {
+    fn new(snapshot: &'a Snapshot, options: &'a PlaceOptions, gpus: &'a dyn GpuChooser, facts: &'a Facts<'a>) -> Self {
         Self {
             snapshot,
             options,
             gpus,
+            facts,
+            namespace: "",
             slot: vec![NO_SLOT; snapshot.nodes().len()],
             deltas: Vec::new(),
             plan: Vec::new(),
@@ -364,7 +398,7 @@ impl<'a> Engine<'a> {
             self.deltas.push(Delta { requested: Resources::new(), gpu_used: 0 });
         }
         let delta = &mut self.deltas[*slot as usize];
-        delta.requested.add(t.requests);
+        delta.requested.add(&t.shape.requests);
         delta.gpu_used |= t.gpu_mask;
         self.plan.push(t);
     }
@@ -374,7 +408,7 @@ impl<'a> Engine<'a> {
         while self.plan.len() > checkpoint {
             let Some(t) = self.plan.pop() else { break };
             if let Some(delta) = self.deltas.get_mut(self.slot[t.node as usize] as usize) {
-                delta.requested.sub(t.requests);
+                delta.requested.sub(&t.shape.requests);
                 delta.gpu_used &= !t.gpu_mask;
             }
         }
@@ -473,10 +507,24 @@ impl<'a> Engine<'a> {
     }
 
     /// Filters every node for one shape (kube's order: unschedulable, taints, affinity,
-    /// resources, then GPU indices) and scores those that fit.
-    fn scan(&self, shape: &'a PodShape, nodes: &[u32]) -> Scan<'a> {
+    /// host ports, resources, volumes, topology spread, inter-pod affinity, then GPU
+    /// indices) and scores those that fit. With `pod`, the rules relating that one pod to
+    /// others are checked too (each candidate then takes one pod).
+    fn scan(&self, shape: &'a PodShape, nodes: &[u32], pod: Option<&PodLevel<'a>>) -> Scan<'a> {
         let tolerates_unschedulable = shape.tolerates_unschedulable();
         let mut scan = Scan { candidates: Vec::new(), tally: Tally::default(), nodes: 0 };
+        let facts = self.facts.of(shape);
+        let volumes = match facts.map(|f| &f.volumes) {
+            Some(Err(why)) => {
+                scan.nodes = u32::try_from(nodes.len()).unwrap_or(u32::MAX);
+                for _ in nodes {
+                    scan.tally.add(ReasonKey::Volume(why));
+                }
+                return scan;
+            }
+            Some(Ok(v)) => v.as_slice(),
+            None => &[],
+        };
         for &i in nodes {
             scan.nodes += 1;
             let node = self.node(i);
@@ -500,10 +548,30 @@ impl<'a> Engine<'a> {
                 scan.tally.add(ReasonKey::NodeAffinity);
                 continue;
             }
+            if pod.is_some_and(|p| !p.ports_free(self, i)) {
+                scan.tally.add(ReasonKey::HostPorts);
+                continue;
+            }
             let mut fit = self.resource_fit(i, &shape.requests);
             if fit == 0 {
                 self.tally_insufficient(i, &shape.requests, &mut scan.tally);
                 continue;
+            }
+            if let Some(conflict) = volumes.iter().find_map(|v| v.check(node).err()) {
+                scan.tally.add(match conflict {
+                    super::volumes::VolumeConflict::NodeAffinity => ReasonKey::VolumeNodeAffinity,
+                    super::volumes::VolumeConflict::Zone => ReasonKey::VolumeZone,
+                });
+                continue;
+            }
+            let mut preference = 0;
+            if let Some(pod) = pod {
+                if let Err(reason) = pod.check(node, i) {
+                    scan.tally.add(reason);
+                    continue;
+                }
+                fit = 1;
+                preference = pod.preference(node);
             }
             let mut gpu_score = 0;
             // `None` when the pod asks for no GPU.
@@ -519,7 +587,7 @@ impl<'a> Engine<'a> {
             }
             let score = self.resource_score(i, &shape.requests) * self.options.resource_weight
                 + gpu_score * self.options.gpu_weight;
-            scan.candidates.push(Candidate { node: i, fit: u32::try_from(fit).unwrap_or(u32::MAX), score });
+            scan.candidates.push(Candidate { node: i, fit: u32::try_from(fit).unwrap_or(u32::MAX), score, preference });
         }
         scan
     }
@@ -533,7 +601,7 @@ impl<'a> Engine<'a> {
                 None => return false,
             }
         }
-        self.apply(Tentative { leaf, pod, node, requests: &shape.requests, gpu_mask });
+        self.apply(Tentative { leaf, pod, node, shape, gpu_mask });
         true
     }
 
@@ -605,7 +673,7 @@ impl<'a> Engine<'a> {
 
     /// Pods of `shape` the nodes could still take (for choosing the tightest domain).
     fn free_slots(&self, shape: &'a PodShape, nodes: &[u32]) -> u64 {
-        self.scan(shape, nodes).candidates.iter().map(|c| u64::from(c.fit)).sum()
+        self.scan(shape, nodes, None).candidates.iter().map(|c| u64::from(c.fit)).sum()
     }
 
     fn place_group(&mut self, group: &'a Group, nodes: &[u32], domain: Option<(&'a str, &'a str)>) -> Attempt {
@@ -667,15 +735,22 @@ impl<'a> Engine<'a> {
         let mut slots_left = None;
         for s in order {
             let (shape, pods) = (&leaf.shapes[s], &by_shape[s]);
-            let scan = self.scan(shape, nodes);
-            let nodes_fit = u32::try_from(scan.candidates.len()).unwrap_or(u32::MAX);
-            let capacity: u64 = scan.candidates.iter().map(|c| u64::from(c.fit)).sum();
-            let (scanned, tally) = (scan.nodes, scan.tally);
-            let fitted = self.fill(leaf, shape, pods, scan.candidates);
+            let (fitted, scanned, nodes_fit, tally) = if self.facts.per_pod {
+                let (fitted, scan) = self.fill_each(leaf, shape, pods, nodes);
+                let nodes_fit = u32::try_from(scan.candidates.len()).unwrap_or(u32::MAX);
+                (fitted, scan.nodes, nodes_fit, scan.tally)
+            } else {
+                let scan = self.scan(shape, nodes, None);
+                let nodes_fit = u32::try_from(scan.candidates.len()).unwrap_or(u32::MAX);
+                let capacity: u64 = scan.candidates.iter().map(|c| u64::from(c.fit)).sum();
+                let (scanned, tally) = (scan.nodes, scan.tally);
+                let fitted = self.fill(leaf, shape, pods, scan.candidates);
+                // Each pod placed takes exactly one slot of its own shape; the chooser may
+                // refuse a few more, so this is an upper bound.
+                slots_left = Some(capacity.saturating_sub(u64::from(fitted)));
+                (fitted, scanned, nodes_fit, tally)
+            };
             placed += fitted;
-            // Each pod placed takes exactly one slot of its own shape; the chooser may refuse
-            // a few more, so this is an upper bound.
-            slots_left = Some(capacity.saturating_sub(u64::from(fitted)));
             remaining -= u32::try_from(pods.len()).unwrap_or(u32::MAX);
             if (fitted as usize) < pods.len() {
                 shortfall = Some((scanned, nodes_fit, tally.counts()));

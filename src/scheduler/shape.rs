@@ -6,6 +6,7 @@ use k8s_openapi::api::core::v1::{
     NodeSelector as K8sNodeSelector, NodeSelectorRequirement, Pod, Taint as K8sTaint, Toleration as K8sToleration,
 };
 
+use super::interpod::PodRules;
 use super::resources::{ResourceError, Resources, pod_requests};
 use super::snapshot::{Labels, NodeInfo};
 
@@ -24,6 +25,9 @@ pub enum ShapeError {
     /// A node selector requirement has an operator kube does not know.
     #[error("node affinity operator {0:?} is not one of In, NotIn, Exists, DoesNotExist, Gt, Lt")]
     Operator(String),
+    /// A label selector (pod affinity, topology spread) has an operator kube does not know.
+    #[error("label selector operator {0:?} is not one of In, NotIn, Exists, DoesNotExist")]
+    SelectorOperator(String),
 }
 
 /// What kube-scheduler looks at to decide whether a pod fits a node.
@@ -39,6 +43,10 @@ pub struct PodShape {
     pub tolerations: Vec<Toleration>,
     /// Whole GPUs requested (`nvidia.com/gpu`).
     pub gpus: u32,
+    /// Rules relating the pod to other pods: inter-pod affinity, topology spread, host ports.
+    pub rules: PodRules,
+    /// PersistentVolumeClaims the pod mounts (VolumeBinding, VolumeZone), sorted.
+    pub claims: Vec<String>,
 }
 
 /// One node selector term: every expression and every field requirement must hold.
@@ -239,7 +247,24 @@ impl PodShape {
         if let Some(selector) = required {
             shape.required_affinity = Some(terms_from_k8s(selector)?);
         }
+        let labels: Labels = pod.metadata.labels.iter().flatten().collect();
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        shape.rules = PodRules::from_spec(spec, namespace, &labels)?;
+        shape.claims = spec
+            .volumes
+            .iter()
+            .flatten()
+            .filter_map(|v| v.persistent_volume_claim.as_ref().map(|c| c.claim_name.clone()))
+            .collect();
+        shape.claims.sort();
+        shape.claims.dedup();
         Ok(shape)
+    }
+
+    /// True when identical pods of this shape are interchangeable: nothing in it depends on
+    /// other pods, so nodes can be filled by capacity arithmetic.
+    pub fn is_independent(&self) -> bool {
+        self.rules.is_empty()
     }
 
     /// NodeAffinity filter: `nodeSelector` and required node affinity both hold.
@@ -270,7 +295,7 @@ impl PodShape {
     }
 }
 
-fn terms_from_k8s(selector: &K8sNodeSelector) -> Result<Vec<NodeSelectorTerm>, ShapeError> {
+pub(crate) fn terms_from_k8s(selector: &K8sNodeSelector) -> Result<Vec<NodeSelectorTerm>, ShapeError> {
     selector
         .node_selector_terms
         .iter()

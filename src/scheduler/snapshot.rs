@@ -6,8 +6,10 @@ use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 
+use super::interpod::{HostPort, PodTerm, host_ports};
 use super::resources::{ResourceError, Resources, pod_requests};
-use super::shape::Taint;
+use super::shape::{ShapeError, Taint};
+use super::volumes::Volumes;
 use crate::crds::{ADMISSION_GATE, GPU_RESOURCE, HOSTNAME_LABEL, POD_GROUP_LABEL};
 
 /// Most GPUs a node may have: the used-index mask is a `u64`.
@@ -50,6 +52,33 @@ pub enum SnapshotError {
         /// The pinned hostname.
         hostname: String,
     },
+    /// A pod on a node has an anti-affinity term that cannot be read (kube-scheduler refuses
+    /// such pods too); its terms are left out.
+    #[error("pod {pod:?}: pod anti-affinity {source}")]
+    PodTerms {
+        /// namespace/name of the pod.
+        pod: String,
+        /// What was wrong.
+        #[source]
+        source: ShapeError,
+    },
+}
+
+/// A pod bound to a node or admitted onto it, as inter-pod rules see it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodePod {
+    /// Index of its node in the snapshot.
+    pub node: u32,
+    /// Namespace.
+    pub namespace: Box<str>,
+    /// Labels.
+    pub labels: Labels,
+    /// Its required anti-affinity terms (the symmetric rule: they keep matching pods away).
+    pub anti_affinity: Vec<PodTerm>,
+    /// Host ports it binds.
+    pub host_ports: Vec<HostPort>,
+    /// Being deleted (topology spread does not count it; everything else still does).
+    pub terminating: bool,
 }
 
 /// Why a node is never offered, whatever the pod.
@@ -258,6 +287,16 @@ pub struct Snapshot {
     by_name: HashMap<String, u32>,
     by_hostname: HashMap<String, u32>,
     problems: Vec<SnapshotError>,
+    /// Pods bound or admitted, in the order they were added.
+    pods: Vec<NodePod>,
+    /// Per node: indexes into `pods`.
+    pods_by_node: Vec<Vec<u32>>,
+    /// Indexes into `pods` of those with required anti-affinity terms.
+    anti_pods: Vec<u32>,
+    /// Namespace labels (for namespace selectors of pod affinity terms).
+    namespaces: HashMap<String, Labels>,
+    /// PersistentVolumeClaims and the nodes their volumes allow.
+    volumes: Volumes,
 }
 
 impl Snapshot {
@@ -294,7 +333,18 @@ impl Snapshot {
                 node.unusable = Some(Unusable::NoHostname);
             }
         }
-        Self { nodes, by_name, by_hostname, problems }
+        let pods_by_node = vec![Vec::new(); nodes.len()];
+        Self {
+            nodes,
+            by_name,
+            by_hostname,
+            problems,
+            pods: Vec::new(),
+            pods_by_node,
+            anti_pods: Vec::new(),
+            namespaces: HashMap::new(),
+            volumes: Volumes::default(),
+        }
     }
 
     /// A snapshot from the cluster's node and pod lists: usage from pods bound to a node and
@@ -329,7 +379,9 @@ impl Snapshot {
             }
             _ => None,
         };
-        let Some(node) = index.and_then(|i| self.nodes.get_mut(i as usize)) else { return false };
+        let Some(i) = index.filter(|&i| (i as usize) < self.nodes.len()) else { return false };
+        self.add_node_pod(pod, i);
+        let node = &mut self.nodes[i as usize];
         match pod.spec.as_ref().map(pod_requests) {
             Some(Ok(requests)) => node.requested.add(&requests),
             Some(Err(source)) => {
@@ -339,6 +391,77 @@ impl Snapshot {
             None => {}
         }
         true
+    }
+
+    /// Records what inter-pod rules read of a pod counted on node `i`.
+    fn add_node_pod(&mut self, pod: &Pod, i: u32) {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let labels: Labels = pod.metadata.labels.iter().flatten().collect();
+        let spec = pod.spec.as_ref();
+        let anti = spec
+            .and_then(|s| s.affinity.as_ref())
+            .and_then(|a| a.pod_anti_affinity.as_ref())
+            .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref());
+        let anti_affinity = match anti
+            .into_iter()
+            .flatten()
+            .map(|t| PodTerm::from_k8s(t, namespace, &labels))
+            .collect::<Result<Vec<_>, _>>()
+        {
+            Ok(terms) => terms,
+            Err(source) => {
+                self.problems.push(SnapshotError::PodTerms { pod: pod_key(pod), source });
+                Vec::new()
+            }
+        };
+        let index = u32::try_from(self.pods.len()).unwrap_or(u32::MAX);
+        if !anti_affinity.is_empty() {
+            self.anti_pods.push(index);
+        }
+        self.pods.push(NodePod {
+            node: i,
+            namespace: namespace.into(),
+            labels,
+            anti_affinity,
+            host_ports: spec.map(host_ports).unwrap_or_default(),
+            terminating: is_terminating(pod),
+        });
+        self.pods_by_node[i as usize].push(index);
+    }
+
+    /// Sets the labels of every namespace (read by namespace selectors of pod affinity terms).
+    pub fn set_namespaces(&mut self, namespaces: impl IntoIterator<Item = (String, Labels)>) {
+        self.namespaces = namespaces.into_iter().collect();
+    }
+
+    /// Sets the cluster's claims and volumes (read by pods that mount claims).
+    pub fn set_volumes(&mut self, volumes: Volumes) {
+        self.volumes = volumes;
+    }
+
+    /// The labels of a namespace, when known.
+    pub fn namespace_labels(&self, namespace: &str) -> Option<&Labels> {
+        self.namespaces.get(namespace)
+    }
+
+    /// The cluster's claims and volumes.
+    pub fn volumes(&self) -> &Volumes {
+        &self.volumes
+    }
+
+    /// Every pod bound or admitted.
+    pub fn node_pods(&self) -> &[NodePod] {
+        &self.pods
+    }
+
+    /// The pods bound to or admitted onto node `i`.
+    pub fn pods_on(&self, i: u32) -> impl Iterator<Item = &NodePod> {
+        self.pods_by_node.get(i as usize).into_iter().flatten().map(|&p| &self.pods[p as usize])
+    }
+
+    /// Pods with required anti-affinity terms.
+    pub fn anti_affinity_pods(&self) -> impl Iterator<Item = &NodePod> {
+        self.anti_pods.iter().map(|&p| &self.pods[p as usize])
     }
 
     /// Sets the GPU indices not on offer on a node (from the GPU ledger and health); returns

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
 use super::shape::{PodShape, ShapeError};
-use super::snapshot::{PodPhase, is_terminating, pod_phase};
+use super::snapshot::{Labels, PodPhase, is_terminating, pod_phase};
 use crate::crds::blocks::SchedulingConstraints;
 use crate::crds::scheduling::MAX_DEPTH;
 use crate::crds::{CompositePodGroup, POD_GROUP_LABEL, PodGroup};
@@ -74,6 +74,8 @@ pub struct GroupPod {
     pub uid: String,
     /// Where it stands.
     pub state: PodState,
+    /// Its labels (what other pods' affinity, anti-affinity and spread rules select on).
+    pub labels: Labels,
 }
 
 /// A PodGroup and its pods.
@@ -175,7 +177,15 @@ impl LeafGroup {
 
     /// Adds a pod in any other state.
     pub fn push(&mut self, name: &str, uid: &str, state: PodState) {
-        self.pods.push(GroupPod { name: name.into(), uid: uid.into(), state });
+        self.pods.push(GroupPod { name: name.into(), uid: uid.into(), state, labels: Labels::default() });
+    }
+
+    /// Builder: sets the labels of the pod added last.
+    pub fn with_labels_of_last(mut self, labels: Labels) -> Self {
+        if let Some(pod) = self.pods.last_mut() {
+            pod.labels = labels;
+        }
+        self
     }
 
     /// Adds a pod from the cluster; returns false when it does not count (finished or
@@ -195,6 +205,9 @@ impl LeafGroup {
             PodPhase::Bound(node) => self.push(name, uid, PodState::Bound { node }),
             PodPhase::Admitted(hostname) => self.push(name, uid, PodState::Admitted { hostname }),
             PodPhase::Unpinned => self.push(name, uid, PodState::Unmanaged),
+        }
+        if let Some(last) = self.pods.last_mut() {
+            last.labels = pod.metadata.labels.iter().flatten().collect();
         }
         true
     }
