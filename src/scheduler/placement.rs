@@ -937,3 +937,6 @@ impl<'a> Engine<'a> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod interpod_tests;
