@@ -733,7 +733,7 @@ impl<'a> Engine<'a> {
         let (mut placed, mut remaining) = (0u32, gated);
         let mut shortfall: Option<(u32, u32, Vec<ReasonCount>)> = None;
         let mut slots_left = None;
-        for s in order {
+        for &s in &order {
             let (shape, pods) = (&leaf.shapes[s], &by_shape[s]);
             let (fitted, scanned, nodes_fit, tally) = if self.facts.per_pod {
                 let (fitted, scan) = self.fill_each(leaf, shape, pods, nodes);
@@ -757,6 +757,16 @@ impl<'a> Engine<'a> {
             }
             if placement_feasible(min_count, existing + placed, remaining) == Feasibility::Unschedulable {
                 break;
+            }
+        }
+        if gang && self.facts.per_pod && existing + placed < min_count {
+            // One pod at a time, the first choices can block later pods (co-location that
+            // picked the small zone, spread that filled the wrong domain): search the
+            // choices, within a budget, before giving up.
+            let sequence: Vec<(&'a PodShape, usize)> =
+                order.iter().flat_map(|&s| by_shape[s].iter().map(move |&p| (&leaf.shapes[s], p))).collect();
+            if let Some(found) = self.search(leaf, &sequence, nodes, checkpoint, min_count - existing) {
+                placed = found;
             }
         }
         let success = existing + placed >= min_count;

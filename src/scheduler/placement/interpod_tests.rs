@@ -326,3 +326,17 @@ fn nodes_refused_earlier_are_avoided() {
     assert!(!d.admitted);
     assert!(reasons(&d).contains("refused this gang's pods in an earlier attempt"), "{}", reasons(&d));
 }
+
+#[test]
+fn a_gang_that_fits_only_one_way_is_found_by_search() {
+    // Zone a: n0, busy, with room for one more pod (BinPack's first choice); zone b: n1, n2.
+    // Co-located pods that start on n0 cannot all follow it; starting in zone b they fit.
+    let layout = [("a", "r1"), ("b", "r2"), ("b", "r2")];
+    let all = nodes(&layout);
+    let load = running("load", "other", "n0", json!({"containers": [{"name": "c", "resources": {"requests": {"cpu": "11"}}}]}));
+    let spec = json!({"affinity": affinity(ZONE, "train"),
+                      "containers": [{"name": "c", "resources": {"requests": {"cpu": "4", "nvidia.com/gpu": "1"}}}]});
+    let d = decide_on(nodes(&layout), &[load], gang("train", 3, 3, spec));
+    assert!(d.admitted, "{}", reasons(&d));
+    assert!(nodes_of(&d).iter().all(|n| domain_of(&all, n, ZONE) == "b"), "{:?}", nodes_of(&d));
+}

@@ -394,6 +394,87 @@ impl<'a> Engine<'a> {
     }
 }
 
+/// How many node evaluations a search for one gang may spend beyond the first attempt:
+/// thousands of tries on a small cluster, a few dozen on 5,000 nodes.
+const SEARCH_BUDGET: u64 = 200_000;
+
+impl<'a> Engine<'a> {
+    /// After the one-at-a-time attempt (everything since `checkpoint`) placed fewer than
+    /// `need` pods: undoes it and searches the choices depth first (best-scored node first,
+    /// a pod may be left out while enough others can still be placed), within
+    /// [`SEARCH_BUDGET`]. On success the plan holds the found placement plus whatever of the
+    /// left-out pods still fits, and the count is returned; otherwise the first attempt is
+    /// redone and `None` returned.
+    pub(super) fn search(
+        &mut self,
+        leaf: &'a LeafGroup,
+        sequence: &[(&'a PodShape, usize)],
+        nodes: &[u32],
+        checkpoint: usize,
+        need: u32,
+    ) -> Option<u32> {
+        let mut budget = SEARCH_BUDGET;
+        let first_attempt: Vec<(usize, u32)> = self.plan[checkpoint..].iter().map(|t| (t.pod, t.node)).collect();
+        self.rollback(checkpoint);
+        let skips = u32::try_from(sequence.len()).unwrap_or(u32::MAX).saturating_sub(need);
+        if self.search_from(leaf, sequence, nodes, 0, need, skips, &mut budget) {
+            let taken: Vec<usize> = self.plan[checkpoint..].iter().map(|t| t.pod).collect();
+            for &(shape, pod) in sequence.iter().filter(|(_, p)| !taken.contains(p)) {
+                let level = self.pod_level(leaf, shape, pod);
+                let mut scan = self.scan(shape, nodes, Some(&level));
+                scan.candidates.sort_unstable_by(by_score);
+                let _ = scan.candidates.iter().any(|c| self.place_one(leaf, shape, pod, c.node));
+            }
+            return u32::try_from(self.plan.len() - checkpoint).ok();
+        }
+        self.rollback(checkpoint);
+        for (pod, node) in first_attempt {
+            if let Some(&(shape, _)) = sequence.iter().find(|(_, p)| *p == pod) {
+                self.place_one(leaf, shape, pod, node);
+            }
+        }
+        None
+    }
+
+    fn search_from(
+        &mut self,
+        leaf: &'a LeafGroup,
+        sequence: &[(&'a PodShape, usize)],
+        nodes: &[u32],
+        at: usize,
+        need: u32,
+        skips: u32,
+        budget: &mut u64,
+    ) -> bool {
+        if need == 0 {
+            return true;
+        }
+        let Some(&(shape, pod)) = sequence.get(at) else { return false };
+        let cost = nodes.len() as u64;
+        if *budget < cost {
+            return false;
+        }
+        *budget -= cost;
+        let level = self.pod_level(leaf, shape, pod);
+        let mut scan = self.scan(shape, nodes, Some(&level));
+        normalise_preferences(&mut scan.candidates);
+        scan.candidates.sort_unstable_by(by_score);
+        for c in &scan.candidates {
+            let mark = self.plan.len();
+            if self.place_one(leaf, shape, pod, c.node) {
+                if self.search_from(leaf, sequence, nodes, at + 1, need - 1, skips, budget) {
+                    return true;
+                }
+                self.rollback(mark);
+            }
+            if *budget < cost {
+                return false;
+            }
+        }
+        skips > 0 && self.search_from(leaf, sequence, nodes, at + 1, need, skips - 1, budget)
+    }
+}
+
 /// Folds each candidate's raw inter-pod preference into its score: 0..=100 across the
 /// candidates (kube normalises InterPodAffinity and PodTopologySpread scores the same way),
 /// weighted 2 like those plugins in the default profile.
