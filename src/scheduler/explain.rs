@@ -227,9 +227,7 @@ impl FilterReason {
             FilterReason::HostPorts => "NodePorts".into(),
             FilterReason::Volume(_) | FilterReason::VolumeNodeAffinity => "VolumeBinding".into(),
             FilterReason::VolumeZone => "VolumeZone".into(),
-            FilterReason::SpreadLabel | FilterReason::Spread | FilterReason::SpreadPinned => {
-                "PodTopologySpread".into()
-            }
+            FilterReason::SpreadLabel | FilterReason::Spread | FilterReason::SpreadPinned => "PodTopologySpread".into(),
             FilterReason::PodAffinity | FilterReason::PodAntiAffinity | FilterReason::ExistingAntiAffinity => {
                 "InterPodAffinity".into()
             }

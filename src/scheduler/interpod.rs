@@ -41,7 +41,11 @@ impl Selector {
                 "DoesNotExist" => Operator::DoesNotExist,
                 other => return Err(ShapeError::SelectorOperator(other.to_string())),
             };
-            requirements.push(Requirement { key: e.key.clone(), operator, values: e.values.clone().unwrap_or_default() });
+            requirements.push(Requirement {
+                key: e.key.clone(),
+                operator,
+                values: e.values.clone().unwrap_or_default(),
+            });
         }
         Ok(Self { requirements })
     }
@@ -250,22 +254,27 @@ impl PodRules {
         let terms = |ts: Option<&Vec<PodAffinityTerm>>| -> Result<Vec<PodTerm>, ShapeError> {
             ts.into_iter().flatten().map(|t| PodTerm::from_k8s(t, namespace, labels)).collect()
         };
-        let weighted = |ts: Option<&Vec<WeightedPodAffinityTerm>>, anti: bool| -> Result<Vec<WeightedTerm>, ShapeError> {
-            ts.into_iter()
-                .flatten()
-                .map(|w| {
-                    Ok(WeightedTerm {
-                        weight: w.weight,
-                        term: PodTerm::from_k8s(&w.pod_affinity_term, namespace, labels)?,
-                        anti,
+        let weighted =
+            |ts: Option<&Vec<WeightedPodAffinityTerm>>, anti: bool| -> Result<Vec<WeightedTerm>, ShapeError> {
+                ts.into_iter()
+                    .flatten()
+                    .map(|w| {
+                        Ok(WeightedTerm {
+                            weight: w.weight,
+                            term: PodTerm::from_k8s(&w.pod_affinity_term, namespace, labels)?,
+                            anti,
+                        })
                     })
-                })
-                .collect()
-        };
+                    .collect()
+            };
         let affinity = spec.affinity.as_ref().and_then(|a| a.pod_affinity.as_ref());
         let anti = spec.affinity.as_ref().and_then(|a| a.pod_anti_affinity.as_ref());
-        let mut preferred = weighted(affinity.and_then(|a| a.preferred_during_scheduling_ignored_during_execution.as_ref()), false)?;
-        preferred.extend(weighted(anti.and_then(|a| a.preferred_during_scheduling_ignored_during_execution.as_ref()), true)?);
+        let mut preferred =
+            weighted(affinity.and_then(|a| a.preferred_during_scheduling_ignored_during_execution.as_ref()), false)?;
+        preferred.extend(weighted(
+            anti.and_then(|a| a.preferred_during_scheduling_ignored_during_execution.as_ref()),
+            true,
+        )?);
         Ok(Self {
             affinity: terms(affinity.and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref()))?,
             anti_affinity: terms(anti.and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref()))?,
@@ -320,7 +329,11 @@ mod tests {
             ("match_labels_need_equal_values", json!({"matchLabels": {"app": "train"}}), true),
             ("match_labels_reject_other_values", json!({"matchLabels": {"app": "serve"}}), false),
             ("in", json!({"matchExpressions": [{"key": "tier", "operator": "In", "values": ["cpu", "gpu"]}]}), true),
-            ("not_in_missing_label", json!({"matchExpressions": [{"key": "x", "operator": "NotIn", "values": ["a"]}]}), true),
+            (
+                "not_in_missing_label",
+                json!({"matchExpressions": [{"key": "x", "operator": "NotIn", "values": ["a"]}]}),
+                true,
+            ),
             ("exists", json!({"matchExpressions": [{"key": "app", "operator": "Exists"}]}), true),
             ("does_not_exist", json!({"matchExpressions": [{"key": "app", "operator": "DoesNotExist"}]}), false),
             (
@@ -351,13 +364,18 @@ mod tests {
         let own = PodTerm::from_k8s(&term(json!({"topologyKey": "h", "labelSelector": {}})), "a", &pod).unwrap();
         assert!(own.matches("a", &pod, None), "no namespaces and no selector: the carrier's own");
         assert!(!own.matches("b", &pod, None));
-        let listed =
-            PodTerm::from_k8s(&term(json!({"topologyKey": "h", "labelSelector": {}, "namespaces": ["b", "c"]})), "a", &pod)
-                .unwrap();
+        let listed = PodTerm::from_k8s(
+            &term(json!({"topologyKey": "h", "labelSelector": {}, "namespaces": ["b", "c"]})),
+            "a",
+            &pod,
+        )
+        .unwrap();
         assert!(!listed.matches("a", &pod, None), "listed namespaces replace the own one");
         assert!(listed.matches("c", &pod, None));
         let by_label = PodTerm::from_k8s(
-            &term(json!({"topologyKey": "h", "labelSelector": {}, "namespaceSelector": {"matchLabels": {"team": "ml"}}})),
+            &term(
+                json!({"topologyKey": "h", "labelSelector": {}, "namespaceSelector": {"matchLabels": {"team": "ml"}}}),
+            ),
             "a",
             &pod,
         )
@@ -450,8 +468,15 @@ mod tests {
             ..Default::default()
         };
         let spec = PodSpec {
-            containers: vec![c("app", vec![port(9000), ContainerPort { container_port: 81, ..Default::default() }], None)],
-            init_containers: Some(vec![c("init", vec![port(9001)], None), c("sidecar", vec![port(9002)], Some("Always"))]),
+            containers: vec![c(
+                "app",
+                vec![port(9000), ContainerPort { container_port: 81, ..Default::default() }],
+                None,
+            )],
+            init_containers: Some(vec![
+                c("init", vec![port(9001)], None),
+                c("sidecar", vec![port(9002)], Some("Always")),
+            ]),
             ..Default::default()
         };
         let ports: Vec<i32> = host_ports(&spec).iter().map(|p| p.port).collect();

@@ -25,6 +25,8 @@ mod tree;
 mod volumes;
 
 #[cfg(test)]
+mod interpod_properties;
+#[cfg(test)]
 mod properties;
 
 pub use explain::{
@@ -46,8 +48,8 @@ pub use shape::{
 pub use snapshot::{
     Labels, MAX_GPUS, NodeInfo, NodePod, PodPhase, Snapshot, SnapshotError, Unusable, is_terminating, pod_phase,
 };
-pub use volumes::{ClaimState, VolumeConflict, VolumeNodes, Volumes};
 pub use tree::{
     CompositeGroup, CompositePolicy, Forest, Group, GroupPod, GroupTree, LeafGroup, LeafPolicy, PodState, Unresolved,
     UnresolvedReason, build_forest, sort_for_admission,
 };
+pub use volumes::{ClaimState, VolumeConflict, VolumeNodes, Volumes};

@@ -97,7 +97,11 @@ pub struct Volumes {
 
 impl Volumes {
     /// The claims of the cluster, with the volumes they are bound to and their classes.
-    pub fn from_cluster(claims: &[PersistentVolumeClaim], volumes: &[PersistentVolume], classes: &[StorageClass]) -> Self {
+    pub fn from_cluster(
+        claims: &[PersistentVolumeClaim],
+        volumes: &[PersistentVolume],
+        classes: &[StorageClass],
+    ) -> Self {
         let volumes: HashMap<&str, &PersistentVolume> =
             volumes.iter().filter_map(|v| v.metadata.name.as_deref().map(|n| (n, v))).collect();
         let wait_for_consumer: HashMap<&str, bool> = classes

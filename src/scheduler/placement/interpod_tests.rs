@@ -17,12 +17,9 @@ const RACK: &str = "topology.muster.dev/rack";
 
 /// A node with 16 cores, 64 GiB, 8 GPUs, in `zone` and `rack`.
 fn node(name: &str, zone: &str, rack: &str) -> NodeInfo {
-    NodeInfo::new(
-        name,
-        Resources::new().with(CPU, 16_000).with(MEMORY, 64 << 30).with(PODS, 110).with(GPU_RESOURCE, 8),
-    )
-    .with_label(ZONE, zone)
-    .with_label(RACK, rack)
+    NodeInfo::new(name, Resources::new().with(CPU, 16_000).with(MEMORY, 64 << 30).with(PODS, 110).with(GPU_RESOURCE, 8))
+        .with_label(ZONE, zone)
+        .with_label(RACK, rack)
 }
 
 /// `n` nodes named `n0..`, zones and racks as given per node.
@@ -159,7 +156,8 @@ fn the_symmetric_rule_keeps_pods_away_from_running_pods_that_refuse_them() {
 fn anti_affinity_counts_running_pods() {
     let layout = [("a", "r1"), ("a", "r1"), ("a", "r1")];
     let other = running("old", "train", "n1", json!({}));
-    let d = decide_on(nodes(&layout), &[other], gang("train", 2, 2, json!({"affinity": anti(HOSTNAME_LABEL, "train")})));
+    let d =
+        decide_on(nodes(&layout), &[other], gang("train", 2, 2, json!({"affinity": anti(HOSTNAME_LABEL, "train")})));
     assert!(d.admitted);
     assert!(!nodes_of(&d).contains(&"n1".to_string()), "n1 runs a train pod already: {:?}", nodes_of(&d));
 }
@@ -186,7 +184,11 @@ fn co_location_follows_the_first_pod_or_the_pods_already_there() {
 fn spread_keeps_the_skew_across_zones() {
     let layout = [("a", "r1"), ("b", "r2"), ("c", "r3")];
     let all = nodes(&layout);
-    let d = decide_on(nodes(&layout), &[], gang("train", 3, 3, json!({"topologySpreadConstraints": spread(ZONE, "train", 1, json!({}))})));
+    let d = decide_on(
+        nodes(&layout),
+        &[],
+        gang("train", 3, 3, json!({"topologySpreadConstraints": spread(ZONE, "train", 1, json!({}))})),
+    );
     assert!(d.admitted);
     let zones: BTreeSet<&str> = nodes_of(&d).iter().map(|n| domain_of(&all, n, ZONE)).collect();
     assert_eq!(zones.len(), 3, "one pod per zone with maxSkew 1");
@@ -248,7 +250,11 @@ fn spread_needs_the_key_on_the_node_and_honours_inclusion_policies() {
     assert!(reasons(&bare).contains("missing required label"), "{}", reasons(&bare));
     // nodeTaintsPolicy Honor: a tainted zone is no domain, so the minimum is over a and b.
     let mut tainted = nodes(&[("a", "r1"), ("b", "r2"), ("c", "r3")]);
-    tainted[2] = tainted[2].clone().with_taint(crate::scheduler::Taint::new("k", "v", crate::scheduler::TaintEffect::NoSchedule));
+    tainted[2] = tainted[2].clone().with_taint(crate::scheduler::Taint::new(
+        "k",
+        "v",
+        crate::scheduler::TaintEffect::NoSchedule,
+    ));
     let honor = json!({"topologySpreadConstraints": spread(ZONE, "train", 1, json!({"nodeTaintsPolicy": "Honor"}))});
     assert!(decide_on(tainted.clone(), &[], gang("train", 4, 4, honor)).admitted, "two domains: a,b,a,b");
     let ignore = json!({"topologySpreadConstraints": spread(ZONE, "train", 1, json!({}))});
@@ -298,9 +304,8 @@ fn claims_restrict_nodes_or_keep_the_gang_waiting() {
             {"matchExpressions": [{"key": HOSTNAME_LABEL, "operator": "In", "values": ["n1"]}]}]}}}}]),
         json!([{"metadata": {"name": "wffc"}, "provisioner": "x", "volumeBindingMode": "WaitForFirstConsumer"}]),
     );
-    let with_claim = |claim: &str| {
-        json!({"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]})
-    };
+    let with_claim =
+        |claim: &str| json!({"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]});
     let run = |claim: &str| {
         let mut snapshot = Snapshot::new(nodes(&[("a", "r1"), ("a", "r1"), ("a", "r1")]));
         snapshot.set_volumes(v.clone());
@@ -318,11 +323,13 @@ fn claims_restrict_nodes_or_keep_the_gang_waiting() {
 fn nodes_refused_earlier_are_avoided() {
     let mut tree = GroupTree::new("ns", gang("train", 2, 2, json!({})));
     tree.avoid_nodes.insert("n0".into());
-    let d = place(&Snapshot::new(nodes(&[("a", "r1"), ("a", "r1")])), &tree, &PlaceOptions::default(), &LowestFreeIndices);
+    let d =
+        place(&Snapshot::new(nodes(&[("a", "r1"), ("a", "r1")])), &tree, &PlaceOptions::default(), &LowestFreeIndices);
     assert!(d.admitted);
     assert_eq!(nodes_of(&d), vec!["n1", "n1"]);
     tree.avoid_nodes.insert("n1".into());
-    let d = place(&Snapshot::new(nodes(&[("a", "r1"), ("a", "r1")])), &tree, &PlaceOptions::default(), &LowestFreeIndices);
+    let d =
+        place(&Snapshot::new(nodes(&[("a", "r1"), ("a", "r1")])), &tree, &PlaceOptions::default(), &LowestFreeIndices);
     assert!(!d.admitted);
     assert!(reasons(&d).contains("refused this gang's pods in an earlier attempt"), "{}", reasons(&d));
 }
@@ -333,7 +340,12 @@ fn a_gang_that_fits_only_one_way_is_found_by_search() {
     // Co-located pods that start on n0 cannot all follow it; starting in zone b they fit.
     let layout = [("a", "r1"), ("b", "r2"), ("b", "r2")];
     let all = nodes(&layout);
-    let load = running("load", "other", "n0", json!({"containers": [{"name": "c", "resources": {"requests": {"cpu": "11"}}}]}));
+    let load = running(
+        "load",
+        "other",
+        "n0",
+        json!({"containers": [{"name": "c", "resources": {"requests": {"cpu": "11"}}}]}),
+    );
     let spec = json!({"affinity": affinity(ZONE, "train"),
                       "containers": [{"name": "c", "resources": {"requests": {"cpu": "4", "nvidia.com/gpu": "1"}}}]});
     let d = decide_on(nodes(&layout), &[load], gang("train", 3, 3, spec));

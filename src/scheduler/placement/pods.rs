@@ -147,8 +147,7 @@ impl<'a> SpreadFacts<'a> {
             eligible[i] = true;
             let Some(value) = node.labels.get(&c.topology_key) else { continue };
             let i = u32::try_from(i).unwrap_or(u32::MAX);
-            let here =
-                snapshot.pods_on(i).filter(|p| c.counts(ns, &p.namespace, &p.labels, p.terminating)).count();
+            let here = snapshot.pods_on(i).filter(|p| c.counts(ns, &p.namespace, &p.labels, p.terminating)).count();
             let here = u32::try_from(here).unwrap_or(u32::MAX);
             *counts.entry(value).or_default() += here;
             if here > 0 {
@@ -207,15 +206,14 @@ impl<'a> PodLevel<'a> {
         for s in self.spread.iter().filter(|s| s.constraint.hard) {
             let c = s.constraint;
             let Some(value) = node.labels.get(&c.topology_key) else { return Err(ReasonKey::SpreadLabel) };
-            let skew = i64::from(s.counts.get(value).copied().unwrap_or(0)) + i64::from(s.self_match)
-                - i64::from(s.min);
+            let skew =
+                i64::from(s.counts.get(value).copied().unwrap_or(0)) + i64::from(s.self_match) - i64::from(s.min);
             if skew > i64::from(c.max_skew) {
                 return Err(ReasonKey::Spread);
             }
             if c.honor_node_affinity
                 && c.min_domains > 1
-                && i64::from(s.per_node.get(&i).copied().unwrap_or(0)) + i64::from(s.self_match)
-                    > i64::from(c.max_skew)
+                && i64::from(s.per_node.get(&i).copied().unwrap_or(0)) + i64::from(s.self_match) > i64::from(c.max_skew)
             {
                 return Err(ReasonKey::SpreadPinned);
             }
