@@ -7,6 +7,10 @@
 //! each of NVSwitch, two-socket PCIe and DGX-1 cube-mesh nodes; exact minimum-cost sets and
 //! node scores), once with its cache of GPU choices empty (the first decision after muster
 //! starts) and once warm (every later decision: the cache outlives admission cycles).
+//! Two more gangs have pod rules as distributed training writes them: one pod per node
+//! (required anti-affinity on `kubernetes.io/hostname`) and an even spread over the zones
+//! (`maxSkew: 1`, DoNotSchedule), so each of their pods is placed one at a time against the
+//! others, as kube-scheduler does.
 //! `cargo bench --bench placement` prints the time per decision.
 
 use std::collections::BTreeMap;
@@ -17,7 +21,7 @@ use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use k8s_openapi::api::core::v1::{Container, Node, NodeSpec, NodeStatus, Pod, PodSpec, ResourceRequirements, Taint};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use muster::crds::{GPU_RESOURCE, GPU_TOPOLOGY_ANNOTATION, HOSTNAME_LABEL, POD_GROUP_LABEL};
+use muster::crds::{ADMISSION_GATE, GPU_RESOURCE, GPU_TOPOLOGY_ANNOTATION, HOSTNAME_LABEL, POD_GROUP_LABEL};
 use muster::devices::chooser::{TopologyChooser, node_gpus};
 use muster::devices::{HealthThresholds, MetricsCache, SelectOptions, fixtures};
 use muster::scheduler::{
@@ -146,6 +150,28 @@ fn gang(pods: usize, gpus: i64, topology: Option<&str>) -> GroupTree {
     GroupTree::new("ml", leaf)
 }
 
+/// A gang of `pods` pods with 1 GPU each, one per node and spread evenly over the zones.
+fn ruled_gang(pods: usize) -> GroupTree {
+    let mut leaf = LeafGroup::new("train", LeafPolicy::Gang { min_count: u32::try_from(pods).unwrap_or(u32::MAX) });
+    for i in 0..pods {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("train-{i:04}"), "namespace": "ml", "uid": format!("u{i}"),
+                         "labels": {"app": "train", POD_GROUP_LABEL: "train"}},
+            "spec": {
+                "schedulingGates": [{"name": ADMISSION_GATE}],
+                "containers": [{"name": "main", "resources": {"requests": {"cpu": "8", "memory": "64Gi", GPU_RESOURCE: "1"}}}],
+                "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"topologyKey": HOSTNAME_LABEL, "labelSelector": {"matchLabels": {"app": "train"}}}]}},
+                "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": ZONE, "whenUnsatisfiable": "DoNotSchedule",
+                                               "labelSelector": {"matchLabels": {"app": "train"}}}]
+            }
+        }))
+        .expect("pod");
+        leaf.add_pod(&pod);
+    }
+    GroupTree::new("ml", leaf)
+}
+
 fn bench(c: &mut Criterion) {
     let (nodes, pods, gpu_used) = cluster();
     let snap = snapshot(&nodes, &pods, &gpu_used);
@@ -198,5 +224,32 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench);
+fn bench_rules(c: &mut Criterion) {
+    let (nodes, pods, gpu_used) = cluster();
+    let snap = snapshot(&nodes, &pods, &gpu_used);
+    let options = PlaceOptions::default();
+    let gpus = node_gpus(&nodes, &MetricsCache::default(), &HealthThresholds::default(), SystemTime::now());
+    let warm = TopologyChooser::new(gpus, SelectOptions::default());
+    let mut group = c.benchmark_group("pod rules");
+    group.sample_size(10);
+    for (name, tree) in [
+        ("3-pod gang, anti-affinity + zone spread, 5,000 nodes", ruled_gang(3)),
+        ("1,000-pod gang, anti-affinity + zone spread, 5,000 nodes", ruled_gang(1_000)),
+    ] {
+        let d = place(&snap, &tree, &options, &LowestFreeIndices);
+        assert!(d.admitted, "{name}: {}", d.message());
+        let nodes_used = d.plan.iter().map(|p| p.node.as_str()).collect::<std::collections::BTreeSet<_>>().len();
+        assert_eq!(nodes_used, d.plan.len(), "{name}: one pod per node");
+        println!("{name}: {} pods on {nodes_used} nodes", d.plan.len());
+        group.bench_function(format!("place, lowest free indices: {name}"), |b| {
+            b.iter(|| black_box(place(&snap, black_box(&tree), &options, &LowestFreeIndices)))
+        });
+        group.bench_function(format!("place, GPU topology, cache warm: {name}"), |b| {
+            b.iter(|| black_box(place(&snap, black_box(&tree), &options, &warm)))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench, bench_rules);
 criterion_main!(benches);
