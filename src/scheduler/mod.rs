@@ -22,6 +22,7 @@ mod resources;
 mod shape;
 mod snapshot;
 mod tree;
+mod unmodelled;
 mod volumes;
 
 #[cfg(test)]
@@ -52,4 +53,5 @@ pub use tree::{
     CompositeGroup, CompositePolicy, Forest, Group, GroupPod, GroupTree, LeafGroup, LeafPolicy, PodState, Unresolved,
     UnresolvedReason, build_forest, sort_for_admission,
 };
+pub use unmodelled::{DEFAULT_SCHEDULER, Unmodelled, unmodelled};
 pub use volumes::{ClaimState, VolumeConflict, VolumeNodes, Volumes};

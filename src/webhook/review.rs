@@ -8,6 +8,7 @@ use kube::core::response::{Status, StatusCause, StatusDetails};
 use serde::de::DeserializeOwned;
 
 use crate::crds::{ADMISSION_GATE, CompositePodGroup, MusterJob, MusterJobSet, POD_GROUP_LABEL, PodGroup, Workload};
+use crate::scheduler::unmodelled;
 use crate::workloadbuilder::field::{ErrorList, is_dns_subdomain};
 use crate::workloadbuilder::job::{validate_job, validate_jobset};
 use crate::workloadbuilder::objects::{validate_composite_pod_group, validate_pod_group, validate_workload};
@@ -97,8 +98,51 @@ fn spec_json<T: serde::Serialize>(spec: &T) -> serde_json::Value {
     serde_json::to_value(spec).unwrap_or_default()
 }
 
-/// `/validate`: every rule of the workloadbuilder for muster's kinds, on create and update.
+/// What placement does not model in the pod templates of a MusterJob or MusterJobSet, as
+/// admission warnings with the full field path (see [`unmodelled`]).
+fn template_warnings(req: &AdmissionRequest<DynamicObject>) -> Vec<String> {
+    let Some(obj) = req.object.as_ref() else { return Vec::new() };
+    let mut out = Vec::new();
+    match (req.kind.group.as_str(), req.kind.kind.as_str()) {
+        ("batch.muster.dev", "MusterJob") => {
+            if let Ok(job) = decode::<MusterJob>(obj)
+                && let Some(spec) = &job.spec.template.spec
+            {
+                out.extend(unmodelled(spec).iter().map(|u| format!("spec.template.spec.{u}")));
+            }
+        }
+        ("batch.muster.dev", "MusterJobSet") => {
+            if let Ok(set) = decode::<MusterJobSet>(obj) {
+                for (i, r) in set.spec.replicated_jobs.iter().enumerate() {
+                    if let Some(spec) = &r.template.spec.template.spec {
+                        out.extend(
+                            unmodelled(spec)
+                                .iter()
+                                .map(|u| format!("spec.replicatedJobs[{i}].template.spec.template.spec.{u}")),
+                        );
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
+/// `/validate`: every rule of the workloadbuilder for muster's kinds, on create and update;
+/// an admitted job whose pods ask for what placement does not model gets a warning per field.
 pub fn validate(req: &AdmissionRequest<DynamicObject>) -> (AdmissionResponse, Outcome) {
+    let (mut resp, outcome) = validate_rules(req);
+    if outcome == Outcome::Allowed && matches!(req.operation, Operation::Create | Operation::Update) {
+        let warnings = template_warnings(req);
+        if !warnings.is_empty() {
+            resp.warnings = Some(warnings);
+        }
+    }
+    (resp, outcome)
+}
+
+fn validate_rules(req: &AdmissionRequest<DynamicObject>) -> (AdmissionResponse, Outcome) {
     if !matches!(req.operation, Operation::Create | Operation::Update) {
         return (AdmissionResponse::from(req), Outcome::Allowed);
     }
@@ -143,6 +187,15 @@ pub fn mutate(req: &AdmissionRequest<DynamicObject>) -> (AdmissionResponse, Outc
             "a pod with spec.nodeName bypasses scheduling and cannot join PodGroup {group:?}: remove spec.nodeName or the {POD_GROUP_LABEL} label"
         );
         return (resp.deny(message), Outcome::Denied);
+    }
+    // What placement does not model in this pod: said to whoever creates it.
+    let warnings: Vec<String> = spec
+        .and_then(|s| serde_json::from_value::<k8s_openapi::api::core::v1::PodSpec>(s.clone()).ok())
+        .map(|s| unmodelled(&s).iter().map(|u| format!("spec.{u}")).collect())
+        .unwrap_or_default();
+    let mut resp = resp;
+    if !warnings.is_empty() {
+        resp.warnings = Some(warnings);
     }
     let gates = spec.and_then(|s| s.get("schedulingGates")).and_then(|g| g.as_array());
     if gates.is_some_and(|g| g.iter().any(|g| g.get("name").and_then(|n| n.as_str()) == Some(ADMISSION_GATE))) {

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use k8s_openapi::api::core::v1::{
-    Container, Node, NodeSpec, NodeStatus, Pod, PodSpec, PodStatus, ResourceRequirements, Volume,
+    Container, EphemeralVolumeSource, Node, NodeSpec, NodeStatus, Pod, PodSpec, PodStatus, ResourceRequirements, Volume,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher::Event;
@@ -42,11 +42,14 @@ fn trim_container(c: &Container) -> Container {
     }
 }
 
-/// Keeps a pod volume only when it names a PersistentVolumeClaim (VolumeBinding reads those).
+/// Keeps a pod volume only when it names a PersistentVolumeClaim (VolumeBinding reads those)
+/// or is a generic ephemeral volume (reported as not modelled; its template is dropped).
 fn trim_volume(v: &Volume) -> Option<Volume> {
-    v.persistent_volume_claim.as_ref().map(|pvc| Volume {
+    let ephemeral = v.ephemeral.as_ref().map(|_| EphemeralVolumeSource::default());
+    (v.persistent_volume_claim.is_some() || ephemeral.is_some()).then(|| Volume {
         name: v.name.clone(),
-        persistent_volume_claim: Some(pvc.clone()),
+        persistent_volume_claim: v.persistent_volume_claim.clone(),
+        ephemeral,
         ..Default::default()
     })
 }

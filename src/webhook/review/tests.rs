@@ -232,3 +232,30 @@ fn a_pod_with_node_name_cannot_join() {
     ));
     assert!(!resp.allowed);
 }
+
+#[test]
+fn jobs_whose_pods_placement_cannot_model_are_admitted_with_a_warning_per_field() {
+    let mut j = job("dra", 2, json!({"schedulingPolicy": {"gang": {}}}));
+    j["spec"]["template"]["spec"]["schedulerName"] = json!("volcano");
+    j["spec"]["template"]["spec"]["resourceClaims"] = json!([{"name": "gpu", "resourceClaimTemplateName": "gpus"}]);
+    let (resp, outcome) = validate(&job_request("CREATE", j, None));
+    assert!(resp.allowed);
+    assert_eq!(outcome, Outcome::Allowed);
+    let warnings = resp.warnings.expect("warnings");
+    let fields: Vec<&str> = warnings.iter().filter_map(|w| w.split(':').next()).collect();
+    assert_eq!(fields, vec!["spec.template.spec.schedulerName", "spec.template.spec.resourceClaims"]);
+    assert!(warnings.iter().all(|w| w.contains("all-or-nothing is not guaranteed") && w.len() <= 256), "{warnings:?}");
+    let (plain, _) = validate(&job_request("CREATE", job("ok", 2, json!({"schedulingPolicy": {"gang": {}}})), None));
+    assert_eq!(plain.warnings, None, "nothing to say about a pod placement models");
+}
+
+#[test]
+fn labelled_pods_placement_cannot_model_are_gated_with_a_warning() {
+    let spec = json!({"containers": [{"name": "c"}], "schedulerName": "other"});
+    let (resp, outcome) =
+        mutate(&request("", "Pod", "pods", "CREATE", pod(json!({POD_GROUP_LABEL: "train"}), spec), None));
+    assert_eq!(outcome, Outcome::Patched);
+    let warnings = resp.warnings.expect("warnings");
+    assert_eq!(warnings.len(), 1);
+    assert!(warnings[0].starts_with("spec.schedulerName: \"other\""), "{warnings:?}");
+}
