@@ -66,6 +66,8 @@ pub struct Metrics {
     pub unschedulable_attempts: Family<ReasonLabels, Counter>,
     /// Gangs failed by the bind watchdog.
     pub bind_timeouts: Counter,
+    /// Gang attempts rolled back after a failed pin (every pod deleted, recreated gated).
+    pub gang_rollbacks: Counter,
     /// GPU index conflicts seen (two live pods claiming one GPU).
     pub gpu_conflicts: Counter,
     /// GPUs allocated per node.
@@ -111,6 +113,7 @@ impl Default for Metrics {
             placement_duration: histogram_seconds(),
             unschedulable_attempts: Family::default(),
             bind_timeouts: Counter::default(),
+            gang_rollbacks: Counter::default(),
             gpu_conflicts: Counter::default(),
             gpus_allocated: Family::default(),
             gpus_total: Family::default(),
@@ -140,6 +143,11 @@ impl Default for Metrics {
             "bind_timeouts",
             "Gangs failed because a committed pod was not bound in time",
             m.bind_timeouts.clone(),
+        );
+        registry.register(
+            "gang_rollbacks",
+            "Gang attempts rolled back (every pod deleted and recreated gated) after a pin failed",
+            m.gang_rollbacks.clone(),
         );
         // Not prefixed twice: the GPU conflict metric is named as the GPU issue asks.
         registry.register("gpu_conflicts", "GPU indices claimed by two live pods", m.gpu_conflicts.clone());
