@@ -64,7 +64,7 @@ pub struct Metrics {
     pub placement_duration: Histogram,
     /// Unschedulable admission attempts, by reason.
     pub unschedulable_attempts: Family<ReasonLabels, Counter>,
-    /// Gangs failed by the bind watchdog.
+    /// Pins not bound within the bind timeout (the attempt rolled back, or the gang failed).
     pub bind_timeouts: Counter,
     /// Gang attempts rolled back after a failed pin (every pod deleted, recreated gated).
     pub gang_rollbacks: Counter,
@@ -141,7 +141,7 @@ impl Default for Metrics {
         );
         registry.register(
             "bind_timeouts",
-            "Gangs failed because a committed pod was not bound in time",
+            "Pins not bound within the bind timeout (the attempt rolled back, or a started gang failed)",
             m.bind_timeouts.clone(),
         );
         registry.register(

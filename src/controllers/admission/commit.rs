@@ -14,7 +14,9 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::status::Outcome;
-use super::{Admitter, FAULT_EXIT_ENV, GroupRef, RootKey, World, bound, finished, indices_mask, is_gated, key_of};
+use super::{
+    Admitter, FAULT_EXIT_ENV, GroupRef, MIN_BACKOFF, RootKey, World, bound, finished, indices_mask, is_gated, key_of,
+};
 use crate::controllers::context::Result;
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{AdmissionPlan, AvoidedNode, CompositePodGroup, PlanState, PlannedPod, PodGroup};
@@ -312,10 +314,7 @@ impl Admitter {
                 self.write_plan(ns, root, group.is_composite(), None).await?;
                 Ok(None)
             }
-            Step::RollBack(rollback) => {
-                self.roll_back(key, group, plan, rollback, world).await?;
-                Ok(Some(Instant::now()))
-            }
+            Step::RollBack(rollback) => Ok(Some(self.roll_back(key, group, plan, rollback, world).await?)),
             Step::GangFailed { delete, failure } => {
                 self.gang_failed(key, group, &delete, &failure, world).await?;
                 Ok(Some(Instant::now()))
@@ -353,7 +352,8 @@ impl Admitter {
 
     /// Rolls a failed attempt back: deletes every pod of it (their controller recreates them
     /// gated; a rolled-back pod never counts as a failure), then clears the plan and records the
-    /// rollback on the root so the next plans avoid the nodes that failed.
+    /// rollback on the root so the next plans avoid the nodes that failed. Returns when to look
+    /// again.
     async fn roll_back(
         &mut self,
         key: &RootKey,
@@ -361,7 +361,7 @@ impl Admitter {
         plan: &AdmissionPlan,
         rollback: RollBack,
         world: &World<'_>,
-    ) -> Result<()> {
+    ) -> Result<Instant> {
         let (ns, root) = (&key.0, &key.1);
         let fallback = match rollback.failure.scheduler_message {
             Some(_) => None,
@@ -372,11 +372,16 @@ impl Admitter {
             self.ctx.metrics.bind_timeouts.inc();
         }
         // Pods first: a crash after this leaves no half-started gang, only a plan whose pods
-        // are gone (cleared as done), at the price of not avoiding the failed nodes once.
+        // are gone (cleared as done), at the price of not avoiding the failed nodes once. A pod
+        // that could not be deleted keeps the plan, so the next cycle rolls back what is left.
+        let mut all_deleted = true;
         for uid in &rollback.delete {
             if let Some(pod) = world.pods_by_uid.get(uid.as_str()) {
-                self.delete_rolled_back(pod, &plan.id).await;
+                all_deleted &= self.delete_rolled_back(pod, &plan.id).await;
             }
+        }
+        if !all_deleted {
+            return Ok(Instant::now() + MIN_BACKOFF);
         }
         let now = Timestamp::now();
         let mut history = group.history();
@@ -405,13 +410,14 @@ impl Admitter {
         for r in self.root_refs(ns, root, group.is_composite()) {
             self.ctx.event(&r, true, "BindFailed", "Admit", message.clone()).await;
         }
-        Ok(())
+        Ok(Instant::now())
     }
 
     /// Marks a pod of a rolled-back attempt as such, then deletes it (both conditional on its
-    /// UID). An error is reported on the pod and does not stop the rollback of the others.
-    async fn delete_rolled_back(&self, pod: &Pod, plan_id: &str) {
-        let (Some(ns), Some(uid)) = (pod.namespace(), pod.metadata.uid.clone()) else { return };
+    /// UID). Returns false when it could not: the error is reported on the pod, and the rollback
+    /// of the others goes on.
+    async fn delete_rolled_back(&self, pod: &Pod, plan_id: &str) -> bool {
+        let (Some(ns), Some(uid)) = (pod.namespace(), pod.metadata.uid.clone()) else { return true };
         let name = pod.name_any();
         let api = Api::<Pod>::namespaced(self.ctx.client.clone(), &ns);
         let mark = json!({"metadata": {"uid": uid, "annotations": {ROLLED_BACK_ANNOTATION: plan_id}}});
@@ -426,14 +432,16 @@ impl Admitter {
             Err(e) => Err(e),
         };
         match result {
-            Ok(()) => {}
+            Ok(()) => true,
             Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {
                 tracing::info!(pod = %name, error = %e.message, "rolled-back pod already gone or replaced");
+                true
             }
             Err(e) => {
                 tracing::warn!(pod = %name, error = %e, "could not delete a pod of a rolled-back attempt");
                 let note = format!("muster could not delete this pod of a rolled-back gang attempt: {e}");
                 self.ctx.event(&pod.object_ref(&()), true, "RollbackFailed", "Admit", note).await;
+                false
             }
         }
     }
