@@ -350,10 +350,10 @@ impl Admitter {
         Ok(())
     }
 
-    /// Rolls a failed attempt back: deletes every pod of it (their controller recreates them
-    /// gated; a rolled-back pod never counts as a failure), then clears the plan and records the
-    /// rollback on the root so the next plans avoid the nodes that failed. Returns when to look
-    /// again.
+    /// Rolls a failed attempt back: records the rollback on the root (so the next plans avoid
+    /// the nodes that failed), deletes every pod of the attempt (their controller recreates
+    /// them gated; a rolled-back pod never counts as a failure), then clears the plan. Returns
+    /// when to look again.
     async fn roll_back(
         &mut self,
         key: &RootKey,
@@ -368,12 +368,22 @@ impl Admitter {
             None => self.scheduler_reason(ns, &rollback.failure.pod).await,
         };
         let failure = rollback.failure.message(fallback.as_deref());
-        if matches!(rollback.failure.cause, FailureCause::BindTimeout(_)) {
-            self.ctx.metrics.bind_timeouts.inc();
+        // The rollback is recorded first, so the pods' controller, woken by their deletion,
+        // already sees the next attempt number; a plan is rolled back once, so a rollback
+        // recorded since it was admitted is this one (a retry after a failed delete or a crash).
+        let mut history = group.history();
+        let since = plan.admitted_at.as_ref().or(plan.created_at.as_ref()).map(|t| t.0);
+        let recorded = history.last.zip(since).is_some_and(|(last, since)| last >= since);
+        if !recorded {
+            history.record(&rollback.avoid_nodes, Timestamp::now(), &ROLLBACK_POLICY);
+            self.patch_group_status(ns, root, group.is_composite(), history_status(&history)).await?;
+            self.ctx.metrics.gang_rollbacks.inc();
+            if matches!(rollback.failure.cause, FailureCause::BindTimeout(_)) {
+                self.ctx.metrics.bind_timeouts.inc();
+            }
         }
-        // Pods first: a crash after this leaves no half-started gang, only a plan whose pods
-        // are gone (cleared as done), at the price of not avoiding the failed nodes once. A pod
-        // that could not be deleted keeps the plan, so the next cycle rolls back what is left.
+        // Then every pod of the attempt. A pod that could not be deleted keeps the plan, so the
+        // next cycle rolls back what is left; only then is the plan cleared.
         let mut all_deleted = true;
         for uid in &rollback.delete {
             if let Some(pod) = world.pods_by_uid.get(uid.as_str()) {
@@ -383,14 +393,7 @@ impl Admitter {
         if !all_deleted {
             return Ok(Instant::now() + MIN_BACKOFF);
         }
-        let now = Timestamp::now();
-        let mut history = group.history();
-        history.record(&rollback.avoid_nodes, now, &ROLLBACK_POLICY);
-        let mut body = history_status(&history);
-        body["plan"] = serde_json::Value::Null;
-        self.patch_group_status(ns, root, group.is_composite(), body).await?;
-        self.unseen.plans.insert(key.clone(), (None, Instant::now()));
-        self.ctx.metrics.gang_rollbacks.inc();
+        self.write_plan(ns, root, group.is_composite(), None).await?;
         let avoided = rollback.avoid_nodes.iter().cloned().collect::<Vec<_>>().join(", ");
         let message = format!(
             "attempt {} rolled back, its {} pod(s) deleted to be recreated gated: {failure}; the next plans avoid {avoided}",
