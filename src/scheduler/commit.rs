@@ -80,8 +80,8 @@ impl PlannedPodNow {
 
 /// How many pods of an attempt must run for the gang to count as started: the `minCount` of
 /// each PodGroup with pods in the plan (a PodGroup root: its own; a composite root: each
-/// leaf's). A group without an entry needs 1. The machine caps each by the pods of that group
-/// the plan holds, so a plan that only adds pods to a gang already running needs them all.
+/// leaf's). A group without an entry needs 1. A plan that only adds pods to a gang already
+/// running (fewer than minCount) thus rolls back just those pods when one fails.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StartRequirement {
     /// PodGroup name -> minCount (1 for a basic group).
@@ -96,16 +96,11 @@ impl StartRequirement {
 
     /// Whether some group has fewer started pods than required.
     fn unmet(&self, pods: &[&PlannedPodNow]) -> bool {
-        let mut planned: BTreeMap<&str, (u32, u32)> = BTreeMap::new();
+        let mut planned: BTreeMap<&str, u32> = BTreeMap::new();
         for p in pods {
-            let entry = planned.entry(p.pod_group.as_str()).or_default();
-            entry.0 += 1;
-            entry.1 += u32::from(p.started());
+            *planned.entry(p.pod_group.as_str()).or_default() += u32::from(p.started());
         }
-        planned.into_iter().any(|(group, (count, started))| {
-            let min = self.min_count.get(group).copied().unwrap_or(1).max(1);
-            started < min.min(count)
-        })
+        planned.into_iter().any(|(group, started)| started < self.min_count.get(group).copied().unwrap_or(1).max(1))
     }
 }
 
@@ -227,23 +222,22 @@ pub fn next_step(input: &CommitInput<'_>) -> Step {
 
 /// `Planned`/`Committing`: finish the patches, or drop/roll back a plan that cannot go on.
 fn resume(input: &CommitInput<'_>, live: &[&PlannedPodNow]) -> Step {
-    let touched = live.iter().any(|p| p.state != PinState::Gated);
-    let lost_node = live.iter().find(|p| p.state == PinState::Gated && !p.node_exists);
-    let no_fit = match (&input.remaining_fits, lost_node) {
-        (RemainingFits::No(why), _) => Some((FailureCause::NoLongerFits(why.clone()), lost_node)),
-        (RemainingFits::Yes, Some(p)) => Some((FailureCause::NodeGone, Some(p))),
-        (RemainingFits::Yes, None) => None,
+    let gated: Vec<&PlannedPodNow> = live.iter().copied().filter(|p| p.state == PinState::Gated).collect();
+    if gated.len() == live.len() {
+        return Step::Drop;
+    }
+    let Some(first_gated) = gated.first() else {
+        // Nothing left to patch, so nothing left that must fit.
+        return Step::Patch(Vec::new());
     };
-    match (touched, no_fit) {
-        (false, _) => Step::Drop,
-        (true, None) => {
-            Step::Patch(live.iter().filter(|p| p.state == PinState::Gated).map(|p| p.uid.clone()).collect())
+    let lost_node = gated.iter().copied().find(|p| !p.node_exists);
+    match (&input.remaining_fits, lost_node) {
+        (_, Some(lost)) => Step::RollBack(roll_back(live, lost, nodes_of(&[lost]), FailureCause::NodeGone)),
+        // Which node no longer fits is the ledger's to say: the next plan is made against it.
+        (RemainingFits::No(why), None) => {
+            Step::RollBack(roll_back(live, first_gated, BTreeSet::new(), FailureCause::NoLongerFits(why.clone())))
         }
-        (true, Some((cause, pod))) => {
-            let first = pod.copied().or_else(|| live.iter().find(|p| p.state == PinState::Gated).copied());
-            let failed: Vec<&PlannedPodNow> = first.into_iter().collect();
-            Step::RollBack(roll_back(live, &failed, cause))
-        }
+        (RemainingFits::Yes, None) => Step::Patch(gated.iter().map(|p| p.uid.clone()).collect()),
     }
 }
 
@@ -258,50 +252,36 @@ fn watch_binds(input: &CommitInput<'_>, live: &[&PlannedPodNow]) -> Step {
     let deadline = plus(since, input.bind_timeout);
     let timed_out = input.now >= deadline;
     let failed: Vec<&PlannedPodNow> = unbound.iter().copied().filter(|p| timed_out || !p.node_exists).collect();
-    let Some(first) = failed.first() else {
+    let Some(first) = failed.first().copied() else {
         return Step::WaitUntil(deadline);
     };
     let cause = if first.node_exists { FailureCause::BindTimeout(input.bind_timeout) } else { FailureCause::NodeGone };
     if input.requirement.unmet(live) {
-        return Step::RollBack(roll_back(live, &failed, cause));
+        return Step::RollBack(roll_back(live, first, nodes_of(&failed), cause));
     }
-    let failure = failure(live, &unbound, first, cause);
+    let failure = failure(live, first, cause);
     let delete = match input.disruption {
-        DisruptionModeKind::All => {
-            live.iter().filter(|p| p.state != PinState::Finished).map(|p| p.uid.clone()).collect()
-        }
+        DisruptionModeKind::All => unfinished(live),
         DisruptionModeKind::Single => Vec::new(),
     };
     Step::GangFailed { delete, failure }
 }
 
-fn roll_back(live: &[&PlannedPodNow], failed: &[&PlannedPodNow], cause: FailureCause) -> RollBack {
-    let unbound: Vec<&PlannedPodNow> = live.iter().copied().filter(|p| p.unbound()).collect();
-    let first = failed.first().copied().or(unbound.first().copied());
-    let failure = match first {
-        Some(first) => failure(live, &unbound, first, cause),
-        None => PinFailure {
-            pod: String::new(),
-            node: String::new(),
-            cause,
-            scheduler_message: None,
-            unbound: unbound.len(),
-            planned: live.len(),
-        },
-    };
-    RollBack {
-        delete: live.iter().filter(|p| p.state != PinState::Finished).map(|p| p.uid.clone()).collect(),
-        avoid_nodes: failed.iter().map(|p| p.node.clone()).collect(),
-        failure,
-    }
+fn roll_back(live: &[&PlannedPodNow], first: &PlannedPodNow, avoid: BTreeSet<String>, cause: FailureCause) -> RollBack {
+    RollBack { delete: unfinished(live), avoid_nodes: avoid, failure: failure(live, first, cause) }
 }
 
-fn failure(
-    live: &[&PlannedPodNow],
-    unbound: &[&PlannedPodNow],
-    first: &PlannedPodNow,
-    cause: FailureCause,
-) -> PinFailure {
+/// UIDs of the pods that have not finished (a finished pod of an attempt is left alone).
+fn unfinished(live: &[&PlannedPodNow]) -> Vec<String> {
+    live.iter().filter(|p| p.state != PinState::Finished).map(|p| p.uid.clone()).collect()
+}
+
+fn nodes_of(pods: &[&PlannedPodNow]) -> BTreeSet<String> {
+    pods.iter().map(|p| p.node.clone()).collect()
+}
+
+/// The failure of `first`, with the plan's counts.
+fn failure(live: &[&PlannedPodNow], first: &PlannedPodNow, cause: FailureCause) -> PinFailure {
     let scheduler_message = match &first.state {
         PinState::Unbound { refusal: Some(r) } if !r.message.is_empty() => Some(r.message.clone()),
         _ => None,
@@ -311,7 +291,7 @@ fn failure(
         node: first.node.clone(),
         cause,
         scheduler_message,
-        unbound: unbound.len(),
+        unbound: live.iter().filter(|p| p.unbound()).count(),
         planned: live.len(),
     }
 }
@@ -604,9 +584,17 @@ mod tests {
                 fits: RemainingFits::No("node n1 is full".into()),
                 want: Step::RollBack(RollBack {
                     delete: uids(&["a", "b"]),
-                    avoid_nodes: nodes(&["n1"]),
+                    avoid_nodes: nodes(&[]),
                     failure: failure("b", "n1", FailureCause::NoLongerFits("node n1 is full".into()), 2, 2),
                 }),
+                ..Case::default()
+            },
+            Case {
+                name: "does not fit, but every pod already ungated: nothing left to fit, record it admitted",
+                state: PlanState::Committing,
+                pods: vec![unbound("a"), bound("b")],
+                fits: RemainingFits::No("node n1 is full".into()),
+                want: Step::Patch(vec![]),
                 ..Case::default()
             },
             Case {
@@ -727,7 +715,7 @@ mod tests {
                 ..Case::default()
             },
             Case {
-                name: "a plan adding one pod to a running gang needs that pod (minCount capped by the plan)",
+                name: "a plan adding one pod to a running gang rolls back just that pod",
                 pods: vec![unbound("c")],
                 requirement: StartRequirement::leaf("g", 2),
                 now: 60,
