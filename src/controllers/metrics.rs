@@ -64,8 +64,10 @@ pub struct Metrics {
     pub placement_duration: Histogram,
     /// Unschedulable admission attempts, by reason.
     pub unschedulable_attempts: Family<ReasonLabels, Counter>,
-    /// Gangs failed by the bind watchdog.
+    /// Pins not bound within the bind timeout (the attempt rolled back, or the gang failed).
     pub bind_timeouts: Counter,
+    /// Gang attempts rolled back after a failed pin (every pod deleted, recreated gated).
+    pub gang_rollbacks: Counter,
     /// GPU index conflicts seen (two live pods claiming one GPU).
     pub gpu_conflicts: Counter,
     /// GPUs allocated per node.
@@ -111,6 +113,7 @@ impl Default for Metrics {
             placement_duration: histogram_seconds(),
             unschedulable_attempts: Family::default(),
             bind_timeouts: Counter::default(),
+            gang_rollbacks: Counter::default(),
             gpu_conflicts: Counter::default(),
             gpus_allocated: Family::default(),
             gpus_total: Family::default(),
@@ -138,8 +141,13 @@ impl Default for Metrics {
         );
         registry.register(
             "bind_timeouts",
-            "Gangs failed because a committed pod was not bound in time",
+            "Pins not bound within the bind timeout (the attempt rolled back, or a started gang failed)",
             m.bind_timeouts.clone(),
+        );
+        registry.register(
+            "gang_rollbacks",
+            "Gang attempts rolled back (every pod deleted and recreated gated) after a pin failed",
+            m.gang_rollbacks.clone(),
         );
         // Not prefixed twice: the GPU conflict metric is named as the GPU issue asks.
         registry.register("gpu_conflicts", "GPU indices claimed by two live pods", m.gpu_conflicts.clone());

@@ -30,6 +30,14 @@ pub const GPU_TOPOLOGY_ANNOTATION: &str = "gpu.muster.dev/topology";
 pub const GROUP_TEMPLATE_ANNOTATION: &str = "scheduling.muster.dev/group-template-name";
 /// Child MusterJob annotation: the CompositePodGroup its PodGroup belongs to.
 pub const PARENT_COMPOSITE_ANNOTATION: &str = "scheduling.muster.dev/parent-composite-podgroup";
+/// Pod annotation: the admission attempt of the pod's root gang it was created in (the root's
+/// `status.rollbacks` then). A failed pin with fewer than minCount pods of the attempt running
+/// rolls the attempt back: every pod is deleted and recreated gated with the next number.
+/// Not `batch.muster.dev/gang-attempt`, which numbers restarts after pod failures.
+pub const ADMISSION_ATTEMPT_ANNOTATION: &str = "scheduling.muster.dev/gang-attempt";
+/// Pod annotation set (value: the plan id) on each pod of a rolled-back attempt just before it
+/// is deleted: its end is not a pod failure and never counts toward `backoffLimit`.
+pub const ROLLED_BACK_ANNOTATION: &str = "scheduling.muster.dev/rolled-back";
 /// Pod annotation with the completion index of an Indexed MusterJob.
 pub const COMPLETION_INDEX_ANNOTATION: &str = "batch.muster.dev/job-completion-index";
 /// Label with the name of the MusterJob owning a pod.

@@ -299,6 +299,16 @@ pub struct AdmissionPlan {
     pub pods: Vec<PlannedPod>,
 }
 
+/// A node the next plans of a root avoid: kube-scheduler refused (or lost) a pin there.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AvoidedNode {
+    /// Node name.
+    pub node: String,
+    /// Until when placement avoids it.
+    pub until: Time,
+}
+
 /// A PodGroup: one gang (or basic group) of pods, made from a template.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[kube(
@@ -374,6 +384,10 @@ pub struct PodGroupSpec {
     pub preemption_policy: Option<PreemptionPolicy>,
 }
 
+fn is_zero(n: &i32) -> bool {
+    *n == 0
+}
+
 fn default_disruption_mode() -> DisruptionMode {
     DisruptionMode::single()
 }
@@ -419,6 +433,20 @@ pub struct PodGroupStatus {
     /// The admission plan covering this group, when this group is the root of the decision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<AdmissionPlan>,
+    /// Attempts of this root rolled back after a failed pin (their pods deleted and recreated
+    /// gated): the `scheduling.muster.dev/gang-attempt` of pods created after them.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rollbacks: i32,
+    /// Rollbacks in the current streak (each soon after the one before); a long streak makes
+    /// the gang unschedulable for a while.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub recent_rollbacks: i32,
+    /// When the last rollback happened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_rollback_time: Option<Time>,
+    /// Nodes the next plans of this root avoid, each until its expiry.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub avoid_nodes: Vec<AvoidedNode>,
     /// Generation of the spec this status was written for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
@@ -513,6 +541,20 @@ pub struct CompositePodGroupStatus {
     /// The admission plan covering this group and its descendants.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<AdmissionPlan>,
+    /// Attempts of this root rolled back after a failed pin (their pods deleted and recreated
+    /// gated): the `scheduling.muster.dev/gang-attempt` of pods created after them.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rollbacks: i32,
+    /// Rollbacks in the current streak (each soon after the one before); a long streak makes
+    /// the gang unschedulable for a while.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub recent_rollbacks: i32,
+    /// When the last rollback happened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_rollback_time: Option<Time>,
+    /// Nodes the next plans of this root avoid, each until its expiry.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub avoid_nodes: Vec<AvoidedNode>,
     /// Generation of the spec this status was written for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

@@ -10,8 +10,11 @@
 //! 2. [`build_forest`] over the PodGroup, CompositePodGroup and Pod lists, and
 //!    [`sort_for_admission`] on its trees;
 //! 3. per tree, [`decide`] (or [`quorum`] then [`place`]): commit an admitted
-//!    [`Decision::plan`], or write [`Decision::message`] / [`QuorumShortfall`] to status.
+//!    [`Decision::plan`], or write [`Decision::message`] / [`QuorumShortfall`] to status;
+//! 4. per recorded plan, [`next_step`] (the commit protocol: resume, wait for binds, roll a
+//!    failed attempt back), and [`RollbackHistory`] for the nodes the next plans avoid.
 
+mod commit;
 mod explain;
 mod gpu;
 mod interpod;
@@ -30,6 +33,10 @@ mod interpod_properties;
 #[cfg(test)]
 mod properties;
 
+pub use commit::{
+    CommitInput, FailureCause, PinFailure, PinState, PlannedPodNow, Refusal, RemainingFits, RollBack, RollbackHistory,
+    RollbackPolicy, StartRequirement, Step, next_step,
+};
 pub use explain::{
     ChildrenUnplaced, DomainConflict, Explanation, ExplanationKind, FilterReason, PodsUnplaced, ReasonCount,
     TooFewPods, TopologyUnplaced,

@@ -1,14 +1,25 @@
-//! PURE: what the status of a PodGroup or CompositePodGroup says, from its pods (or children),
-//! its previous status and the last admission outcome of its root. No client, no clock.
+//! Status and events. First, PURE: what the status of a PodGroup or CompositePodGroup says,
+//! from its pods (or children), its previous status and the last admission outcome of its
+//! root (no client, no clock). Then the shell's writes of it: server-side apply of each
+//! status that changed, and events on a root and its owner.
 
-use k8s_openapi::api::core::v1::Pod;
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
 
+use super::{Admitter, FIELD_MANAGER, RootKey, key_of, visit};
 use crate::controllers::conditions;
+use crate::controllers::context::Result;
 use crate::crds::scheduling::{
     AdmissionPlan, CompositePodGroup, CompositePodGroupStatus, GroupPhase, PlanState, PodGroup, PodGroupStatus,
 };
-use crate::crds::{ADMISSION_GATE, HOSTNAME_LABEL};
+use crate::crds::{ADMISSION_GATE, HOSTNAME_LABEL, ROLLED_BACK_ANNOTATION};
+use crate::scheduler::{self, Group, GroupTree};
 
 /// Condition types written by admission.
 pub mod condition {
@@ -20,7 +31,8 @@ pub mod condition {
     pub const DISRUPTION_TARGET: &str = "DisruptionTarget";
     /// muster: the gang was admitted (pinned and ungated) in one decision.
     pub const ADMITTED: &str = "Admitted";
-    /// muster: a committed pod was not bound within the bind timeout.
+    /// muster: a committed pod was not bound (reason `BindTimeout` once the gang had started,
+    /// `BindFailed` when the attempt was rolled back).
     pub const BIND_FAILED: &str = "BindFailed";
 }
 
@@ -33,8 +45,10 @@ pub enum Outcome {
     Unschedulable(String),
     /// Admitted in this or an earlier cycle.
     Admitted(String),
-    /// A committed pod did not bind in time.
+    /// A committed pod did not bind in time after the gang started whole.
     BindFailed(String),
+    /// A pin failed before the gang started: the attempt was rolled back (pods recreated gated).
+    RolledBack(String),
 }
 
 /// Counts of a group's pods.
@@ -56,10 +70,12 @@ pub struct PodCounts {
     pub failed: i32,
 }
 
-/// Counts a group's pods.
+/// Counts a group's pods; pods of a rolled-back attempt count for nothing (they end because a
+/// pin failed, not by themselves).
 pub fn count(pods: &[&Pod]) -> PodCounts {
     let mut c = PodCounts::default();
-    for pod in pods {
+    let rolled_back = |p: &Pod| p.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(ROLLED_BACK_ANNOTATION));
+    for pod in pods.iter().filter(|p| !rolled_back(p)) {
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
         match phase {
             "Succeeded" => c.succeeded += 1,
@@ -118,9 +134,13 @@ fn phase_of(counts: &PodCounts, min: i32, outcome: Option<&Outcome>, plan: Optio
 
 fn message_of(outcome: Option<&Outcome>, counts: &PodCounts, min: i32) -> String {
     match outcome {
-        Some(Outcome::Waiting(m) | Outcome::Unschedulable(m) | Outcome::Admitted(m) | Outcome::BindFailed(m)) => {
-            m.clone()
-        }
+        Some(
+            Outcome::Waiting(m)
+            | Outcome::Unschedulable(m)
+            | Outcome::Admitted(m)
+            | Outcome::BindFailed(m)
+            | Outcome::RolledBack(m),
+        ) => m.clone(),
         None if counts.pods < min => format!("waiting for quorum: {} pod(s), needs {min}", counts.pods),
         None => format!("{} of {} pod(s) admitted, {} running", counts.admitted, counts.pods, counts.running),
     }
@@ -146,6 +166,10 @@ fn admission_conditions(
         Some(Outcome::BindFailed(m)) => {
             conditions::set(conds, condition::ADMITTED, false, "BindTimeout", m, generation, now);
             conditions::set(conds, condition::BIND_FAILED, true, "BindTimeout", m, generation, now);
+        }
+        Some(Outcome::RolledBack(m)) => {
+            conditions::set(conds, condition::ADMITTED, false, "BindFailed", m, generation, now);
+            conditions::set(conds, condition::BIND_FAILED, true, "BindFailed", m, generation, now);
         }
         None => {}
     }
@@ -198,6 +222,10 @@ pub fn pod_group_status(pg: &PodGroup, pods: &[&Pod], outcome: Option<&Outcome>,
         conditions: conds,
         message: Some(message_of(outcome, &counts, min)),
         plan: prev.plan,
+        rollbacks: prev.rollbacks,
+        recent_rollbacks: prev.recent_rollbacks,
+        last_rollback_time: prev.last_rollback_time,
+        avoid_nodes: prev.avoid_nodes,
         observed_generation: generation,
     }
 }
@@ -265,9 +293,13 @@ pub fn composite_status(
         GroupPhase::Pending
     };
     let message = match outcome {
-        Some(Outcome::Waiting(m) | Outcome::Unschedulable(m) | Outcome::Admitted(m) | Outcome::BindFailed(m)) => {
-            m.clone()
-        }
+        Some(
+            Outcome::Waiting(m)
+            | Outcome::Unschedulable(m)
+            | Outcome::Admitted(m)
+            | Outcome::BindFailed(m)
+            | Outcome::RolledBack(m),
+        ) => m.clone(),
         None => format!("{quorate}/{} child group(s) quorate, {admitted} admitted", children.len()),
     };
     CompositePodGroupStatus {
@@ -279,8 +311,186 @@ pub fn composite_status(
         conditions: conds,
         message: Some(message),
         plan: prev.plan,
+        rollbacks: prev.rollbacks,
+        recent_rollbacks: prev.recent_rollbacks,
+        last_rollback_time: prev.last_rollback_time,
+        avoid_nodes: prev.avoid_nodes,
         observed_generation: generation,
     }
+}
+
+// === the shell: writing status and events ===
+
+impl Admitter {
+    /// Events on the root group and on its owner (the MusterJob or MusterJobSet).
+    pub(super) async fn group_event(&self, tree: &GroupTree, warning: bool, reason: &str, message: &str) {
+        let refs = self.root_refs(&tree.namespace, tree.root.name(), matches!(tree.root, Group::Composite(_)));
+        for r in refs {
+            self.ctx.event(&r, warning, reason, "Admit", message.to_string()).await;
+        }
+    }
+
+    pub(super) fn root_refs(&self, ns: &str, name: &str, composite: bool) -> Vec<ObjectReference> {
+        let obj_ref = if composite {
+            self.caches
+                .composites
+                .get(&reflector::ObjectRef::new(name).within(ns))
+                .map(|c| (c.object_ref(&()), c.metadata.owner_references.clone()))
+        } else {
+            self.caches
+                .pod_groups
+                .get(&reflector::ObjectRef::new(name).within(ns))
+                .map(|g| (g.object_ref(&()), g.metadata.owner_references.clone()))
+        };
+        let Some((me, owners)) = obj_ref else { return vec![] };
+        let mut out = vec![me];
+        if let Some(o) = owners.iter().flatten().find(|o| o.controller == Some(true)) {
+            out.push(ObjectReference {
+                api_version: Some(o.api_version.clone()),
+                kind: Some(o.kind.clone()),
+                name: Some(o.name.clone()),
+                namespace: Some(ns.to_string()),
+                uid: Some(o.uid.clone()),
+                ..Default::default()
+            });
+        }
+        out
+    }
+
+    /// Writes every group's status that changed (server-side apply, this reconciler's manager).
+    pub(super) async fn write_statuses(
+        &self,
+        pgs: &[PodGroup],
+        cpgs: &[CompositePodGroup],
+        trees: &[GroupTree],
+        by_group: &HashMap<RootKey, Vec<&Pod>>,
+    ) -> Result<()> {
+        let now = Timestamp::now();
+        // The outcome of a root applies to every group under it.
+        let mut outcome_of: HashMap<RootKey, Option<&Outcome>> = HashMap::new();
+        let mut quorate_of: HashMap<RootKey, bool> = HashMap::new();
+        for tree in trees {
+            let outcome = self.roots.get(&key_of(&tree.namespace, tree.root.name())).and_then(|m| m.outcome.as_ref());
+            visit(&tree.root, &mut |g| {
+                outcome_of.insert(key_of(&tree.namespace, g.name()), outcome);
+                quorate_of.insert(key_of(&tree.namespace, g.name()), scheduler::is_quorate(g));
+            });
+        }
+        let empty = Vec::new();
+        let mut leaf_status: HashMap<RootKey, crate::crds::scheduling::PodGroupStatus> = HashMap::new();
+        for pg in pgs {
+            let key = key_of(&pg.namespace().unwrap_or_default(), &pg.name_any());
+            let pods = by_group.get(&key).unwrap_or(&empty);
+            let outcome = outcome_of.get(&key).copied().flatten();
+            let status = pod_group_status(pg, pods, outcome, now);
+            if !same_status(pg.status.as_ref(), &status) {
+                self.apply_status::<PodGroup>(&key.0, &key.1, "PodGroup", serde_json::to_value(&status)?).await?;
+            }
+            leaf_status.insert(key, status);
+        }
+        for cpg in cpgs {
+            let ns = cpg.namespace().unwrap_or_default();
+            let name = cpg.name_any();
+            let key = key_of(&ns, &name);
+            let mut children = Vec::new();
+            for pg in pgs.iter().filter(|p| {
+                p.namespace().as_deref() == Some(ns.as_str())
+                    && p.spec.parent_composite_pod_group_name.as_deref() == Some(name.as_str())
+            }) {
+                let k = key_of(&ns, &pg.name_any());
+                let s = leaf_status.get(&k);
+                let min = s.and_then(|s| s.min_count).unwrap_or(1);
+                children.push(ChildSummary {
+                    quorate: quorate_of.get(&k).copied().unwrap_or(false),
+                    admitted: s.is_some_and(|s| s.admitted + s.succeeded + s.failed >= min),
+                    phase: s.and_then(|s| s.phase).unwrap_or(GroupPhase::Pending),
+                });
+            }
+            for child in cpgs.iter().filter(|c| {
+                c.namespace().as_deref() == Some(ns.as_str())
+                    && c.spec.parent_composite_pod_group_name.as_deref() == Some(name.as_str())
+            }) {
+                let k = key_of(&ns, &child.name_any());
+                let s = child.status.as_ref();
+                children.push(ChildSummary {
+                    quorate: quorate_of.get(&k).copied().unwrap_or(false),
+                    admitted: s.is_some_and(|s| s.admitted_children >= s.min_group_count.unwrap_or(1)),
+                    phase: s.and_then(|s| s.phase).unwrap_or(GroupPhase::Pending),
+                });
+            }
+            let outcome = outcome_of.get(&key).copied().flatten();
+            let status = composite_status(cpg, &children, outcome, now);
+            if !same_status(cpg.status.as_ref(), &status) {
+                self.apply_status::<CompositePodGroup>(&ns, &name, "CompositePodGroup", serde_json::to_value(&status)?)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn apply_status<K>(&self, ns: &str, name: &str, kind: &str, mut status: serde_json::Value) -> Result<()>
+    where
+        K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + std::fmt::Debug
+            + serde::de::DeserializeOwned,
+    {
+        if let Some(map) = status.as_object_mut() {
+            for field in COMMIT_FIELDS {
+                map.remove(field);
+            }
+        }
+        let body = json!({"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": kind, "status": status});
+        match Api::<K>::namespaced(self.ctx.client.clone(), ns)
+            .patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// Status fields written by the commit protocol with their own merge patches (the plan, and
+/// the rollback record beside it); the server-side apply of the rest leaves them alone, so a
+/// stale cache never writes an old value back.
+const COMMIT_FIELDS: [&str; 5] = ["plan", "rollbacks", "recentRollbacks", "lastRollbackTime", "avoidNodes"];
+
+/// A group status part of which is written by the commit protocol.
+trait CommitRecord: Clone + PartialEq {
+    fn without_commit_record(&self) -> Self;
+}
+
+impl CommitRecord for PodGroupStatus {
+    fn without_commit_record(&self) -> Self {
+        Self {
+            plan: None,
+            rollbacks: 0,
+            recent_rollbacks: 0,
+            last_rollback_time: None,
+            avoid_nodes: Vec::new(),
+            ..self.clone()
+        }
+    }
+}
+
+impl CommitRecord for CompositePodGroupStatus {
+    fn without_commit_record(&self) -> Self {
+        Self {
+            plan: None,
+            rollbacks: 0,
+            recent_rollbacks: 0,
+            last_rollback_time: None,
+            avoid_nodes: Vec::new(),
+            ..self.clone()
+        }
+    }
+}
+
+/// Status equality that ignores what the commit protocol writes.
+fn same_status<S: CommitRecord>(old: Option<&S>, new: &S) -> bool {
+    old.is_some_and(|old| old.without_commit_record() == new.without_commit_record())
 }
 
 #[cfg(test)]
@@ -329,6 +539,30 @@ mod tests {
         let refs: Vec<&Pod> = pods.iter().collect();
         let c = count(&refs);
         assert_eq!((c.pods, c.gated, c.admitted, c.scheduled, c.running, c.succeeded, c.failed), (3, 1, 2, 1, 1, 1, 1));
+    }
+
+    #[test]
+    fn pods_of_a_rolled_back_attempt_are_not_counted() {
+        let mut rolled = pod("Failed", false, Some("n"));
+        rolled.metadata.annotations = Some([(ROLLED_BACK_ANNOTATION.to_string(), "plan-1".to_string())].into());
+        let pods = [rolled, pod("Pending", true, None)];
+        let refs: Vec<&Pod> = pods.iter().collect();
+        let c = count(&refs);
+        assert_eq!((c.pods, c.gated, c.failed), (1, 1, 0));
+    }
+
+    #[test]
+    fn a_rolled_back_attempt_leaves_the_group_pending_with_bind_failed() {
+        let pods = [pod("Pending", true, None)];
+        let refs: Vec<&Pod> = pods.iter().collect();
+        let outcome = Outcome::RolledBack("attempt 1 rolled back".into());
+        let s = pod_group_status(&group(1), &refs, Some(&outcome), now());
+        assert_eq!(s.phase, Some(GroupPhase::Pending), "retried, not failed");
+        let c = conditions::get(&s.conditions, condition::BIND_FAILED).expect("condition");
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "BindFailed"));
+        let c = conditions::get(&s.conditions, condition::ADMITTED).expect("condition");
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "BindFailed"));
+        assert_eq!(s.message.as_deref(), Some("attempt 1 rolled back"));
     }
 
     #[test]

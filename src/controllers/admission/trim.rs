@@ -10,7 +10,9 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher::Event;
 
-use crate::crds::{COMPLETION_INDEX_ANNOTATION, GPU_INDICES_ANNOTATION, GPU_TOPOLOGY_ANNOTATION};
+use crate::crds::{
+    COMPLETION_INDEX_ANNOTATION, GPU_INDICES_ANNOTATION, GPU_TOPOLOGY_ANNOTATION, ROLLED_BACK_ANNOTATION,
+};
 
 fn keep_annotations(a: &mut Option<BTreeMap<String, String>>, keys: &[&str]) {
     if let Some(map) = a.as_mut() {
@@ -56,7 +58,7 @@ fn trim_volume(v: &Volume) -> Option<Volume> {
 
 /// Keeps what placement, quorum and status read of a pod.
 pub fn pod(p: &mut Pod) {
-    trim_meta(&mut p.metadata, &[GPU_INDICES_ANNOTATION, COMPLETION_INDEX_ANNOTATION]);
+    trim_meta(&mut p.metadata, &[GPU_INDICES_ANNOTATION, COMPLETION_INDEX_ANNOTATION, ROLLED_BACK_ANNOTATION]);
     if let Some(spec) = p.spec.take() {
         p.spec = Some(PodSpec {
             containers: spec.containers.iter().map(trim_container).collect(),

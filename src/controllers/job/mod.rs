@@ -24,7 +24,7 @@ use super::context::{Context, Error, Result};
 use super::{conditions, controller_uid};
 use crate::crds::batch::{CompletionMode, JobPhase, MusterJob, MusterJobStatus};
 use crate::crds::blocks::DisruptionModeKind;
-use crate::crds::scheduling::{CompositePodGroup, PodGroup, Workload};
+use crate::crds::scheduling::{CompositePodGroup, MAX_DEPTH, PodGroup, Workload};
 use crate::crds::{GROUP_TEMPLATE_ANNOTATION, JOB_NAME_LABEL, JOBSET_NAME_LABEL, PARENT_COMPOSITE_ANNOTATION};
 use crate::workloadbuilder::job::{JOB_TEMPLATE_NAME, build_options, job_item, validate_job};
 use crate::workloadbuilder::{Builder, FieldPath};
@@ -101,6 +101,9 @@ struct Groups {
     workload: String,
     pod_group: String,
     gang_all: bool,
+    /// Rollbacks of the root gang so far (its `status.rollbacks`): new pods carry it as
+    /// their `scheduling.muster.dev/gang-attempt`.
+    admission_attempt: i32,
 }
 
 fn is_child(job: &MusterJob) -> bool {
@@ -173,7 +176,7 @@ async fn ensure_groups(job: &MusterJob, ctx: &Context) -> Result<std::result::Re
         }
     }
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    let (builder, workload_name, template, parent, workload_owner) = if is_child(job) {
+    let (builder, workload_name, template, parent, workload_owner, root_rollbacks) = if is_child(job) {
         let a = job.annotations();
         let template = a.get(GROUP_TEMPLATE_ANNOTATION).cloned().unwrap_or_default();
         let parent = a.get(PARENT_COMPOSITE_ANNOTATION).cloned().unwrap_or_default();
@@ -187,7 +190,8 @@ async fn ensure_groups(job: &MusterJob, ctx: &Context) -> Result<std::result::Re
             .await?
             .ok_or_else(|| Error::Missing(format!("parent Workload {wl_name} not found yet")))?;
         let builder = Builder::from_existing_workload(workload, build_options(&wl_name, &ns, Some(owner.clone())));
-        (builder, wl_name, template, Some(parent), None)
+        let rollbacks = root_rollbacks(ctx, &ns, cpg).await?;
+        (builder, wl_name, template, Some(parent), None, Some(rollbacks))
     } else {
         let item = job_item(&job.spec, JOB_TEMPLATE_NAME, &FieldPath::new("spec"));
         let builder = Builder::new(item, build_options(&name, &ns, Some(owner.clone())));
@@ -203,7 +207,7 @@ async fn ensure_groups(job: &MusterJob, ctx: &Context) -> Result<std::result::Re
         }
         let applied = wls.patch(&name, &params, &Patch::Apply(&workload)).await?;
         let workload_owner = applied.controller_owner_ref(&()).map(|o| plan::plain_owner_ref(&o));
-        (builder, name.clone(), JOB_TEMPLATE_NAME.to_string(), None, workload_owner)
+        (builder, name.clone(), JOB_TEMPLATE_NAME.to_string(), None, workload_owner, None)
     };
     let mut pg = builder.new_pod_group(&name, &template)?;
     pg.spec.priority = match existing_priority {
@@ -215,8 +219,23 @@ async fn ensure_groups(job: &MusterJob, ctx: &Context) -> Result<std::result::Re
     pg.metadata.owner_references.get_or_insert_with(Vec::new).extend(workload_owner);
     pg.metadata.annotations = Some(BTreeMap::from([(FROZEN_HASH_ANNOTATION.to_string(), hashes)]));
     let gang_all = pg.spec.disruption_mode.kind() == Some(DisruptionModeKind::All);
-    pgs.patch(&name, &params, &Patch::Apply(&pg)).await?;
-    Ok(Ok(Groups { workload: workload_name, pod_group: name, gang_all }))
+    let applied = pgs.patch(&name, &params, &Patch::Apply(&pg)).await?;
+    // A standalone job's PodGroup is its root; a child's root is the top CompositePodGroup.
+    let admission_attempt = root_rollbacks.unwrap_or_else(|| applied.status.as_ref().map_or(0, |s| s.rollbacks));
+    Ok(Ok(Groups { workload: workload_name, pod_group: name, gang_all, admission_attempt }))
+}
+
+/// The rollbacks recorded on the root of the CompositePodGroup tree `cpg` belongs to.
+async fn root_rollbacks(ctx: &Context, ns: &str, mut cpg: CompositePodGroup) -> Result<i32> {
+    let api = Api::<CompositePodGroup>::namespaced(ctx.client.clone(), ns);
+    for _ in 0..MAX_DEPTH {
+        let Some(parent) = cpg.spec.parent_composite_pod_group_name.clone() else { break };
+        match api.get_opt(&parent).await? {
+            Some(p) => cpg = p,
+            None => break,
+        }
+    }
+    Ok(cpg.status.as_ref().map_or(0, |s| s.rollbacks))
 }
 
 async fn sync_pods(job: &MusterJob, ctx: &Context, groups: &Groups, now: Timestamp) -> Result<Action> {
@@ -264,7 +283,7 @@ async fn sync_pods(job: &MusterJob, ctx: &Context, groups: &Groups, now: Timesta
         .or_else(|| (job.spec.completion_mode == CompletionMode::Indexed).then(|| name.clone()));
     let mut created = Vec::new();
     for new in &decision.create {
-        let pod = plan::new_pod(job, new, &groups.pod_group, subdomain.as_deref());
+        let pod = plan::new_pod(job, new, &groups.pod_group, subdomain.as_deref(), groups.admission_attempt);
         match pods_api.create(&PostParams::default(), &pod).await {
             Ok(p) => created.push(p.name_any()),
             Err(kube::Error::Api(e)) if e.code == 409 => {}

@@ -12,8 +12,8 @@ use k8s_openapi::jiff::Timestamp;
 use crate::controllers::conditions;
 use crate::crds::batch::{CompletionMode, JobPhase, MusterJob, MusterJobSpec, MusterJobStatus};
 use crate::crds::{
-    ADMISSION_GATE, COMPLETION_INDEX_ANNOTATION, GPU_INDICES_ANNOTATION, GPU_RESOURCE, JOB_NAME_LABEL,
-    JOBSET_NAME_LABEL, POD_GROUP_LABEL, REPLICATED_JOB_LABEL,
+    ADMISSION_ATTEMPT_ANNOTATION, ADMISSION_GATE, COMPLETION_INDEX_ANNOTATION, GPU_INDICES_ANNOTATION, GPU_RESOURCE,
+    JOB_NAME_LABEL, JOBSET_NAME_LABEL, POD_GROUP_LABEL, REPLICATED_JOB_LABEL, ROLLED_BACK_ANNOTATION,
 };
 
 /// Pod annotation: the gang attempt a pod belongs to (with disruption mode `all`, a failure
@@ -71,6 +71,9 @@ pub struct ObservedPod {
     /// Container restarts so far, init containers included (`restartPolicy: OnFailure` counts
     /// them toward `backoffLimit`).
     pub restarts: i32,
+    /// Deleted by admission with the rest of a rolled-back gang attempt (a failed pin, not a
+    /// pod failure: it never counts toward `backoffLimit`).
+    pub rolled_back: bool,
 }
 
 impl ObservedPod {
@@ -104,6 +107,7 @@ impl ObservedPod {
                 .flat_map(|s| s.container_statuses.iter().flatten().chain(s.init_container_statuses.iter().flatten()))
                 .map(|c| c.restart_count.max(0))
                 .fold(0i32, i32::saturating_add),
+            rolled_back: meta.annotations.as_ref().is_some_and(|a| a.contains_key(ROLLED_BACK_ANNOTATION)),
         }
     }
     fn active(&self) -> bool {
@@ -214,6 +218,10 @@ pub fn plan(
     gang_all: bool,
     now: Timestamp,
 ) -> JobPlan {
+    // A pod of a rolled-back gang attempt is not the job's: it ended because a pin failed
+    // (kubelet may still mark it Failed while it terminates), so it counts for nothing.
+    let pods: Vec<ObservedPod> = pods.iter().filter(|p| !p.rolled_back).cloned().collect();
+    let pods = pods.as_slice();
     let want_completions = completions(job_spec);
     let active: Vec<&ObservedPod> = pods.iter().filter(|p| p.active()).collect();
     // Counts never go below what the last status recorded: finished pods may be deleted (by
@@ -445,8 +453,9 @@ fn plan_pods(
 }
 
 /// The pod to create for `job`: the template plus muster's labels, gate, index and GPU env.
-/// `subdomain` is the headless Service giving pods stable DNS names.
-pub fn new_pod(job: &MusterJob, new: &NewPod, pod_group: &str, subdomain: Option<&str>) -> Pod {
+/// `subdomain` is the headless Service giving pods stable DNS names; `admission_attempt` is the
+/// rollbacks of the pod's root gang so far (`scheduling.muster.dev/gang-attempt`).
+pub fn new_pod(job: &MusterJob, new: &NewPod, pod_group: &str, subdomain: Option<&str>, admission_attempt: i32) -> Pod {
     let name = job.metadata.name.clone().unwrap_or_default();
     let template = &job.spec.template;
     let tmeta = template.metadata.clone().unwrap_or_default();
@@ -462,6 +471,7 @@ pub fn new_pod(job: &MusterJob, new: &NewPod, pod_group: &str, subdomain: Option
     }
     let mut annotations: BTreeMap<String, String> = tmeta.annotations.unwrap_or_default();
     annotations.insert(GANG_ATTEMPT_ANNOTATION.into(), new.attempt.to_string());
+    annotations.insert(ADMISSION_ATTEMPT_ANNOTATION.into(), admission_attempt.max(0).to_string());
     let mut spec: PodSpec = template.spec.clone().unwrap_or_default();
     if spec.restart_policy.is_none() {
         spec.restart_policy = Some("Never".into());

@@ -25,6 +25,7 @@ fn pod(name: &str, phase: Phase, index: Option<i32>) -> ObservedPod {
         ready: phase == Phase::Running,
         gated: false,
         restarts: 0,
+        rolled_back: false,
     }
 }
 
@@ -268,6 +269,28 @@ fn failures_are_at_least_what_attempts_and_the_last_status_prove() {
 }
 
 #[test]
+fn rolled_back_pods_never_count_toward_the_backoff_limit() {
+    let mut s = spec(2, Some(2), CompletionMode::NonIndexed);
+    s.backoff_limit = 0;
+    // A rolled-back attempt: one pod bound and started, marked Failed by kubelet as it is
+    // deleted; the other never bound. Both are terminating.
+    let rolled =
+        |name: &str, phase: Phase| ObservedPod { rolled_back: true, terminating: true, ..pod(name, phase, None) };
+    let pods = [rolled("a", Phase::Failed), rolled("b", Phase::Pending)];
+    for gang_all in [false, true] {
+        let p = plan(&s, None, &MusterJobStatus::default(), &pods, gang_all, now());
+        assert_eq!(p.status.failed, 0, "gang_all={gang_all}");
+        assert!(p.finished.is_none(), "gang_all={gang_all}");
+        assert_eq!(p.create.len(), 2, "both recreated at once (gang_all={gang_all})");
+        assert!(p.create.iter().all(|n| n.attempt == 0), "no failure was counted (gang_all={gang_all})");
+    }
+    // The same pod failing on its own does count.
+    let failed = ObservedPod { terminating: true, ..pod("a", Phase::Failed, None) };
+    let p = plan(&s, None, &MusterJobStatus::default(), &[failed], false, now());
+    assert_eq!(p.status.failed, 1);
+}
+
+#[test]
 fn deleted_succeeded_pods_still_count_toward_completions() {
     let s = spec(1, Some(3), CompletionMode::NonIndexed);
     let prev = MusterJobStatus { succeeded: 2, ..Default::default() };
@@ -384,7 +407,7 @@ fn new_pods_are_gated_labelled_indexed_and_get_gpu_env() {
     let mut job = MusterJob::new("train", spec(2, Some(2), CompletionMode::Indexed));
     job.metadata.namespace = Some("ns".into());
     job.metadata.uid = Some("uid".into());
-    let p = new_pod(&job, &NewPod { index: Some(1), attempt: 0 }, "train", Some("train"));
+    let p = new_pod(&job, &NewPod { index: Some(1), attempt: 0 }, "train", Some("train"), 3);
     let meta = &p.metadata;
     assert_eq!(meta.generate_name.as_deref(), Some("train-1-"));
     let labels = meta.labels.as_ref().expect("labels");
@@ -393,6 +416,11 @@ fn new_pods_are_gated_labelled_indexed_and_get_gpu_env() {
     assert_eq!(
         meta.annotations.as_ref().and_then(|a| a.get(COMPLETION_INDEX_ANNOTATION)).map(String::as_str),
         Some("1")
+    );
+    assert_eq!(
+        meta.annotations.as_ref().and_then(|a| a.get(ADMISSION_ATTEMPT_ANNOTATION)).map(String::as_str),
+        Some("3"),
+        "the rollbacks of the gang so far"
     );
     assert_eq!(meta.owner_references.as_ref().map(|o| o[0].controller), Some(Some(true)));
     let spec = p.spec.expect("spec");
@@ -408,8 +436,11 @@ fn new_pods_are_gated_labelled_indexed_and_get_gpu_env() {
 fn observed_pods_read_phase_index_and_gate() {
     let mut job = MusterJob::new("train", spec(1, Some(1), CompletionMode::Indexed));
     job.metadata.uid = Some("uid".into());
-    let mut pod = new_pod(&job, &NewPod { index: Some(0), attempt: 2 }, "train", None);
+    let mut pod = new_pod(&job, &NewPod { index: Some(0), attempt: 2 }, "train", None, 0);
     pod.metadata.name = Some("train-0-abc".into());
     let o = ObservedPod::from_pod(&pod);
     assert_eq!((o.phase, o.index, o.attempt, o.gated, o.terminating), (Phase::Pending, Some(0), 2, true, false));
+    assert!(!o.rolled_back);
+    pod.metadata.annotations.get_or_insert_default().insert(ROLLED_BACK_ANNOTATION.into(), "plan-1".into());
+    assert!(ObservedPod::from_pod(&pod).rolled_back);
 }

@@ -1,0 +1,147 @@
+//! What admission watches and what wakes a cycle: one reflector per kind (trimmed to what
+//! placement and status read), a notification on every event, a capacity counter bumped by
+//! events that can free room (so roots in backoff are retried), and the check that the
+//! caches show this process's own writes before a cycle decides on them.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::{Client, ResourceExt};
+use tokio::sync::Notify;
+
+use super::{Admitter, Caches, RootKey, is_gated, trim};
+use crate::crds::scheduling::{AdmissionPlan, CompositePodGroup, PlanState, PodGroup};
+
+/// How long to wait for the caches to show a write before deciding anyway.
+pub(super) const CACHE_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn spawn_watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    trim: fn(&mut K),
+    notify: Arc<Notify>,
+    capacity: Arc<AtomicU64>,
+    mut frees: impl FnMut(&Event<K>) -> bool + Send + 'static,
+) -> Store<K>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let (store, writer) = reflector::store();
+    let stream = watcher::watcher(api, config).default_backoff().modify(trim).reflect(writer);
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(ev) => {
+                    if frees(&ev) {
+                        capacity.fetch_add(1, Ordering::Relaxed);
+                    }
+                    notify.notify_one();
+                }
+                Err(e) => tracing::warn!(error = %e, "admission watch"),
+            }
+        }
+    });
+    store
+}
+
+fn pod_frees(ev: &Event<Pod>) -> bool {
+    match ev {
+        Event::Delete(_) => true,
+        Event::Apply(p) => matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed")),
+        _ => false,
+    }
+}
+
+fn never(_: &Event<PodGroup>) -> bool {
+    false
+}
+
+fn never_cpg(_: &Event<CompositePodGroup>) -> bool {
+    false
+}
+
+/// Starts the watches admission decides on; each event wakes `notify`, and the events that can
+/// free capacity bump `capacity`.
+pub(super) fn watch_caches(client: &Client, notify: &Arc<Notify>, capacity: &Arc<AtomicU64>) -> Caches {
+    let cfg = || watcher::Config::default().any_semantic();
+    Caches {
+        pod_groups: spawn_watch(
+            Api::<PodGroup>::all(client.clone()),
+            cfg(),
+            trim::managed_fields::<PodGroup>,
+            notify.clone(),
+            capacity.clone(),
+            never,
+        ),
+        composites: spawn_watch(
+            Api::<CompositePodGroup>::all(client.clone()),
+            cfg(),
+            trim::managed_fields::<CompositePodGroup>,
+            notify.clone(),
+            capacity.clone(),
+            never_cpg,
+        ),
+        // Every pod: usage counts pods of all workloads, not only muster's.
+        pods: spawn_watch(
+            Api::<Pod>::all(client.clone()),
+            cfg(),
+            trim::pod,
+            notify.clone(),
+            capacity.clone(),
+            pod_frees,
+        ),
+        nodes: spawn_watch(Api::<Node>::all(client.clone()), cfg(), trim::node, notify.clone(), capacity.clone(), {
+            let mut seen = trim::NodeFingerprints::default();
+            move |ev: &Event<Node>| seen.changed(ev)
+        }),
+    }
+}
+
+/// Resolves once every cache has its first full list.
+pub(super) async fn ready(caches: &Caches) {
+    let _ = tokio::join!(
+        caches.pod_groups.wait_until_ready(),
+        caches.composites.wait_until_ready(),
+        caches.pods.wait_until_ready(),
+        caches.nodes.wait_until_ready()
+    );
+}
+
+impl Admitter {
+    /// True when every write of ours shows in the caches (or waited long enough).
+    pub(super) fn caches_caught_up(&mut self, pgs: &[PodGroup], cpgs: &[CompositePodGroup], pods: &[Pod]) -> bool {
+        let now = Instant::now();
+        // `None`: the group is gone (nothing to wait for); `Some(plan)`: its plan as cached.
+        let plan_of = |key: &RootKey| -> Option<Option<(String, PlanState)>> {
+            let same = |ns: Option<String>, name: String| ns.as_deref() == Some(key.0.as_str()) && name == key.1;
+            let plan = |p: Option<&AdmissionPlan>| p.map(|p| (p.id.clone(), p.state));
+            pgs.iter()
+                .find(|g| same(g.namespace(), g.name_any()))
+                .map(|g| plan(g.status.as_ref().and_then(|s| s.plan.as_ref())))
+                .or_else(|| {
+                    cpgs.iter()
+                        .find(|g| same(g.namespace(), g.name_any()))
+                        .map(|g| plan(g.status.as_ref().and_then(|s| s.plan.as_ref())))
+                })
+        };
+        self.unseen.plans.retain(|key, (want, at)| {
+            now.duration_since(*at) < CACHE_SYNC_TIMEOUT && plan_of(key).is_some_and(|cached| cached != *want)
+        });
+        let gated: HashSet<&str> =
+            pods.iter().filter(|p| is_gated(p)).filter_map(|p| p.metadata.uid.as_deref()).collect();
+        self.unseen
+            .ungated
+            .retain(|uid, at| now.duration_since(*at) < CACHE_SYNC_TIMEOUT && gated.contains(uid.as_str()));
+        self.unseen.plans.is_empty() && self.unseen.ungated.is_empty()
+    }
+}
