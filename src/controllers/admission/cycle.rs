@@ -154,6 +154,17 @@ impl Admitter {
     /// without muster, so admission plans around them). Returns the GPUs per node too.
     async fn snapshot(&mut self, nodes: &[Node], pods: &[Pod]) -> Result<(Snapshot, HashMap<String, NodeGpus>)> {
         let mut snapshot = Snapshot::from_cluster(nodes, pods);
+        snapshot.set_namespaces(
+            self.caches
+                .namespaces
+                .state()
+                .iter()
+                .map(|n| (n.name_any(), n.metadata.labels.iter().flatten().collect::<scheduler::Labels>())),
+        );
+        let claims: Vec<_> = self.caches.claims.state().iter().map(|c| (**c).clone()).collect();
+        let volumes: Vec<_> = self.caches.volumes.state().iter().map(|v| (**v).clone()).collect();
+        let classes: Vec<_> = self.caches.classes.state().iter().map(|c| (**c).clone()).collect();
+        snapshot.set_volumes(scheduler::Volumes::from_cluster(&claims, &volumes, &classes));
         let gpus = self.gpu_state(nodes).await;
         let held = self.devices.pass(&self.ctx, pods, &snapshot, &gpus).await?;
         for (node, g) in &gpus {

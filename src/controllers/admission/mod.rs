@@ -20,7 +20,8 @@ use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use futures::Future;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
 use tokio::sync::Notify;
@@ -65,6 +66,10 @@ struct Caches {
     composites: Store<CompositePodGroup>,
     pods: Store<Pod>,
     nodes: Store<Node>,
+    namespaces: Store<Namespace>,
+    claims: Store<PersistentVolumeClaim>,
+    volumes: Store<PersistentVolume>,
+    classes: Store<StorageClass>,
 }
 
 struct Admitter {

@@ -34,6 +34,36 @@ pub mod condition {
     /// muster: a committed pod was not bound (reason `BindTimeout` once the gang had started,
     /// `BindFailed` when the attempt was rolled back).
     pub const BIND_FAILED: &str = "BindFailed";
+    /// muster: whether placement models every rule of the group's pods, so an all-or-nothing
+    /// start is guaranteed (False, reason `NotModelled`, naming each field it does not model).
+    pub const ALL_OR_NOTHING: &str = "AllOrNothing";
+}
+
+/// Sets [`condition::ALL_OR_NOTHING`] from what placement does not model in the pods' specs.
+fn all_or_nothing_condition(
+    conds: &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    pods: &[&Pod],
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    let mut missing: Vec<String> =
+        pods.iter().filter_map(|p| p.spec.as_ref()).flat_map(scheduler::unmodelled).map(|u| u.to_string()).collect();
+    missing.sort();
+    missing.dedup();
+    if missing.is_empty() {
+        conditions::set(
+            conds,
+            condition::ALL_OR_NOTHING,
+            true,
+            "Modelled",
+            "placement models every rule of these pods",
+            generation,
+            now,
+        );
+    } else {
+        let message = format!("all-or-nothing is not guaranteed: pod spec {}", missing.join("; "));
+        conditions::set(conds, condition::ALL_OR_NOTHING, false, "NotModelled", &message, generation, now);
+    }
 }
 
 /// What the last admission cycle concluded about a group's root.
@@ -183,6 +213,7 @@ pub fn pod_group_status(pg: &PodGroup, pods: &[&Pod], outcome: Option<&Outcome>,
     let counts = count(pods);
     let mut conds = prev.conditions.clone();
     admission_conditions(&mut conds, outcome, generation, now);
+    all_or_nothing_condition(&mut conds, pods, generation, now);
     // Upstream: terminal once True, even if pods are later lost.
     if !conditions::is_true(&conds, condition::POD_GROUP_INITIALLY_SCHEDULED) {
         let scheduled = counts.scheduled + counts.succeeded + counts.failed;
@@ -563,6 +594,23 @@ mod tests {
         let c = conditions::get(&s.conditions, condition::ADMITTED).expect("condition");
         assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "BindFailed"));
         assert_eq!(s.message.as_deref(), Some("attempt 1 rolled back"));
+    }
+
+    #[test]
+    fn the_group_says_whether_all_or_nothing_is_guaranteed() {
+        let plain = [pod("Pending", true, None)];
+        let s = pod_group_status(&group(1), &plain.iter().collect::<Vec<_>>(), None, now());
+        let c = conditions::get(&s.conditions, condition::ALL_OR_NOTHING).expect("condition");
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "Modelled"));
+        let mut other = pod("Pending", true, None);
+        if let Some(spec) = other.spec.as_mut() {
+            spec.scheduler_name = Some("volcano".into());
+        }
+        let pods = [other, pod("Pending", true, None)];
+        let s = pod_group_status(&group(1), &pods.iter().collect::<Vec<_>>(), None, now());
+        let c = conditions::get(&s.conditions, condition::ALL_OR_NOTHING).expect("condition");
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "NotModelled"));
+        assert!(c.message.contains("schedulerName: \"volcano\""), "{}", c.message);
     }
 
     #[test]

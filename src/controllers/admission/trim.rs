@@ -5,8 +5,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use k8s_openapi::api::core::v1::{
-    Container, EphemeralVolumeSource, Node, NodeSpec, NodeStatus, Pod, PodSpec, PodStatus, ResourceRequirements, Volume,
+    Container, EphemeralVolumeSource, Namespace, Node, NodeSpec, NodeStatus, PersistentVolume, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PersistentVolumeSpec, Pod, PodSpec, PodStatus, ResourceRequirements, Volume,
 };
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher::Event;
 
@@ -131,6 +133,43 @@ impl NodeFingerprints {
             Event::InitDone => true,
         }
     }
+}
+
+/// Keeps a namespace's name and labels (what namespace selectors read).
+pub fn namespace(n: &mut Namespace) {
+    trim_meta(&mut n.metadata, &[]);
+    n.spec = None;
+    n.status = None;
+}
+
+/// Keeps what VolumeBinding reads of a claim: the volume it is bound to and its class.
+pub fn claim(c: &mut PersistentVolumeClaim) {
+    trim_meta(&mut c.metadata, &[]);
+    if let Some(spec) = c.spec.take() {
+        c.spec = Some(PersistentVolumeClaimSpec {
+            volume_name: spec.volume_name,
+            storage_class_name: spec.storage_class_name,
+            ..Default::default()
+        });
+    }
+    c.status = None;
+}
+
+/// Keeps what VolumeBinding and VolumeZone read of a volume: its node affinity and labels.
+pub fn volume(v: &mut PersistentVolume) {
+    trim_meta(&mut v.metadata, &[]);
+    if let Some(spec) = v.spec.take() {
+        v.spec = Some(PersistentVolumeSpec { node_affinity: spec.node_affinity, ..Default::default() });
+    }
+    v.status = None;
+}
+
+/// Keeps a storage class's binding mode.
+pub fn storage_class(c: &mut StorageClass) {
+    trim_meta(&mut c.metadata, &[]);
+    c.parameters = None;
+    c.mount_options = None;
+    c.allowed_topologies = None;
 }
 
 /// Keeps what placement reads of a node.

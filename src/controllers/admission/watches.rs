@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
@@ -62,6 +63,12 @@ fn pod_frees(ev: &Event<Pod>) -> bool {
     }
 }
 
+/// A namespace, claim, volume or class added, changed or removed can change what fits (a
+/// claim created or bound, a label a namespace selector reads).
+fn changed<K>(ev: &Event<K>) -> bool {
+    matches!(ev, Event::Apply(_) | Event::Delete(_) | Event::InitDone)
+}
+
 fn never(_: &Event<PodGroup>) -> bool {
     false
 }
@@ -104,6 +111,40 @@ pub(super) fn watch_caches(client: &Client, notify: &Arc<Notify>, capacity: &Arc
             let mut seen = trim::NodeFingerprints::default();
             move |ev: &Event<Node>| seen.changed(ev)
         }),
+        // What placement models beside nodes and pods: namespace labels (namespace selectors
+        // of pod affinity terms), and claims, volumes and classes (VolumeBinding, VolumeZone).
+        namespaces: spawn_watch(
+            Api::<Namespace>::all(client.clone()),
+            cfg(),
+            trim::namespace,
+            notify.clone(),
+            capacity.clone(),
+            changed::<Namespace>,
+        ),
+        claims: spawn_watch(
+            Api::<PersistentVolumeClaim>::all(client.clone()),
+            cfg(),
+            trim::claim,
+            notify.clone(),
+            capacity.clone(),
+            changed::<PersistentVolumeClaim>,
+        ),
+        volumes: spawn_watch(
+            Api::<PersistentVolume>::all(client.clone()),
+            cfg(),
+            trim::volume,
+            notify.clone(),
+            capacity.clone(),
+            changed::<PersistentVolume>,
+        ),
+        classes: spawn_watch(
+            Api::<StorageClass>::all(client.clone()),
+            cfg(),
+            trim::storage_class,
+            notify.clone(),
+            capacity.clone(),
+            changed::<StorageClass>,
+        ),
     }
 }
 
@@ -113,7 +154,11 @@ pub(super) async fn ready(caches: &Caches) {
         caches.pod_groups.wait_until_ready(),
         caches.composites.wait_until_ready(),
         caches.pods.wait_until_ready(),
-        caches.nodes.wait_until_ready()
+        caches.nodes.wait_until_ready(),
+        caches.namespaces.wait_until_ready(),
+        caches.claims.wait_until_ready(),
+        caches.volumes.wait_until_ready(),
+        caches.classes.wait_until_ready()
     );
 }
 
