@@ -321,7 +321,7 @@ async fn a_resumed_commit_counts_its_pods_before_another_gang_is_planned() {
 /// for) before kube-scheduler sees them: one pod binds, the other cannot, and the gang fails
 /// whole; with disruptionMode all its pods are replaced and wait, gated, again.
 #[tokio::test]
-async fn a_pinned_pod_that_cannot_bind_fails_the_gang_and_it_is_recreated_gated() {
+async fn a_pinned_pod_that_cannot_bind_rolls_the_attempt_back_and_it_is_recreated_gated() {
     let extra = extra_muster(&["--bind-timeout", "10"], &[]).await;
     let ns = namespace("adm-bind");
     let nodes = TestNodes::add(&ns.name, 2, 4, 1).await;
@@ -367,13 +367,17 @@ async fn a_pinned_pod_that_cannot_bind_fails_the_gang_and_it_is_recreated_gated(
     })
     .await;
     let bind_failed = condition(&failed, "BindFailed").unwrap();
-    assert_eq!(bind_failed.reason, "BindTimeout");
+    // Half the gang ran, below minCount: the attempt is rolled back, whatever the mode.
+    assert_eq!(bind_failed.reason, "BindFailed");
     let message = &bind_failed.message;
     assert!(message.contains(&format!("was not bound to node {taken} within 10s")), "{message}");
     assert!(message.contains("Insufficient nvidia.com/gpu"), "kube-scheduler's reason: {message}");
-    assert!(message.contains("disruptionMode all"), "{message}");
+    assert!(message.contains("rolled back"), "{message}");
+    let status = failed.status.as_ref().unwrap();
+    assert_eq!(status.rollbacks, 1, "{status:?}");
+    assert!(status.avoid_nodes.iter().any(|a| a.node == taken), "the refusing node is avoided: {status:?}");
     let events = events_of(&ns.name, "stuck").await;
-    assert!(events.iter().any(|(t, r, _)| t == "Warning" && r == "BindTimeout"), "{events:?}");
+    assert!(events.iter().any(|(t, r, _)| t == "Warning" && r == "BindFailed"), "{events:?}");
 
     let replaced = wait_for("two new pods, held by muster's gate", LONG, || async {
         let live = job_pods(&pods, "stuck").await;
@@ -382,6 +386,12 @@ async fn a_pinned_pod_that_cannot_bind_fails_the_gang_and_it_is_recreated_gated(
     })
     .await;
     assert!(replaced.iter().all(|p| node_of(p).is_none()), "the running half was not kept");
+    assert!(
+        replaced
+            .iter()
+            .all(|p| p.annotations().get("scheduling.muster.dev/gang-attempt").map(String::as_str) == Some("1")),
+        "recreated pods carry the new attempt"
+    );
     // Only one node has 4 free GPUs now: the new gang waits instead of starting half.
     group_until(&groups, "stuck", "Unschedulable", |g| group_phase(g) == Some(GroupPhase::Unschedulable)).await;
     // The plain pod gets the GPUs the failed gang held (a conflict while both claimed them).
@@ -395,5 +405,6 @@ async fn a_pinned_pod_that_cannot_bind_fails_the_gang_and_it_is_recreated_gated(
     assert!(events.iter().any(|(t, r, _)| t == "Warning" && r == "GPUConflict"), "{events:?}");
     let metrics = extra.metrics().await;
     assert_eq!(metric(&metrics, "muster_bind_timeouts_total", &[]), 1.0, "{metrics}");
+    assert_eq!(metric(&metrics, "muster_gang_rollbacks_total", &[]), 1.0, "{metrics}");
     assert!(metric(&metrics, "muster_gpu_conflicts_total", &[]) >= 1.0, "{metrics}");
 }
