@@ -227,7 +227,7 @@ impl Case {
         if let Some(app) = g.affinity {
             let matching: Vec<usize> = pods.iter().filter(|p| p.1 == app).map(|p| p.0).collect();
             let near = matching.iter().any(|&m| same(ZONE, m, n));
-            if !near && !(matching.is_empty() && app == "train") {
+            if !(near || matching.is_empty() && app == "train") {
                 return false;
             }
         }

@@ -396,6 +396,14 @@ impl<'a> Engine<'a> {
 /// thousands of tries on a small cluster, a few dozen on 5,000 nodes.
 const SEARCH_BUDGET: u64 = 200_000;
 
+/// What one search looks through: the leaf, its gated pods in order, the nodes, the budget.
+struct Search<'s, 'a> {
+    leaf: &'a LeafGroup,
+    sequence: &'s [(&'a PodShape, usize)],
+    nodes: &'s [u32],
+    budget: u64,
+}
+
 impl<'a> Engine<'a> {
     /// After the one-at-a-time attempt (everything since `checkpoint`) placed fewer than
     /// `need` pods: undoes it and searches the choices depth first (best-scored node first,
@@ -411,11 +419,11 @@ impl<'a> Engine<'a> {
         checkpoint: usize,
         need: u32,
     ) -> Option<u32> {
-        let mut budget = SEARCH_BUDGET;
+        let mut search = Search { leaf, sequence, nodes, budget: SEARCH_BUDGET };
         let first_attempt: Vec<(usize, u32)> = self.plan[checkpoint..].iter().map(|t| (t.pod, t.node)).collect();
         self.rollback(checkpoint);
         let skips = u32::try_from(sequence.len()).unwrap_or(u32::MAX).saturating_sub(need);
-        if self.search_from(leaf, sequence, nodes, 0, need, skips, &mut budget) {
+        if self.search_from(&mut search, 0, need, skips) {
             let taken: Vec<usize> = self.plan[checkpoint..].iter().map(|t| t.pod).collect();
             for &(shape, pod) in sequence.iter().filter(|(_, p)| !taken.contains(p)) {
                 let level = self.pod_level(leaf, shape, pod);
@@ -434,25 +442,17 @@ impl<'a> Engine<'a> {
         None
     }
 
-    fn search_from(
-        &mut self,
-        leaf: &'a LeafGroup,
-        sequence: &[(&'a PodShape, usize)],
-        nodes: &[u32],
-        at: usize,
-        need: u32,
-        skips: u32,
-        budget: &mut u64,
-    ) -> bool {
+    fn search_from(&mut self, search: &mut Search<'_, 'a>, at: usize, need: u32, skips: u32) -> bool {
         if need == 0 {
             return true;
         }
-        let Some(&(shape, pod)) = sequence.get(at) else { return false };
+        let Some(&(shape, pod)) = search.sequence.get(at) else { return false };
+        let (leaf, nodes) = (search.leaf, search.nodes);
         let cost = nodes.len() as u64;
-        if *budget < cost {
+        if search.budget < cost {
             return false;
         }
-        *budget -= cost;
+        search.budget -= cost;
         let level = self.pod_level(leaf, shape, pod);
         let mut scan = self.scan(shape, nodes, Some(&level));
         normalise_preferences(&mut scan.candidates);
@@ -460,16 +460,16 @@ impl<'a> Engine<'a> {
         for c in &scan.candidates {
             let mark = self.plan.len();
             if self.place_one(leaf, shape, pod, c.node) {
-                if self.search_from(leaf, sequence, nodes, at + 1, need - 1, skips, budget) {
+                if self.search_from(search, at + 1, need - 1, skips) {
                     return true;
                 }
                 self.rollback(mark);
             }
-            if *budget < cost {
+            if search.budget < cost {
                 return false;
             }
         }
-        skips > 0 && self.search_from(leaf, sequence, nodes, at + 1, need, skips - 1, budget)
+        skips > 0 && self.search_from(search, at + 1, need, skips - 1)
     }
 }
 
