@@ -293,6 +293,8 @@ pub struct Snapshot {
     pods_by_node: Vec<Vec<u32>>,
     /// Indexes into `pods` of those with required anti-affinity terms.
     anti_pods: Vec<u32>,
+    /// Indexes into `pods` by namespace.
+    by_namespace: HashMap<Box<str>, Vec<u32>>,
     /// Namespace labels (for namespace selectors of pod affinity terms).
     namespaces: HashMap<String, Labels>,
     /// PersistentVolumeClaims and the nodes their volumes allow.
@@ -342,6 +344,7 @@ impl Snapshot {
             pods: Vec::new(),
             pods_by_node,
             anti_pods: Vec::new(),
+            by_namespace: HashMap::new(),
             namespaces: HashMap::new(),
             volumes: Volumes::default(),
         }
@@ -427,6 +430,12 @@ impl Snapshot {
             terminating: is_terminating(pod),
         });
         self.pods_by_node[i as usize].push(index);
+        self.by_namespace.entry(namespace.into()).or_default().push(index);
+    }
+
+    /// The pods bound or admitted in one namespace.
+    pub fn pods_in(&self, namespace: &str) -> impl Iterator<Item = &NodePod> {
+        self.by_namespace.get(namespace).into_iter().flatten().map(|&p| &self.pods[p as usize])
     }
 
     /// Sets the labels of every namespace (read by namespace selectors of pod affinity terms).

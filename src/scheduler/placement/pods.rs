@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use super::{Candidate, Engine, ReasonKey, Scan, by_score};
 use crate::scheduler::interpod::{PodRules, PodTerm, SpreadConstraint};
 use crate::scheduler::shape::PodShape;
-use crate::scheduler::snapshot::{NodeInfo, Snapshot};
+use crate::scheduler::snapshot::{NodeInfo, NodePod, Snapshot};
 use crate::scheduler::tree::{GroupTree, LeafGroup, PodState};
 use crate::scheduler::volumes::VolumeNodes;
 
@@ -104,7 +104,20 @@ impl<'a> ShapeFacts<'a> {
             if terms.is_empty() {
                 return out;
             }
-            for pod in snapshot.node_pods() {
+            // Terms that name their namespaces (no namespace selector) only look there.
+            let mut named: Option<Vec<&str>> = terms
+                .iter()
+                .all(|t| t.namespace_selector.is_none())
+                .then(|| terms.iter().flat_map(|t| t.namespaces.iter().map(String::as_str)).collect());
+            if let Some(n) = named.as_mut() {
+                n.sort_unstable();
+                n.dedup();
+            }
+            let candidates: Box<dyn Iterator<Item = &NodePod>> = match named {
+                Some(namespaces) => Box::new(namespaces.into_iter().flat_map(|ns| snapshot.pods_in(ns))),
+                None => Box::new(snapshot.node_pods().iter()),
+            };
+            for pod in candidates {
                 let namespace_labels = snapshot.namespace_labels(&pod.namespace);
                 let node = &nodes[pod.node as usize];
                 if all {
@@ -145,13 +158,17 @@ impl<'a> SpreadFacts<'a> {
                 continue;
             }
             eligible[i] = true;
-            let Some(value) = node.labels.get(&c.topology_key) else { continue };
-            let i = u32::try_from(i).unwrap_or(u32::MAX);
-            let here = snapshot.pods_on(i).filter(|p| c.counts(ns, &p.namespace, &p.labels, p.terminating)).count();
-            let here = u32::try_from(here).unwrap_or(u32::MAX);
-            *counts.entry(value).or_default() += here;
-            if here > 0 {
-                per_node.insert(i, here);
+            if let Some(value) = node.labels.get(&c.topology_key) {
+                counts.entry(value).or_insert(0);
+            }
+        }
+        // Only pods of the pod's own namespace count.
+        for p in snapshot.pods_in(ns) {
+            let counted = eligible.get(p.node as usize).copied().unwrap_or(false)
+                && c.counts(ns, &p.namespace, &p.labels, p.terminating);
+            if let Some(value) = nodes[p.node as usize].labels.get(&c.topology_key).filter(|_| counted) {
+                *counts.entry(value).or_default() += 1;
+                *per_node.entry(p.node).or_default() += 1;
             }
         }
         Self { eligible, counts, per_node }
@@ -178,7 +195,7 @@ pub(super) struct PodLevel<'a> {
     self_affinity: bool,
     anti: Vec<Counts<'a>>,
     /// Domains (key, value) where a pod's anti-affinity selects this pod.
-    forbidden: Vec<(&'a str, &'a str)>,
+    forbidden: HashMap<&'a str, std::collections::HashSet<&'a str>>,
     preferred: Vec<Counts<'a>>,
     spread: Vec<SpreadLevel<'a>>,
     /// The pod binds host ports.
@@ -237,7 +254,7 @@ impl<'a> PodLevel<'a> {
                 return Err(ReasonKey::PodAntiAffinity);
             }
         }
-        if self.forbidden.iter().any(|(k, v)| node.labels.get(k) == Some(*v)) {
+        if self.forbidden.iter().any(|(k, values)| node.labels.get(k).is_some_and(|v| values.contains(v))) {
             return Err(ReasonKey::ExistingAntiAffinity);
         }
         Ok(())
@@ -276,11 +293,11 @@ impl<'a> Engine<'a> {
         let mut affinity = clone(facts.map(|f| &f.affinity), rules.affinity.len());
         let mut anti = clone(facts.map(|f| &f.anti), rules.anti_affinity.len());
         let mut preferred = clone(facts.map(|f| &f.preferred), rules.preferred.len());
-        let mut forbidden = Vec::new();
+        let mut forbidden: HashMap<&'a str, std::collections::HashSet<&'a str>> = HashMap::new();
         for p in self.snapshot.anti_affinity_pods() {
             for t in p.anti_affinity.iter().filter(|t| t.matches(ns, labels, namespace_labels)) {
                 if let Some(value) = nodes[p.node as usize].labels.get(&t.topology_key) {
-                    forbidden.push((t.topology_key.as_str(), value));
+                    forbidden.entry(t.topology_key.as_str()).or_default().insert(value);
                 }
             }
         }
@@ -320,7 +337,7 @@ impl<'a> Engine<'a> {
             }
             for term in t.shape.rules.anti_affinity.iter().filter(|term| term.matches(ns, labels, namespace_labels)) {
                 if let Some(value) = node.labels.get(&term.topology_key) {
-                    forbidden.push((term.topology_key.as_str(), value));
+                    forbidden.entry(term.topology_key.as_str()).or_default().insert(value);
                 }
             }
             for (k, s) in spread.iter_mut().enumerate() {
@@ -339,8 +356,6 @@ impl<'a> Engine<'a> {
                 s.counts.values().copied().min().unwrap_or(0)
             };
         }
-        forbidden.sort_unstable();
-        forbidden.dedup();
         PodLevel {
             rules,
             affinity_any: affinity.iter().any(|c| !c.is_empty()),
