@@ -13,7 +13,7 @@
 //! loudly instead of passing as "does not fit" on both sides.
 //!
 //! `MUSTER_PD_SCENARIOS=a,b` runs only the scenarios whose names contain one of the words;
-//! `MUSTER_PD_CONCURRENCY` (default 8) bounds how many run at once. The report also goes to
+//! `MUSTER_PD_CONCURRENCY` (default 10) bounds how many run at once. The report also goes to
 //! `target/placement-diff.txt`.
 
 use std::collections::BTreeMap;
@@ -21,7 +21,7 @@ use std::io::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
 use kube::discovery::ApiResource;
@@ -41,7 +41,7 @@ const CREATED: Duration = Duration::from_secs(40);
 /// Nothing bound this long after all pods exist, with a refusal on record: does not fit.
 const SETTLE: Duration = Duration::from_secs(15);
 /// Neither all bound nor refused this long after all pods exist: the side failed.
-const DECIDE: Duration = Duration::from_secs(45);
+const DECIDE: Duration = Duration::from_secs(40);
 /// The label every gang pod carries (what affinity and spread terms select).
 const GANG_LABEL: &str = "e2e.muster.dev/gang";
 /// The gang's name (Job and MusterJob), also the value of [`GANG_LABEL`].
@@ -682,6 +682,37 @@ fn refusal(p: &Pod) -> Option<String> {
     (c.status == "False" && c.reason.as_deref() == Some("Unschedulable")).then(|| c.message.clone().unwrap_or_default())
 }
 
+/// kube-scheduler's refusal where a pod's condition does not carry it (a PreFilter rejection of
+/// a gang pod): the native PodGroup's `PodGroupInitiallyScheduled=False` condition, or a
+/// `FailedScheduling` event of a gang pod.
+async fn upstream_refusal(namespace: &str, group: Option<&str>, pods: &[Pod]) -> Option<String> {
+    let c = client().await;
+    if let Some(group) = group {
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            c.clone(),
+            namespace,
+            &ApiResource::from_gvk(&GroupVersionKind::gvk("scheduling.k8s.io", "v1beta1", "PodGroup")),
+        );
+        let g = api.get_opt(group).await.ok().flatten();
+        let conditions = g.map(|g| g.data["status"]["conditions"].clone()).unwrap_or_default();
+        let refused = conditions.as_array().into_iter().flatten().find(|c| {
+            c["type"] == "PodGroupInitiallyScheduled" && c["status"] == "False" && c["reason"] == "Unschedulable"
+        });
+        if let Some(c) = refused {
+            return Some(format!("PodGroup {group}: {}", c["message"].as_str().unwrap_or_default()));
+        }
+    }
+    let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+    let events: Api<Event> = Api::namespaced(c, namespace);
+    let list = events.list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default();
+    list.into_iter()
+        .find(|e| {
+            e.reason.as_deref() == Some("FailedScheduling")
+                && e.involved_object.name.as_ref().is_some_and(|n| names.contains(n))
+        })
+        .map(|e| format!("event FailedScheduling: {}", e.message.unwrap_or_default()))
+}
+
 async fn gang_pods(pods: &Api<Pod>, side: Side) -> Vec<Pod> {
     let lp = ListParams::default().labels(&format!("{}={GANG}", side.job_label()));
     let list = pods.list(&lp).await.map(|l| l.items).unwrap_or_default();
@@ -762,7 +793,10 @@ async fn decide(s: &Scenario, r: &Running) -> Result<(Verdict, String), String> 
             return Ok((Verdict::Fits, format!("pods per node index {per_node:?}")));
         }
         let refused = match r.side {
-            Side::Upstream => live.iter().find_map(refusal),
+            Side::Upstream => match live.iter().find_map(refusal) {
+                Some(why) => Some(why),
+                None => upstream_refusal(&r.ns.name, governed.as_deref(), &live).await,
+            },
             Side::Muster => {
                 let g = groups.get_opt(GANG).await.ok().flatten();
                 let status = g.and_then(|g| g.status);
@@ -852,7 +886,7 @@ async fn muster_and_kube_scheduler_agree_on_which_gangs_fit() {
     let chosen: Vec<Scenario> =
         all.into_iter().filter(|s| only.is_empty() || only.iter().any(|w| s.name.contains(w.as_str()))).collect();
     assert!(!chosen.is_empty(), "MUSTER_PD_SCENARIOS={only:?} matches no scenario");
-    let concurrency = std::env::var("MUSTER_PD_CONCURRENCY").ok().and_then(|v| v.parse().ok()).unwrap_or(8);
+    let concurrency = std::env::var("MUSTER_PD_CONCURRENCY").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
     let limit = Arc::new(Semaphore::new(concurrency));
     let began = Instant::now();
     let mut tasks = Vec::new();
