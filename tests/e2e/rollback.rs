@@ -22,13 +22,13 @@
 //! (it is in the template); the test lets those go as soon as muster has admitted them.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use muster::cli::dev::FakeGpuNodes;
-use muster::crds::scheduling::GroupPhase;
+use muster::crds::scheduling::{GroupPhase, PodGroupStatus};
 use muster::crds::{MusterJob, PodGroup};
 use serde_json::{Value, json};
 
@@ -46,7 +46,7 @@ const BIND_TIMEOUT: u64 = 10;
 /// How long the rollback may take to reach its end state (bind timeout, rollback, a new plan,
 /// maybe a repeated refusal with backoff).
 const SETTLED: Duration = Duration::from_secs(180);
-const CSI_DRIVER: &str = "e2e.muster.dev/csi";
+const CSI_DRIVER: &str = "csi.e2e.muster.dev";
 const JOB: &str = "train";
 const PODS: usize = 2;
 
@@ -183,6 +183,42 @@ enum End {
     Unschedulable(Vec<Pod>, String),
 }
 
+/// The end state, if the gang is in one: `PODS` pods, none of the first attempt, all bound or
+/// all gated with the PodGroup Unschedulable.
+fn settled(live: Vec<Pod>, original: &BTreeSet<String>, status: Option<&PodGroupStatus>) -> Option<End> {
+    if live.len() != PODS || live.iter().any(|p| p.uid().is_some_and(|u| original.contains(&u))) {
+        return None;
+    }
+    if live.iter().all(|p| node_of(p).is_some()) {
+        return Some(End::Bound(live));
+    }
+    let status = status?;
+    let waiting =
+        status.phase == Some(GroupPhase::Unschedulable) && live.iter().all(|p| gated(p) && node_of(p).is_none());
+    waiting.then(|| End::Unschedulable(live, status.message.clone().unwrap_or_default()))
+}
+
+/// Where the gang's pods and its PodGroup stand, for a failure message.
+fn describe(live: &[Pod], original: &BTreeSet<String>, status: Option<&PodGroupStatus>) -> String {
+    let pods: Vec<String> = live
+        .iter()
+        .map(|p| {
+            let first = p.uid().is_some_and(|u| original.contains(&u));
+            format!(
+                "{} ({}, bound {:?}, pinned {:?}, gated {}, {ATTEMPT_ANNOTATION} {:?})",
+                p.name_any(),
+                if first { "first attempt" } else { "new" },
+                node_of(p),
+                pin_of(p),
+                gated(p),
+                p.annotations().get(ATTEMPT_ANNOTATION)
+            )
+        })
+        .collect();
+    let group = status.map(|s| format!("{:?}: {}", s.phase, s.message.clone().unwrap_or_default()));
+    format!("pods [{}]; PodGroup {group:?}", pods.join(", "))
+}
+
 async fn rollback(cause: Cause, mode: &str) {
     let extra = extra_muster(&["--bind-timeout", &BIND_TIMEOUT.to_string()], &[]).await;
     let ns = namespace(&format!("rb-{}-{mode}", cause.short()));
@@ -259,24 +295,25 @@ async fn rollback(cause: Cause, mode: &str) {
     );
 
     // The rollback: no pod of the first attempt survives, and the new attempt ends whole.
-    let end =
-        wait_for(&format!("{what}: a new attempt fully bound or fully gated and Unschedulable"), SETTLED, || async {
-            if hold {
-                release_admitted(&pods).await;
-            }
-            let live = job_pods(&pods, JOB).await;
-            if live.len() != PODS || live.iter().any(|p| p.uid().is_some_and(|u| original.contains(&u))) {
-                return None;
-            }
-            if live.iter().all(|p| node_of(p).is_some()) {
-                return Some(End::Bound(live));
-            }
-            let status = groups.get_opt(JOB).await.ok().flatten()?.status?;
-            let waiting = status.phase == Some(GroupPhase::Unschedulable)
-                && live.iter().all(|p| gated(p) && node_of(p).is_none());
-            waiting.then(|| End::Unschedulable(live, status.message.unwrap_or_default()))
-        })
-        .await;
+    let deadline = Instant::now() + SETTLED;
+    let end = loop {
+        if hold {
+            release_admitted(&pods).await;
+        }
+        let live = job_pods(&pods, JOB).await;
+        let status = groups.get_opt(JOB).await.ok().flatten().and_then(|g| g.status);
+        if let Some(end) = settled(live.clone(), &original, status.as_ref()) {
+            break end;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: no whole end state (a new attempt fully bound, or fully gated and Unschedulable) within \
+             {SETTLED:?}; now: {} (log {})",
+            describe(&live, &original, status.as_ref()),
+            extra.log.display()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
     let new = match &end {
         End::Bound(p) | End::Unschedulable(p, _) => p,
     };
