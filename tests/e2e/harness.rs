@@ -19,6 +19,8 @@ pub mod dcgm;
 pub mod extra;
 #[path = "harness/manager.rs"]
 pub mod manager;
+#[path = "harness/pools.rs"]
+pub mod pools;
 #[path = "harness/rbac.rs"]
 pub mod rbac;
 

@@ -12,4 +12,6 @@ mod gangs;
 mod gpus;
 mod harness;
 mod jobs;
+mod placement_diff;
+mod rollback;
 mod webhook;
