@@ -262,9 +262,10 @@ impl PodShape {
     }
 
     /// True when identical pods of this shape are interchangeable: nothing in it depends on
-    /// other pods, so nodes can be filled by capacity arithmetic.
+    /// other pods (no inter-pod rule, no claim another pod may share), so nodes can be filled
+    /// by capacity arithmetic.
     pub fn is_independent(&self) -> bool {
-        self.rules.is_empty()
+        self.rules.is_empty() && self.claims.is_empty()
     }
 
     /// NodeAffinity filter: `nodeSelector` and required node affinity both hold.

@@ -3,7 +3,9 @@
 //! affinity (a local disk, a zonal disk) allows only the nodes that affinity selects; a volume
 //! labelled with a zone or region allows only nodes with that label value; a claim not bound
 //! yet whose class binds `WaitForFirstConsumer` is bound where the pod goes, so it restricts
-//! nothing; a claim that does not exist, or is unbound with `Immediate` binding, keeps the pod
+//! nothing (but the pods of one decision that share such a claim go where the first of them
+//! goes: the volume is provisioned for that node, and kube-scheduler holds the others to it);
+//! a claim that does not exist, or is unbound with `Immediate` binding, keeps the pod
 //! out of every node until that changes.
 
 use std::collections::HashMap;
@@ -141,6 +143,11 @@ impl Volumes {
             out.insert((ns, name), state);
         }
         Self { claims: out }
+    }
+
+    /// Whether a claim exists and waits for its first consumer (unbound, WaitForFirstConsumer).
+    pub fn waits_for_consumer(&self, namespace: &str, name: &str) -> bool {
+        matches!(self.claims.get(&(namespace.to_string(), name.to_string())), Some(ClaimState::WaitForFirstConsumer))
     }
 
     /// What the claims `names` of a pod in `namespace` allow: the bound volumes to check each

@@ -314,6 +314,17 @@ fn claims_restrict_nodes_or_keep_the_gang_waiting() {
     };
     assert_eq!(nodes_of(&run("local")), vec!["n1"], "the volume lives on n1");
     assert!(run("later").admitted, "WaitForFirstConsumer restricts nothing");
+    let shared = |pods: usize| {
+        let mut snapshot = Snapshot::new(nodes(&[("a", "r1"), ("a", "r1")]));
+        snapshot.set_volumes(v.clone());
+        let mut spec = with_claim("later");
+        spec["containers"] = json!([{"name": "c", "resources": {"requests": {"cpu": "1", "nvidia.com/gpu": "8"}}}]);
+        let tree = GroupTree::new("ns", gang("train", 2, pods, spec));
+        place(&snapshot, &tree, &PlaceOptions::default(), &LowestFreeIndices)
+    };
+    let d = shared(2);
+    assert!(!d.admitted, "pods sharing an unprovisioned claim follow the first one; one 8-GPU pod per node");
+    assert!(reasons(&d).contains("volume node affinity conflict"), "{}", reasons(&d));
     let missing = run("gone");
     assert!(!missing.admitted);
     assert!(reasons(&missing).contains("persistentvolumeclaim \"gone\" not found"), "{}", reasons(&missing));

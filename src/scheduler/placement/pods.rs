@@ -200,6 +200,9 @@ pub(super) struct PodLevel<'a> {
     spread: Vec<SpreadLevel<'a>>,
     /// The pod binds host ports.
     ports: bool,
+    /// A pod of this decision that shares an unbound WaitForFirstConsumer claim with this one
+    /// went to this node: the claim's volume will be provisioned for it, so this pod follows.
+    claim_node: Option<u32>,
     shape: &'a PodShape,
 }
 
@@ -220,6 +223,9 @@ impl<'a> PodLevel<'a> {
 
     /// InterPodAffinity and PodTopologySpread on node `i`: `Err` with the first rule it breaks.
     pub(super) fn check(&self, node: &'a NodeInfo, i: u32) -> Result<(), ReasonKey<'a>> {
+        if self.claim_node.is_some_and(|n| n != i) {
+            return Err(ReasonKey::VolumeNodeAffinity);
+        }
         for s in self.spread.iter().filter(|s| s.constraint.hard) {
             let c = s.constraint;
             let Some(value) = node.labels.get(&c.topology_key) else { return Err(ReasonKey::SpreadLabel) };
@@ -316,8 +322,15 @@ impl<'a> Engine<'a> {
                 }
             })
             .collect();
+        let volumes = self.snapshot.volumes();
+        let waiting: Vec<&str> =
+            shape.claims.iter().map(String::as_str).filter(|c| volumes.waits_for_consumer(ns, c)).collect();
+        let mut claim_node = None;
         // The pods this decision placed count like pods already there.
         for t in &self.plan {
+            if claim_node.is_none() && t.shape.claims.iter().any(|c| waiting.contains(&c.as_str())) {
+                claim_node = Some(t.node);
+            }
             let node = &nodes[t.node as usize];
             let other = &t.leaf.pods[t.pod].labels;
             if rules.matches_all_affinity(ns, other, namespace_labels) {
@@ -366,6 +379,7 @@ impl<'a> Engine<'a> {
             preferred,
             spread,
             ports: !rules.host_ports.is_empty(),
+            claim_node,
             shape,
         }
     }
