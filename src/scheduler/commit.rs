@@ -283,7 +283,10 @@ fn nodes_of(pods: &[&PlannedPodNow]) -> BTreeSet<String> {
 /// The failure of `first`, with the plan's counts.
 fn failure(live: &[&PlannedPodNow], first: &PlannedPodNow, cause: FailureCause) -> PinFailure {
     let scheduler_message = match &first.state {
-        PinState::Unbound { refusal: Some(r) } if !r.message.is_empty() => Some(r.message.clone()),
+        // `SchedulingGated` is no refusal: another gate still held the pod.
+        PinState::Unbound { refusal: Some(r) } if !r.message.is_empty() && r.reason != "SchedulingGated" => {
+            Some(r.message.clone())
+        }
         _ => None,
     };
     PinFailure {

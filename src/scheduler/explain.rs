@@ -73,7 +73,7 @@ impl fmt::Display for FilterReason {
             FilterReason::Insufficient(resource) => write!(f, "Insufficient {resource}"),
             FilterReason::TooManyPods => f.write_str("Too many pods"),
             FilterReason::GpuIndices => f.write_str("node(s) had no free GPU indices"),
-            FilterReason::RefusedEarlier => f.write_str("node(s) refused this gang's pods in an earlier attempt"),
+            FilterReason::RefusedEarlier => f.write_str("node(s) refused this gang's pods in an earlier attempt (see condition BindFailed)"),
             FilterReason::HostPorts => f.write_str("node(s) didn't have free ports for the requested pod ports"),
             FilterReason::Volume(why) => f.write_str(why),
             FilterReason::VolumeNodeAffinity => f.write_str("node(s) had volume node affinity conflict"),

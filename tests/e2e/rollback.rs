@@ -67,6 +67,15 @@ impl Cause {
     }
 
     /// What kube-scheduler says about the refused pod (and muster must pass on).
+    /// What muster's BindFailed event says: kube-scheduler's refusal, or for a deleted node
+    /// muster's own finding (it rolls back as soon as the node is gone, before any refusal).
+    fn muster_words(self) -> &'static str {
+        match self {
+            Cause::NodeDeleted => "which no longer exists",
+            other => other.scheduler_reason(),
+        }
+    }
+
     fn scheduler_reason(self) -> &'static str {
         match self {
             Cause::NodeDeleted => "didn't match Pod's node affinity/selector",
@@ -332,10 +341,19 @@ async fn rollback(cause: Cause, mode: &str) {
             assert_eq!(used.len(), PODS, "{what}: one 8-GPU pod per node: {used:?}");
         }
         (End::Unschedulable(_, message), Cause::VolumeLimit) => {
-            // Only the limited node and one other: the gang cannot start, and says why.
+            // Only the limited node and one other: the gang cannot start, and says why: its
+            // message names the avoided node's refusal, its BindFailed condition quotes it.
+            let group = groups.get(JOB).await.expect("PodGroup");
+            let bind_failed = group
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.iter().find(|c| c.type_ == "BindFailed" && c.status == "True"))
+                .map(|c| c.message.clone())
+                .unwrap_or_default();
             assert!(
-                message.contains(cause.scheduler_reason()) || message.contains(&refusing),
-                "{what}: the PodGroup should carry kube-scheduler's reason or name {refusing}: {message}"
+                message.contains("refused this gang's pods in an earlier attempt")
+                    && (bind_failed.contains(cause.scheduler_reason()) || bind_failed.contains(&refusing)),
+                "{what}: the PodGroup should carry kube-scheduler's reason or name {refusing}: {message}; BindFailed: {bind_failed}"
             );
         }
         (End::Bound(bound), Cause::VolumeLimit) => {
@@ -350,7 +368,7 @@ async fn rollback(cause: Cause, mode: &str) {
     // The PodGroup says what failed, with kube-scheduler's words.
     let events = events_of(&ns.name, JOB).await;
     assert!(
-        events.iter().any(|(t, r, m)| t == "Warning" && r == "BindFailed" && m.contains(cause.scheduler_reason())),
+        events.iter().any(|(t, r, m)| t == "Warning" && r == "BindFailed" && m.contains(cause.muster_words())),
         "{what}: a Warning BindFailed event on PodGroup {JOB} with kube-scheduler's message {:?}; events: {events:?}",
         cause.scheduler_reason()
     );
