@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BIN_DIR = $(shell bash tools/k8s/bindir.sh)
 
-.PHONY: all build release host-deps host-deps-demo test unit e2e e2e-rbac e2e-service chart-lint chart-test crds crds-check fmt clippy bench controlplane cluster-up cluster-down run demo demo-down demo-check
+.PHONY: all build release host-deps host-deps-demo test unit e2e e2e-placement e2e-rbac e2e-service chart-lint chart-test crds crds-check fmt clippy bench controlplane cluster-up cluster-down run demo demo-down demo-check
 
 all: build
 
@@ -42,8 +42,18 @@ unit:
 ## Tests against a real control plane (built once per machine, cached outside the repo).
 ## The harness's watchdog stops the cluster when the tests end; the loop waits for that here,
 ## so nothing is left running when make returns.
+## The placement differential against kube-scheduler (tests/e2e/placement_diff.rs) runs a
+## short, representative set here; `make e2e-placement` runs all of its scenarios.
+PD_SHORT = anti-affinity-one-per-node,anti-affinity-one-per-rack-too-many,affinity-together-in-rack,spread-min-domains,symmetric-anti-affinity,host-port-too-many,pv-node-affinity,wffc-shared,missing-claim,sidecar-over
 e2e: controlplane
-	MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test --test e2e -- --test-threads=4; rc=$$?; \
+	MUSTER_PD_SCENARIOS=$${MUSTER_PD_SCENARIOS:-$(PD_SHORT)} MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test --test e2e -- --test-threads=4; rc=$$?; \
+	for d in target/e2e-cluster-*; do \
+	  [ -d "$$d" ] && [ ! -e "/proc/$${d##*-}" ] && MUSTER_CLUSTER_DIR="$$d" bash hack/cluster-down.sh > /dev/null 2>&1; \
+	done; exit $$rc
+
+## Every scenario of the placement differential against kube-scheduler (about 2.5 min).
+e2e-placement: controlplane
+	MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test --test e2e -- --test-threads=4 placement_diff::; rc=$$?; \
 	for d in target/e2e-cluster-*; do \
 	  [ -d "$$d" ] && [ ! -e "/proc/$${d##*-}" ] && MUSTER_CLUSTER_DIR="$$d" bash hack/cluster-down.sh > /dev/null 2>&1; \
 	done; exit $$rc
