@@ -178,9 +178,12 @@ async fn release_admitted(pods: &Api<Pod>) {
 }
 
 /// kube-scheduler's `PodScheduled=False` message on a pod.
+/// kube-scheduler's refusal of a pod; a `SchedulingGated` condition left from the test's own
+/// gate is none (kube-scheduler has not tried the pod yet).
 fn refusal(p: &Pod) -> Option<String> {
     let c = p.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "PodScheduled")?;
-    (c.status == "False").then(|| c.message.clone().unwrap_or_default())
+    (c.status == "False" && c.reason.as_deref() != Some("SchedulingGated"))
+        .then(|| c.message.clone().unwrap_or_default())
 }
 
 /// How the gang ended.

@@ -246,21 +246,8 @@ impl Admitter {
         composite: bool,
         plan: Option<&AdmissionPlan>,
     ) -> Result<bool> {
-        let kind = if composite { "CompositePodGroup" } else { "PodGroup" };
         // A merge patch of status.plan alone: the rest of the status is written on its own.
-        let body = json!({"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": kind, "status": {"plan": plan}});
-        let params = PatchParams::default();
-        let result = if composite {
-            Api::<CompositePodGroup>::namespaced(self.ctx.client.clone(), ns)
-                .patch_status(name, &params, &Patch::Merge(&body))
-                .await
-                .map(|_| ())
-        } else {
-            Api::<PodGroup>::namespaced(self.ctx.client.clone(), ns)
-                .patch_status(name, &params, &Patch::Merge(&body))
-                .await
-                .map(|_| ())
-        };
+        let result = self.merge_group_status(ns, name, composite, json!({"plan": plan})).await;
         match result {
             Ok(()) => {
                 let want = plan.map(|p| (p.id.clone(), p.state));
@@ -492,10 +479,26 @@ impl Admitter {
 
     /// A merge patch of the given status fields of a root group (404: the group is gone).
     async fn patch_group_status(&self, ns: &str, name: &str, composite: bool, status: serde_json::Value) -> Result<()> {
+        let result = self.merge_group_status(ns, name, composite, status).await;
+        match result {
+            Ok(()) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// One merge patch of a root group's status subresource, as the apiserver answered it.
+    async fn merge_group_status(
+        &self,
+        ns: &str,
+        name: &str,
+        composite: bool,
+        status: serde_json::Value,
+    ) -> kube::Result<()> {
         let kind = if composite { "CompositePodGroup" } else { "PodGroup" };
         let body = json!({"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": kind, "status": status});
         let params = PatchParams::default();
-        let result = if composite {
+        if composite {
             Api::<CompositePodGroup>::namespaced(self.ctx.client.clone(), ns)
                 .patch_status(name, &params, &Patch::Merge(&body))
                 .await
@@ -505,11 +508,6 @@ impl Admitter {
                 .patch_status(name, &params, &Patch::Merge(&body))
                 .await
                 .map(|_| ())
-        };
-        match result {
-            Ok(()) => Ok(()),
-            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-            Err(e) => Err(e.into()),
         }
     }
 
