@@ -49,6 +49,11 @@ pub fn unmodelled(spec: &PodSpec) -> Vec<Unmodelled> {
                 format!("volumes[{i}].ephemeral"),
                 "where a generic ephemeral volume can be provisioned is not modelled; all-or-nothing is not guaranteed",
             );
+        } else if v.persistent_volume_claim.is_some() || v.csi.is_some() {
+            add(
+                format!("volumes[{i}]"),
+                "per-node volume attach limits (NodeVolumeLimits) are not modelled; a pin they refuse is rolled back",
+            );
         }
     }
     out
@@ -71,10 +76,10 @@ mod tests {
                 &["resourceClaims"],
             ),
             (
-                "ephemeral_volume_but_not_a_claim",
+                "claims_and_ephemeral_volumes",
                 json!({"containers": [], "volumes": [{"name": "a", "persistentVolumeClaim": {"claimName": "c"}},
                                                    {"name": "b", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}}]}),
-                &["volumes[1].ephemeral"],
+                &["volumes[0]", "volumes[1].ephemeral"],
             ),
         ];
         for (name, spec, want) in cases {
