@@ -180,14 +180,6 @@ impl LeafGroup {
         self.pods.push(GroupPod { name: name.into(), uid: uid.into(), state, labels: Labels::default() });
     }
 
-    /// Builder: sets the labels of the pod added last.
-    pub fn with_labels_of_last(mut self, labels: Labels) -> Self {
-        if let Some(pod) = self.pods.last_mut() {
-            pod.labels = labels;
-        }
-        self
-    }
-
     /// Adds a pod from the cluster; returns false when it does not count (finished or
     /// terminating), as upstream counts only active pods.
     pub fn add_pod(&mut self, pod: &Pod) -> bool {
