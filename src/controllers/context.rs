@@ -136,6 +136,36 @@ impl Error {
         matches!(self, Error::Kube(kube::Error::Api(e)) if e.code == 403 && e.message.contains("because it is being terminated"))
     }
 
+    /// What went wrong, finer than [`Error::metric_label`]: the API server's answer by class
+    /// (`forbidden` also covers a webhook or ValidatingAdmissionPolicy denial).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Kube(kube::Error::Api(e)) => match e.code {
+                400 => "bad-request",
+                403 => "forbidden",
+                404 => "not-found",
+                409 => "conflict",
+                413 => "too-large",
+                422 => "invalid",
+                429 => "throttled",
+                500..=599 => "server-error",
+                _ => "api",
+            },
+            Error::Kube(_) => "transport",
+            other => other.metric_label(),
+        }
+    }
+
+    /// Whether retrying the same request can succeed by itself (throttling, server errors,
+    /// transport failures); a refusal (400, 403, 422) needs the object or the policy to change.
+    pub fn transient(&self) -> bool {
+        match self {
+            Error::Kube(kube::Error::Api(e)) => e.code == 429 || e.code >= 500,
+            Error::Kube(_) => true,
+            _ => false,
+        }
+    }
+
     /// A short label for metrics.
     pub fn metric_label(&self) -> &'static str {
         match self {

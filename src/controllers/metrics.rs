@@ -34,6 +34,16 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
+/// Labels of an error met on one object by admission (the cycle went on with the others).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ObjectErrorLabels {
+    /// The kind of object: `Pod`, `PodGroup` or `CompositePodGroup`.
+    pub kind: String,
+    /// What went wrong: [`crate::controllers::context::Error::reason`] (`forbidden`,
+    /// `invalid`, `conflict`, `server-error`, `too-large`, ...).
+    pub reason: String,
+}
+
 /// Labels of a node's GPU gauges.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodeLabels {
@@ -68,6 +78,8 @@ pub struct Metrics {
     pub bind_timeouts: Counter,
     /// Gang attempts rolled back after a failed pin (every pod deleted, recreated gated).
     pub gang_rollbacks: Counter,
+    /// Errors met on one object (a refused pod patch, a failed status write), by kind and reason.
+    pub object_errors: Family<ObjectErrorLabels, Counter>,
     /// GPU index conflicts seen (two live pods claiming one GPU).
     pub gpu_conflicts: Counter,
     /// GPUs allocated per node.
@@ -114,6 +126,7 @@ impl Default for Metrics {
             unschedulable_attempts: Family::default(),
             bind_timeouts: Counter::default(),
             gang_rollbacks: Counter::default(),
+            object_errors: Family::default(),
             gpu_conflicts: Counter::default(),
             gpus_allocated: Family::default(),
             gpus_total: Family::default(),
@@ -148,6 +161,11 @@ impl Default for Metrics {
             "gang_rollbacks",
             "Gang attempts rolled back (every pod deleted and recreated gated) after a pin failed",
             m.gang_rollbacks.clone(),
+        );
+        registry.register(
+            "admission_object_errors",
+            "Errors admission met on one object (it is backed off alone; the others go on), by kind and reason",
+            m.object_errors.clone(),
         );
         // Not prefixed twice: the GPU conflict metric is named as the GPU issue asks.
         registry.register("gpu_conflicts", "GPU indices claimed by two live pods", m.gpu_conflicts.clone());

@@ -271,12 +271,20 @@ pub struct PlannedPod {
     pub pod_group: String,
     /// Node name.
     pub node: String,
-    /// The node's `kubernetes.io/hostname` label, which the pin selects on.
+    /// The node's `kubernetes.io/hostname` label, which the pin selects on; empty when it is
+    /// the node's name (the usual case, kept out of the plan to keep large plans small).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub hostname: String,
     /// GPU indices given to the pod, as in `gpu.muster.dev/indices`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_indices: Option<String>,
+}
+
+impl PlannedPod {
+    /// The `kubernetes.io/hostname` value the pod is pinned to.
+    pub fn pin_hostname(&self) -> &str {
+        if self.hostname.is_empty() { &self.node } else { &self.hostname }
+    }
 }
 
 /// The record of one admission decision (the commit protocol's log).

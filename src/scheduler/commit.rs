@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
+use super::resources::Resources;
+use super::snapshot::Snapshot;
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{AdmissionPlan, PlanState};
 
@@ -104,14 +106,94 @@ impl StartRequirement {
     }
 }
 
-/// Whether what is left of a plan cut short still fits the cluster as rebuilt (issue 15
-/// re-validates resumed plans against the ledger; until then the shell passes `Yes`).
+/// Whether what is left of a plan cut short still fits the cluster as rebuilt: see
+/// [`remaining_fits`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RemainingFits {
-    /// It fits (or was not checked).
+    /// It fits.
     Yes,
     /// It does not, and why.
     No(String),
+}
+
+/// A still-gated pod of a plan cut short, as [`remaining_fits`] checks it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatedPin {
+    /// Pod name.
+    pub name: String,
+    /// The planned node.
+    pub node: String,
+    /// The pod's requests (as kube-scheduler's NodeResourcesFit counts them).
+    pub requests: Resources,
+    /// The GPU indices planned for it (bit `i` = index `i`).
+    pub gpus: u64,
+}
+
+/// Pods of one planned PodGroup that can count toward its minCount when a plan cut short is
+/// resumed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GroupCount {
+    /// Existing pods of the group: the plan's live ones and those started before it.
+    pub existing: u32,
+    /// The group's minCount (1 for a basic group).
+    pub min_count: u32,
+}
+
+/// Re-checks what is left of a plan cut short (muster stopped between two patches) against
+/// the cluster as rebuilt: each PodGroup of the plan still has `minCount` pods (pods deleted
+/// meanwhile), and each still-gated pod still fits its planned node, in plan order, with the
+/// requests and GPU indices of the pods already counted on it (bound or admitted while muster
+/// was down, and the plan's pods checked before it). `snapshot` counts every pod bound or
+/// admitted, and the GPU indices of the ledger; the gated pods of the plan are not in it.
+pub fn remaining_fits(snapshot: &Snapshot, pins: &[GatedPin], groups: &BTreeMap<String, GroupCount>) -> RemainingFits {
+    if let Some((group, c)) = groups.iter().find(|(_, c)| c.existing < c.min_count.max(1)) {
+        return RemainingFits::No(format!(
+            "group \"{group}\" has {} pod(s) left, fewer than its minCount {}",
+            c.existing, c.min_count
+        ));
+    }
+    let mut taken: BTreeMap<&str, (Resources, u64)> = BTreeMap::new();
+    for pin in pins {
+        // A node that is gone is the state machine's own case (NodeGone).
+        let Some(node) = snapshot.node(&pin.node) else { continue };
+        if let Some(why) = &node.unusable {
+            return RemainingFits::No(format!("node {} is unusable ({why:?})", node.name));
+        }
+        let (requested, gpus) = taken.entry(pin.node.as_str()).or_insert_with(|| (node.requested.clone(), node.gpu_used));
+        for (resource, amount) in pin.requests.iter().filter(|(_, a)| *a > 0) {
+            let free = node.allocatable.get(resource) - requested.get(resource);
+            if amount > free {
+                return RemainingFits::No(format!(
+                    "pod {} needs {amount} {resource} on node {}, {free} left",
+                    pin.name, node.name
+                ));
+            }
+        }
+        let held = pin.gpus & *gpus;
+        let missing = pin.gpus & !node.gpu_mask();
+        if held != 0 || missing != 0 {
+            let what = if held != 0 { "now held by another pod or unhealthy" } else { "no longer on the node" };
+            return RemainingFits::No(format!(
+                "GPU indices {} planned for pod {} on node {} are {what}",
+                super::gpu::format_gpu_indices(held | missing),
+                pin.name,
+                node.name
+            ));
+        }
+        requested.add(&pin.requests);
+        *gpus |= pin.gpus;
+    }
+    RemainingFits::Yes
+}
+
+/// The API server refused a planned pod's patch (a webhook, a ValidatingAdmissionPolicy, a
+/// validation rule): the pod can never be pinned as planned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PatchRefused {
+    /// The pod's UID.
+    pub uid: String,
+    /// The API server's message.
+    pub message: String,
 }
 
 /// Everything [`next_step`] decides on.
@@ -131,6 +213,8 @@ pub struct CommitInput<'a> {
     pub disruption: DisruptionModeKind,
     /// Whether the rest of a plan cut short still fits (read for `Planned`/`Committing` only).
     pub remaining_fits: RemainingFits,
+    /// A patch of the plan the API server refused (read for `Planned`/`Committing` only).
+    pub refused: Option<&'a PatchRefused>,
 }
 
 /// Why a pin failed.
@@ -142,6 +226,8 @@ pub enum FailureCause {
     NodeGone,
     /// A plan cut short no longer fits the cluster.
     NoLongerFits(String),
+    /// The API server refused the pod's patch.
+    PatchRefused(String),
 }
 
 /// A failed pin: which pod, where, why, and kube-scheduler's word on it.
@@ -169,6 +255,7 @@ impl PinFailure {
             FailureCause::BindTimeout(t) => format!("was not bound to node {} within {}s", self.node, t.as_secs()),
             FailureCause::NodeGone => format!("was pinned to node {}, which no longer exists", self.node),
             FailureCause::NoLongerFits(m) => format!("no longer fits node {} ({m})", self.node),
+            FailureCause::PatchRefused(m) => format!("could not be pinned to node {}: the API server refused: {m}", self.node),
         };
         let quote = self.scheduler_message.as_deref().or(fallback).map(|m| format!(": {m}")).unwrap_or_default();
         format!("pod {} {why}{quote}; {} of {} planned pod(s) unbound", self.pod, self.unbound, self.planned)
@@ -230,6 +317,12 @@ fn resume(input: &CommitInput<'_>, live: &[&PlannedPodNow]) -> Step {
         // Nothing left to patch, so nothing left that must fit.
         return Step::Patch(Vec::new());
     };
+    if let Some(refused) = input.refused
+        && let Some(pod) = live.iter().copied().find(|p| p.uid == refused.uid)
+    {
+        let cause = FailureCause::PatchRefused(refused.message.clone());
+        return Step::RollBack(roll_back(live, pod, BTreeSet::new(), cause));
+    }
     let lost_node = gated.iter().copied().find(|p| !p.node_exists);
     match (&input.remaining_fits, lost_node) {
         (_, Some(lost)) => Step::RollBack(roll_back(live, lost, nodes_of(&[lost]), FailureCause::NodeGone)),
@@ -475,6 +568,7 @@ mod tests {
         requirement: StartRequirement,
         disruption: DisruptionModeKind,
         fits: RemainingFits,
+        refused: Option<PatchRefused>,
         want: Step,
     }
 
@@ -488,6 +582,7 @@ mod tests {
                 requirement: StartRequirement::leaf("g", 2),
                 disruption: DisruptionModeKind::Single,
                 fits: RemainingFits::Yes,
+                refused: None,
                 want: Step::Done,
             }
         }
@@ -504,6 +599,7 @@ mod tests {
                 requirement: &case.requirement,
                 disruption: case.disruption,
                 remaining_fits: case.fits.clone(),
+                refused: case.refused.as_ref(),
             };
             assert_eq!(next_step(&input), case.want, "case: {}", case.name);
         }
@@ -511,6 +607,99 @@ mod tests {
 
     fn failure(pod: &str, node: &str, cause: FailureCause, unbound: usize, planned: usize) -> PinFailure {
         PinFailure { pod: pod.into(), node: node.into(), cause, scheduler_message: None, unbound, planned }
+    }
+
+    #[test]
+    fn a_refused_patch_rolls_the_attempt_back_and_an_untouched_plan_is_dropped() {
+        let refusal = PatchRefused { uid: "uid-b".into(), message: "denied by policy".into() };
+        let cause = FailureCause::PatchRefused("denied by policy".into());
+        run(vec![
+            Case {
+                name: "one pod ungated, the next refused: roll back both",
+                state: PlanState::Committing,
+                pods: vec![unbound("a"), gated("b")],
+                refused: Some(refusal.clone()),
+                want: Step::RollBack(RollBack {
+                    delete: uids(&["a", "b"]),
+                    avoid_nodes: BTreeSet::new(),
+                    failure: failure("b", "n1", cause, 2, 2),
+                }),
+                ..Case::default()
+            },
+            Case {
+                name: "the first pod refused: nothing ungated, drop the plan",
+                state: PlanState::Committing,
+                pods: vec![gated("a"), gated("b")],
+                refused: Some(refusal.clone()),
+                want: Step::Drop,
+                ..Case::default()
+            },
+            Case {
+                name: "a refusal of a pod no longer in the plan changes nothing",
+                state: PlanState::Committing,
+                pods: vec![unbound("a"), gated("c")],
+                refused: Some(refusal),
+                want: Step::Patch(uids(&["c"])),
+                ..Case::default()
+            },
+        ]);
+    }
+
+    #[test]
+    fn what_is_left_of_a_plan_is_checked_against_the_rebuilt_cluster() {
+        use crate::scheduler::snapshot::NodeInfo;
+        let node = |name: &str, used: u64| {
+            NodeInfo::new(name, Resources::new().with("cpu", 8000).with("nvidia.com/gpu", 8))
+                .with_requested(Resources::new().with("cpu", 2000))
+                .with_gpu_used(used)
+        };
+        let snapshot = Snapshot::new(vec![node("n1", 0b0000_0011), node("n2", 0)]);
+        let pin = |name: &str, node: &str, cpu: i64, gpus: u64| GatedPin {
+            name: name.into(),
+            node: node.into(),
+            requests: Resources::new().with("cpu", cpu).with("nvidia.com/gpu", i64::from(gpus.count_ones() as u8)),
+            gpus,
+        };
+        let quorate = BTreeMap::from([("g".to_string(), GroupCount { existing: 2, min_count: 2 })]);
+        let cases: Vec<(&str, Vec<GatedPin>, BTreeMap<String, GroupCount>, Option<&str>)> = vec![
+            ("free GPUs and cpu: fits", vec![pin("a", "n1", 1000, 0b1100), pin("b", "n2", 6000, 0b1)], quorate.clone(), None),
+            (
+                "an index taken while muster was down",
+                vec![pin("a", "n1", 1000, 0b0110)],
+                quorate.clone(),
+                Some("GPU indices 1 planned for pod a on node n1 are now held by another pod or unhealthy"),
+            ),
+            (
+                "cpu taken meanwhile",
+                vec![pin("a", "n1", 7000, 0)],
+                quorate.clone(),
+                Some("pod a needs 7000 cpu on node n1, 6000 left"),
+            ),
+            (
+                "two planned pods count against each other",
+                vec![pin("a", "n2", 5000, 0), pin("b", "n2", 5000, 0)],
+                quorate.clone(),
+                Some("pod b needs 5000 cpu on node n2, 1000 left"),
+            ),
+            (
+                "an index past the node's GPUs",
+                vec![pin("a", "n2", 0, 1 << 9)],
+                quorate.clone(),
+                Some("GPU indices 9 planned for pod a on node n2 are no longer on the node"),
+            ),
+            (
+                "planned pods deleted below minCount",
+                vec![pin("a", "n2", 0, 0)],
+                BTreeMap::from([("g".to_string(), GroupCount { existing: 1, min_count: 2 })]),
+                Some("group \"g\" has 1 pod(s) left, fewer than its minCount 2"),
+            ),
+            ("a node that is gone is not this check's", vec![pin("a", "n9", 1, 1)], quorate, None),
+        ];
+        for (name, pins, groups, want) in cases {
+            let got = remaining_fits(&snapshot, &pins, &groups);
+            let want = want.map_or(RemainingFits::Yes, |w| RemainingFits::No(w.to_string()));
+            assert_eq!(got, want, "{name}");
+        }
     }
 
     #[test]
@@ -791,6 +980,7 @@ mod tests {
             requirement: &requirement,
             disruption: DisruptionModeKind::Single,
             remaining_fits: RemainingFits::Yes,
+            refused: None,
         };
         assert_eq!(next_step(&input), Step::WaitUntil(at(560)));
     }

@@ -119,7 +119,7 @@ impl From<&PlacedPod> for PlannedPod {
             uid: p.uid.clone(),
             pod_group: p.pod_group.clone(),
             node: p.node.clone(),
-            hostname: p.hostname.clone(),
+            hostname: if p.hostname == p.node { String::new() } else { p.hostname.clone() },
             gpu_indices: p.gpu_indices_annotation(),
         }
     }

@@ -60,13 +60,20 @@ fn client_config(endpoint: &Endpoint, path: &str, ca_bundle: Option<&str>) -> We
     }
 }
 
+/// The namespaces muster's webhooks never see: its own and kube-system (a broken webhook must
+/// never block the control plane's or muster's own pods). Pods there are never gated, so
+/// admission does not manage groups there either.
+pub fn excluded_namespaces(own_namespace: &str) -> [String; 2] {
+    [own_namespace.to_string(), "kube-system".into()]
+}
+
 /// Excludes muster's own namespace and kube-system.
 pub fn namespace_selector(own_namespace: &str) -> LabelSelector {
     LabelSelector {
         match_expressions: Some(vec![LabelSelectorRequirement {
             key: "kubernetes.io/metadata.name".into(),
             operator: "NotIn".into(),
-            values: Some(vec![own_namespace.to_string(), "kube-system".into()]),
+            values: Some(excluded_namespaces(own_namespace).to_vec()),
         }]),
         match_labels: None,
     }

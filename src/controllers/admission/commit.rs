@@ -3,9 +3,10 @@
 //! for binds, roll a failed attempt back, fail a gang that started) is the core's
 //! [`scheduler::next_step`]; this file gathers its inputs and carries the step out.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -15,15 +16,17 @@ use serde_json::json;
 
 use super::status::Outcome;
 use super::{
-    Admitter, FAULT_EXIT_ENV, GroupRef, MIN_BACKOFF, RootKey, World, bound, finished, indices_mask, is_gated, key_of,
+    Admitter, FAULT_EXIT_ENV, GroupRef, MIN_BACKOFF, RootKey, World, bound, error_backoff, finished, indices_mask,
+    is_gated,
 };
 use crate::controllers::context::Result;
+use crate::controllers::metrics::ObjectErrorLabels;
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{AdmissionPlan, AvoidedNode, CompositePodGroup, PlanState, PlannedPod, PodGroup};
 use crate::crds::{ADMISSION_GATE, GPU_INDICES_ANNOTATION, HOSTNAME_LABEL, ROLLED_BACK_ANNOTATION};
 use crate::scheduler::{
-    self, CommitInput, Decision, FailureCause, Group, GroupTree, PinFailure, PinState, PlannedPodNow, Refusal,
-    RemainingFits, RollBack, RollbackHistory, RollbackPolicy, Snapshot, StartRequirement, Step,
+    self, CommitInput, Decision, FailureCause, GatedPin, GroupCount, PatchRefused, PinFailure, PinState, PlannedPodNow,
+    Refusal, RemainingFits, RollBack, RollbackHistory, RollbackPolicy, Snapshot, StartRequirement, Step,
 };
 
 /// Counts a pod just pinned by `planned` in the snapshot (resources and GPU indices), so the
@@ -31,7 +34,7 @@ use crate::scheduler::{
 fn reserve(snapshot: &mut Snapshot, pod: &Pod, planned: &PlannedPod) {
     let mut admitted = pod.clone();
     if let Some(spec) = admitted.spec.as_mut() {
-        spec.node_selector.get_or_insert_with(BTreeMap::new).insert(HOSTNAME_LABEL.into(), planned.hostname.clone());
+        spec.node_selector.get_or_insert_with(BTreeMap::new).insert(HOSTNAME_LABEL.into(), planned.pin_hostname().into());
         spec.scheduling_gates = None;
     }
     snapshot.add_pod(&admitted);
@@ -125,8 +128,12 @@ fn history_status(h: &RollbackHistory) -> serde_json::Value {
 }
 
 impl GroupRef<'_> {
-    pub(super) fn is_composite(&self) -> bool {
-        matches!(self, GroupRef::Composite(_))
+    /// The group's resourceVersion as cached: what a decision on it was made on.
+    pub(super) fn version(&self) -> Option<String> {
+        match self {
+            GroupRef::Leaf(pg) => pg.resource_version(),
+            GroupRef::Composite(c) => c.resource_version(),
+        }
     }
 
     /// The root's disruption mode (`single` unless `all` is set).
@@ -154,44 +161,174 @@ impl GroupRef<'_> {
     }
 }
 
+/// How one commit (or resume) ended, short of an error worth a backoff.
+#[derive(Debug)]
+pub(super) enum Committed {
+    /// Every pod patched, the plan recorded `Admitted` (or the group was gone).
+    Done,
+    /// The group or a pod changed since the decision (a write was refused as stale): decide
+    /// again on fresher caches, next cycle.
+    Stale,
+    /// The API server refused a pod's patch (a webhook, a policy, validation).
+    Refused(PatchRefused),
+    /// The plan is too large for one status write.
+    TooLarge(String),
+}
+
+/// What a pod patch came to.
+enum Patched {
+    Ok,
+    /// Deleted meanwhile, or changed since the cache showed it (409 on its resourceVersion).
+    Stale,
+    Refused(String),
+}
+
+/// The largest plan one status write may carry: the API server refuses requests over 3 MiB and
+/// etcd values over 1.5 MiB; the rest of the status needs room too.
+pub(super) const MAX_PLAN_BYTES: usize = 1024 * 1024;
+
+/// Reads what a patch's refusal means: a stale object (404, 409) is decided again, a server
+/// or transport failure is retried with a backoff, anything else is a refusal.
+fn patched(result: kube::Result<()>) -> Result<Patched> {
+    match result {
+        Ok(()) => Ok(Patched::Ok),
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(Patched::Stale),
+        Err(e) => {
+            let e = crate::controllers::context::Error::from(e);
+            if e.transient() {
+                return Err(e);
+            }
+            let message = match &e {
+                crate::controllers::context::Error::Kube(kube::Error::Api(a)) => a.message.clone(),
+                other => other.to_string(),
+            };
+            Ok(Patched::Refused(message))
+        }
+    }
+}
+
+/// The still-gated pods of a plan and its groups' pod counts, for [`scheduler::remaining_fits`].
+fn remaining_of(
+    plan: &AdmissionPlan,
+    now: &[PlannedPodNow],
+    requirement: &StartRequirement,
+    ns: &str,
+    world: &World<'_>,
+) -> (Vec<GatedPin>, BTreeMap<String, GroupCount>) {
+    let mut pins = Vec::new();
+    let mut groups: BTreeMap<String, GroupCount> = BTreeMap::new();
+    let planned: HashSet<&str> = plan.pods.iter().map(|p| p.uid.as_str()).collect();
+    for (planned_pod, pod_now) in plan.pods.iter().zip(now) {
+        let count = groups.entry(pod_now.pod_group.clone()).or_default();
+        count.min_count = requirement.min_count.get(&pod_now.pod_group).copied().unwrap_or(1);
+        if !matches!(pod_now.state, PinState::Gone | PinState::Terminating) {
+            count.existing += 1;
+        }
+        if pod_now.state != PinState::Gated {
+            continue;
+        }
+        let Some(pod) = world.pods_by_uid.get(planned_pod.uid.as_str()) else { continue };
+        pins.push(GatedPin {
+            name: planned_pod.name.clone(),
+            node: planned_pod.node.clone(),
+            requests: pod.spec.as_ref().and_then(|s| scheduler::pod_requests(s).ok()).unwrap_or_default(),
+            gpus: planned_pod.gpu_indices.as_deref().and_then(indices_mask).unwrap_or(0),
+        });
+    }
+    // Pods of the planned groups started before this plan count toward their minCount too.
+    for (group, count) in &mut groups {
+        let others = world.by_group.get(&RootKey::leaf(ns, group)).into_iter().flatten().filter(|p| {
+            let uid = p.metadata.uid.as_deref().unwrap_or_default();
+            !planned.contains(uid) && !is_gated(p) && !finished(p) && p.metadata.deletion_timestamp.is_none()
+        });
+        count.existing += u32::try_from(others.count()).unwrap_or(u32::MAX);
+    }
+    (pins, groups)
+}
+
 impl Admitter {
-    /// The commit protocol: record the plan, pin/annotate/ungate each pod once, mark admitted.
+    /// The commit protocol: check every patch (dry run), record the plan, pin/annotate/ungate
+    /// each pod once, record it admitted. Every write is fenced: the plan writes by the
+    /// group's resourceVersion the decision was made on, each pod patch by the pod's, so a
+    /// stale cache or a second leader never writes over a newer state.
     pub(super) async fn commit(
         &mut self,
-        tree: &GroupTree,
+        key: &RootKey,
+        version: Option<String>,
         decision: &Decision,
         snapshot: &mut Snapshot,
         pods: &[Pod],
-    ) -> Result<()> {
-        let ns = tree.namespace.clone();
-        let composite = matches!(tree.root, Group::Composite(_));
-        let root = tree.root.name().to_string();
+    ) -> Result<Committed> {
         let now = Timestamp::now();
         let mut plan = AdmissionPlan {
-            id: format!("{root}-{}", now.as_millisecond()),
+            id: format!("{}-{}", key.name, now.as_millisecond()),
             state: PlanState::Planned,
             created_at: Some(Time(now)),
             admitted_at: None,
             pods: decision.plan.iter().map(PlannedPod::from).collect(),
         };
-        if !self.write_plan(&ns, &root, composite, Some(&plan)).await? {
-            return Ok(()); // the group was deleted meanwhile: nothing to admit
+        let size = serde_json::to_vec(&plan)?.len();
+        if size > MAX_PLAN_BYTES {
+            return Ok(Committed::TooLarge(format!(
+                "the plan of {} pods takes {} KiB, more than the {} KiB one status write of the group may carry; \
+                 split the gang into smaller PodGroups under a CompositePodGroup",
+                plan.pods.len(),
+                size / 1024,
+                MAX_PLAN_BYTES / 1024
+            )));
         }
-        plan.state = PlanState::Committing;
-        self.write_plan(&ns, &root, composite, Some(&plan)).await?;
         let by_uid: HashMap<&str, &Pod> =
             pods.iter().filter_map(|p| p.metadata.uid.as_deref().map(|u| (u, p))).collect();
-        for planned in &plan.pods {
-            let Some(pod) = by_uid.get(planned.uid.as_str()) else { continue };
-            self.patch_pod(&ns, pod, planned).await?;
-            reserve(snapshot, pod, planned);
+        let planned: Vec<(&PlannedPod, &Pod)> =
+            plan.pods.iter().filter_map(|p| by_uid.get(p.uid.as_str()).map(|pod| (p, *pod))).collect();
+        if planned.len() < plan.pods.len() {
+            return Ok(Committed::Stale);
+        }
+        // Every patch is tried first as a dry run (webhooks and policies judge it, nothing is
+        // stored), so a refusal stops the gang before any of its pods is ungated.
+        let api = Api::<Pod>::namespaced(self.ctx.client.clone(), &key.ns);
+        let requests: Vec<(String, String, serde_json::Value)> =
+            planned.iter().map(|(p, pod)| (p.uid.clone(), p.name.clone(), Self::pod_patch(pod, p))).collect();
+        let checks = futures::stream::iter(requests.into_iter().map(move |(uid, name, patch)| {
+            let api = api.clone();
+            async move {
+                let params = PatchParams { dry_run: true, ..PatchParams::default() };
+                (uid, api.patch(&name, &params, &Patch::Merge(&patch)).await.map(|_| ()))
+            }
+        }))
+        .buffer_unordered(DRY_RUN_CONCURRENCY)
+        .collect::<Vec<_>>()
+        .await;
+        for (uid, result) in checks {
+            match patched(result)? {
+                Patched::Ok => {}
+                Patched::Stale => return Ok(Committed::Stale),
+                Patched::Refused(message) => return Ok(Committed::Refused(PatchRefused { uid, message })),
+            }
+        }
+        let Some(version) = self.write_plan(key, version, Some(&plan)).await? else { return Ok(Committed::Stale) };
+        plan.state = PlanState::Committing;
+        let Some(version) = self.write_plan(key, Some(version), Some(&plan)).await? else {
+            return Ok(Committed::Stale);
+        };
+        for (planned, pod) in &planned {
+            match self.patch_pod(&key.ns, pod, planned).await? {
+                Patched::Ok => reserve(snapshot, pod, planned),
+                // The plan stays `Committing`: the next cycle resumes it, re-checked.
+                Patched::Stale => return Ok(Committed::Stale),
+                Patched::Refused(message) => {
+                    return Ok(Committed::Refused(PatchRefused { uid: planned.uid.clone(), message }));
+                }
+            }
         }
         plan.state = PlanState::Admitted;
         plan.admitted_at = Some(Time(Timestamp::now()));
-        self.write_plan(&ns, &root, composite, Some(&plan)).await?;
+        if self.write_plan(key, Some(version), Some(&plan)).await?.is_none() {
+            // Changed since the pods were ungated: the next cycle resumes the plan, re-checked.
+            return Ok(Committed::Stale);
+        }
         let message = decision.message();
-        let key = key_of(&ns, &root);
-        let memory = self.roots.entry(key).or_default();
+        let memory = self.roots.entry(key.clone()).or_default();
         memory.failures = 0;
         memory.next_attempt = None;
         memory.outcome = Some(Outcome::Admitted(message.clone()));
@@ -200,13 +337,16 @@ impl Admitter {
             self.ctx.metrics.admission_latency.observe(since.elapsed().as_secs_f64());
         }
         self.ctx.metrics.gangs_admitted.inc();
-        tracing::info!(namespace = %ns, root = %root, pods = plan.pods.len(), "admitted");
-        self.group_event(tree, false, "Admitted", &format!("admitted {} pod(s): {message}", plan.pods.len())).await;
-        Ok(())
+        tracing::info!(namespace = %key.ns, root = %key.name, pods = plan.pods.len(), "admitted");
+        let note = format!("admitted {} pod(s): {message}", plan.pods.len());
+        self.root_event(key, false, "Admitted", &note).await;
+        Ok(Committed::Done)
     }
 
-    /// Pins, annotates and ungates one pod in a single idempotent patch.
-    async fn patch_pod(&mut self, ns: &str, pod: &Pod, planned: &PlannedPod) -> Result<()> {
+    /// The patch that pins, annotates and ungates one pod: a merge patch fenced by the pod's
+    /// UID and resourceVersion as cached, so it applies only to the pod as decided on (still
+    /// gated, its GPU annotation not given meanwhile).
+    fn pod_patch(pod: &Pod, planned: &PlannedPod) -> serde_json::Value {
         let remaining: Vec<serde_json::Value> = pod
             .spec
             .as_ref()
@@ -214,48 +354,62 @@ impl Admitter {
             .map(|g| g.iter().filter(|g| g.name != ADMISSION_GATE).map(|g| json!({"name": g.name})).collect())
             .unwrap_or_default();
         let mut patch = json!({
-            "metadata": {"uid": planned.uid},
-            "spec": {"nodeSelector": {HOSTNAME_LABEL: planned.hostname}, "schedulingGates": remaining},
+            "metadata": {"uid": planned.uid, "resourceVersion": pod.metadata.resource_version},
+            "spec": {"nodeSelector": {HOSTNAME_LABEL: planned.pin_hostname()}, "schedulingGates": remaining},
         });
         if let Some(indices) = &planned.gpu_indices {
             patch["metadata"]["annotations"] = json!({GPU_INDICES_ANNOTATION: indices});
         }
+        patch
+    }
+
+    /// Pins, annotates and ungates one pod in a single fenced patch.
+    async fn patch_pod(&mut self, ns: &str, pod: &Pod, planned: &PlannedPod) -> Result<Patched> {
+        if !is_gated(pod) {
+            // Ungated by someone else since: never overwrite its pin or GPU indices.
+            return Ok(Patched::Stale);
+        }
         let api = Api::<Pod>::namespaced(self.ctx.client.clone(), ns);
-        match api.patch(&planned.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-            Ok(_) => {
+        let patch = Self::pod_patch(pod, planned);
+        let result = api.patch(&planned.name, &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ());
+        let outcome = patched(result);
+        match &outcome {
+            Ok(Patched::Ok) => {
                 self.unseen.ungated.insert(planned.uid.clone(), Instant::now());
             }
-            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 || e.code == 422 => {
-                tracing::info!(pod = %planned.name, error = %e.message, "planned pod changed or is gone; skipped");
+            Ok(Patched::Stale) => {
+                tracing::info!(pod = %planned.name, "planned pod changed or is gone since the decision");
             }
-            Err(e) => return Err(e.into()),
+            Ok(Patched::Refused(m)) => {
+                tracing::warn!(pod = %planned.name, error = %m, "the API server refused a planned pod's patch");
+                self.ctx.metrics.object_errors.get_or_create(&object_labels("Pod", "refused")).inc();
+            }
+            Err(_) => {}
         }
         self.patches += 1;
         if self.fault_exit_after.is_some_and(|n| self.patches >= n) {
             tracing::error!(patches = self.patches, "{FAULT_EXIT_ENV} reached: exiting now (test hook)");
             std::process::exit(3);
         }
-        Ok(())
+        outcome
     }
 
-    /// Writes (or clears) a root's plan. Returns false when the group is gone.
+    /// Writes (or clears) a root's plan, fenced by the group's resourceVersion when given.
+    /// Returns the group's new resourceVersion, `None` when the group is gone or changed since.
     async fn write_plan(
         &mut self,
-        ns: &str,
-        name: &str,
-        composite: bool,
+        key: &RootKey,
+        version: Option<String>,
         plan: Option<&AdmissionPlan>,
-    ) -> Result<bool> {
+    ) -> Result<Option<String>> {
         // A merge patch of status.plan alone: the rest of the status is written on its own.
-        let result = self.merge_group_status(ns, name, composite, json!({"plan": plan})).await;
-        match result {
-            Ok(()) => {
+        match self.merge_group_status(key, version, json!({"plan": plan})).await? {
+            Some(v) => {
                 let want = plan.map(|p| (p.id.clone(), p.state));
-                self.unseen.plans.insert(key_of(ns, name), (want, Instant::now()));
-                Ok(true)
+                self.unseen.plans.insert(key.clone(), (want, Instant::now()));
+                Ok(Some(v))
             }
-            Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
-            Err(e) => Err(e.into()),
+            None => Ok(None),
         }
     }
 
@@ -269,9 +423,18 @@ impl Admitter {
         world: &World<'_>,
         snapshot: &mut Snapshot,
     ) -> Result<Option<Instant>> {
-        let (ns, root) = (&key.0, &key.1);
+        let (ns, root) = (&key.ns, &key.name);
         let pods = pods_now(plan, root, world);
         let requirement = start_requirement(plan, ns, root, world.pod_groups);
+        let cut_short = plan.state != PlanState::Admitted;
+        let remaining_fits = if cut_short {
+            let (pins, groups) = remaining_of(plan, &pods, &requirement, ns, world);
+            scheduler::remaining_fits(snapshot, &pins, &groups)
+        } else {
+            RemainingFits::Yes
+        };
+        let refused = self.roots.get(key).and_then(|m| m.refused.as_ref()).filter(|(id, _)| *id == plan.id);
+        let refused = refused.map(|(_, r)| r.clone());
         let input = CommitInput {
             plan,
             pods: &pods,
@@ -279,17 +442,24 @@ impl Admitter {
             bind_timeout: self.ctx.config.bind_timeout,
             requirement: &requirement,
             disruption: group.disruption(),
-            // Re-validating what is left of a plan against the rebuilt ledger is issue 15.
-            remaining_fits: RemainingFits::Yes,
+            remaining_fits,
+            refused: refused.as_ref(),
         };
+        let version = group.version();
         match scheduler::next_step(&input) {
             Step::Drop => {
                 tracing::info!(namespace = %ns, root = %root, "dropping a plan no pod saw; planning afresh");
-                self.write_plan(ns, root, group.is_composite(), None).await?;
+                self.write_plan(key, version, None).await?;
                 Ok(Some(Instant::now()))
             }
             Step::Patch(uids) => {
-                self.resume(key, group, plan, &uids, world, snapshot).await?;
+                match self.resume(key, version, plan, &uids, world, snapshot).await? {
+                    Committed::Refused(r) => {
+                        let memory = self.roots.entry(key.clone()).or_default();
+                        memory.refused = Some((plan.id.clone(), r));
+                    }
+                    Committed::Done | Committed::Stale | Committed::TooLarge(_) => {}
+                }
                 Ok(Some(Instant::now()))
             }
             Step::WaitUntil(at) => {
@@ -298,12 +468,12 @@ impl Admitter {
             }
             Step::Done => {
                 // Every pod bound (or gone): the plan has served its purpose.
-                self.write_plan(ns, root, group.is_composite(), None).await?;
+                self.write_plan(key, version, None).await?;
                 Ok(None)
             }
             Step::RollBack(rollback) => Ok(Some(self.roll_back(key, group, plan, rollback, world).await?)),
             Step::GangFailed { delete, failure } => {
-                self.gang_failed(key, group, &delete, &failure, world).await?;
+                self.gang_failed(key, version, &delete, &failure, world).await?;
                 Ok(Some(Instant::now()))
             }
         }
@@ -313,28 +483,35 @@ impl Admitter {
     async fn resume(
         &mut self,
         key: &RootKey,
-        group: GroupRef<'_>,
+        version: Option<String>,
         plan: &AdmissionPlan,
         uids: &[String],
         world: &World<'_>,
         snapshot: &mut Snapshot,
-    ) -> Result<()> {
-        let (ns, root) = (&key.0, &key.1);
+    ) -> Result<Committed> {
+        let (ns, root) = (&key.ns, &key.name);
         tracing::info!(namespace = %ns, root = %root, patches = uids.len(), total = plan.pods.len(), "resuming a commit cut short");
         for planned in plan.pods.iter().filter(|p| uids.contains(&p.uid)) {
             let Some(pod) = world.pods_by_uid.get(planned.uid.as_str()) else { continue };
-            self.patch_pod(ns, pod, planned).await?;
-            // The snapshot saw it gated: count it before other roots are planned.
-            reserve(snapshot, pod, planned);
+            match self.patch_pod(ns, pod, planned).await? {
+                // The snapshot saw it gated: count it before other roots are planned.
+                Patched::Ok => reserve(snapshot, pod, planned),
+                Patched::Stale => return Ok(Committed::Stale),
+                Patched::Refused(message) => {
+                    return Ok(Committed::Refused(PatchRefused { uid: planned.uid.clone(), message }));
+                }
+            }
         }
         let mut done = plan.clone();
         done.state = PlanState::Admitted;
         // The pods just ungated get the whole bind timeout, however long muster was down.
         done.admitted_at = Some(Time(Timestamp::now()));
-        self.write_plan(ns, root, group.is_composite(), Some(&done)).await?;
+        if self.write_plan(key, version, Some(&done)).await?.is_none() {
+            return Ok(Committed::Stale);
+        }
         self.roots.entry(key.clone()).or_default().outcome =
             Some(Outcome::Admitted(format!("admitted {} pod(s) (commit resumed)", plan.pods.len())));
-        Ok(())
+        Ok(Committed::Done)
     }
 
     /// Rolls a failed attempt back: records the rollback on the root (so the next plans avoid
@@ -349,7 +526,7 @@ impl Admitter {
         rollback: RollBack,
         world: &World<'_>,
     ) -> Result<Instant> {
-        let (ns, root) = (&key.0, &key.1);
+        let (ns, root) = (&key.ns, &key.name);
         let fallback = match rollback.failure.scheduler_message {
             Some(_) => None,
             None => self.scheduler_reason(ns, &rollback.failure.pod).await,
@@ -361,9 +538,14 @@ impl Admitter {
         let mut history = group.history();
         let since = plan.admitted_at.as_ref().or(plan.created_at.as_ref()).map(|t| t.0);
         let recorded = history.last.zip(since).is_some_and(|(last, since)| last >= since);
+        let mut version = group.version();
         if !recorded {
             history.record(&rollback.avoid_nodes, Timestamp::now(), &ROLLBACK_POLICY);
-            self.patch_group_status(ns, root, group.is_composite(), history_status(&history)).await?;
+            match self.merge_group_status(key, version, history_status(&history)).await? {
+                Some(v) => version = Some(v),
+                // Changed since (or gone): decide again on the fresh state.
+                None => return Ok(Instant::now() + Duration::from_millis(100)),
+            }
             self.ctx.metrics.gang_rollbacks.inc();
             if matches!(rollback.failure.cause, FailureCause::BindTimeout(_)) {
                 self.ctx.metrics.bind_timeouts.inc();
@@ -380,15 +562,17 @@ impl Admitter {
         if !all_deleted {
             return Ok(Instant::now() + MIN_BACKOFF);
         }
-        self.write_plan(ns, root, group.is_composite(), None).await?;
+        self.write_plan(key, version, None).await?;
         let avoided = rollback.avoid_nodes.iter().cloned().collect::<Vec<_>>().join(", ");
+        let avoid = if avoided.is_empty() { String::new() } else { format!("; the next plans avoid {avoided}") };
         let message = format!(
-            "attempt {} rolled back, its {} pod(s) deleted to be recreated gated: {failure}; the next plans avoid {avoided}",
+            "attempt {} rolled back, its {} pod(s) deleted to be recreated gated: {failure}{avoid}",
             history.count,
             rollback.delete.len()
         );
         tracing::warn!(namespace = %ns, root = %root, %message, "pin failed; rolling the attempt back");
         let memory = self.roots.entry(key.clone()).or_default();
+        memory.refused = None;
         memory.outcome = Some(match history.retry_at(&ROLLBACK_POLICY) {
             Some(at) => Outcome::Unschedulable(format!(
                 "{} attempts rolled back in a row; retrying after {at}: {failure}",
@@ -397,9 +581,12 @@ impl Admitter {
             None => Outcome::RolledBack(message.clone()),
         });
         memory.last_event = None;
-        for r in self.root_refs(ns, root, group.is_composite()) {
-            self.ctx.event(&r, true, "BindFailed", "Admit", message.clone()).await;
+        if matches!(rollback.failure.cause, FailureCause::PatchRefused(_)) {
+            // A refusal repeats until the policy or the pods change: back off like an error.
+            memory.errors = memory.errors.saturating_add(1);
+            memory.error_until = Some(Instant::now() + error_backoff(memory.errors));
         }
+        self.root_event(key, true, "BindFailed", &message).await;
         Ok(Instant::now())
     }
 
@@ -428,7 +615,9 @@ impl Admitter {
                 true
             }
             Err(e) => {
+                let e = crate::controllers::context::Error::from(e);
                 tracing::warn!(pod = %name, error = %e, "could not delete a pod of a rolled-back attempt");
+                self.ctx.metrics.object_errors.get_or_create(&object_labels("Pod", e.reason())).inc();
                 let note = format!("muster could not delete this pod of a rolled-back gang attempt: {e}");
                 self.ctx.event(&pod.object_ref(&()), true, "RollbackFailed", "Admit", note).await;
                 false
@@ -441,12 +630,12 @@ impl Admitter {
     async fn gang_failed(
         &mut self,
         key: &RootKey,
-        group: GroupRef<'_>,
+        version: Option<String>,
         delete: &[String],
         failure: &PinFailure,
         world: &World<'_>,
     ) -> Result<()> {
-        let (ns, root) = (&key.0, &key.1);
+        let (ns, root) = (&key.ns, &key.name);
         let why = match failure.scheduler_message {
             Some(_) => None,
             None => self.scheduler_reason(ns, &failure.pod).await,
@@ -464,50 +653,57 @@ impl Admitter {
                 Err(e) => return Err(e.into()),
             }
         }
-        self.write_plan(ns, root, group.is_composite(), None).await?;
+        self.write_plan(key, version, None).await?;
         let outcome_msg = if delete.is_empty() {
             message
         } else {
             format!("{message}; the gang's pods were deleted to be recreated together (disruptionMode all)")
         };
         self.roots.entry(key.clone()).or_default().outcome = Some(Outcome::BindFailed(outcome_msg.clone()));
-        for r in self.root_refs(ns, root, group.is_composite()) {
-            self.ctx.event(&r, true, "BindTimeout", "Admit", outcome_msg.clone()).await;
-        }
+        self.root_event(key, true, "BindTimeout", &outcome_msg).await;
         Ok(())
     }
 
-    /// A merge patch of the given status fields of a root group (404: the group is gone).
-    async fn patch_group_status(&self, ns: &str, name: &str, composite: bool, status: serde_json::Value) -> Result<()> {
-        let result = self.merge_group_status(ns, name, composite, status).await;
-        match result {
-            Ok(()) => Ok(()),
-            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-            Err(e) => Err(e.into()),
+    /// Events on a root group and its owner.
+    pub(super) async fn root_event(&self, key: &RootKey, warning: bool, reason: &str, message: &str) {
+        for r in self.root_refs(key) {
+            self.ctx.event(&r, warning, reason, "Admit", message.to_string()).await;
         }
     }
 
-    /// One merge patch of a root group's status subresource, as the apiserver answered it.
+    /// One merge patch of a root group's status subresource, fenced by `version` (the group's
+    /// resourceVersion the decision was made on) when given. Returns the group's new
+    /// resourceVersion, or `None` when it is gone (404) or changed since `version` (409).
     async fn merge_group_status(
         &self,
-        ns: &str,
-        name: &str,
-        composite: bool,
+        key: &RootKey,
+        version: Option<String>,
         status: serde_json::Value,
-    ) -> kube::Result<()> {
-        let kind = if composite { "CompositePodGroup" } else { "PodGroup" };
-        let body = json!({"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": kind, "status": status});
+    ) -> Result<Option<String>> {
+        let kind = if key.composite { "CompositePodGroup" } else { "PodGroup" };
+        let mut body = json!({"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": kind, "status": status});
+        if let Some(v) = version {
+            body["metadata"] = json!({"resourceVersion": v});
+        }
         let params = PatchParams::default();
-        if composite {
-            Api::<CompositePodGroup>::namespaced(self.ctx.client.clone(), ns)
-                .patch_status(name, &params, &Patch::Merge(&body))
+        let result = if key.composite {
+            Api::<CompositePodGroup>::namespaced(self.ctx.client.clone(), &key.ns)
+                .patch_status(&key.name, &params, &Patch::Merge(&body))
                 .await
-                .map(|_| ())
+                .map(|g| g.resource_version())
         } else {
-            Api::<PodGroup>::namespaced(self.ctx.client.clone(), ns)
-                .patch_status(name, &params, &Patch::Merge(&body))
+            Api::<PodGroup>::namespaced(self.ctx.client.clone(), &key.ns)
+                .patch_status(&key.name, &params, &Patch::Merge(&body))
                 .await
-                .map(|_| ())
+                .map(|g| g.resource_version())
+        };
+        match result {
+            Ok(v) => Ok(Some(v.unwrap_or_default())),
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {
+                tracing::debug!(group = %key, error = %e.message, "group gone or changed since the decision");
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -523,6 +719,14 @@ impl Admitter {
             .max_by_key(|e| e.last_timestamp.as_ref().map(|t| t.0.as_second()).unwrap_or(0))
             .and_then(|e| e.message)
     }
+}
+
+/// Dry runs in flight at once for one commit.
+const DRY_RUN_CONCURRENCY: usize = 16;
+
+/// Labels of [`crate::controllers::metrics::Metrics::object_errors`].
+pub(super) fn object_labels(kind: &str, reason: &str) -> ObjectErrorLabels {
+    ObjectErrorLabels { kind: kind.into(), reason: reason.into() }
 }
 
 #[cfg(test)]
@@ -565,6 +769,7 @@ mod tests {
         let world = World {
             pods_by_uid: pods.iter().map(|p| (p.metadata.uid.as_deref().unwrap_or_default(), p)).collect(),
             pod_groups: &[],
+            by_group: &HashMap::new(),
             nodes: HashSet::from(["n1", "n2"]),
         };
         let plan = AdmissionPlan {

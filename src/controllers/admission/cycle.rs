@@ -9,16 +9,19 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 
-use super::commit::ROLLBACK_POLICY;
+use super::commit::{Committed, ROLLBACK_POLICY, object_labels};
 use super::status::Outcome;
-use super::{Admitter, CONTROLLER, GroupRef, MAX_BACKOFF, MIN_BACKOFF, RootKey, World, group_pods, key_of, state};
+use super::{Admitter, CONTROLLER, GroupRef, RootKey, World, error_backoff, group_pods, state};
 use crate::controllers::PlacementStrategy;
 use crate::controllers::context::{Error, Result};
 use crate::controllers::metrics::{NodeLabels, ReasonLabels};
 use crate::crds::scheduling::{CompositePodGroup, PodGroup};
 use crate::devices::chooser::{NodeGpus, TopologyChooser, node_gpus};
 use crate::devices::{HealthThresholds, SelectOptions};
-use crate::scheduler::{self, Admission, Decision, Group, GroupTree, PlaceOptions, RollbackHistory, Scoring, Snapshot};
+use crate::scheduler::{
+    self, Admission, Decision, Group, GroupTree, PatchRefused, PlaceOptions, PodState, Scoring, Snapshot,
+};
+use crate::webhook::config::excluded_namespaces;
 
 impl Admitter {
     fn place_options(&self) -> PlaceOptions {
@@ -29,25 +32,37 @@ impl Admitter {
         PlaceOptions { scoring, ..PlaceOptions::default() }
     }
 
-    /// One admission cycle over every root. Returns when to wake up at the latest.
+    /// One admission cycle over every root. Returns when to wake up at the latest. An error
+    /// met on one root (or one status write) is that root's: it is reported and backed off
+    /// alone, and the cycle goes on with the others.
     pub(super) async fn cycle(&mut self) -> Result<Option<Instant>> {
         let _timer = self.ctx.metrics.reconcile(CONTROLLER);
-        let pgs = state(&self.caches.pod_groups);
-        let cpgs = state(&self.caches.composites);
+        let all_pgs = state(&self.caches.pod_groups);
+        let all_cpgs = state(&self.caches.composites);
         let pods = state(&self.caches.pods);
         let nodes = state(&self.caches.nodes);
-        if !self.caches_caught_up(&pgs, &cpgs, &pods) {
+        if !self.caches_caught_up(&all_pgs, &all_cpgs, &pods) {
             return Ok(Some(Instant::now() + Duration::from_millis(100)));
         }
+        // Groups where the webhook never gates pods are not muster's to admit.
+        let excluded = excluded_namespaces(&self.ctx.config.namespace);
+        let managed = |ns: Option<String>| !ns.is_some_and(|ns| excluded.contains(&ns));
+        let (pgs, unmanaged_pgs): (Vec<PodGroup>, Vec<PodGroup>) =
+            all_pgs.into_iter().partition(|g| managed(g.namespace()));
+        let (cpgs, unmanaged_cpgs): (Vec<CompositePodGroup>, Vec<CompositePodGroup>) =
+            all_cpgs.into_iter().partition(|g| managed(g.namespace()));
+        let managed_pods: Vec<Pod> = pods.iter().filter(|p| managed(p.namespace())).cloned().collect();
         let (mut snapshot, gpus) = self.snapshot(&nodes, &pods).await?;
-        let by_group = group_pods(&pods);
+        let by_group = group_pods(&managed_pods);
         let world = World {
-            pods_by_uid: pods.iter().filter_map(|p| p.metadata.uid.as_deref().map(|u| (u, p))).collect(),
+            pods_by_uid: managed_pods.iter().filter_map(|p| p.metadata.uid.as_deref().map(|u| (u, p))).collect(),
             pod_groups: &pgs,
+            by_group: &by_group,
             nodes: nodes.iter().filter_map(|n| n.metadata.name.as_deref()).collect(),
         };
         let mut wake: Option<Instant> = None;
         let mut soonest = |t: Instant| wake = Some(wake.map_or(t, |w| w.min(t)));
+        let now = Instant::now();
 
         // Plans in flight first: finish (or drop) them, watch binds, roll failed attempts back.
         let mut busy: HashSet<RootKey> = HashSet::new();
@@ -56,31 +71,44 @@ impl Admitter {
             let Some(plan) = group.plan() else { continue };
             let key = group.key();
             busy.insert(key.clone());
+            if let Some(at) = self.backing_off(&key, now) {
+                soonest(at);
+                continue;
+            }
             match self.follow_plan(&key, group, plan, &world, &mut snapshot).await {
-                Ok(Some(t)) => soonest(t),
-                Ok(None) => {}
-                Err(e) => soonest(self.root_error(&key, group.is_composite(), "follow its plan", &e).await),
+                Ok(t) => {
+                    self.error_cleared(&key);
+                    if let Some(t) = t {
+                        soonest(t);
+                    }
+                }
+                Err(e) => soonest(self.root_error(&key, "follow its plan", &e).await),
             }
         }
 
-        let mut forest = scheduler::build_forest(&pgs, &cpgs, &pods);
+        let mut forest = scheduler::build_forest(&pgs, &cpgs, &managed_pods);
         scheduler::sort_for_admission(&mut forest.trees);
         let single_numa = self.ctx.config.require_single_numa;
         let chooser =
             TopologyChooser::with_cache(gpus, SelectOptions { require_single_numa: single_numa }, self.fits.clone());
         let options = self.place_options();
         let capacity = self.capacity.load(Ordering::Relaxed);
-        let now = Instant::now();
         let wall = Timestamp::now();
         let mut pending = 0;
         for tree in &mut forest.trees {
-            let key = key_of(&tree.namespace, tree.root.name());
+            let key = RootKey::of(&tree.namespace, &tree.root);
             if busy.contains(&key) {
+                continue;
+            }
+            if let Some(at) = self.backing_off(&key, now) {
+                soonest(at);
+                pending += 1;
                 continue;
             }
             // What the root's status remembers of rollbacks: nodes to avoid, and a streak of
             // them that keeps the gang unschedulable for a while.
-            let history = root_history(&pgs, &cpgs, tree);
+            let root = root_of(&pgs, &cpgs, &key);
+            let history = root.map(|r| r.history()).unwrap_or_default();
             tree.avoid_nodes = history.avoided(wall);
             let memory = self.roots.entry(key.clone()).or_default();
             if let Some(retry) = history.retry_at(&ROLLBACK_POLICY).filter(|at| *at > wall) {
@@ -120,10 +148,28 @@ impl Admitter {
                     let memory = self.roots.entry(key.clone()).or_default();
                     memory.quorate_since.get_or_insert(started);
                     if decision.admitted && !decision.plan.is_empty() {
-                        if let Err(e) = self.commit(tree, &decision, &mut snapshot, &pods).await {
-                            let composite = matches!(tree.root, Group::Composite(_));
-                            soonest(self.root_error(&key, composite, "commit its plan", &e).await);
+                        let version = root.and_then(|r| r.version());
+                        match self.commit(&key, version, &decision, &mut snapshot, &pods).await {
+                            Ok(Committed::Done) => self.error_cleared(&key),
+                            Ok(Committed::Stale) => soonest(Instant::now() + Duration::from_millis(100)),
+                            Ok(Committed::Refused(r)) => {
+                                pending += 1;
+                                soonest(self.refused(&key, tree, &decision, &r).await);
+                            }
+                            Ok(Committed::TooLarge(why)) => {
+                                pending += 1;
+                                soonest(self.not_admitted(&key, tree, why, "PlanTooLarge", capacity).await);
+                            }
+                            Err(e) => soonest(self.root_error(&key, "commit its plan", &e).await),
                         }
+                    } else if decision.admitted && tree_has_gated(tree) {
+                        // Admitted before, but gated pods beyond what started do not fit (the
+                        // extra pods of a gang, a basic child of a composite): say so, and retry
+                        // them on a backoff, or when capacity frees, not every cycle.
+                        pending += 1;
+                        let why = decision.message();
+                        let retry = self.partly(&key, tree, &decision, why, capacity).await;
+                        soonest(retry);
                     } else if decision.admitted {
                         memory.outcome = Some(Outcome::Admitted(decision.message()));
                     } else {
@@ -138,15 +184,31 @@ impl Admitter {
         for u in &forest.unresolved {
             tracing::debug!(namespace = %u.namespace, name = %u.name, reason = ?u.reason, "not admissible");
         }
-        self.write_statuses(&pgs, &cpgs, &forest.trees, &by_group).await?;
+        if let Some(t) = self.write_statuses(&pgs, &cpgs, &forest.trees, &by_group).await {
+            soonest(t);
+        }
+        self.report_unmanaged(&unmanaged_pgs, &unmanaged_cpgs, &pods).await;
         // Forget roots that are gone.
-        let live: HashSet<RootKey> = forest.trees.iter().map(|t| key_of(&t.namespace, t.root.name())).collect();
+        let live: HashSet<RootKey> = forest.trees.iter().map(|t| RootKey::of(&t.namespace, &t.root)).collect();
         self.roots.retain(|k, _| live.contains(k) || busy.contains(k));
         if self.metrics_source.is_some() {
             // GPU health changes arrive by polling, not by watch events.
             soonest(Instant::now() + self.ctx.config.gpu_metrics_ttl);
         }
         Ok(wake)
+    }
+
+    /// When a root backing off after errors may be tried again (`None`: now).
+    fn backing_off(&self, key: &RootKey, now: Instant) -> Option<Instant> {
+        self.roots.get(key).and_then(|m| m.error_until).filter(|at| *at > now)
+    }
+
+    /// A root went through a cycle without error: its error backoff starts over.
+    fn error_cleared(&mut self, key: &RootKey) {
+        if let Some(m) = self.roots.get_mut(key) {
+            m.errors = 0;
+            m.error_until = None;
+        }
     }
 
     /// The snapshot admission decides on: nodes and the pods on them, then GPUs: topology and
@@ -174,16 +236,39 @@ impl Admitter {
         Ok((snapshot, gpus))
     }
 
-    /// Reports an error met on one root (log, metric, event on the group) and says when to try
-    /// it again; the cycle goes on with the other roots.
-    async fn root_error(&mut self, key: &RootKey, composite: bool, what: &str, e: &Error) -> Instant {
+    /// Reports an error met on one root (log, metric by reason, a Warning event on the group
+    /// once per distinct error) and backs the root off alone, doubling per error in a row.
+    /// Returns when to try it again; the cycle goes on with the other roots.
+    async fn root_error(&mut self, key: &RootKey, what: &str, e: &Error) -> Instant {
+        let kind = if key.composite { "CompositePodGroup" } else { "PodGroup" };
         self.ctx.metrics.reconcile_error(CONTROLLER, e.metric_label());
-        tracing::warn!(namespace = %key.0, root = %key.1, error = %e, "admission could not {what}");
+        self.ctx.metrics.object_errors.get_or_create(&object_labels(kind, e.reason())).inc();
+        let memory = self.roots.entry(key.clone()).or_default();
+        memory.errors = memory.errors.saturating_add(1);
+        let backoff = error_backoff(memory.errors);
+        let at = Instant::now() + backoff;
+        memory.error_until = Some(at);
         let note = format!("admission could not {what}: {e}");
-        if let Some(r) = self.root_refs(&key.0, &key.1, composite).into_iter().next() {
-            self.ctx.event(&r, true, "AdmissionError", "Admit", note).await;
+        tracing::warn!(group = %key, error = %e, errors = memory.errors, backoff_s = backoff.as_secs(), "admission could not {what}");
+        if memory.last_event.as_deref() != Some(note.as_str()) {
+            memory.last_event = Some(note.clone());
+            self.root_event(key, true, "AdmissionError", &note).await;
         }
-        Instant::now() + MIN_BACKOFF
+        at
+    }
+
+    /// The API server refused a pod's patch in the dry run of a commit (a webhook, a policy):
+    /// nothing was ungated. The root is reported and backed off like an error.
+    async fn refused(&mut self, key: &RootKey, tree: &GroupTree, decision: &Decision, r: &PatchRefused) -> Instant {
+        let pod = decision.plan.iter().find(|p| p.uid == r.uid).map_or(r.uid.as_str(), |p| p.pod.as_str());
+        let why = format!("the API server refused pinning pod {pod}, so no pod of the gang was ungated: {}", r.message);
+        self.ctx.metrics.object_errors.get_or_create(&object_labels("Pod", "refused")).inc();
+        let at = self.not_admitted(key, tree, why, "PinRefused", u64::MAX).await;
+        let memory = self.roots.entry(key.clone()).or_default();
+        memory.errors = memory.errors.saturating_add(1);
+        let until = Instant::now() + error_backoff(memory.errors);
+        memory.error_until = Some(until);
+        at.max(until)
     }
 
     /// Each node's GPU model and health, refreshing the metrics cache when it is stale.
@@ -265,31 +350,79 @@ impl Admitter {
     }
 
     async fn unschedulable(&mut self, key: &RootKey, tree: &GroupTree, decision: &Decision, capacity: u64) -> Instant {
-        let message = decision.message();
-        let memory = self.roots.entry(key.clone()).or_default();
-        memory.failures = memory.failures.saturating_add(1);
-        let backoff = MIN_BACKOFF.saturating_mul(1 << memory.failures.saturating_sub(1).min(6)).min(MAX_BACKOFF);
-        let at = Instant::now() + backoff;
-        memory.next_attempt = Some(at);
-        memory.capacity_seen = capacity;
-        memory.outcome = Some(Outcome::Unschedulable(message.clone()));
         let reason = decision.explanation.as_ref().map_or_else(|| "Unschedulable".into(), |e| e.metric_reason());
-        self.ctx.metrics.unschedulable_attempts.get_or_create(&ReasonLabels { reason }).inc();
+        self.not_admitted(key, tree, decision.message(), &reason, capacity).await
+    }
+
+    /// A root that does not fit (or cannot be committed): outcome, metric, an event once per
+    /// message, and a doubling backoff that a capacity change cuts short.
+    async fn not_admitted(
+        &mut self,
+        key: &RootKey,
+        tree: &GroupTree,
+        message: String,
+        reason: &str,
+        capacity: u64,
+    ) -> Instant {
+        let at = self.back_off(key, capacity);
+        let memory = self.roots.entry(key.clone()).or_default();
+        memory.outcome = Some(Outcome::Unschedulable(message.clone()));
+        self.ctx.metrics.unschedulable_attempts.get_or_create(&ReasonLabels { reason: reason.to_string() }).inc();
         if memory.last_event.as_deref() != Some(message.as_str()) {
             memory.last_event = Some(message.clone());
             self.group_event(tree, true, "Unschedulable", &message).await;
         }
         at
     }
+
+    /// Gated pods of an admitted root that do not fit: the root stays admitted, the pods wait.
+    async fn partly(&mut self, key: &RootKey, tree: &GroupTree, decision: &Decision, why: String, capacity: u64) -> Instant {
+        let at = self.back_off(key, capacity);
+        let message = format!("{} gated pod(s) not admitted: {why}", gated_count(tree));
+        let reason = decision.explanation.as_ref().map_or_else(|| "Unschedulable".into(), |e| e.metric_reason());
+        self.ctx.metrics.unschedulable_attempts.get_or_create(&ReasonLabels { reason }).inc();
+        let memory = self.roots.entry(key.clone()).or_default();
+        memory.outcome = Some(Outcome::Partly(message.clone()));
+        if memory.last_event.as_deref() != Some(message.as_str()) {
+            memory.last_event = Some(message.clone());
+            self.group_event(tree, true, "Unschedulable", &message).await;
+        }
+        at
+    }
+
+    /// The next placement attempt of a root that did not fit: 1 s doubled per failure, at
+    /// most 60 s, sooner when capacity changes.
+    fn back_off(&mut self, key: &RootKey, capacity: u64) -> Instant {
+        let memory = self.roots.entry(key.clone()).or_default();
+        memory.failures = memory.failures.saturating_add(1);
+        let at = Instant::now() + error_backoff(memory.failures);
+        memory.next_attempt = Some(at);
+        memory.capacity_seen = capacity;
+        at
+    }
 }
 
-/// The rollback history on the status of a tree's root.
-fn root_history(pgs: &[PodGroup], cpgs: &[CompositePodGroup], tree: &GroupTree) -> RollbackHistory {
-    let name = tree.root.name();
-    let same = |ns: Option<String>, n: String| ns.as_deref() == Some(tree.namespace.as_str()) && n == name;
-    let root = match &tree.root {
-        Group::Leaf(_) => pgs.iter().find(|g| same(g.namespace(), g.name_any())).map(GroupRef::Leaf),
-        Group::Composite(_) => cpgs.iter().find(|g| same(g.namespace(), g.name_any())).map(GroupRef::Composite),
-    };
-    root.map(|r| r.history()).unwrap_or_default()
+/// Gated pods in a tree.
+fn gated_count(tree: &GroupTree) -> usize {
+    let mut n = 0;
+    super::visit(&tree.root, &mut |g| {
+        if let Group::Leaf(l) = g {
+            n += l.pods.iter().filter(|p| matches!(p.state, PodState::Gated { .. } | PodState::Invalid { .. })).count();
+        }
+    });
+    n
+}
+
+fn tree_has_gated(tree: &GroupTree) -> bool {
+    gated_count(tree) > 0
+}
+
+/// The root group object of a key.
+fn root_of<'a>(pgs: &'a [PodGroup], cpgs: &'a [CompositePodGroup], key: &RootKey) -> Option<GroupRef<'a>> {
+    let same = |ns: Option<String>, n: String| ns.as_deref() == Some(key.ns.as_str()) && n == key.name;
+    if key.composite {
+        cpgs.iter().find(|g| same(g.namespace(), g.name_any())).map(GroupRef::Composite)
+    } else {
+        pgs.iter().find(|g| same(g.namespace(), g.name_any())).map(GroupRef::Leaf)
+    }
 }

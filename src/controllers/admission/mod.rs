@@ -33,7 +33,7 @@ use crate::crds::scheduling::{AdmissionPlan, CompositePodGroup, PlanState, PodGr
 use crate::crds::{ADMISSION_GATE, POD_GROUP_LABEL};
 use crate::devices::MetricsCache;
 use crate::devices::chooser::FitCache;
-use crate::scheduler::Group;
+use crate::scheduler::{Group, PatchRefused};
 use status::Outcome;
 
 /// Name of this controller in metrics and logs.
@@ -45,7 +45,44 @@ pub const FAULT_EXIT_ENV: &str = "MUSTER_FAULT_EXIT_AFTER_POD_PATCHES";
 const MIN_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
-type RootKey = (String, String);
+/// A group's identity: its kind too, so a PodGroup and a CompositePodGroup of the same name
+/// never share backoff, plan tracking or status.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(super) struct RootKey {
+    /// True for a CompositePodGroup.
+    pub composite: bool,
+    /// Namespace.
+    pub ns: String,
+    /// Name.
+    pub name: String,
+}
+
+impl RootKey {
+    /// A PodGroup's key.
+    pub fn leaf(ns: &str, name: &str) -> Self {
+        Self { composite: false, ns: ns.to_string(), name: name.to_string() }
+    }
+
+    /// A CompositePodGroup's key.
+    pub fn composite(ns: &str, name: &str) -> Self {
+        Self { composite: true, ns: ns.to_string(), name: name.to_string() }
+    }
+
+    /// The key of a group of the scheduler's forest.
+    pub fn of(ns: &str, group: &Group) -> Self {
+        match group {
+            Group::Leaf(l) => Self::leaf(ns, &l.name),
+            Group::Composite(c) => Self::composite(ns, &c.name),
+        }
+    }
+}
+
+impl std::fmt::Display for RootKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = if self.composite { "CompositePodGroup" } else { "PodGroup" };
+        write!(f, "{kind} {}/{}", self.ns, self.name)
+    }
+}
 
 /// What admission remembers of a root between cycles (never needed for correctness: the
 /// cluster holds the truth; this only paces retries and explains).
@@ -57,6 +94,17 @@ struct RootMemory {
     quorate_since: Option<Instant>,
     outcome: Option<Outcome>,
     last_event: Option<String>,
+    /// Errors in a row met on this root (API errors, refusals): each doubles its backoff.
+    errors: u32,
+    /// Not before then after an error: the other roots go on meanwhile.
+    error_until: Option<Instant>,
+    /// A pod patch of the plan (by id) the API server refused: the attempt is rolled back.
+    refused: Option<(String, PatchRefused)>,
+}
+
+/// The wait after `errors` errors in a row on one object: 1 s doubled per error, at most 60 s.
+fn error_backoff(errors: u32) -> Duration {
+    MIN_BACKOFF.saturating_mul(1 << errors.saturating_sub(1).min(6)).min(MAX_BACKOFF)
 }
 
 /// The caches admission decides on.
@@ -92,6 +140,10 @@ struct Admitter {
     fits: Arc<FitCache>,
     /// GPU problems per node last reported (topology annotation, metrics, health).
     gpu_problems: BTreeMap<String, Vec<String>>,
+    /// Groups whose last status write failed: errors in a row, not before, the last message.
+    status_errors: HashMap<RootKey, (u32, Instant, String)>,
+    /// Groups in excluded namespaces already reported by an event.
+    excluded_reported: HashSet<RootKey>,
 }
 
 /// Writes of this process that the watch caches have not shown yet.
@@ -138,10 +190,21 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         unhealthy: BTreeMap::new(),
         fits: Arc::default(),
         gpu_problems: BTreeMap::new(),
+        status_errors: HashMap::new(),
+        excluded_reported: HashSet::new(),
     };
     tracing::info!("admission caches ready");
     loop {
-        let wake = match admitter.cycle().await {
+        // Leadership lost (or a stop) ends the cycle at its next await: no decision is made,
+        // nor write sent, after that (a commit cut short is resumed by the next leader).
+        let result = tokio::select! {
+            r = admitter.cycle() => r,
+            _ = &mut shutdown => {
+                tracing::info!("admission stopped mid-cycle");
+                return;
+            }
+        };
+        let wake = match result {
             Ok(wake) => wake,
             Err(e) => {
                 admitter.ctx.metrics.reconcile_error(CONTROLLER, e.metric_label());
@@ -169,10 +232,6 @@ where
     store.state().iter().map(|o| (**o).clone()).collect()
 }
 
-fn key_of(ns: &str, name: &str) -> RootKey {
-    (ns.to_string(), name.to_string())
-}
-
 /// Parses `gpu.muster.dev/indices` into a mask; `None` when malformed.
 pub fn indices_mask(value: &str) -> Option<u64> {
     let mut mask = 0u64;
@@ -190,7 +249,7 @@ fn group_pods(pods: &[Pod]) -> HashMap<RootKey, Vec<&Pod>> {
     let mut out: HashMap<RootKey, Vec<&Pod>> = HashMap::new();
     for pod in pods {
         if let Some(g) = pod.labels().get(POD_GROUP_LABEL) {
-            out.entry(key_of(&pod.namespace().unwrap_or_default(), g)).or_default().push(pod);
+            out.entry(RootKey::leaf(&pod.namespace().unwrap_or_default(), g)).or_default().push(pod);
         }
     }
     out
@@ -217,6 +276,8 @@ struct World<'a> {
     pods_by_uid: HashMap<&'a str, &'a Pod>,
     /// Every PodGroup.
     pod_groups: &'a [PodGroup],
+    /// The pods of each PodGroup (by the pod-group label).
+    by_group: &'a HashMap<RootKey, Vec<&'a Pod>>,
     /// The names of the nodes that exist.
     nodes: HashSet<&'a str>,
 }
@@ -239,8 +300,8 @@ impl GroupRef<'_> {
 
     fn key(&self) -> RootKey {
         match self {
-            GroupRef::Leaf(pg) => key_of(&pg.namespace().unwrap_or_default(), &pg.name_any()),
-            GroupRef::Composite(c) => key_of(&c.namespace().unwrap_or_default(), &c.name_any()),
+            GroupRef::Leaf(pg) => RootKey::leaf(&pg.namespace().unwrap_or_default(), &pg.name_any()),
+            GroupRef::Composite(c) => RootKey::composite(&c.namespace().unwrap_or_default(), &c.name_any()),
         }
     }
 }

@@ -12,14 +12,18 @@ use kube::runtime::reflector;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::{Admitter, FIELD_MANAGER, RootKey, key_of, visit};
+use std::collections::HashSet;
+use std::time::Instant;
+
+use super::commit::object_labels;
+use super::{Admitter, CONTROLLER, FIELD_MANAGER, RootKey, error_backoff, group_pods, visit};
 use crate::controllers::conditions;
 use crate::controllers::context::Result;
 use crate::crds::scheduling::{
     AdmissionPlan, CompositePodGroup, CompositePodGroupStatus, GroupPhase, PlanState, PodGroup, PodGroupStatus,
 };
 use crate::crds::{ADMISSION_GATE, HOSTNAME_LABEL, ROLLED_BACK_ANNOTATION};
-use crate::scheduler::{self, Group, GroupTree};
+use crate::scheduler::{self, GroupTree};
 
 /// Condition types written by admission.
 pub mod condition {
@@ -79,6 +83,40 @@ pub enum Outcome {
     BindFailed(String),
     /// A pin failed before the gang started: the attempt was rolled back (pods recreated gated).
     RolledBack(String),
+    /// Admitted before, but gated pods beyond what started do not fit (a gang's pods beyond
+    /// minCount, a basic child of a composite): they wait on a backoff.
+    Partly(String),
+    /// In a namespace muster's webhooks skip (its own, kube-system): pods there are never
+    /// gated, so muster does not admit the group.
+    Excluded(String),
+}
+
+impl Outcome {
+    /// The outcome's message.
+    pub fn message(&self) -> &str {
+        match self {
+            Outcome::Waiting(m)
+            | Outcome::Unschedulable(m)
+            | Outcome::Admitted(m)
+            | Outcome::BindFailed(m)
+            | Outcome::RolledBack(m)
+            | Outcome::Partly(m)
+            | Outcome::Excluded(m) => m,
+        }
+    }
+}
+
+/// What a root's outcome means for one PodGroup under it: a root admitted only in part is
+/// unschedulable for a group still short of its minCount, partly admitted for one that has
+/// it but still has gated pods, and says nothing special of one with no gated pod.
+fn leaf_outcome(outcome: Option<&Outcome>, counts: &PodCounts, min: i32) -> Option<Outcome> {
+    match outcome {
+        Some(Outcome::Partly(_)) if counts.gated == 0 => None,
+        Some(Outcome::Partly(m)) if counts.admitted + counts.succeeded + counts.failed < min.max(1) => {
+            Some(Outcome::Unschedulable(m.clone()))
+        }
+        other => other.cloned(),
+    }
 }
 
 /// Counts of a group's pods.
@@ -153,6 +191,9 @@ fn phase_of(counts: &PodCounts, min: i32, outcome: Option<&Outcome>, plan: Optio
     if counts.running >= min.max(1) {
         return GroupPhase::Running;
     }
+    if matches!(outcome, Some(Outcome::Excluded(_))) {
+        return GroupPhase::Pending;
+    }
     if counts.admitted >= min.max(1) || plan.is_some_and(|p| p.state != PlanState::Planned) {
         return GroupPhase::Admitted;
     }
@@ -164,13 +205,7 @@ fn phase_of(counts: &PodCounts, min: i32, outcome: Option<&Outcome>, plan: Optio
 
 fn message_of(outcome: Option<&Outcome>, counts: &PodCounts, min: i32) -> String {
     match outcome {
-        Some(
-            Outcome::Waiting(m)
-            | Outcome::Unschedulable(m)
-            | Outcome::Admitted(m)
-            | Outcome::BindFailed(m)
-            | Outcome::RolledBack(m),
-        ) => m.clone(),
+        Some(o) => o.message().to_string(),
         None if counts.pods < min => format!("waiting for quorum: {} pod(s), needs {min}", counts.pods),
         None => format!("{} of {} pod(s) admitted, {} running", counts.admitted, counts.pods, counts.running),
     }
@@ -201,6 +236,12 @@ fn admission_conditions(
             conditions::set(conds, condition::ADMITTED, false, "BindFailed", m, generation, now);
             conditions::set(conds, condition::BIND_FAILED, true, "BindFailed", m, generation, now);
         }
+        Some(Outcome::Partly(m)) => {
+            conditions::set(conds, condition::ADMITTED, true, "PartlyAdmitted", m, generation, now);
+        }
+        Some(Outcome::Excluded(m)) => {
+            conditions::set(conds, condition::ADMITTED, false, "NamespaceExcluded", m, generation, now);
+        }
         None => {}
     }
 }
@@ -211,6 +252,8 @@ pub fn pod_group_status(pg: &PodGroup, pods: &[&Pod], outcome: Option<&Outcome>,
     let generation = pg.metadata.generation;
     let min = pg.spec.scheduling_policy.min_count().unwrap_or(1);
     let counts = count(pods);
+    let outcome = leaf_outcome(outcome, &counts, min);
+    let outcome = outcome.as_ref();
     let mut conds = prev.conditions.clone();
     admission_conditions(&mut conds, outcome, generation, now);
     all_or_nothing_condition(&mut conds, pods, generation, now);
@@ -316,6 +359,8 @@ pub fn composite_status(
         GroupPhase::Failed
     } else if running >= min {
         GroupPhase::Running
+    } else if matches!(outcome, Some(Outcome::Excluded(_))) {
+        GroupPhase::Pending
     } else if admitted >= min {
         GroupPhase::Admitted
     } else if matches!(outcome, Some(Outcome::Unschedulable(_))) {
@@ -324,13 +369,7 @@ pub fn composite_status(
         GroupPhase::Pending
     };
     let message = match outcome {
-        Some(
-            Outcome::Waiting(m)
-            | Outcome::Unschedulable(m)
-            | Outcome::Admitted(m)
-            | Outcome::BindFailed(m)
-            | Outcome::RolledBack(m),
-        ) => m.clone(),
+        Some(o) => o.message().to_string(),
         None => format!("{quorate}/{} child group(s) quorate, {admitted} admitted", children.len()),
     };
     CompositePodGroupStatus {
@@ -355,14 +394,13 @@ pub fn composite_status(
 impl Admitter {
     /// Events on the root group and on its owner (the MusterJob or MusterJobSet).
     pub(super) async fn group_event(&self, tree: &GroupTree, warning: bool, reason: &str, message: &str) {
-        let refs = self.root_refs(&tree.namespace, tree.root.name(), matches!(tree.root, Group::Composite(_)));
-        for r in refs {
-            self.ctx.event(&r, warning, reason, "Admit", message.to_string()).await;
-        }
+        self.root_event(&RootKey::of(&tree.namespace, &tree.root), warning, reason, message).await;
     }
 
-    pub(super) fn root_refs(&self, ns: &str, name: &str, composite: bool) -> Vec<ObjectReference> {
-        let obj_ref = if composite {
+    /// The root group and its controller owner, as event targets.
+    pub(super) fn root_refs(&self, key: &RootKey) -> Vec<ObjectReference> {
+        let (ns, name) = (key.ns.as_str(), key.name.as_str());
+        let obj_ref = if key.composite {
             self.caches
                 .composites
                 .get(&reflector::ObjectRef::new(name).within(ns))
@@ -389,46 +427,50 @@ impl Admitter {
     }
 
     /// Writes every group's status that changed (server-side apply, this reconciler's manager).
+    /// A write that fails is that group's alone: reported, retried after a backoff, and the
+    /// other groups are written. Returns when to retry the failed ones.
     pub(super) async fn write_statuses(
-        &self,
+        &mut self,
         pgs: &[PodGroup],
         cpgs: &[CompositePodGroup],
         trees: &[GroupTree],
         by_group: &HashMap<RootKey, Vec<&Pod>>,
-    ) -> Result<()> {
+    ) -> Option<Instant> {
         let now = Timestamp::now();
         // The outcome of a root applies to every group under it.
-        let mut outcome_of: HashMap<RootKey, Option<&Outcome>> = HashMap::new();
+        let mut outcome_of: HashMap<RootKey, Option<Outcome>> = HashMap::new();
         let mut quorate_of: HashMap<RootKey, bool> = HashMap::new();
         for tree in trees {
-            let outcome = self.roots.get(&key_of(&tree.namespace, tree.root.name())).and_then(|m| m.outcome.as_ref());
+            let root = RootKey::of(&tree.namespace, &tree.root);
+            let outcome = self.roots.get(&root).and_then(|m| m.outcome.clone());
             visit(&tree.root, &mut |g| {
-                outcome_of.insert(key_of(&tree.namespace, g.name()), outcome);
-                quorate_of.insert(key_of(&tree.namespace, g.name()), scheduler::is_quorate(g));
+                outcome_of.insert(RootKey::of(&tree.namespace, g), outcome.clone());
+                quorate_of.insert(RootKey::of(&tree.namespace, g), scheduler::is_quorate(g));
             });
         }
         let empty = Vec::new();
+        let mut writes: Vec<(RootKey, serde_json::Value)> = Vec::new();
         let mut leaf_status: HashMap<RootKey, crate::crds::scheduling::PodGroupStatus> = HashMap::new();
         for pg in pgs {
-            let key = key_of(&pg.namespace().unwrap_or_default(), &pg.name_any());
+            let key = RootKey::leaf(&pg.namespace().unwrap_or_default(), &pg.name_any());
             let pods = by_group.get(&key).unwrap_or(&empty);
-            let outcome = outcome_of.get(&key).copied().flatten();
+            let outcome = outcome_of.get(&key).and_then(Option::as_ref);
             let status = pod_group_status(pg, pods, outcome, now);
             if !same_status(pg.status.as_ref(), &status) {
-                self.apply_status::<PodGroup>(&key.0, &key.1, "PodGroup", serde_json::to_value(&status)?).await?;
+                writes.push((key.clone(), serde_json::to_value(&status).unwrap_or_default()));
             }
             leaf_status.insert(key, status);
         }
         for cpg in cpgs {
             let ns = cpg.namespace().unwrap_or_default();
             let name = cpg.name_any();
-            let key = key_of(&ns, &name);
+            let key = RootKey::composite(&ns, &name);
             let mut children = Vec::new();
             for pg in pgs.iter().filter(|p| {
                 p.namespace().as_deref() == Some(ns.as_str())
                     && p.spec.parent_composite_pod_group_name.as_deref() == Some(name.as_str())
             }) {
-                let k = key_of(&ns, &pg.name_any());
+                let k = RootKey::leaf(&ns, &pg.name_any());
                 let s = leaf_status.get(&k);
                 let min = s.and_then(|s| s.min_count).unwrap_or(1);
                 children.push(ChildSummary {
@@ -441,7 +483,7 @@ impl Admitter {
                 c.namespace().as_deref() == Some(ns.as_str())
                     && c.spec.parent_composite_pod_group_name.as_deref() == Some(name.as_str())
             }) {
-                let k = key_of(&ns, &child.name_any());
+                let k = RootKey::composite(&ns, &child.name_any());
                 let s = child.status.as_ref();
                 children.push(ChildSummary {
                     quorate: quorate_of.get(&k).copied().unwrap_or(false),
@@ -449,17 +491,104 @@ impl Admitter {
                     phase: s.and_then(|s| s.phase).unwrap_or(GroupPhase::Pending),
                 });
             }
-            let outcome = outcome_of.get(&key).copied().flatten();
+            let outcome = outcome_of.get(&key).and_then(Option::as_ref);
             let status = composite_status(cpg, &children, outcome, now);
             if !same_status(cpg.status.as_ref(), &status) {
-                self.apply_status::<CompositePodGroup>(&ns, &name, "CompositePodGroup", serde_json::to_value(&status)?)
-                    .await?;
+                writes.push((key, serde_json::to_value(&status).unwrap_or_default()));
             }
         }
-        Ok(())
+        self.apply_statuses(writes).await
     }
 
-    async fn apply_status<K>(&self, ns: &str, name: &str, kind: &str, mut status: serde_json::Value) -> Result<()>
+    /// Applies each status, skipping groups backing off after a failed write. Returns when the
+    /// first of those may be tried again.
+    async fn apply_statuses(&mut self, writes: Vec<(RootKey, serde_json::Value)>) -> Option<Instant> {
+        let now = Instant::now();
+        let mut retry: Option<Instant> = None;
+        for (key, status) in writes {
+            if let Some((_, until, _)) = self.status_errors.get(&key).filter(|(_, until, _)| *until > now) {
+                retry = Some(retry.map_or(*until, |r| r.min(*until)));
+                continue;
+            }
+            let result = if key.composite {
+                self.apply_status::<CompositePodGroup>(&key, "CompositePodGroup", status).await
+            } else {
+                self.apply_status::<PodGroup>(&key, "PodGroup", status).await
+            };
+            match result {
+                Ok(()) => {
+                    self.status_errors.remove(&key);
+                }
+                Err(e) => {
+                    let kind = if key.composite { "CompositePodGroup" } else { "PodGroup" };
+                    self.ctx.metrics.reconcile_error(CONTROLLER, e.metric_label());
+                    self.ctx.metrics.object_errors.get_or_create(&object_labels(kind, e.reason())).inc();
+                    let (errors, last) =
+                        self.status_errors.remove(&key).map(|(n, _, m)| (n, m)).unwrap_or_default();
+                    let errors = errors.saturating_add(1);
+                    let until = Instant::now() + error_backoff(errors);
+                    let note = format!("admission could not write the status: {e}");
+                    tracing::warn!(group = %key, error = %e, errors, "admission could not write a group status");
+                    if last != note {
+                        self.root_event(&key, true, "StatusWriteFailed", &note).await;
+                    }
+                    self.status_errors.insert(key, (errors, until, note));
+                    retry = Some(retry.map_or(until, |r| r.min(until)));
+                }
+            }
+        }
+        retry
+    }
+
+    /// Groups in the namespaces muster's webhooks skip: their pods are never gated, so muster
+    /// does not admit them (it would count pods kube-scheduler places alone). Says so on each
+    /// group's status, and in one Warning event per group.
+    pub(super) async fn report_unmanaged(&mut self, pgs: &[PodGroup], cpgs: &[CompositePodGroup], pods: &[Pod]) {
+        if pgs.is_empty() && cpgs.is_empty() {
+            self.excluded_reported.clear();
+            return;
+        }
+        let now = Timestamp::now();
+        let by_group = group_pods(pods);
+        let empty = Vec::new();
+        let mut writes = Vec::new();
+        let mut seen = HashSet::new();
+        let keys = pgs
+            .iter()
+            .map(|g| (RootKey::leaf(&g.namespace().unwrap_or_default(), &g.name_any()), Some(g), None))
+            .chain(cpgs.iter().map(|c| (RootKey::composite(&c.namespace().unwrap_or_default(), &c.name_any()), None, Some(c))));
+        for (key, pg, cpg) in keys {
+            let message = format!(
+                "not admitted by muster: namespace {} is one its webhooks skip (muster's own and kube-system), \
+                 so these pods are never gated and kube-scheduler places each alone; run gangs in another namespace",
+                key.ns
+            );
+            let outcome = Outcome::Excluded(message.clone());
+            let status = match (pg, cpg) {
+                (Some(pg), _) => {
+                    let s = pod_group_status(pg, by_group.get(&key).unwrap_or(&empty), Some(&outcome), now);
+                    (!same_status(pg.status.as_ref(), &s)).then(|| serde_json::to_value(&s).unwrap_or_default())
+                }
+                (_, Some(cpg)) => {
+                    let s = composite_status(cpg, &[], Some(&outcome), now);
+                    (!same_status(cpg.status.as_ref(), &s)).then(|| serde_json::to_value(&s).unwrap_or_default())
+                }
+                _ => None,
+            };
+            if let Some(status) = status {
+                writes.push((key.clone(), status));
+            }
+            if self.excluded_reported.insert(key.clone()) {
+                tracing::warn!(group = %key, "group in a namespace muster's webhooks skip: not admitted");
+                self.root_event(&key, true, "NamespaceExcluded", &message).await;
+            }
+            seen.insert(key);
+        }
+        self.excluded_reported.retain(|k| seen.contains(k));
+        self.apply_statuses(writes).await;
+    }
+
+    async fn apply_status<K>(&self, key: &RootKey, kind: &str, mut status: serde_json::Value) -> Result<()>
     where
         K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
             + Clone
@@ -472,8 +601,8 @@ impl Admitter {
             }
         }
         let body = json!({"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": kind, "status": status});
-        match Api::<K>::namespaced(self.ctx.client.clone(), ns)
-            .patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body))
+        match Api::<K>::namespaced(self.ctx.client.clone(), &key.ns)
+            .patch_status(&key.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body))
             .await
         {
             Ok(_) => Ok(()),

@@ -168,16 +168,17 @@ impl Admitter {
         let now = Instant::now();
         // `None`: the group is gone (nothing to wait for); `Some(plan)`: its plan as cached.
         let plan_of = |key: &RootKey| -> Option<Option<(String, PlanState)>> {
-            let same = |ns: Option<String>, name: String| ns.as_deref() == Some(key.0.as_str()) && name == key.1;
+            let same = |ns: Option<String>, name: String| ns.as_deref() == Some(key.ns.as_str()) && name == key.name;
             let plan = |p: Option<&AdmissionPlan>| p.map(|p| (p.id.clone(), p.state));
-            pgs.iter()
-                .find(|g| same(g.namespace(), g.name_any()))
-                .map(|g| plan(g.status.as_ref().and_then(|s| s.plan.as_ref())))
-                .or_else(|| {
-                    cpgs.iter()
-                        .find(|g| same(g.namespace(), g.name_any()))
-                        .map(|g| plan(g.status.as_ref().and_then(|s| s.plan.as_ref())))
-                })
+            if key.composite {
+                cpgs.iter()
+                    .find(|g| same(g.namespace(), g.name_any()))
+                    .map(|g| plan(g.status.as_ref().and_then(|s| s.plan.as_ref())))
+            } else {
+                pgs.iter()
+                    .find(|g| same(g.namespace(), g.name_any()))
+                    .map(|g| plan(g.status.as_ref().and_then(|s| s.plan.as_ref())))
+            }
         };
         self.unseen.plans.retain(|key, (want, at)| {
             now.duration_since(*at) < CACHE_SYNC_TIMEOUT && plan_of(key).is_some_and(|cached| cached != *want)
