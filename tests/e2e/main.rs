@@ -11,6 +11,7 @@ mod differential;
 mod gangs;
 mod gpus;
 mod harness;
+mod isolation;
 mod jobs;
 mod placement_diff;
 mod rollback;

@@ -1,0 +1,225 @@
+//! One bad object never stalls admission for the others (issue 15): a pod patch the API server
+//! refuses (a ValidatingAdmissionPolicy here; a webhook's 400/403 is the same answer) is that
+//! pod's or that gang's problem, reported on it and backed off alone, while gangs elsewhere are
+//! admitted. Also: a gang whose pin is refused is never half started, a group in a namespace
+//! muster's webhooks skip is reported instead of counted, and a gang whose pods beyond minCount
+//! do not fit says so instead of claiming to be wholly admitted.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{Api, PostParams};
+use muster::crds::PodGroup;
+use serde_json::{Value, json};
+
+use crate::gangs::{LONG, TestNodes, all_bound, apply, condition, events_of, gang, gated, gpu_job, job_pods, merge};
+use crate::harness::manager::muster;
+use crate::harness::{client, cluster, kubectl_apply, metric, namespace, wait_for};
+
+/// A ValidatingAdmissionPolicy (and its binding) refusing every UPDATE of a pod in `ns` whose
+/// name starts with `prefix` ("": every pod), named after the namespace. Returns once the API
+/// server enforces it (probed on a pod named `<prefix>probe`). Dropped: deleted.
+struct LockedPods {
+    name: String,
+}
+
+impl LockedPods {
+    /// `reason`: the answer's reason (`Forbidden`: 403; `Invalid`: 422, a policy's default).
+    async fn new(ns: &str, prefix: &str, reason: &str) -> Self {
+        let name = format!("e2e-lock-{ns}");
+        let policy = json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods"],
+                }]},
+                "validations": [{
+                    "expression": format!("!object.metadata.name.startsWith('{prefix}')"),
+                    "message": "pods here are locked (e2e policy)",
+                    "reason": reason,
+                }],
+            },
+        });
+        let binding = json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}},
+            },
+        });
+        kubectl_apply("default", &policy.to_string());
+        kubectl_apply("default", &binding.to_string());
+        // The API server loads policies asynchronously: wait until an update is refused.
+        let probe = format!("{prefix}probe");
+        let pods: Api<Pod> = Api::namespaced(client().await, ns);
+        if pods.get_opt(&probe).await.ok().flatten().is_none() {
+            let pod: Pod = serde_json::from_value(json!({
+                "metadata": {"name": probe},
+                "spec": {"containers": [{"name": "c", "image": "registry.invalid/none"}],
+                    "schedulingGates": [{"name": "e2e.muster.dev/never"}]},
+            }))
+            .expect("probe pod");
+            pods.create(&PostParams::default(), &pod).await.expect("create the probe pod");
+        }
+        wait_for("the ValidatingAdmissionPolicy to be enforced", Duration::from_secs(30), || async {
+            let out = cluster().kubectl(&["-n", ns, "label", "pod", &probe, "e2e-probe=1", "--overwrite", "--dry-run=server"]);
+            out.is_err().then_some(())
+        })
+        .await;
+        Self { name }
+    }
+}
+
+impl Drop for LockedPods {
+    fn drop(&mut self) {
+        let _ = cluster().kubectl(&["delete", "validatingadmissionpolicybinding", &self.name, "--ignore-not-found"]);
+        let _ = cluster().kubectl(&["delete", "validatingadmissionpolicy", &self.name, "--ignore-not-found"]);
+    }
+}
+
+fn plain_gpu_pod(name: &str, nodes: &TestNodes) -> Value {
+    let mut spec = json!({"containers": [{"name": "main", "image": "registry.invalid/none",
+        "resources": {"limits": {"nvidia.com/gpu": "1"}}}]});
+    merge(&mut spec, nodes.placement());
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec})
+}
+
+async fn group_until(ns: &str, name: &str, what: &str, check: impl Fn(&PodGroup) -> bool) -> PodGroup {
+    let groups: Api<PodGroup> = Api::namespaced(client().await, ns);
+    wait_for(&format!("PodGroup {ns}/{name}: {what}"), LONG, || async {
+        groups.get_opt(name).await.ok().flatten().filter(|g| check(g))
+    })
+    .await
+}
+
+fn message(g: &PodGroup) -> &str {
+    g.status.as_ref().and_then(|s| s.message.as_deref()).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_pod_whose_gpu_annotation_is_refused_stalls_no_other_gang() {
+    let m = muster().await;
+    let locked = namespace("iso-locked");
+    let lock = LockedPods::new(&locked.name, "", "Forbidden").await;
+    let locked_nodes = TestNodes::add(&locked.name, 1, 4, 1).await;
+    apply(&locked.name, &plain_gpu_pod("plain", &locked_nodes));
+    let pods: Api<Pod> = Api::namespaced(client().await, &locked.name);
+    wait_for("the plain GPU pod bound by kube-scheduler", LONG, || async {
+        let p = pods.get_opt("plain").await.ok().flatten()?;
+        p.spec.as_ref()?.node_name.as_ref().map(|_| ())
+    })
+    .await;
+
+    // A gang elsewhere is admitted and binds whole, while the device pass keeps failing there.
+    let ns = namespace("iso-free");
+    let nodes = TestNodes::add(&ns.name, 1, 4, 1).await;
+    apply(&ns.name, &gpu_job("train", 2, 1, &nodes, gang(2), json!({})));
+    let free: Api<Pod> = Api::namespaced(client().await, &ns.name);
+    all_bound(&free, "train", 2).await;
+
+    // The refusal is reported on the pod, and counted by reason.
+    let events = wait_for("a Warning event on the locked pod", LONG, || async {
+        let e = events_of(&locked.name, "plain").await;
+        e.iter().any(|(t, _, m)| t == "Warning" && m.contains("locked")).then_some(e)
+    })
+    .await;
+    assert!(events.iter().any(|(_, _, m)| m.contains("pods here are locked")), "{events:?}");
+    let text = m.endpoints.metrics().await;
+    let refused: f64 = ["forbidden", "invalid"]
+        .iter()
+        .map(|r| metric(&text, "muster_device_patch_errors_total", &[("reason", r)]))
+        .sum();
+    assert!(refused >= 1.0, "the refused device patch is counted by reason:\n{}", grep(&text, "patch_errors"));
+    drop(lock);
+}
+
+#[tokio::test]
+async fn a_gang_whose_pin_is_refused_is_never_half_started_and_admitted_once_allowed() {
+    let _m = muster().await;
+    let ns = namespace("iso-refused");
+    let nodes = TestNodes::add(&ns.name, 1, 4, 1).await;
+    // Updates of the gang's second pod are refused: the dry run finds it before any pod is ungated.
+    let lock = LockedPods::new(&ns.name, "train-1-", "Invalid").await;
+    apply(&ns.name, &gpu_job("train", 2, 1, &nodes, gang(2), json!({})));
+    let g = group_until(&ns.name, "train", "unschedulable: the API server refused a pin", |g| {
+        message(g).contains("refused")
+    })
+    .await;
+    assert!(message(&g).contains("pods here are locked"), "the API server's word is quoted: {}", message(&g));
+    let admitted = condition(&g, "Admitted").expect("Admitted condition");
+    assert_eq!(admitted.status, "False", "{admitted:?}");
+    let pods: Api<Pod> = Api::namespaced(client().await, &ns.name);
+    // Several attempts later, still no pod of the gang ungated.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let now = job_pods(&pods, "train").await;
+    assert_eq!(now.len(), 2);
+    assert!(now.iter().all(gated), "no pod ungated while one pin is refused: {:?}", names(&now));
+
+    drop(lock);
+    all_bound(&pods, "train", 2).await;
+}
+
+#[tokio::test]
+async fn a_group_in_a_namespace_the_webhooks_skip_is_reported_not_admitted() {
+    let _m = muster().await;
+    let ns = "kube-system";
+    let name = format!("e2e-excluded-{}", std::process::id());
+    let group: PodGroup = serde_json::from_value(json!({
+        "apiVersion": "scheduling.muster.dev/v1alpha1", "kind": "PodGroup",
+        "metadata": {"name": name},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": 1}}},
+    }))
+    .expect("pod group");
+    let groups: Api<PodGroup> = Api::namespaced(client().await, ns);
+    groups.create(&PostParams::default(), &group).await.expect("create the PodGroup");
+    let _cleanup = Cleanup(name.clone());
+    let g = group_until(ns, &name, "Admitted=False NamespaceExcluded", |g| {
+        condition(g, "Admitted").is_some_and(|c| c.reason == "NamespaceExcluded" && c.status == "False")
+    })
+    .await;
+    assert!(message(&g).contains("kube-system"), "{}", message(&g));
+}
+
+/// Deletes the kube-system PodGroup of a test.
+struct Cleanup(String);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = cluster().kubectl(&["-n", "kube-system", "delete", "podgroup", &self.0, "--ignore-not-found"]);
+    }
+}
+
+#[tokio::test]
+async fn gated_pods_beyond_min_count_that_do_not_fit_are_reported_and_backed_off() {
+    let _m = muster().await;
+    let ns = namespace("iso-partly");
+    let nodes = TestNodes::add(&ns.name, 1, 2, 1).await;
+    // Three pods, minCount 2, room for two: the gang starts, the third waits and says why.
+    apply(&ns.name, &gpu_job("train", 3, 1, &nodes, gang(2), json!({})));
+    let g = group_until(&ns.name, "train", "partly admitted", |g| {
+        condition(g, "Admitted").is_some_and(|c| c.reason == "PartlyAdmitted")
+    })
+    .await;
+    let admitted = condition(&g, "Admitted").expect("Admitted condition");
+    assert_eq!(admitted.status, "True");
+    assert!(admitted.message.contains("1 gated pod(s) not admitted"), "{}", admitted.message);
+    assert!(admitted.message.contains("Insufficient nvidia.com/gpu"), "{}", admitted.message);
+    let pods: Api<Pod> = Api::namespaced(client().await, &ns.name);
+    let now = job_pods(&pods, "train").await;
+    assert_eq!(now.iter().filter(|p| gated(p)).count(), 1, "{:?}", names(&now));
+}
+
+fn names(pods: &[Pod]) -> Vec<String> {
+    pods.iter().map(|p| format!("{} gated={}", p.name_any(), gated(p))).collect()
+}
+
+fn grep(text: &str, pattern: &str) -> String {
+    text.lines().filter(|l| l.contains(pattern)).collect::<Vec<_>>().join("\n")
+}
