@@ -8,6 +8,7 @@ pub mod cli;
 pub mod controllers;
 pub mod crds;
 pub mod devices;
+pub mod pods;
 pub mod scheduler;
 pub mod webhook;
 pub mod workloadbuilder;

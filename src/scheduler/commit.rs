@@ -159,7 +159,8 @@ pub fn remaining_fits(snapshot: &Snapshot, pins: &[GatedPin], groups: &BTreeMap<
         if let Some(why) = &node.unusable {
             return RemainingFits::No(format!("node {} is unusable ({why:?})", node.name));
         }
-        let (requested, gpus) = taken.entry(pin.node.as_str()).or_insert_with(|| (node.requested.clone(), node.gpu_used));
+        let (requested, gpus) =
+            taken.entry(pin.node.as_str()).or_insert_with(|| (node.requested.clone(), node.gpu_used));
         for (resource, amount) in pin.requests.iter().filter(|(_, a)| *a > 0) {
             let free = node.allocatable.get(resource) - requested.get(resource);
             if amount > free {
@@ -255,7 +256,9 @@ impl PinFailure {
             FailureCause::BindTimeout(t) => format!("was not bound to node {} within {}s", self.node, t.as_secs()),
             FailureCause::NodeGone => format!("was pinned to node {}, which no longer exists", self.node),
             FailureCause::NoLongerFits(m) => format!("no longer fits node {} ({m})", self.node),
-            FailureCause::PatchRefused(m) => format!("could not be pinned to node {}: the API server refused: {m}", self.node),
+            FailureCause::PatchRefused(m) => {
+                format!("could not be pinned to node {}: the API server refused: {m}", self.node)
+            }
         };
         let quote = self.scheduler_message.as_deref().or(fallback).map(|m| format!(": {m}")).unwrap_or_default();
         format!("pod {} {why}{quote}; {} of {} planned pod(s) unbound", self.pod, self.unbound, self.planned)
@@ -661,8 +664,14 @@ mod tests {
             gpus,
         };
         let quorate = BTreeMap::from([("g".to_string(), GroupCount { existing: 2, min_count: 2 })]);
-        let cases: Vec<(&str, Vec<GatedPin>, BTreeMap<String, GroupCount>, Option<&str>)> = vec![
-            ("free GPUs and cpu: fits", vec![pin("a", "n1", 1000, 0b1100), pin("b", "n2", 6000, 0b1)], quorate.clone(), None),
+        type Case<'a> = (&'a str, Vec<GatedPin>, BTreeMap<String, GroupCount>, Option<&'a str>);
+        let cases: Vec<Case<'_>> = vec![
+            (
+                "free GPUs and cpu: fits",
+                vec![pin("a", "n1", 1000, 0b1100), pin("b", "n2", 6000, 0b1)],
+                quorate.clone(),
+                None,
+            ),
             (
                 "an index taken while muster was down",
                 vec![pin("a", "n1", 1000, 0b0110)],

@@ -53,9 +53,7 @@ pub use shape::{
     NodeSelectorTerm, Operator, PodShape, Requirement, ShapeError, Taint, TaintEffect, Toleration,
     UNSCHEDULABLE_TAINT_KEY,
 };
-pub use snapshot::{
-    Labels, MAX_GPUS, NodeInfo, NodePod, PodPhase, Snapshot, SnapshotError, Unusable, is_terminating, pod_phase,
-};
+pub use snapshot::{Labels, MAX_GPUS, NodeInfo, NodePod, Snapshot, SnapshotError, Unusable};
 pub use tree::{
     CompositeGroup, CompositePolicy, Forest, Group, GroupPod, GroupTree, LeafGroup, LeafPolicy, PodState, Unresolved,
     UnresolvedReason, build_forest, sort_for_admission,

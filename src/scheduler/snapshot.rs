@@ -10,7 +10,8 @@ use super::interpod::{HostPort, PodTerm, host_ports};
 use super::resources::{ResourceError, Resources, pod_requests};
 use super::shape::{ShapeError, Taint};
 use super::volumes::Volumes;
-use crate::crds::{ADMISSION_GATE, GPU_RESOURCE, HOSTNAME_LABEL, POD_GROUP_LABEL};
+use crate::crds::{GPU_RESOURCE, HOSTNAME_LABEL, POD_GROUP_LABEL};
+use crate::pods::{Placement, PodClass};
 
 /// Most GPUs a node may have: the used-index mask is a `u64`.
 pub const MAX_GPUS: u32 = 64;
@@ -233,45 +234,6 @@ fn gpu_count(allocatable: &Resources) -> u32 {
     u32::try_from(allocatable.get(GPU_RESOURCE).clamp(0, i64::from(MAX_GPUS))).unwrap_or(0)
 }
 
-/// Where a pod stands, as admission sees it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PodPhase {
-    /// Succeeded or Failed: uses nothing, counts for nothing.
-    Finished,
-    /// Held by muster's admission gate.
-    Gated,
-    /// Bound to this node (`spec.nodeName`).
-    Bound(String),
-    /// Admitted by muster (gate removed, pinned to this hostname) and not yet bound.
-    Admitted(String),
-    /// Neither gated nor bound nor pinned: kube-scheduler's to place, not muster's.
-    Unpinned,
-}
-
-/// Classifies a pod (terminating pods are classified as if alive; see [`is_terminating`]).
-pub fn pod_phase(pod: &Pod) -> PodPhase {
-    let finished = matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"));
-    let Some(spec) = pod.spec.as_ref() else { return PodPhase::Unpinned };
-    if finished {
-        return PodPhase::Finished;
-    }
-    if let Some(node) = spec.node_name.as_ref().filter(|n| !n.is_empty()) {
-        return PodPhase::Bound(node.clone());
-    }
-    if spec.scheduling_gates.iter().flatten().any(|g| g.name == ADMISSION_GATE) {
-        return PodPhase::Gated;
-    }
-    match spec.node_selector.as_ref().and_then(|s| s.get(HOSTNAME_LABEL)) {
-        Some(hostname) => PodPhase::Admitted(hostname.clone()),
-        None => PodPhase::Unpinned,
-    }
-}
-
-/// True when the pod is being deleted.
-pub fn is_terminating(pod: &Pod) -> bool {
-    pod.metadata.deletion_timestamp.is_some()
-}
-
 fn pod_key(pod: &Pod) -> String {
     format!(
         "{}/{}",
@@ -368,10 +330,12 @@ impl Snapshot {
     /// Counts a pod's requests on the node it is bound to or admitted onto; returns whether it
     /// was counted. Gated, unpinned and finished pods use nothing.
     pub fn add_pod(&mut self, pod: &Pod) -> bool {
-        let index = match pod_phase(pod) {
-            PodPhase::Bound(node) => self.by_name.get(&node).copied(),
-            PodPhase::Admitted(hostname)
-                if !is_terminating(pod)
+        let class = PodClass::of(pod);
+        let index = match class.placement {
+            _ if class.finished() => None,
+            Placement::Bound(node) => self.by_name.get(&node).copied(),
+            Placement::Admitted(hostname)
+                if !class.terminating
                     && pod.metadata.labels.as_ref().is_some_and(|l| l.contains_key(POD_GROUP_LABEL)) =>
             {
                 let index = self.by_hostname.get(&hostname).copied();
@@ -427,7 +391,7 @@ impl Snapshot {
             labels,
             anti_affinity,
             host_ports: spec.map(host_ports).unwrap_or_default(),
-            terminating: is_terminating(pod),
+            terminating: crate::pods::is_terminating(pod),
         });
         self.pods_by_node[i as usize].push(index);
         self.by_namespace.entry(namespace.into()).or_default().push(index);
@@ -582,7 +546,8 @@ mod tests {
     }
 
     fn gated(mut pod: Pod) -> Pod {
-        pod.spec.as_mut().unwrap().scheduling_gates = Some(vec![PodSchedulingGate { name: ADMISSION_GATE.into() }]);
+        pod.spec.as_mut().unwrap().scheduling_gates =
+            Some(vec![PodSchedulingGate { name: crate::crds::ADMISSION_GATE.into() }]);
         pod
     }
 

@@ -9,10 +9,11 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
 use super::shape::{PodShape, ShapeError};
-use super::snapshot::{Labels, PodPhase, is_terminating, pod_phase};
+use super::snapshot::Labels;
 use crate::crds::blocks::SchedulingConstraints;
 use crate::crds::scheduling::MAX_DEPTH;
 use crate::crds::{CompositePodGroup, POD_GROUP_LABEL, PodGroup};
+use crate::pods::{Placement, PodClass};
 
 /// Scheduling policy of a PodGroup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -183,20 +184,20 @@ impl LeafGroup {
     /// Adds a pod from the cluster; returns false when it does not count (finished or
     /// terminating), as upstream counts only active pods.
     pub fn add_pod(&mut self, pod: &Pod) -> bool {
-        if is_terminating(pod) {
+        let class = PodClass::of(pod);
+        if !class.live() {
             return false;
         }
         let name = pod.metadata.name.as_deref().unwrap_or_default();
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-        match pod_phase(pod) {
-            PodPhase::Finished => return false,
-            PodPhase::Gated => match PodShape::from_pod(pod) {
+        match class.placement {
+            Placement::Gated => match PodShape::from_pod(pod) {
                 Ok(shape) => self.add_gated(name, uid, shape),
                 Err(error) => self.push(name, uid, PodState::Invalid { error }),
             },
-            PodPhase::Bound(node) => self.push(name, uid, PodState::Bound { node }),
-            PodPhase::Admitted(hostname) => self.push(name, uid, PodState::Admitted { hostname }),
-            PodPhase::Unpinned => self.push(name, uid, PodState::Unmanaged),
+            Placement::Bound(node) => self.push(name, uid, PodState::Bound { node }),
+            Placement::Admitted(hostname) => self.push(name, uid, PodState::Admitted { hostname }),
+            Placement::Unpinned => self.push(name, uid, PodState::Unmanaged),
         }
         if let Some(last) = self.pods.last_mut() {
             last.labels = pod.metadata.labels.iter().flatten().collect();
@@ -509,7 +510,7 @@ pub fn build_forest(pod_groups: &[PodGroup], composites: &[CompositePodGroup], p
     let mut orphans: Vec<_> = pods_by_group.iter().filter(|(key, _)| !known.contains(key)).collect();
     orphans.sort_by(|a, b| a.0.cmp(b.0));
     for (key, group_pods) in orphans {
-        let active = group_pods.iter().filter(|p| !is_terminating(p) && pod_phase(p) != PodPhase::Finished).count();
+        let active = group_pods.iter().filter(|p| PodClass::of(p).live()).count();
         if active > 0 {
             unresolved.push(Unresolved {
                 namespace: key.0.clone(),

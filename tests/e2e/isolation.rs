@@ -69,7 +69,16 @@ impl LockedPods {
             pods.create(&PostParams::default(), &pod).await.expect("create the probe pod");
         }
         wait_for("the ValidatingAdmissionPolicy to be enforced", Duration::from_secs(30), || async {
-            let out = cluster().kubectl(&["-n", ns, "label", "pod", &probe, "e2e-probe=1", "--overwrite", "--dry-run=server"]);
+            let out = cluster().kubectl(&[
+                "-n",
+                ns,
+                "label",
+                "pod",
+                &probe,
+                "e2e-probe=1",
+                "--overwrite",
+                "--dry-run=server",
+            ]);
             out.is_err().then_some(())
         })
         .await;

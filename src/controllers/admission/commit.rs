@@ -15,15 +15,13 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::status::Outcome;
-use super::{
-    Admitter, FAULT_EXIT_ENV, GroupRef, MIN_BACKOFF, RootKey, World, bound, error_backoff, finished, indices_mask,
-    is_gated,
-};
+use super::{Admitter, FAULT_EXIT_ENV, GroupRef, MIN_BACKOFF, RootKey, World, error_backoff, indices_mask, is_gated};
 use crate::controllers::context::Result;
 use crate::controllers::metrics::ObjectErrorLabels;
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{AdmissionPlan, AvoidedNode, CompositePodGroup, PlanState, PlannedPod, PodGroup};
 use crate::crds::{ADMISSION_GATE, GPU_INDICES_ANNOTATION, HOSTNAME_LABEL, ROLLED_BACK_ANNOTATION};
+use crate::pods::{Placement, PodClass};
 use crate::scheduler::{
     self, CommitInput, Decision, FailureCause, GatedPin, GroupCount, PatchRefused, PinFailure, PinState, PlannedPodNow,
     Refusal, RemainingFits, RollBack, RollbackHistory, RollbackPolicy, Snapshot, StartRequirement, Step,
@@ -34,7 +32,9 @@ use crate::scheduler::{
 fn reserve(snapshot: &mut Snapshot, pod: &Pod, planned: &PlannedPod) {
     let mut admitted = pod.clone();
     if let Some(spec) = admitted.spec.as_mut() {
-        spec.node_selector.get_or_insert_with(BTreeMap::new).insert(HOSTNAME_LABEL.into(), planned.pin_hostname().into());
+        spec.node_selector
+            .get_or_insert_with(BTreeMap::new)
+            .insert(HOSTNAME_LABEL.into(), planned.pin_hostname().into());
         spec.scheduling_gates = None;
     }
     snapshot.add_pod(&admitted);
@@ -69,16 +69,13 @@ fn pods_now(plan: &AdmissionPlan, root: &str, world: &World<'_>) -> Vec<PlannedP
 
 /// Where a planned pod stands, read from the pod.
 fn pin_state(pod: &Pod) -> PinState {
-    if pod.metadata.deletion_timestamp.is_some() {
-        PinState::Terminating
-    } else if finished(pod) {
-        PinState::Finished
-    } else if bound(pod) {
-        PinState::Bound { node: pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default() }
-    } else if is_gated(pod) {
-        PinState::Gated
-    } else {
-        PinState::Unbound { refusal: refusal(pod) }
+    let class = PodClass::of(pod);
+    match class.placement {
+        _ if class.terminating => PinState::Terminating,
+        _ if class.finished() => PinState::Finished,
+        Placement::Bound(node) => PinState::Bound { node },
+        Placement::Gated => PinState::Gated,
+        Placement::Admitted(_) | Placement::Unpinned => PinState::Unbound { refusal: refusal(pod) },
     }
 }
 
@@ -239,7 +236,8 @@ fn remaining_of(
     for (group, count) in &mut groups {
         let others = world.by_group.get(&RootKey::leaf(ns, group)).into_iter().flatten().filter(|p| {
             let uid = p.metadata.uid.as_deref().unwrap_or_default();
-            !planned.contains(uid) && !is_gated(p) && !finished(p) && p.metadata.deletion_timestamp.is_none()
+            let class = PodClass::of(p);
+            !planned.contains(uid) && !class.gated() && class.live()
         });
         count.existing += u32::try_from(others.count()).unwrap_or(u32::MAX);
     }

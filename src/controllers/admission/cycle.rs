@@ -376,7 +376,14 @@ impl Admitter {
     }
 
     /// Gated pods of an admitted root that do not fit: the root stays admitted, the pods wait.
-    async fn partly(&mut self, key: &RootKey, tree: &GroupTree, decision: &Decision, why: String, capacity: u64) -> Instant {
+    async fn partly(
+        &mut self,
+        key: &RootKey,
+        tree: &GroupTree,
+        decision: &Decision,
+        why: String,
+        capacity: u64,
+    ) -> Instant {
         let at = self.back_off(key, capacity);
         let message = format!("{} gated pod(s) not admitted: {why}", gated_count(tree));
         let reason = decision.explanation.as_ref().map_or_else(|| "Unschedulable".into(), |e| e.metric_reason());

@@ -29,8 +29,8 @@ use tokio::sync::Notify;
 use super::context::Context;
 use super::devices::DeviceReconciler;
 use super::devices::prometheus::PrometheusSource;
+use crate::crds::POD_GROUP_LABEL;
 use crate::crds::scheduling::{AdmissionPlan, CompositePodGroup, PlanState, PodGroup};
-use crate::crds::{ADMISSION_GATE, POD_GROUP_LABEL};
 use crate::devices::MetricsCache;
 use crate::devices::chooser::FitCache;
 use crate::scheduler::{Group, PatchRefused};
@@ -255,20 +255,7 @@ fn group_pods(pods: &[Pod]) -> HashMap<RootKey, Vec<&Pod>> {
     out
 }
 
-fn is_gated(pod: &Pod) -> bool {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.scheduling_gates.as_ref())
-        .is_some_and(|g| g.iter().any(|g| g.name == ADMISSION_GATE))
-}
-
-fn bound(pod: &Pod) -> bool {
-    pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| !n.is_empty())
-}
-
-fn finished(pod: &Pod) -> bool {
-    matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
-}
+use crate::pods::is_gated;
 
 /// What one cycle read of the caches, as the commit protocol needs it.
 struct World<'a> {

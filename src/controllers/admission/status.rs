@@ -22,7 +22,8 @@ use crate::controllers::context::Result;
 use crate::crds::scheduling::{
     AdmissionPlan, CompositePodGroup, CompositePodGroupStatus, GroupPhase, PlanState, PodGroup, PodGroupStatus,
 };
-use crate::crds::{ADMISSION_GATE, HOSTNAME_LABEL, ROLLED_BACK_ANNOTATION};
+use crate::crds::{HOSTNAME_LABEL, ROLLED_BACK_ANNOTATION};
+use crate::pods::{Lifecycle, PodClass};
 use crate::scheduler::{self, GroupTree};
 
 /// Condition types written by admission.
@@ -144,26 +145,22 @@ pub fn count(pods: &[&Pod]) -> PodCounts {
     let mut c = PodCounts::default();
     let rolled_back = |p: &Pod| p.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(ROLLED_BACK_ANNOTATION));
     for pod in pods.iter().filter(|p| !rolled_back(p)) {
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
-        match phase {
-            "Succeeded" => c.succeeded += 1,
-            "Failed" => c.failed += 1,
-            _ if pod.metadata.deletion_timestamp.is_some() => {}
-            _ => {
+        let class = PodClass::of(pod);
+        match class.lifecycle {
+            Lifecycle::Succeeded => c.succeeded += 1,
+            Lifecycle::Failed => c.failed += 1,
+            _ if class.terminating => {}
+            lifecycle => {
                 c.pods += 1;
-                let spec = pod.spec.as_ref();
-                let gated = spec
-                    .and_then(|s| s.scheduling_gates.as_ref())
-                    .is_some_and(|g| g.iter().any(|g| g.name == ADMISSION_GATE));
-                if gated {
+                if class.gated() {
                     c.gated += 1;
                 } else {
                     c.admitted += 1;
                 }
-                if spec.and_then(|s| s.node_name.as_deref()).is_some_and(|n| !n.is_empty()) {
+                if class.bound_node().is_some() {
                     c.scheduled += 1;
                 }
-                if phase == "Running" {
+                if lifecycle == Lifecycle::Running {
                     c.running += 1;
                 }
             }
@@ -523,8 +520,7 @@ impl Admitter {
                     let kind = if key.composite { "CompositePodGroup" } else { "PodGroup" };
                     self.ctx.metrics.reconcile_error(CONTROLLER, e.metric_label());
                     self.ctx.metrics.object_errors.get_or_create(&object_labels(kind, e.reason())).inc();
-                    let (errors, last) =
-                        self.status_errors.remove(&key).map(|(n, _, m)| (n, m)).unwrap_or_default();
+                    let (errors, last) = self.status_errors.remove(&key).map(|(n, _, m)| (n, m)).unwrap_or_default();
                     let errors = errors.saturating_add(1);
                     let until = Instant::now() + error_backoff(errors);
                     let note = format!("admission could not write the status: {e}");
@@ -556,7 +552,10 @@ impl Admitter {
         let keys = pgs
             .iter()
             .map(|g| (RootKey::leaf(&g.namespace().unwrap_or_default(), &g.name_any()), Some(g), None))
-            .chain(cpgs.iter().map(|c| (RootKey::composite(&c.namespace().unwrap_or_default(), &c.name_any()), None, Some(c))));
+            .chain(
+                cpgs.iter()
+                    .map(|c| (RootKey::composite(&c.namespace().unwrap_or_default(), &c.name_any()), None, Some(c))),
+            );
         for (key, pg, cpg) in keys {
             let message = format!(
                 "not admitted by muster: namespace {} is one its webhooks skip (muster's own and kube-system), \
@@ -663,7 +662,7 @@ mod tests {
     fn pod(phase: &str, gated: bool, node: Option<&str>) -> Pod {
         let mut spec = json!({"containers": [{"name": "c"}]});
         if gated {
-            spec["schedulingGates"] = json!([{"name": ADMISSION_GATE}]);
+            spec["schedulingGates"] = json!([{"name": crate::crds::ADMISSION_GATE}]);
         }
         if let Some(n) = node {
             spec["nodeName"] = json!(n);

@@ -18,7 +18,8 @@ use super::metrics::NodeLabels;
 use crate::crds::{GPU_INDICES_ANNOTATION, GPU_RESOURCE};
 use crate::devices::chooser::NodeGpus;
 use crate::devices::{GpuSet, Ledger, LedgerProblem, PodRecord, SelectOptions, format_indices, select};
-use crate::scheduler::{self, Snapshot};
+use crate::pods::{Placement, PodClass};
+use crate::scheduler::Snapshot;
 
 /// GPUs a pod asks for: the largest of its containers' requests/limits sum, as kubelet counts.
 pub fn gpus_wanted(pod: &Pod) -> u64 {
@@ -39,10 +40,12 @@ pub fn gpus_wanted(pod: &Pod) -> u64 {
 
 /// The node a pod holds GPUs on: where it is bound, or where admission pinned it.
 fn node_of(pod: &Pod, snapshot: &Snapshot) -> Option<String> {
-    match scheduler::pod_phase(pod) {
-        scheduler::PodPhase::Bound(node) => Some(node),
-        scheduler::PodPhase::Admitted(host) => snapshot.node_by_hostname(&host).map(|n| n.name.clone()),
-        _ => None,
+    let class = PodClass::of(pod);
+    match class.placement {
+        _ if class.finished() => None,
+        Placement::Bound(node) => Some(node),
+        Placement::Admitted(host) => snapshot.node_by_hostname(&host).map(|n| n.name.clone()),
+        Placement::Gated | Placement::Unpinned => None,
     }
 }
 

@@ -15,6 +15,7 @@ use crate::crds::{
     ADMISSION_ATTEMPT_ANNOTATION, ADMISSION_GATE, COMPLETION_INDEX_ANNOTATION, GPU_INDICES_ANNOTATION, GPU_RESOURCE,
     JOB_NAME_LABEL, JOBSET_NAME_LABEL, POD_GROUP_LABEL, REPLICATED_JOB_LABEL, ROLLED_BACK_ANNOTATION,
 };
+use crate::pods::Lifecycle;
 
 /// Pod annotation: the gang attempt a pod belongs to (with disruption mode `all`, a failure
 /// restarts every pod of its attempt).
@@ -38,26 +39,13 @@ pub mod condition {
     pub const INVALID: &str = "Invalid";
 }
 
-/// A pod's phase as the job logic needs it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
-    /// Not yet running (gated, scheduling, starting).
-    Pending,
-    /// Running.
-    Running,
-    /// Finished successfully.
-    Succeeded,
-    /// Finished with a failure.
-    Failed,
-}
-
 /// What the job logic needs to know of one of its pods.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObservedPod {
     /// Pod name.
     pub name: String,
     /// Phase.
-    pub phase: Phase,
+    pub phase: Lifecycle,
     /// Completion index (Indexed jobs).
     pub index: Option<i32>,
     /// Gang attempt the pod was created in.
@@ -81,12 +69,7 @@ impl ObservedPod {
     pub fn from_pod(pod: &Pod) -> Self {
         let meta = &pod.metadata;
         let status = pod.status.as_ref();
-        let phase = match status.and_then(|s| s.phase.as_deref()) {
-            Some("Running") => Phase::Running,
-            Some("Succeeded") => Phase::Succeeded,
-            Some("Failed") => Phase::Failed,
-            _ => Phase::Pending,
-        };
+        let phase = Lifecycle::of(pod);
         let annotation = |k: &str| meta.annotations.as_ref().and_then(|a| a.get(k)).and_then(|v| v.parse::<i32>().ok());
         Self {
             name: meta.name.clone().unwrap_or_default(),
@@ -111,7 +94,7 @@ impl ObservedPod {
         }
     }
     fn active(&self) -> bool {
-        !self.terminating && matches!(self.phase, Phase::Pending | Phase::Running)
+        !self.terminating && !self.phase.is_terminal()
     }
 }
 
@@ -193,7 +176,8 @@ pub fn format_indexes(indexes: &BTreeSet<i32>) -> String {
 /// the failed pods of attempts `k` and later is a lower bound even when older failed pods are
 /// gone.
 fn failures(recorded: i32, pods: &[ObservedPod]) -> i32 {
-    let mut attempts: Vec<i32> = pods.iter().filter(|p| p.phase == Phase::Failed).map(|p| p.attempt.max(0)).collect();
+    let mut attempts: Vec<i32> =
+        pods.iter().filter(|p| p.phase == Lifecycle::Failed).map(|p| p.attempt.max(0)).collect();
     attempts.sort_unstable_by(|a, b| b.cmp(a));
     attempts.iter().enumerate().map(|(n, a)| a.saturating_add(n as i32 + 1)).fold(recorded.max(0), i32::max)
 }
@@ -227,12 +211,12 @@ pub fn plan(
     // Counts never go below what the last status recorded: finished pods may be deleted (by
     // people, or pod GC), and a count that drops would let the job retry past backoffLimit or
     // run an index again that already succeeded.
-    let succeeded_pods = (pods.iter().filter(|p| p.phase == Phase::Succeeded).count() as i32).max(prev.succeeded);
+    let succeeded_pods = (pods.iter().filter(|p| p.phase == Lifecycle::Succeeded).count() as i32).max(prev.succeeded);
     let failed = failures(prev.failed, pods);
     let recorded_indexes = prev.completed_indexes.as_deref().map(parse_indexes).unwrap_or_default();
     let succeeded_indexes: BTreeSet<i32> = pods
         .iter()
-        .filter(|p| p.phase == Phase::Succeeded)
+        .filter(|p| p.phase == Lifecycle::Succeeded)
         .filter_map(|p| p.index)
         .chain(recorded_indexes)
         .filter(|i| (0..want_completions).contains(i))
@@ -243,10 +227,7 @@ pub fn plan(
     // restarts of the pods still pending or running are the retries backoffLimit bounds.
     let on_failure = job_spec.template.spec.as_ref().and_then(|s| s.restart_policy.as_deref()) == Some("OnFailure");
     let restarts = if on_failure {
-        pods.iter()
-            .filter(|p| matches!(p.phase, Phase::Pending | Phase::Running))
-            .map(|p| p.restarts)
-            .fold(0i32, i32::saturating_add)
+        pods.iter().filter(|p| !p.phase.is_terminal()).map(|p| p.restarts).fold(0i32, i32::saturating_add)
     } else {
         0
     };
@@ -387,7 +368,7 @@ pub fn plan(
         JobPhase::Failed
     } else if job_spec.suspend {
         JobPhase::Suspended
-    } else if remaining_active.iter().any(|p| p.phase == Phase::Running) {
+    } else if remaining_active.iter().any(|p| p.phase == Lifecycle::Running) {
         JobPhase::Running
     } else {
         JobPhase::Pending
@@ -410,7 +391,8 @@ fn plan_pods(
     let want_completions = completions(spec);
     // Disruption mode `all`: a failed pod takes its whole attempt down; the next attempt is
     // created together, so the gang starts again as a whole.
-    let failed_attempts: BTreeSet<i32> = pods.iter().filter(|p| p.phase == Phase::Failed).map(|p| p.attempt).collect();
+    let failed_attempts: BTreeSet<i32> =
+        pods.iter().filter(|p| p.phase == Lifecycle::Failed).map(|p| p.attempt).collect();
     let mut keep: Vec<&ObservedPod> = Vec::new();
     for p in active {
         if gang_all && failed_attempts.contains(&p.attempt) {

@@ -15,14 +15,14 @@ fn spec(parallelism: i32, completions: Option<i32>, mode: CompletionMode) -> Mus
     s
 }
 
-fn pod(name: &str, phase: Phase, index: Option<i32>) -> ObservedPod {
+fn pod(name: &str, phase: Lifecycle, index: Option<i32>) -> ObservedPod {
     ObservedPod {
         name: name.into(),
         phase,
         index,
         attempt: 0,
         terminating: false,
-        ready: phase == Phase::Running,
+        ready: phase == Lifecycle::Running,
         gated: false,
         restarts: 0,
         rolled_back: false,
@@ -49,7 +49,7 @@ fn creates_parallelism_pods_at_start() {
 
 #[test]
 fn indexed_creates_lowest_missing_indexes() {
-    let pods = [pod("a", Phase::Succeeded, Some(0)), pod("b", Phase::Running, Some(1))];
+    let pods = [pod("a", Lifecycle::Succeeded, Some(0)), pod("b", Lifecycle::Running, Some(1))];
     let p = run(&spec(2, Some(4), CompletionMode::Indexed), &pods);
     assert_eq!(p.create, vec![NewPod { index: Some(2), attempt: 0 }]);
     assert_eq!(p.status.completed_indexes.as_deref(), Some("0"));
@@ -58,7 +58,11 @@ fn indexed_creates_lowest_missing_indexes() {
 
 #[test]
 fn never_more_active_than_remaining_completions() {
-    let pods = [pod("a", Phase::Succeeded, None), pod("b", Phase::Succeeded, None), pod("c", Phase::Running, None)];
+    let pods = [
+        pod("a", Lifecycle::Succeeded, None),
+        pod("b", Lifecycle::Succeeded, None),
+        pod("c", Lifecycle::Running, None),
+    ];
     let p = run(&spec(3, Some(3), CompletionMode::NonIndexed), &pods);
     assert!(p.create.is_empty());
     assert!(p.delete.is_empty());
@@ -67,7 +71,11 @@ fn never_more_active_than_remaining_completions() {
 
 #[test]
 fn completes_when_completions_succeed_and_stops_the_rest() {
-    let pods = [pod("a", Phase::Succeeded, None), pod("b", Phase::Succeeded, None), pod("c", Phase::Running, None)];
+    let pods = [
+        pod("a", Lifecycle::Succeeded, None),
+        pod("b", Lifecycle::Succeeded, None),
+        pod("c", Lifecycle::Running, None),
+    ];
     let p = run(&spec(3, Some(2), CompletionMode::NonIndexed), &pods);
     assert_eq!(p.finished.as_ref().map(|f| f.condition), Some(condition::COMPLETE));
     assert_eq!(p.delete, vec![("c".to_string(), "JobComplete")]);
@@ -78,7 +86,7 @@ fn completes_when_completions_succeed_and_stops_the_rest() {
 
 #[test]
 fn indexed_completes_only_when_every_index_succeeded() {
-    let pods = [pod("a", Phase::Succeeded, Some(0)), pod("b", Phase::Succeeded, Some(0))];
+    let pods = [pod("a", Lifecycle::Succeeded, Some(0)), pod("b", Lifecycle::Succeeded, Some(0))];
     let p = run(&spec(2, Some(2), CompletionMode::Indexed), &pods);
     assert!(p.finished.is_none());
     assert_eq!(p.create, vec![NewPod { index: Some(1), attempt: 0 }]);
@@ -88,10 +96,10 @@ fn indexed_completes_only_when_every_index_succeeded() {
 fn failed_pods_are_replaced_until_the_backoff_limit() {
     let mut s = spec(1, Some(1), CompletionMode::NonIndexed);
     s.backoff_limit = 1;
-    let p = run(&s, &[pod("a", Phase::Failed, None)]);
+    let p = run(&s, &[pod("a", Lifecycle::Failed, None)]);
     assert_eq!(p.create.len(), 1);
     assert_eq!(p.create[0].attempt, 1);
-    let p = run(&s, &[pod("a", Phase::Failed, None), pod("b", Phase::Failed, None)]);
+    let p = run(&s, &[pod("a", Lifecycle::Failed, None), pod("b", Lifecycle::Failed, None)]);
     assert!(p.create.is_empty());
     let f = p.finished.expect("failed");
     assert_eq!((f.condition, f.reason), (condition::FAILED, "BackoffLimitExceeded"));
@@ -107,7 +115,7 @@ fn deadline_fails_the_job() {
         start_time: Some(Time(Timestamp::from_second(now().as_second() - 11).expect("ts"))),
         ..Default::default()
     };
-    let p = plan(&s, None, &prev, &[pod("a", Phase::Running, None)], false, now());
+    let p = plan(&s, None, &prev, &[pod("a", Lifecycle::Running, None)], false, now());
     assert_eq!(p.finished.map(|f| f.reason), Some("DeadlineExceeded"));
     assert_eq!(p.delete, vec![("a".to_string(), "DeadlineExceeded")]);
 }
@@ -120,7 +128,7 @@ fn deadline_requeues_until_due() {
         start_time: Some(Time(Timestamp::from_second(now().as_second() - 4).expect("ts"))),
         ..Default::default()
     };
-    let p = plan(&s, None, &prev, &[pod("a", Phase::Running, None)], false, now());
+    let p = plan(&s, None, &prev, &[pod("a", Lifecycle::Running, None)], false, now());
     assert!(p.finished.is_none());
     assert_eq!(p.requeue_after, Some(6));
 }
@@ -129,13 +137,13 @@ fn deadline_requeues_until_due() {
 fn suspend_deletes_active_pods_and_sets_the_condition() {
     let mut s = spec(2, Some(2), CompletionMode::NonIndexed);
     s.suspend = true;
-    let p = run(&s, &[pod("a", Phase::Running, None), pod("b", Phase::Succeeded, None)]);
+    let p = run(&s, &[pod("a", Lifecycle::Running, None), pod("b", Lifecycle::Succeeded, None)]);
     assert_eq!(p.delete, vec![("a".to_string(), "JobSuspended")]);
     assert!(p.create.is_empty());
     assert!(conditions::is_true(&p.status.conditions, condition::SUSPENDED));
     assert_eq!(p.status.phase, Some(JobPhase::Suspended));
     s.suspend = false;
-    let resumed = plan(&s, None, &p.status, &[pod("b", Phase::Succeeded, None)], false, now());
+    let resumed = plan(&s, None, &p.status, &[pod("b", Lifecycle::Succeeded, None)], false, now());
     assert_eq!(resumed.create.len(), 1);
     assert!(!conditions::is_true(&resumed.status.conditions, condition::SUSPENDED));
 }
@@ -147,7 +155,7 @@ fn suspended_time_does_not_count_toward_the_deadline() {
     s.suspend = true;
     let long_ago = Time(Timestamp::from_second(now().as_second() - 3_600).expect("ts"));
     let running = MusterJobStatus { start_time: Some(long_ago.clone()), ..Default::default() };
-    let suspended = plan(&s, None, &running, &[pod("a", Phase::Running, None)], false, now());
+    let suspended = plan(&s, None, &running, &[pod("a", Lifecycle::Running, None)], false, now());
     assert!(suspended.finished.is_none(), "a suspended job never fails on its deadline");
     assert_eq!(suspended.status.start_time, None, "suspending clears startTime");
     assert_eq!(suspended.requeue_after, None);
@@ -169,7 +177,7 @@ fn suspended_time_does_not_count_toward_the_deadline() {
 
     // Once resumed, the deadline runs from the resume.
     let due = Timestamp::from_second(later.as_second() + 10).expect("ts");
-    let p = plan(&s, None, &resumed.status, &[pod("b", Phase::Running, None)], false, due);
+    let p = plan(&s, None, &resumed.status, &[pod("b", Lifecycle::Running, None)], false, due);
     assert_eq!(p.finished.map(|f| f.reason), Some("DeadlineExceeded"));
 }
 
@@ -189,7 +197,7 @@ fn on_failure(mut s: MusterJobSpec) -> MusterJobSpec {
     s
 }
 
-fn restarted(name: &str, phase: Phase, restarts: i32) -> ObservedPod {
+fn restarted(name: &str, phase: Lifecycle, restarts: i32) -> ObservedPod {
     ObservedPod { restarts, ..pod(name, phase, None) }
 }
 
@@ -197,9 +205,9 @@ fn restarted(name: &str, phase: Phase, restarts: i32) -> ObservedPod {
 fn on_failure_container_restarts_count_toward_the_backoff_limit() {
     let mut s = on_failure(spec(2, Some(2), CompletionMode::NonIndexed));
     s.backoff_limit = 3;
-    let p = run(&s, &[restarted("a", Phase::Running, 1), restarted("b", Phase::Running, 1)]);
+    let p = run(&s, &[restarted("a", Lifecycle::Running, 1), restarted("b", Lifecycle::Running, 1)]);
     assert!(p.finished.is_none(), "2 restarts, limit 3");
-    let p = run(&s, &[restarted("a", Phase::Running, 2), restarted("b", Phase::Pending, 1)]);
+    let p = run(&s, &[restarted("a", Lifecycle::Running, 2), restarted("b", Lifecycle::Pending, 1)]);
     let f = p.finished.expect("failed");
     assert_eq!((f.condition, f.reason), (condition::FAILED, "BackoffLimitExceeded"));
     assert_eq!(p.status.failed, 0, "status.failed counts failed pods only");
@@ -211,8 +219,11 @@ fn on_failure_container_restarts_count_toward_the_backoff_limit() {
 fn on_failure_with_backoff_limit_zero_fails_on_the_first_restart() {
     let mut s = on_failure(spec(1, Some(1), CompletionMode::NonIndexed));
     s.backoff_limit = 0;
-    assert!(run(&s, &[restarted("a", Phase::Running, 0)]).finished.is_none());
-    assert_eq!(run(&s, &[restarted("a", Phase::Running, 1)]).finished.map(|f| f.reason), Some("BackoffLimitExceeded"));
+    assert!(run(&s, &[restarted("a", Lifecycle::Running, 0)]).finished.is_none());
+    assert_eq!(
+        run(&s, &[restarted("a", Lifecycle::Running, 1)]).finished.map(|f| f.reason),
+        Some("BackoffLimitExceeded")
+    );
 }
 
 #[test]
@@ -220,10 +231,10 @@ fn restarts_count_only_with_restart_policy_on_failure() {
     let mut s = spec(1, Some(1), CompletionMode::NonIndexed);
     s.backoff_limit = 1;
     // restartPolicy unset: muster's pods run with Never, where a pod failure is the retry.
-    assert!(run(&s, &[restarted("a", Phase::Running, 5)]).finished.is_none());
+    assert!(run(&s, &[restarted("a", Lifecycle::Running, 5)]).finished.is_none());
     // A finished pod's restarts are not counted again: it counts as a failed pod.
     let s = on_failure(s);
-    assert!(run(&s, &[restarted("a", Phase::Failed, 5)]).finished.is_none());
+    assert!(run(&s, &[restarted("a", Lifecycle::Failed, 5)]).finished.is_none());
 }
 
 #[test]
@@ -251,7 +262,7 @@ fn deleted_failed_pods_still_count_toward_the_backoff_limit() {
     assert!(p.finished.is_none());
     assert_eq!(p.create, vec![NewPod { index: None, attempt: 2 }], "attempt numbers are not reused");
     // Its replacement (attempt 2: made after 2 failures) fails too: the third failure.
-    let third = ObservedPod { attempt: 2, ..pod("c", Phase::Failed, None) };
+    let third = ObservedPod { attempt: 2, ..pod("c", Lifecycle::Failed, None) };
     let p = plan(&s, None, &p.status, &[third], false, now());
     assert_eq!(p.status.failed, 3);
     assert_eq!(p.finished.map(|f| f.reason), Some("BackoffLimitExceeded"));
@@ -259,13 +270,13 @@ fn deleted_failed_pods_still_count_toward_the_backoff_limit() {
 
 #[test]
 fn failures_are_at_least_what_attempts_and_the_last_status_prove() {
-    let failed = |attempt: i32| ObservedPod { attempt, ..pod("p", Phase::Failed, None) };
+    let failed = |attempt: i32| ObservedPod { attempt, ..pod("p", Lifecycle::Failed, None) };
     assert_eq!(failures(0, &[]), 0);
     assert_eq!(failures(4, &[failed(0)]), 4, "the recorded count");
     assert_eq!(failures(0, &[failed(0), failed(0)]), 2, "the visible count");
     assert_eq!(failures(1, &[failed(5)]), 6, "attempt 5 was made after 5 failures");
     assert_eq!(failures(0, &[failed(5), failed(2), failed(5)]), 7);
-    assert_eq!(failures(0, &[ObservedPod { attempt: 9, ..pod("r", Phase::Running, None) }]), 0);
+    assert_eq!(failures(0, &[ObservedPod { attempt: 9, ..pod("r", Lifecycle::Running, None) }]), 0);
 }
 
 #[test]
@@ -275,8 +286,8 @@ fn rolled_back_pods_never_count_toward_the_backoff_limit() {
     // A rolled-back attempt: one pod bound and started, marked Failed by kubelet as it is
     // deleted; the other never bound. Both are terminating.
     let rolled =
-        |name: &str, phase: Phase| ObservedPod { rolled_back: true, terminating: true, ..pod(name, phase, None) };
-    let pods = [rolled("a", Phase::Failed), rolled("b", Phase::Pending)];
+        |name: &str, phase: Lifecycle| ObservedPod { rolled_back: true, terminating: true, ..pod(name, phase, None) };
+    let pods = [rolled("a", Lifecycle::Failed), rolled("b", Lifecycle::Pending)];
     for gang_all in [false, true] {
         let p = plan(&s, None, &MusterJobStatus::default(), &pods, gang_all, now());
         assert_eq!(p.status.failed, 0, "gang_all={gang_all}");
@@ -285,7 +296,7 @@ fn rolled_back_pods_never_count_toward_the_backoff_limit() {
         assert!(p.create.iter().all(|n| n.attempt == 0), "no failure was counted (gang_all={gang_all})");
     }
     // The same pod failing on its own does count.
-    let failed = ObservedPod { terminating: true, ..pod("a", Phase::Failed, None) };
+    let failed = ObservedPod { terminating: true, ..pod("a", Lifecycle::Failed, None) };
     let p = plan(&s, None, &MusterJobStatus::default(), &[failed], false, now());
     assert_eq!(p.status.failed, 1);
 }
@@ -297,9 +308,9 @@ fn deleted_succeeded_pods_still_count_toward_completions() {
     let p = plan(&s, None, &prev, &[], false, now());
     assert_eq!(p.status.succeeded, 2);
     assert_eq!(p.create.len(), 1);
-    let p = plan(&s, None, &prev, &[pod("c", Phase::Succeeded, None)], false, now());
+    let p = plan(&s, None, &prev, &[pod("c", Lifecycle::Succeeded, None)], false, now());
     assert_eq!(p.status.succeeded, 2, "max of recorded and visible, not their sum");
-    let p = plan(&s, None, &p.status, &[pod("d", Phase::Succeeded, None)], false, now());
+    let p = plan(&s, None, &p.status, &[pod("d", Lifecycle::Succeeded, None)], false, now());
     assert_eq!(p.status.succeeded, 2, "a pod counted before cannot be told from a new one");
 }
 
@@ -308,11 +319,11 @@ fn indexed_jobs_do_not_rerun_indexes_recorded_as_completed() {
     let s = spec(2, Some(4), CompletionMode::Indexed);
     let prev = MusterJobStatus { succeeded: 2, completed_indexes: Some("0,2".into()), ..Default::default() };
     // The pods of indexes 0 and 2 were deleted after they succeeded.
-    let p = plan(&s, None, &prev, &[pod("b", Phase::Succeeded, Some(1))], false, now());
+    let p = plan(&s, None, &prev, &[pod("b", Lifecycle::Succeeded, Some(1))], false, now());
     assert_eq!(p.create, vec![NewPod { index: Some(3), attempt: 0 }]);
     assert_eq!(p.status.completed_indexes.as_deref(), Some("0-2"));
     assert_eq!(p.status.succeeded, 3);
-    let done = plan(&s, None, &p.status, &[pod("d", Phase::Succeeded, Some(3))], false, now());
+    let done = plan(&s, None, &p.status, &[pod("d", Lifecycle::Succeeded, Some(3))], false, now());
     assert_eq!(done.finished.map(|f| f.condition), Some(condition::COMPLETE));
 }
 
@@ -328,7 +339,7 @@ fn completed_indexes_read_back_what_format_writes() {
 fn a_gang_restart_never_reuses_a_failed_attempt() {
     let s = spec(2, Some(2), CompletionMode::Indexed);
     // Attempt 3 failed, but the status records fewer failures (written by an older muster).
-    let mut failed = pod("a", Phase::Failed, Some(0));
+    let mut failed = pod("a", Lifecycle::Failed, Some(0));
     failed.attempt = 3;
     let p = plan(&s, None, &MusterJobStatus { failed: 1, ..Default::default() }, &[failed], true, now());
     assert!(p.create.iter().all(|n| n.attempt == 4), "{:?}", p.create);
@@ -336,9 +347,9 @@ fn a_gang_restart_never_reuses_a_failed_attempt() {
 
 #[test]
 fn lowering_parallelism_deletes_gated_pods_first() {
-    let mut gated = pod("g", Phase::Pending, Some(2));
+    let mut gated = pod("g", Lifecycle::Pending, Some(2));
     gated.gated = true;
-    let pods = [pod("r0", Phase::Running, Some(0)), pod("r1", Phase::Running, Some(1)), gated];
+    let pods = [pod("r0", Lifecycle::Running, Some(0)), pod("r1", Lifecycle::Running, Some(1)), gated];
     let p = run(&spec(2, Some(3), CompletionMode::Indexed), &pods);
     assert_eq!(p.delete, vec![("g".to_string(), "TooManyActive")]);
 }
@@ -346,7 +357,11 @@ fn lowering_parallelism_deletes_gated_pods_first() {
 #[test]
 fn disruption_mode_all_restarts_the_whole_attempt() {
     let s = spec(3, Some(3), CompletionMode::Indexed);
-    let pods = [pod("a", Phase::Failed, Some(0)), pod("b", Phase::Running, Some(1)), pod("c", Phase::Running, Some(2))];
+    let pods = [
+        pod("a", Lifecycle::Failed, Some(0)),
+        pod("b", Lifecycle::Running, Some(1)),
+        pod("c", Lifecycle::Running, Some(2)),
+    ];
     let p = plan(&s, None, &MusterJobStatus::default(), &pods, true, now());
     assert_eq!(p.delete, vec![("b".to_string(), "GangRestart"), ("c".to_string(), "GangRestart")]);
     assert!(p.create.is_empty(), "the next attempt waits until the old one is gone");
@@ -358,7 +373,11 @@ fn disruption_mode_all_restarts_the_whole_attempt() {
 #[test]
 fn disruption_mode_single_replaces_only_the_failed_pod() {
     let s = spec(3, Some(3), CompletionMode::Indexed);
-    let pods = [pod("a", Phase::Failed, Some(0)), pod("b", Phase::Running, Some(1)), pod("c", Phase::Running, Some(2))];
+    let pods = [
+        pod("a", Lifecycle::Failed, Some(0)),
+        pod("b", Lifecycle::Running, Some(1)),
+        pod("c", Lifecycle::Running, Some(2)),
+    ];
     let p = plan(&s, None, &MusterJobStatus::default(), &pods, false, now());
     assert!(p.delete.is_empty());
     assert_eq!(p.create, vec![NewPod { index: Some(0), attempt: 1 }]);
@@ -368,11 +387,11 @@ fn disruption_mode_single_replaces_only_the_failed_pod() {
 fn ttl_after_finished_deletes_the_job_when_due() {
     let mut s = spec(1, Some(1), CompletionMode::NonIndexed);
     s.ttl_seconds_after_finished = Some(30);
-    let p = run(&s, &[pod("a", Phase::Succeeded, None)]);
+    let p = run(&s, &[pod("a", Lifecycle::Succeeded, None)]);
     assert_eq!(p.requeue_after, Some(30));
     assert!(!p.delete_job);
     let later = Timestamp::from_second(now().as_second() + 31).expect("ts");
-    let p2 = plan(&s, None, &p.status, &[pod("a", Phase::Succeeded, None)], false, later);
+    let p2 = plan(&s, None, &p.status, &[pod("a", Lifecycle::Succeeded, None)], false, later);
     assert!(p2.delete_job);
     assert!(p2.finished.is_none(), "a finished job does not finish twice");
 }
@@ -380,16 +399,22 @@ fn ttl_after_finished_deletes_the_job_when_due() {
 #[test]
 fn finished_jobs_create_nothing() {
     let s = spec(1, Some(1), CompletionMode::NonIndexed);
-    let p = run(&s, &[pod("a", Phase::Succeeded, None)]);
-    let again =
-        plan(&s, None, &p.status, &[pod("a", Phase::Succeeded, None), pod("x", Phase::Pending, None)], false, now());
+    let p = run(&s, &[pod("a", Lifecycle::Succeeded, None)]);
+    let again = plan(
+        &s,
+        None,
+        &p.status,
+        &[pod("a", Lifecycle::Succeeded, None), pod("x", Lifecycle::Pending, None)],
+        false,
+        now(),
+    );
     assert!(again.create.is_empty());
     assert_eq!(again.delete, vec![("x".to_string(), "JobComplete")]);
 }
 
 #[test]
 fn terminating_pods_are_not_active() {
-    let mut t = pod("t", Phase::Running, None);
+    let mut t = pod("t", Lifecycle::Running, None);
     t.terminating = true;
     let p = run(&spec(1, Some(1), CompletionMode::NonIndexed), &[t]);
     assert_eq!(p.create.len(), 1);
@@ -439,7 +464,7 @@ fn observed_pods_read_phase_index_and_gate() {
     let mut pod = new_pod(&job, &NewPod { index: Some(0), attempt: 2 }, "train", None, 0);
     pod.metadata.name = Some("train-0-abc".into());
     let o = ObservedPod::from_pod(&pod);
-    assert_eq!((o.phase, o.index, o.attempt, o.gated, o.terminating), (Phase::Pending, Some(0), 2, true, false));
+    assert_eq!((o.phase, o.index, o.attempt, o.gated, o.terminating), (Lifecycle::Pending, Some(0), 2, true, false));
     assert!(!o.rolled_back);
     pod.metadata.annotations.get_or_insert_default().insert(ROLLED_BACK_ANNOTATION.into(), "plan-1".into());
     assert!(ObservedPod::from_pod(&pod).rolled_back);
