@@ -10,10 +10,16 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
+use muster::controllers::admission::FAULT_EXIT_ENV;
 use muster::crds::PodGroup;
+use muster::crds::scheduling::PlanState;
 use serde_json::{Value, json};
 
-use crate::gangs::{LONG, TestNodes, all_bound, apply, condition, events_of, gang, gated, gpu_job, job_pods, merge};
+use crate::gangs::{
+    LONG, TestNodes, all_bound, apply, condition, events_of, gang, gated, gpu_job, indices_of, job_pods, merge, node_of,
+    pin_of,
+};
+use crate::harness::extra::extra_muster;
 use crate::harness::manager::muster;
 use crate::harness::{client, cluster, kubectl_apply, metric, namespace, wait_for};
 
@@ -231,4 +237,79 @@ fn names(pods: &[Pod]) -> Vec<String> {
 
 fn grep(text: &str, pattern: &str) -> String {
     text.lines().filter(|l| l.contains(pattern)).collect::<Vec<_>>().join("\n")
+}
+
+/// GPU indices held twice on a node by live pods (annotation of bound or pinned pods), as
+/// `node: index`.
+fn held_twice(pods: &[Pod]) -> Vec<String> {
+    let mut seen: std::collections::BTreeMap<(String, u32), String> = std::collections::BTreeMap::new();
+    let mut twice = Vec::new();
+    for p in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+        let (Some(node), Some(indices)) = (node_of(p).or(pin_of(p)), indices_of(p)) else { continue };
+        for i in indices.split(',').filter_map(|i| i.trim().parse::<u32>().ok()) {
+            if let Some(other) = seen.insert((node.to_string(), i), p.name_any()) {
+                twice.push(format!("{node}: GPU {i} held by {other} and {}", p.name_any()));
+            }
+        }
+    }
+    twice
+}
+
+/// The commit protocol re-checks a plan cut short: muster stops after the first of two pod
+/// patches, a plain GPU pod binds on the planned node while it is down, and the restarted
+/// muster's device pass gives that pod the very indices planned for the gang's second pod. The
+/// resumed commit must see the plan no longer fits and roll the attempt back, never pin the
+/// second pod onto GPUs another pod holds.
+#[tokio::test]
+async fn a_plan_cut_short_that_no_longer_fits_is_rolled_back_not_resumed() {
+    let mut extra = extra_muster(&[], &[(FAULT_EXIT_ENV, "1")]).await;
+    let ns = namespace("iso-resume");
+    let nodes = TestNodes::add(&ns.name, 1, 4, 1).await;
+    apply(&ns.name, &gpu_job("train", 2, 2, &nodes, gang(2), json!({})));
+    let status = extra.exited(LONG).await;
+    assert_eq!(status.code(), Some(3), "muster exits through the test hook after one patch");
+    let groups: Api<PodGroup> = Api::namespaced(client().await, &ns.name);
+    let plan = groups.get("train").await.expect("PodGroup").status.and_then(|s| s.plan).expect("a plan");
+    assert_eq!((plan.state, plan.pods.len()), (PlanState::Committing, 2));
+
+    // While muster is down, a plain 2-GPU pod binds on the planned node.
+    let mut plain = plain_gpu_pod("plain", &nodes);
+    merge(&mut plain, json!({"spec": {"containers": [{"name": "main", "image": "registry.invalid/none",
+        "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}));
+    apply(&ns.name, &plain);
+    let pods: Api<Pod> = Api::namespaced(client().await, &ns.name);
+    wait_for("the plain pod bound while muster is down", LONG, || async {
+        let p = pods.get_opt("plain").await.ok().flatten()?;
+        node_of(&p).map(|_| ())
+    })
+    .await;
+
+    extra.start(&[], &[]).await;
+    // Until the attempt is rolled back, no GPU is ever held twice.
+    let deadline = std::time::Instant::now() + LONG;
+    loop {
+        let all = pods.list(&Default::default()).await.expect("list pods").items;
+        let twice = held_twice(&all);
+        assert!(twice.is_empty(), "GPU indices held twice after the resume: {twice:?}");
+        let events = events_of(&ns.name, "train").await;
+        if let Some((_, _, m)) = events.iter().find(|(_, r, _)| r == "BindFailed") {
+            assert!(m.contains("no longer fits"), "the rollback says why: {m}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no rollback of the plan cut short: {events:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The plain pod keeps its GPUs; the gang (4 GPUs) no longer fits and waits wholly gated.
+    let deadline = std::time::Instant::now() + LONG;
+    let g = loop {
+        let g = groups.get("train").await.expect("PodGroup");
+        if g.status.as_ref().is_some_and(|s| s.gated == 2) && message(&g).contains("only 1 placeable") {
+            break g;
+        }
+        assert!(std::time::Instant::now() < deadline, "the gang does not wait wholly gated: {:?}", g.status);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(g.status.as_ref().map(|s| s.scheduled), Some(0));
+    let all = pods.list(&Default::default()).await.expect("list pods").items;
+    assert!(held_twice(&all).is_empty());
 }
