@@ -16,8 +16,8 @@ use muster::crds::scheduling::PlanState;
 use serde_json::{Value, json};
 
 use crate::gangs::{
-    LONG, TestNodes, all_bound, apply, condition, events_of, gang, gated, gpu_job, indices_of, job_pods, merge, node_of,
-    pin_of,
+    LONG, TestNodes, all_bound, apply, condition, events_of, gang, gated, gpu_job, indices_of, job_pods, merge,
+    node_of, pin_of,
 };
 use crate::harness::extra::extra_muster;
 use crate::harness::manager::muster;
@@ -274,8 +274,11 @@ async fn a_plan_cut_short_that_no_longer_fits_is_rolled_back_not_resumed() {
 
     // While muster is down, a plain 2-GPU pod binds on the planned node.
     let mut plain = plain_gpu_pod("plain", &nodes);
-    merge(&mut plain, json!({"spec": {"containers": [{"name": "main", "image": "registry.invalid/none",
-        "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}));
+    merge(
+        &mut plain,
+        json!({"spec": {"containers": [{"name": "main", "image": "registry.invalid/none",
+        "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}),
+    );
     apply(&ns.name, &plain);
     let pods: Api<Pod> = Api::namespaced(client().await, &ns.name);
     wait_for("the plain pod bound while muster is down", LONG, || async {

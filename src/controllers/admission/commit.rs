@@ -184,6 +184,20 @@ enum Patched {
 /// etcd values over 1.5 MiB; the rest of the status needs room too.
 pub(super) const MAX_PLAN_BYTES: usize = 1024 * 1024;
 
+/// Why a plan cannot be recorded in one status write, if it cannot.
+fn too_large(plan: &AdmissionPlan) -> Option<String> {
+    let size = serde_json::to_vec(plan).map_or(usize::MAX, |v| v.len());
+    (size > MAX_PLAN_BYTES).then(|| {
+        format!(
+            "the plan of {} pods takes {} KiB, more than the {} KiB one status write of the group may carry; \
+             split the gang into smaller PodGroups under a CompositePodGroup",
+            plan.pods.len(),
+            size / 1024,
+            MAX_PLAN_BYTES / 1024
+        )
+    })
+}
+
 /// Reads what a patch's refusal means: a stale object (404, 409) is decided again, a server
 /// or transport failure is retried with a backoff, anything else is a refusal.
 fn patched(result: kube::Result<()>) -> Result<Patched> {
@@ -265,15 +279,8 @@ impl Admitter {
             admitted_at: None,
             pods: decision.plan.iter().map(PlannedPod::from).collect(),
         };
-        let size = serde_json::to_vec(&plan)?.len();
-        if size > MAX_PLAN_BYTES {
-            return Ok(Committed::TooLarge(format!(
-                "the plan of {} pods takes {} KiB, more than the {} KiB one status write of the group may carry; \
-                 split the gang into smaller PodGroups under a CompositePodGroup",
-                plan.pods.len(),
-                size / 1024,
-                MAX_PLAN_BYTES / 1024
-            )));
+        if let Some(why) = too_large(&plan) {
+            return Ok(Committed::TooLarge(why));
         }
         let by_uid: HashMap<&str, &Pod> =
             pods.iter().filter_map(|p| p.metadata.uid.as_deref().map(|u| (u, p))).collect();
@@ -797,6 +804,71 @@ mod tests {
         );
         assert!(now.iter().all(|p| p.pod_group == "root"), "a plan without group names is the root's");
         assert_eq!(now.iter().map(|p| p.node_exists).collect::<Vec<_>>(), [false, true, true, true, true]);
+    }
+
+    #[test]
+    fn a_pod_patch_is_fenced_by_the_pod_as_decided_on() {
+        let gated = serde_json::from_value::<Pod>(json!({
+            "metadata": {"name": "p", "uid": "u1", "resourceVersion": "42"},
+            "spec": {"containers": [{"name": "c"}], "schedulingGates": [{"name": ADMISSION_GATE}, {"name": "other"}]},
+        }))
+        .expect("pod");
+        let planned = PlannedPod { gpu_indices: Some("2,3".into()), ..planned("u1", "g", "n1") };
+        let patch = Admitter::pod_patch(&gated, &planned);
+        assert_eq!(patch["metadata"]["resourceVersion"], "42", "stale caches get a 409, not a write");
+        assert_eq!(patch["metadata"]["uid"], "u1");
+        assert_eq!(patch["spec"]["schedulingGates"], json!([{"name": "other"}]), "other gates stay");
+        assert_eq!(patch["spec"]["nodeSelector"][HOSTNAME_LABEL], "n1", "an empty hostname is the node's name");
+        assert_eq!(patch["metadata"]["annotations"][GPU_INDICES_ANNOTATION], "2,3");
+    }
+
+    #[test]
+    fn a_plan_too_large_for_one_status_write_is_refused_before_any_write() {
+        let pods = |n: usize| -> Vec<PlannedPod> {
+            (0..n)
+                .map(|i| PlannedPod {
+                    name: format!("train-{i}-abcde"),
+                    uid: format!("0b8f6a2e-3d1c-4f7a-9b2e-{i:012}"),
+                    pod_group: "train".into(),
+                    node: format!("gpu-node-{:04}", i / 8),
+                    hostname: String::new(),
+                    gpu_indices: Some((i % 8).to_string()),
+                })
+                .collect()
+        };
+        let plan = |n| AdmissionPlan {
+            id: "train-1".into(),
+            state: PlanState::Planned,
+            created_at: None,
+            admitted_at: None,
+            pods: pods(n),
+        };
+        assert_eq!(too_large(&plan(4_000)), None, "4,000 pods fit one write");
+        let why = too_large(&plan(20_000)).expect("20,000 pods do not");
+        assert!(why.contains("the plan of 20000 pods takes") && why.contains("split the gang"), "{why}");
+    }
+
+    #[test]
+    fn patch_answers_are_read_as_stale_retry_or_refusal() {
+        let api = |code: u16| {
+            Err(kube::Error::Api(
+                kube::core::Status::failure(&format!("answer {code}"), "Reason").with_code(code).boxed(),
+            ))
+        };
+        let read = |r: kube::Result<()>| match patched(r) {
+            Ok(Patched::Ok) => "ok".to_string(),
+            Ok(Patched::Stale) => "stale".to_string(),
+            Ok(Patched::Refused(m)) => format!("refused: {m}"),
+            Err(e) => format!("retry: {}", e.reason()),
+        };
+        assert_eq!(read(Ok(())), "ok");
+        assert_eq!(read(api(404)), "stale");
+        assert_eq!(read(api(409)), "stale");
+        assert_eq!(read(api(403)), "refused: answer 403");
+        assert_eq!(read(api(400)), "refused: answer 400");
+        assert_eq!(read(api(422)), "refused: answer 422");
+        assert_eq!(read(api(500)), "retry: server-error");
+        assert_eq!(read(api(429)), "retry: throttled");
     }
 
     #[test]
