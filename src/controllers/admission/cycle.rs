@@ -208,6 +208,7 @@ impl Admitter {
         if let Some(m) = self.roots.get_mut(key) {
             m.errors = 0;
             m.error_until = None;
+            m.error = None;
         }
     }
 
@@ -249,6 +250,7 @@ impl Admitter {
         let at = Instant::now() + backoff;
         memory.error_until = Some(at);
         let note = format!("admission could not {what}: {e}");
+        memory.error = Some(note.clone());
         tracing::warn!(group = %key, error = %e, errors = memory.errors, backoff_s = backoff.as_secs(), "admission could not {what}");
         if memory.last_event.as_deref() != Some(note.as_str()) {
             memory.last_event = Some(note.clone());

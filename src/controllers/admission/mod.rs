@@ -98,6 +98,9 @@ struct RootMemory {
     errors: u32,
     /// Not before then after an error: the other roots go on meanwhile.
     error_until: Option<Instant>,
+    /// The last error, for the group's `AdmissionError` condition (`None` once an attempt
+    /// goes through).
+    error: Option<String>,
     /// A pod patch of the plan (by id) the API server refused: the attempt is rolled back.
     refused: Option<(String, PatchRefused)>,
 }

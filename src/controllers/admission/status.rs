@@ -39,6 +39,9 @@ pub mod condition {
     /// muster: a committed pod was not bound (reason `BindTimeout` once the gang had started,
     /// `BindFailed` when the attempt was rolled back).
     pub const BIND_FAILED: &str = "BindFailed";
+    /// muster: the last attempt on the root met an API error (a refused or failed write); it is
+    /// backed off alone and retried. False (reason `Recovered`) once an attempt goes through.
+    pub const ADMISSION_ERROR: &str = "AdmissionError";
     /// muster: whether placement models every rule of the group's pods, so an all-or-nothing
     /// start is guaranteed (False, reason `NotModelled`, naming each field it does not model).
     pub const ALL_OR_NOTHING: &str = "AllOrNothing";
@@ -68,6 +71,25 @@ fn all_or_nothing_condition(
     } else {
         let message = format!("all-or-nothing is not guaranteed: pod spec {}", missing.join("; "));
         conditions::set(conds, condition::ALL_OR_NOTHING, false, "NotModelled", &message, generation, now);
+    }
+}
+
+/// Sets [`condition::ADMISSION_ERROR`] from the root's last error (`None`: the last attempt
+/// went through); a group that never had one gets no such condition.
+pub fn error_condition(
+    conds: &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    error: Option<&str>,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    match error {
+        Some(m) => {
+            conditions::set(conds, condition::ADMISSION_ERROR, true, "APIError", m, generation, now);
+        }
+        None if conditions::is_true(conds, condition::ADMISSION_ERROR) => {
+            conditions::set(conds, condition::ADMISSION_ERROR, false, "Recovered", "", generation, now);
+        }
+        None => {}
     }
 }
 
@@ -452,7 +474,9 @@ impl Admitter {
             let key = RootKey::leaf(&pg.namespace().unwrap_or_default(), &pg.name_any());
             let pods = by_group.get(&key).unwrap_or(&empty);
             let outcome = outcome_of.get(&key).and_then(Option::as_ref);
-            let status = pod_group_status(pg, pods, outcome, now);
+            let mut status = pod_group_status(pg, pods, outcome, now);
+            let error = self.roots.get(&key).and_then(|m| m.error.as_deref());
+            error_condition(&mut status.conditions, error, pg.metadata.generation, now);
             if !same_status(pg.status.as_ref(), &status) {
                 writes.push((key.clone(), serde_json::to_value(&status).unwrap_or_default()));
             }
@@ -489,7 +513,9 @@ impl Admitter {
                 });
             }
             let outcome = outcome_of.get(&key).and_then(Option::as_ref);
-            let status = composite_status(cpg, &children, outcome, now);
+            let mut status = composite_status(cpg, &children, outcome, now);
+            let error = self.roots.get(&key).and_then(|m| m.error.as_deref());
+            error_condition(&mut status.conditions, error, cpg.metadata.generation, now);
             if !same_status(cpg.status.as_ref(), &status) {
                 writes.push((key, serde_json::to_value(&status).unwrap_or_default()));
             }
@@ -650,6 +676,23 @@ impl CommitRecord for CompositePodGroupStatus {
 /// Status equality that ignores what the commit protocol writes.
 fn same_status<S: CommitRecord>(old: Option<&S>, new: &S) -> bool {
     old.is_some_and(|old| old.without_commit_record() == new.without_commit_record())
+}
+
+#[cfg(test)]
+mod error_condition_tests {
+    use super::*;
+
+    #[test]
+    fn an_error_is_a_condition_until_an_attempt_goes_through() {
+        let now = Timestamp::from_second(1_000).expect("ts");
+        let mut conds = Vec::new();
+        error_condition(&mut conds, None, Some(1), now);
+        assert!(conds.is_empty(), "no error ever: no condition");
+        error_condition(&mut conds, Some("admission could not commit its plan: forbidden"), Some(1), now);
+        assert_eq!((conds[0].status.as_str(), conds[0].reason.as_str()), ("True", "APIError"));
+        error_condition(&mut conds, None, Some(1), now);
+        assert_eq!((conds[0].status.as_str(), conds[0].reason.as_str()), ("False", "Recovered"));
+    }
 }
 
 #[cfg(test)]
