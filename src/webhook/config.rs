@@ -67,6 +67,17 @@ pub fn excluded_namespaces(own_namespace: &str) -> [String; 2] {
     [own_namespace.to_string(), "kube-system".into()]
 }
 
+/// Why muster does not run gangs in `namespace`, when it is one its webhooks skip.
+pub fn excluded_namespace(namespace: &str, own_namespace: &str) -> Option<String> {
+    excluded_namespaces(own_namespace).contains(&namespace.to_string()).then(|| {
+        format!(
+            "namespace {namespace} is one muster's webhooks skip (muster's own and kube-system, so a broken \
+             webhook never blocks them): pods there are never checked or gated, so muster runs no gangs there; \
+             use another namespace"
+        )
+    })
+}
+
 /// Excludes muster's own namespace and kube-system.
 pub fn namespace_selector(own_namespace: &str) -> LabelSelector {
     LabelSelector {
@@ -192,6 +203,9 @@ mod tests {
             assert_eq!(w.match_policy.as_deref(), Some("Equivalent"));
             let sel = w.namespace_selector.as_ref().and_then(|s| s.match_expressions.as_ref()).expect("selector");
             assert_eq!(sel[0].values.as_deref(), Some(&["muster-system".to_string(), "kube-system".to_string()][..]));
+            assert!(excluded_namespace("kube-system", "muster-system").is_some_and(|m| m.contains("kube-system")));
+            assert!(excluded_namespace("muster-system", "muster-system").is_some());
+            assert_eq!(excluded_namespace("team-a", "muster-system"), None);
             let groups: Vec<&str> =
                 w.rules.iter().flatten().flat_map(|r| r.api_groups.iter().flatten()).map(String::as_str).collect();
             assert!(groups.iter().all(|g| g.ends_with("muster.dev")), "{groups:?}");

@@ -11,8 +11,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use muster::controllers::admission::FAULT_EXIT_ENV;
-use muster::crds::PodGroup;
 use muster::crds::scheduling::PlanState;
+use muster::crds::{MusterJob, PodGroup};
 use serde_json::{Value, json};
 
 use crate::gangs::{
@@ -200,6 +200,29 @@ async fn a_group_in_a_namespace_the_webhooks_skip_is_reported_not_admitted() {
     })
     .await;
     assert!(message(&g).contains("kube-system"), "{}", message(&g));
+
+    // A MusterJob there is refused by its controller, which would otherwise gate pods that no
+    // webhook checks.
+    let job_name = format!("e2e-excluded-job-{}", std::process::id());
+    let job = json!({
+        "apiVersion": "batch.muster.dev/v1alpha1", "kind": "MusterJob", "metadata": {"name": job_name},
+        "spec": {"parallelism": 1, "completions": 1, "scheduling": gang(1), "template": {"spec": {
+            "restartPolicy": "Never", "containers": [{"name": "main", "image": "registry.invalid/none"}]}}},
+    });
+    apply(ns, &job);
+    let _job_cleanup = Cleanup(format!("musterjob/{job_name}"));
+    let jobs: Api<MusterJob> = Api::namespaced(client().await, ns);
+    let invalid = wait_for("the kube-system MusterJob Invalid, NamespaceExcluded", LONG, || async {
+        let j = jobs.get_opt(&job_name).await.ok().flatten()?;
+        let c = j.status.as_ref()?.conditions.iter().find(|c| c.type_ == "Invalid")?.clone();
+        (c.reason == "NamespaceExcluded").then_some(c)
+    })
+    .await;
+    assert!(invalid.message.contains("kube-system"), "{}", invalid.message);
+    let pods: Api<Pod> = Api::namespaced(client().await, ns);
+    let created =
+        pods.list(&kube::api::ListParams::default().labels(&format!("batch.muster.dev/job-name={job_name}"))).await;
+    assert!(created.map(|l| l.items.is_empty()).unwrap_or(true), "no pod created for it");
 }
 
 /// Deletes the kube-system PodGroup of a test.
@@ -207,7 +230,8 @@ struct Cleanup(String);
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        let _ = cluster().kubectl(&["-n", "kube-system", "delete", "podgroup", &self.0, "--ignore-not-found"]);
+        let target = if self.0.contains('/') { self.0.clone() } else { format!("podgroup/{}", self.0) };
+        let _ = cluster().kubectl(&["-n", "kube-system", "delete", &target, "--ignore-not-found"]);
     }
 }
 

@@ -71,6 +71,10 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, ctx: Arc<Context>) -
         return Ok(Action::await_change());
     }
     let now = Timestamp::now();
+    let namespace = job.namespace().unwrap_or_default();
+    if let Some(message) = crate::webhook::config::excluded_namespace(&namespace, &ctx.config.namespace) {
+        return set_invalid(job, &ctx, "NamespaceExcluded", &message, now).await;
+    }
     let errors = validate_job(job, None);
     if !errors.is_empty() {
         let message = errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");

@@ -63,6 +63,10 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>
         return Ok(Action::await_change());
     }
     let now = Timestamp::now();
+    let namespace = set.namespace().unwrap_or_default();
+    if let Some(message) = crate::webhook::config::excluded_namespace(&namespace, &ctx.config.namespace) {
+        return set_invalid(set, &ctx, "NamespaceExcluded", &message, now).await;
+    }
     let errors = validate_jobset(set, None);
     if !errors.is_empty() {
         let message = errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
