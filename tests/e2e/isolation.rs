@@ -340,3 +340,55 @@ async fn a_plan_cut_short_that_no_longer_fits_is_rolled_back_not_resumed() {
     let all = pods.list(&Default::default()).await.expect("list pods").items;
     assert!(held_twice(&all).is_empty());
 }
+
+/// A PodGroup and a CompositePodGroup of the same name (a MusterJob `pair`, and a
+/// CompositePodGroup `pair` made by hand with one child group and pod) are two roots: each is
+/// admitted and each status speaks of its own pods.
+#[tokio::test]
+async fn a_pod_group_and_a_composite_of_the_same_name_are_two_roots() {
+    let _m = muster().await;
+    let ns = namespace("iso-samename");
+    let nodes = TestNodes::add(&ns.name, 2, 4, 1).await;
+    let composite = json!({
+        "apiVersion": "scheduling.muster.dev/v1alpha1", "kind": "CompositePodGroup", "metadata": {"name": "pair"},
+        "spec": {"workloadRef": {"workloadName": "pair", "templateName": "pair"},
+            "schedulingPolicy": {"gang": {"minGroupCount": 1}}},
+    });
+    let child = json!({
+        "apiVersion": "scheduling.muster.dev/v1alpha1", "kind": "PodGroup", "metadata": {"name": "pair-kid"},
+        "spec": {"parentCompositePodGroupName": "pair", "workloadRef": {"workloadName": "pair", "templateName": "kid"},
+            "schedulingPolicy": {"gang": {"minCount": 3}}},
+    });
+    apply(&ns.name, &composite);
+    apply(&ns.name, &child);
+    for i in 0..3 {
+        let mut spec = json!({"restartPolicy": "Never", "containers": [{"name": "main",
+            "image": "registry.invalid/none", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]});
+        merge(&mut spec, nodes.placement());
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("kid-{i}"), "labels": {muster::crds::POD_GROUP_LABEL: "pair-kid"}},
+            "spec": spec});
+        apply(&ns.name, &pod);
+    }
+    apply(&ns.name, &gpu_job("pair", 4, 1, &nodes, gang(4), json!({})));
+    let pods: Api<Pod> = Api::namespaced(client().await, &ns.name);
+    all_bound(&pods, "pair", 4).await;
+    wait_for("the composite's 3 pods bound", LONG, || async {
+        let all = pods.list(&Default::default()).await.ok()?.items;
+        let kids: Vec<&Pod> = all.iter().filter(|p| p.name_any().starts_with("kid-")).collect();
+        (kids.len() == 3 && kids.iter().all(|p| node_of(p).is_some())).then_some(())
+    })
+    .await;
+    let g = group_until(&ns.name, "pair", "Admitted", |g| condition(g, "Admitted").is_some_and(|c| c.status == "True"))
+        .await;
+    let admitted = condition(&g, "Admitted").expect("Admitted");
+    assert!(admitted.message.contains("placed 4 pod(s)"), "the PodGroup's own decision: {}", admitted.message);
+    let composites: Api<muster::crds::CompositePodGroup> = Api::namespaced(client().await, &ns.name);
+    let c = wait_for("CompositePodGroup pair admitted", LONG, || async {
+        let c = composites.get_opt("pair").await.ok().flatten()?;
+        (c.status.as_ref()?.admitted_children == 1).then_some(c)
+    })
+    .await;
+    let message = c.status.and_then(|s| s.message).unwrap_or_default();
+    assert!(message.contains("placed 3 pod(s)"), "the composite's own decision: {message}");
+}
