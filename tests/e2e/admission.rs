@@ -250,7 +250,7 @@ async fn a_crash_between_pod_patches_ends_with_the_whole_gang_admitted_as_planne
     assert_eq!(ungated.len(), 3, "exactly the patched pods are ungated");
     for p in &ungated {
         let want = planned[p.uid().unwrap().as_str()];
-        assert_eq!((pin_of(p), indices_of(p)), (Some(want.hostname.as_str()), want.gpu_indices.as_deref()));
+        assert_eq!((pin_of(p), indices_of(p)), (Some(want.pin_hostname()), want.gpu_indices.as_deref()));
     }
 
     tokio::time::sleep(Duration::from_secs(10)).await;
