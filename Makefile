@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BIN_DIR = $(shell bash tools/k8s/bindir.sh)
 
-.PHONY: all build release host-deps host-deps-demo test unit e2e e2e-placement e2e-rbac e2e-service chart-lint chart-test crds crds-check fmt clippy bench controlplane cluster-up cluster-down run demo demo-down demo-check
+.PHONY: all build release host-deps host-deps-demo test unit e2e e2e-placement chaos e2e-rbac e2e-service chart-lint chart-test crds crds-check fmt clippy bench controlplane cluster-up cluster-down run demo demo-down demo-check
 
 all: build
 
@@ -54,6 +54,16 @@ e2e: controlplane
 ## Every scenario of the placement differential against kube-scheduler (about 2.5 min).
 e2e-placement: controlplane
 	MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test --test e2e -- --test-threads=4 placement_diff::; rc=$$?; \
+	for d in target/e2e-cluster-*; do \
+	  [ -d "$$d" ] && [ ! -e "/proc/$${d##*-}" ] && MUSTER_CLUSTER_DIR="$$d" bash hack/cluster-down.sh > /dev/null 2>&1; \
+	done; exit $$rc
+
+## The chaos suite's long profile (tests/e2e/chaos.rs; several minutes): 40 nodes, 60 gangs,
+## 20 SIGKILLs of muster (single replica, then the leader of two), nodes removed, pods deleted.
+## `make e2e` runs its short profile. It prints the seed and the figures; replay a run with
+## `make chaos MUSTER_CHAOS_SEED=<seed>` (MUSTER_CHAOS_NODES, _GANGS, _KILLS, ... override sizes).
+chaos: controlplane
+	MUSTER_CHAOS_PROFILE=$${MUSTER_CHAOS_PROFILE:-long} MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test --test e2e -- --test-threads=1 --nocapture chaos::; rc=$$?; \
 	for d in target/e2e-cluster-*; do \
 	  [ -d "$$d" ] && [ ! -e "/proc/$${d##*-}" ] && MUSTER_CLUSTER_DIR="$$d" bash hack/cluster-down.sh > /dev/null 2>&1; \
 	done; exit $$rc

@@ -7,8 +7,9 @@
 //! Each test takes its own namespace from [`namespace`], deleted when the guard drops.
 //! muster itself is started on first use too ([`manager::muster`]), as admin or, with
 //! `MUSTER_E2E_RBAC=chart`, as the Helm chart's ServiceAccount ([`rbac`]).
-//! A test that needs muster configured otherwise runs [`extra::extra_muster`] in its place; GPU
-//! health comes from a fake DCGM exporter and a real Prometheus ([`dcgm::gpu_metrics`]).
+//! A test that needs muster configured otherwise runs [`extra::extra_muster`] in its place; one
+//! that kills muster runs replicas of its own ([`replicas::MusterReplicas`]). GPU health comes
+//! from a fake DCGM exporter and a real Prometheus ([`dcgm::gpu_metrics`]).
 //! A test binary whose cluster needs more before it starts (tests/service: a network namespace
 //! and kube-apiserver flags) gets it from [`cluster_with`].
 
@@ -23,6 +24,8 @@ pub mod manager;
 pub mod pools;
 #[path = "harness/rbac.rs"]
 pub mod rbac;
+#[path = "harness/replicas.rs"]
+pub mod replicas;
 
 use std::future::Future;
 use std::os::unix::process::CommandExt;

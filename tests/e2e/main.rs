@@ -6,6 +6,7 @@
 mod admission;
 mod cases;
 mod certs;
+mod chaos;
 mod controlplane;
 mod differential;
 mod gangs;

@@ -105,7 +105,7 @@ impl ExtraMuster {
                 .envs(env.iter().copied())
                 .spawn()
                 .map_err(|e| format!("cannot run muster: {e}"))?;
-        if let Err(e) = wait_ready(&mut child, &endpoints, &namespace, &identity).await {
+        if let Err(e) = wait_ready(&mut child, &endpoints, &namespace, Some(&identity)).await {
             terminate(&mut child).await;
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             let tail: Vec<&str> = text.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect();

@@ -229,7 +229,9 @@ pub(super) fn free_port() -> u16 {
 
 /// `muster run` as every e2e instance runs it: leader election on `namespace` as `identity`,
 /// the given endpoints, output to `log`; `registration` says how the webhooks are registered
-/// (default: muster manages its configurations by URL). Callers add their own arguments.
+/// (default: muster manages its configurations by URL; a `--webhook-url` there replaces
+/// `endpoints.webhook` as the URL, for replicas behind a forwarder). Callers add their own
+/// arguments.
 pub fn muster_command(
     kubeconfig: &Path,
     namespace: &str,
@@ -239,6 +241,8 @@ pub fn muster_command(
     log: File,
 ) -> Result<Command, String> {
     let stderr = log.try_clone().map_err(|e| e.to_string())?;
+    let url_given = registration.is_some_and(|args| args.iter().any(|a| a.starts_with("--webhook-url")));
+    let url = (!url_given).then(|| format!("--webhook-url=https://{}", endpoints.webhook));
     let mut command = Command::new(env!("CARGO_BIN_EXE_muster"));
     command
         .arg("run")
@@ -248,7 +252,7 @@ pub fn muster_command(
         .args(["--log-level", "info,muster=debug"])
         .arg(format!("--metrics-bind-address={}", endpoints.metrics))
         .arg(format!("--webhook-bind-address={}", endpoints.webhook))
-        .arg(format!("--webhook-url=https://{}", endpoints.webhook))
+        .args(url)
         .args(match registration {
             Some(args) => args.clone(),
             None => vec!["--webhook-manage-configurations=true".to_string()],
@@ -300,7 +304,7 @@ async fn start() -> Result<Running, String> {
             .spawn()
             .map_err(|e| format!("cannot run muster: {e}"))?;
     let _ = std::fs::write(pid_file(), child.id().to_string());
-    match wait_ready(&mut child, &endpoints, NAMESPACE, &identity).await {
+    match wait_ready(&mut child, &endpoints, NAMESPACE, Some(&identity)).await {
         Ok(()) => {
             eprintln!(
                 "e2e: muster #{n} ready in {:.1}s (metrics http://{}, webhook https://{}, log {})",
@@ -334,15 +338,15 @@ pub(super) async fn terminate(child: &mut Child) {
     let _ = child.wait();
 }
 
-/// Ready means: `/readyz` answers, this instance holds the Lease (so the reconcilers run), both
-/// webhook configurations point at this instance with a CA bundle, and the apiserver really
-/// calls both webhooks (a labelled pod comes back gated, a job only the webhook refuses is
-/// refused).
+/// Ready means: `/readyz` answers, this instance holds the Lease when `leader` names it (so the
+/// reconcilers run; `None` for a standby replica), both webhook configurations point at
+/// `endpoints.webhook` with a CA bundle, and the apiserver really calls both webhooks (a
+/// labelled pod comes back gated, a job only the webhook refuses is refused).
 pub(super) async fn wait_ready(
     child: &mut Child,
     endpoints: &Endpoints,
     namespace: &str,
-    identity: &str,
+    leader: Option<&str>,
 ) -> Result<(), String> {
     let deadline = Instant::now() + START_TIMEOUT;
     let client = client().await;
@@ -355,7 +359,7 @@ pub(super) async fn wait_ready(
         if Instant::now() > deadline {
             return Err(format!("timed out after {START_TIMEOUT:?} waiting for {waiting_for}"));
         }
-        match ready_step(&client, endpoints, namespace, identity, &url).await {
+        match ready_step(&client, endpoints, namespace, leader, &url).await {
             Ok(()) => return Ok(()),
             Err(what) => waiting_for = what,
         }
@@ -367,17 +371,19 @@ async fn ready_step(
     client: &kube::Client,
     endpoints: &Endpoints,
     namespace: &str,
-    identity: &str,
+    leader: Option<&str>,
     url: &str,
 ) -> Result<(), &'static str> {
     let readyz = reqwest::get(format!("http://{}/readyz", endpoints.metrics)).await;
     if !readyz.is_ok_and(|r| r.status().is_success()) {
         return Err("/readyz");
     }
-    let lease = Api::<Lease>::namespaced(client.clone(), namespace).get_opt(muster::controllers::LEASE_NAME).await;
-    let holder = lease.ok().flatten().and_then(|l| l.spec?.holder_identity);
-    if holder.as_deref() != Some(identity) {
-        return Err("the leader Lease");
+    if let Some(identity) = leader {
+        let lease = Api::<Lease>::namespaced(client.clone(), namespace).get_opt(muster::controllers::LEASE_NAME).await;
+        let holder = lease.ok().flatten().and_then(|l| l.spec?.holder_identity);
+        if holder.as_deref() != Some(identity) {
+            return Err("the leader Lease");
+        }
     }
     let validating = Api::<ValidatingWebhookConfiguration>::all(client.clone()).get_opt(VALIDATING_NAME).await;
     let validating = validating.ok().flatten().and_then(|c| c.webhooks).unwrap_or_default();
