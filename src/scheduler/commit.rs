@@ -12,6 +12,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use super::resources::Resources;
 use super::snapshot::Snapshot;
+use super::tree::{Group, GroupTree, LeafPolicy, PodState};
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{AdmissionPlan, PlanState};
 
@@ -395,6 +396,54 @@ fn failure(live: &[&PlannedPodNow], first: &PlannedPodNow, cause: FailureCause) 
     }
 }
 
+/// A gang of a root in disruption mode `all` that lost pods after it started: the pods of
+/// the gang still running, to delete so the gang restarts whole (their controller recreates
+/// them gated, with the lost ones).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Disrupted {
+    /// The gang PodGroup.
+    pub group: String,
+    /// Its started pods left (bound or admitted, live).
+    pub started: u32,
+    /// Its minCount.
+    pub min_count: u32,
+    /// The started pods (name, UID): delete them all.
+    pub delete: Vec<(String, String)>,
+}
+
+/// The gangs of a tree (under a root in disruption mode `all`) that started and then lost
+/// pods, so fewer than minCount of them are still started: left alone, the lost pods'
+/// replacements would be placed one by one beside the survivors, or wait gated while the
+/// survivors run, a gang partly started. Mode `all` says the gang is disrupted as a whole.
+/// Pods that finished (`finished`: per PodGroup, succeeded or failed) count as started: a pod
+/// that completed is no disruption. A tree whose root has a plan in flight is the commit
+/// protocol's, not this check's.
+pub fn disrupted(tree: &GroupTree, finished: &BTreeMap<String, u32>) -> Vec<Disrupted> {
+    let mut out = Vec::new();
+    collect_disrupted(&tree.root, finished, &mut out);
+    out
+}
+
+fn collect_disrupted(group: &Group, finished: &BTreeMap<String, u32>, out: &mut Vec<Disrupted>) {
+    match group {
+        Group::Composite(c) => c.children.iter().for_each(|g| collect_disrupted(g, finished, out)),
+        Group::Leaf(l) => {
+            let LeafPolicy::Gang { min_count } = l.policy else { return };
+            let started: Vec<(String, String)> = l
+                .pods
+                .iter()
+                .filter(|p| matches!(p.state, PodState::Bound { .. } | PodState::Admitted { .. }))
+                .map(|p| (p.name.clone(), p.uid.clone()))
+                .collect();
+            let n = u32::try_from(started.len()).unwrap_or(u32::MAX);
+            let done = finished.get(&l.name).copied().unwrap_or(0);
+            if n > 0 && n.saturating_add(done) < min_count {
+                out.push(Disrupted { group: l.name.clone(), started: n, min_count, delete: started });
+            }
+        }
+    }
+}
+
 /// How rollbacks pace a root: how long failed nodes are avoided, and when repeated rollbacks
 /// make the gang unschedulable for a while.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -610,6 +659,42 @@ mod tests {
 
     fn failure(pod: &str, node: &str, cause: FailureCause, unbound: usize, planned: usize) -> PinFailure {
         PinFailure { pod: pod.into(), node: node.into(), cause, scheduler_message: None, unbound, planned }
+    }
+
+    #[test]
+    fn a_started_gang_below_min_count_is_disrupted_whole() {
+        use crate::scheduler::tree::LeafGroup;
+        let leaf = |name: &str, policy: LeafPolicy, states: Vec<PodState>| {
+            let mut l = LeafGroup::new(name, policy);
+            for (i, s) in states.into_iter().enumerate() {
+                l.push(&format!("{name}-{i}"), &format!("u-{name}-{i}"), s);
+            }
+            l
+        };
+        let bound = || PodState::Bound { node: "n".into() };
+        let pinned = || PodState::Admitted { hostname: "n".into() };
+        let gated = || PodState::Gated { shape: 0 };
+        let gang = |m| LeafPolicy::Gang { min_count: m };
+        let cases = [
+            ("whole gang running", leaf("a", gang(3), vec![bound(), bound(), pinned()]), vec![]),
+            ("not started yet", leaf("a", gang(3), vec![gated(), gated(), gated()]), vec![]),
+            ("one lost, its replacement gated", leaf("a", gang(3), vec![bound(), pinned(), gated()]), vec![2]),
+            ("one lost, not replaced yet", leaf("a", gang(3), vec![bound(), bound()]), vec![2]),
+            ("extra pods beyond minCount lost", leaf("a", gang(2), vec![bound(), bound(), gated()]), vec![]),
+            ("a basic group runs what it has", leaf("a", LeafPolicy::Basic, vec![bound(), gated()]), vec![]),
+        ];
+        for (name, l, want) in cases {
+            let tree = GroupTree::new("ns", l);
+            let got: Vec<u32> = disrupted(&tree, &BTreeMap::new()).iter().map(|d| d.started).collect();
+            assert_eq!(got, want, "{name}");
+        }
+        let early = GroupTree::new("ns", leaf("a", gang(3), vec![bound(), bound()]));
+        let done = BTreeMap::from([("a".to_string(), 1)]);
+        assert_eq!(disrupted(&early, &done), vec![], "a pod that completed is no disruption");
+        let l = leaf("a", gang(3), vec![bound(), gated(), pinned()]);
+        let d = disrupted(&GroupTree::new("ns", l), &BTreeMap::new());
+        let names: Vec<&str> = d[0].delete.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["a-0", "a-2"], "the started pods are deleted, the gated ones kept");
     }
 
     #[test]

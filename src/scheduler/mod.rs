@@ -34,8 +34,9 @@ mod interpod_properties;
 mod properties;
 
 pub use commit::{
-    CommitInput, FailureCause, GatedPin, GroupCount, PatchRefused, PinFailure, PinState, PlannedPodNow, Refusal,
-    RemainingFits, RollBack, RollbackHistory, RollbackPolicy, StartRequirement, Step, next_step, remaining_fits,
+    CommitInput, Disrupted, FailureCause, GatedPin, GroupCount, PatchRefused, PinFailure, PinState, PlannedPodNow,
+    Refusal, RemainingFits, RollBack, RollbackHistory, RollbackPolicy, StartRequirement, Step, disrupted, next_step,
+    remaining_fits,
 };
 pub use explain::{
     ChildrenUnplaced, DomainConflict, Explanation, ExplanationKind, FilterReason, PodsUnplaced, ReasonCount,

@@ -23,8 +23,8 @@ use crate::crds::scheduling::{AdmissionPlan, AvoidedNode, CompositePodGroup, Pla
 use crate::crds::{ADMISSION_GATE, GPU_INDICES_ANNOTATION, HOSTNAME_LABEL, ROLLED_BACK_ANNOTATION};
 use crate::pods::{Placement, PodClass};
 use crate::scheduler::{
-    self, CommitInput, Decision, FailureCause, GatedPin, GroupCount, PatchRefused, PinFailure, PinState, PlannedPodNow,
-    Refusal, RemainingFits, RollBack, RollbackHistory, RollbackPolicy, Snapshot, StartRequirement, Step,
+    self, CommitInput, Decision, Disrupted, FailureCause, GatedPin, GroupCount, PatchRefused, PinFailure, PinState,
+    PlannedPodNow, Refusal, RemainingFits, RollBack, RollbackHistory, RollbackPolicy, Snapshot, StartRequirement, Step,
 };
 
 /// Counts a pod just pinned by `planned` in the snapshot (resources and GPU indices), so the
@@ -134,7 +134,7 @@ impl GroupRef<'_> {
     }
 
     /// The root's disruption mode (`single` unless `all` is set).
-    fn disruption(&self) -> DisruptionModeKind {
+    pub(super) fn disruption(&self) -> DisruptionModeKind {
         let mode = match self {
             GroupRef::Leaf(pg) => &pg.spec.disruption_mode,
             GroupRef::Composite(c) => &c.spec.disruption_mode,
@@ -667,6 +667,42 @@ impl Admitter {
         self.roots.entry(key.clone()).or_default().outcome = Some(Outcome::BindFailed(outcome_msg.clone()));
         self.root_event(key, true, "BindTimeout", &outcome_msg).await;
         Ok(())
+    }
+
+    /// Gangs of a root in disruption mode `all` that lost pods after they started: their
+    /// started pods are deleted (conditional on their UIDs) so the gang restarts whole, gated,
+    /// instead of running (or waiting) partly started.
+    pub(super) async fn disrupt(&mut self, key: &RootKey, gangs: &[Disrupted]) {
+        let api = Api::<Pod>::namespaced(self.ctx.client.clone(), &key.ns);
+        for gang in gangs {
+            for (name, uid) in &gang.delete {
+                let params = DeleteParams {
+                    preconditions: Some(Preconditions { uid: Some(uid.clone()), resource_version: None }),
+                    ..DeleteParams::background()
+                };
+                match api.delete(name, &params).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+                    Err(e) => {
+                        let e = crate::controllers::context::Error::from(e);
+                        tracing::warn!(pod = %name, error = %e, "could not delete a pod of a disrupted gang");
+                        self.ctx.metrics.object_errors.get_or_create(&object_labels("Pod", e.reason())).inc();
+                    }
+                }
+            }
+            let message = format!(
+                "gang {} lost pods after it started: {} of minCount {} left; disruptionMode all: its {} started \
+                 pod(s) were deleted so the gang restarts whole",
+                gang.group,
+                gang.started,
+                gang.min_count,
+                gang.delete.len()
+            );
+            tracing::warn!(group = %key, %message, "gang disrupted");
+            self.ctx.metrics.bind_timeouts.inc();
+            self.roots.entry(key.clone()).or_default().outcome = Some(Outcome::BindFailed(message.clone()));
+            self.root_event(key, true, "GangDisrupted", &message).await;
+        }
     }
 
     /// Events on a root group and its owner.

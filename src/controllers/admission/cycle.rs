@@ -15,6 +15,7 @@ use super::{Admitter, CONTROLLER, GroupRef, RootKey, World, error_backoff, group
 use crate::controllers::PlacementStrategy;
 use crate::controllers::context::{Error, Result};
 use crate::controllers::metrics::{NodeLabels, ReasonLabels};
+use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{CompositePodGroup, PodGroup};
 use crate::devices::chooser::{NodeGpus, TopologyChooser, node_gpus};
 use crate::devices::{HealthThresholds, SelectOptions};
@@ -105,9 +106,17 @@ impl Admitter {
                 pending += 1;
                 continue;
             }
+            let root = root_of(&pgs, &cpgs, &key);
+            if root.is_some_and(|r| r.disruption() == DisruptionModeKind::All) {
+                let gangs = scheduler::disrupted(tree, &finished_per_group(&key.ns, &by_group));
+                if !gangs.is_empty() {
+                    self.disrupt(&key, &gangs).await;
+                    soonest(Instant::now() + Duration::from_millis(200));
+                    continue;
+                }
+            }
             // What the root's status remembers of rollbacks: nodes to avoid, and a streak of
             // them that keeps the gang unschedulable for a while.
-            let root = root_of(&pgs, &cpgs, &key);
             let history = root.map(|r| r.history()).unwrap_or_default();
             tree.avoid_nodes = history.avoided(wall);
             let memory = self.roots.entry(key.clone()).or_default();
@@ -409,6 +418,22 @@ impl Admitter {
         memory.capacity_seen = capacity;
         at
     }
+}
+
+/// Finished pods (not of a rolled-back attempt) per PodGroup of a namespace.
+fn finished_per_group(ns: &str, by_group: &HashMap<RootKey, Vec<&Pod>>) -> BTreeMap<String, u32> {
+    by_group
+        .iter()
+        .filter(|(k, _)| k.ns == ns)
+        .map(|(k, pods)| {
+            let done = pods
+                .iter()
+                .filter(|p| crate::pods::is_finished(p))
+                .filter(|p| !p.annotations().contains_key(crate::crds::ROLLED_BACK_ANNOTATION))
+                .count();
+            (k.name.clone(), u32::try_from(done).unwrap_or(u32::MAX))
+        })
+        .collect()
 }
 
 /// Gated pods in a tree.
