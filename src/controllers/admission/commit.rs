@@ -21,6 +21,7 @@ use crate::controllers::context::Result;
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{AdmissionPlan, AvoidedNode, CompositePodGroup, PlanState, PlannedPod, PodGroup};
 use crate::crds::{ADMISSION_GATE, GPU_INDICES_ANNOTATION, HOSTNAME_LABEL, ROLLED_BACK_ANNOTATION};
+use crate::devices::GpuSet;
 use crate::scheduler::{
     self, CommitInput, Decision, FailureCause, Group, GroupTree, PinFailure, PinState, PlannedPodNow, Refusal,
     RemainingFits, RollBack, RollbackHistory, RollbackPolicy, Snapshot, StartRequirement, Step,
@@ -35,10 +36,10 @@ fn reserve(snapshot: &mut Snapshot, pod: &Pod, planned: &PlannedPod) {
         spec.scheduling_gates = None;
     }
     snapshot.add_pod(&admitted);
-    if let Some(mask) = planned.gpu_indices.as_deref().and_then(indices_mask)
+    if let Some(gpus) = planned.gpu_indices.as_deref().and_then(indices_mask).map(GpuSet::from_bits)
         && let Some(node) = snapshot.node(&planned.node)
     {
-        let used = node.gpu_used | mask;
+        let used = node.gpu_used.union(gpus);
         snapshot.set_gpu_used(&planned.node, used);
     }
 }

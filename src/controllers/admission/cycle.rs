@@ -17,7 +17,7 @@ use crate::controllers::context::{Error, Result};
 use crate::controllers::metrics::{NodeLabels, ReasonLabels};
 use crate::crds::scheduling::{CompositePodGroup, PodGroup};
 use crate::devices::chooser::{NodeGpus, TopologyChooser, node_gpus};
-use crate::devices::{HealthThresholds, SelectOptions};
+use crate::devices::{GpuSet, HealthThresholds, SelectOptions};
 use crate::scheduler::{self, Admission, Decision, Group, GroupTree, PlaceOptions, RollbackHistory, Scoring, Snapshot};
 
 impl Admitter {
@@ -169,7 +169,7 @@ impl Admitter {
         let held = self.devices.pass(&self.ctx, pods, &snapshot, &gpus).await?;
         for (node, g) in &gpus {
             let used = held.get(node).copied().unwrap_or_default().union(g.unhealthy());
-            snapshot.set_gpu_used(node, used.bits());
+            snapshot.set_gpu_used(node, used);
         }
         Ok((snapshot, gpus))
     }
@@ -202,8 +202,8 @@ impl Admitter {
         };
         let gpus = node_gpus(nodes, &self.gpu_metrics, &thresholds, now);
         self.report_gpu_problems(nodes, &gpus).await;
-        let unhealthy: BTreeMap<String, u64> =
-            gpus.iter().map(|(n, g)| (n.clone(), g.unhealthy().bits())).filter(|(_, m)| *m != 0).collect();
+        let unhealthy: BTreeMap<String, GpuSet> =
+            gpus.iter().map(|(n, g)| (n.clone(), g.unhealthy())).filter(|(_, u)| !u.is_empty()).collect();
         if unhealthy != self.unhealthy {
             // Health changed: roots waiting in backoff may fit now (or no longer).
             self.capacity.fetch_add(1, Ordering::Relaxed);

@@ -87,7 +87,7 @@ struct Admitter {
     /// gang twice or drop a plan it just wrote, so cycles wait until the caches catch up.
     unseen: Unseen,
     /// Unhealthy GPUs per node at the last cycle: a GPU cooling down frees capacity.
-    unhealthy: BTreeMap<String, u64>,
+    unhealthy: BTreeMap<String, crate::devices::GpuSet>,
     /// GPU choices by node kind and occupancy, kept across cycles.
     fits: Arc<FitCache>,
     /// GPU problems per node last reported (topology annotation, metrics, health).
