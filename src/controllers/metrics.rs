@@ -78,6 +78,8 @@ pub struct Metrics {
     pub gpus_unhealthy: Family<NodeLabels, Gauge>,
     /// Kinds of GPU problem per node (topology annotation, metrics, health).
     pub gpu_node_problems: Family<NodeLabels, Gauge>,
+    /// Patches of `gpu.muster.dev/indices` onto pods that the API refused or failed, by reason.
+    pub device_patch_errors: Family<ReasonLabels, Counter>,
     /// Webhook requests, by path and outcome.
     pub webhook_requests: Family<WebhookLabels, Counter>,
     /// Webhook request duration, by path.
@@ -119,6 +121,7 @@ impl Default for Metrics {
             gpus_total: Family::default(),
             gpus_unhealthy: Family::default(),
             gpu_node_problems: Family::default(),
+            device_patch_errors: Family::default(),
             webhook_requests: Family::default(),
             webhook_duration: Family::new_with_constructor(histogram_seconds),
             registry: Registry::default(),
@@ -159,6 +162,11 @@ impl Default for Metrics {
             "Kinds of GPU problem per node (topology annotation, metrics, health); see the node's events",
             m.gpu_node_problems.clone(),
         );
+        registry.register(
+            "device_patch_errors",
+            "GPU index annotations the API refused or failed to write onto a pod, by reason",
+            m.device_patch_errors.clone(),
+        );
         registry.register("webhook_requests", "Admission webhook requests", m.webhook_requests.clone());
         registry.register("webhook_duration_seconds", "Admission webhook request duration", m.webhook_duration.clone());
         Self { registry, ..m }
@@ -179,6 +187,14 @@ impl Metrics {
         let labels = ControllerLabels { controller: controller.to_string() };
         self.reconciles.get_or_create(&labels).inc();
         ReconcileTimer { metrics: self.clone(), labels, start: Instant::now() }
+    }
+
+    /// Drops the GPU gauges of a node that is gone (or no longer has GPUs).
+    pub fn remove_node_gpus(&self, node: &str) {
+        let labels = NodeLabels { node: node.to_string() };
+        self.gpus_total.remove(&labels);
+        self.gpus_allocated.remove(&labels);
+        self.gpus_unhealthy.remove(&labels);
     }
 
     /// Counts a reconcile error.
@@ -215,5 +231,21 @@ mod tests {
         assert!(text.contains("muster_reconciles_total{controller=\"job\"} 1"), "{text}");
         assert!(text.contains("muster_reconcile_errors_total{controller=\"job\",reason=\"kube\"} 1"), "{text}");
         assert!(text.contains("muster_reconcile_duration_seconds_count{controller=\"job\"} 1"), "{text}");
+    }
+
+    #[test]
+    fn gone_nodes_lose_their_gpu_gauges() {
+        let m = Metrics::default();
+        for node in ["n1", "n2"] {
+            let labels = NodeLabels { node: node.into() };
+            m.gpus_total.get_or_create(&labels).set(8);
+            m.gpus_allocated.get_or_create(&labels).set(2);
+            m.gpus_unhealthy.get_or_create(&labels).set(0);
+        }
+        m.remove_node_gpus("n1");
+        let text = m.encode();
+        assert!(!text.contains("node=\"n1\""), "{text}");
+        assert!(text.contains("muster_gpus{node=\"n2\"} 8"), "{text}");
+        assert!(text.contains("muster_gpus_allocated{node=\"n2\"} 2"), "{text}");
     }
 }

@@ -14,14 +14,12 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::status::Outcome;
-use super::{
-    Admitter, FAULT_EXIT_ENV, GroupRef, MIN_BACKOFF, RootKey, World, bound, finished, indices_mask, is_gated, key_of,
-};
+use super::{Admitter, FAULT_EXIT_ENV, GroupRef, MIN_BACKOFF, RootKey, World, bound, finished, is_gated, key_of};
 use crate::controllers::context::Result;
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{AdmissionPlan, AvoidedNode, CompositePodGroup, PlanState, PlannedPod, PodGroup};
 use crate::crds::{ADMISSION_GATE, GPU_INDICES_ANNOTATION, HOSTNAME_LABEL, ROLLED_BACK_ANNOTATION};
-use crate::devices::GpuSet;
+use crate::devices::parse_indices;
 use crate::scheduler::{
     self, CommitInput, Decision, FailureCause, Group, GroupTree, PinFailure, PinState, PlannedPodNow, Refusal,
     RemainingFits, RollBack, RollbackHistory, RollbackPolicy, Snapshot, StartRequirement, Step,
@@ -36,7 +34,7 @@ fn reserve(snapshot: &mut Snapshot, pod: &Pod, planned: &PlannedPod) {
         spec.scheduling_gates = None;
     }
     snapshot.add_pod(&admitted);
-    if let Some(gpus) = planned.gpu_indices.as_deref().and_then(indices_mask).map(GpuSet::from_bits)
+    if let Some(gpus) = planned.gpu_indices.as_deref().and_then(|v| parse_indices(v).ok())
         && let Some(node) = snapshot.node(&planned.node)
     {
         let used = node.gpu_used.union(gpus);

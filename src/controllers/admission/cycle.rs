@@ -166,7 +166,7 @@ impl Admitter {
         let classes: Vec<_> = self.caches.classes.state().iter().map(|c| (**c).clone()).collect();
         snapshot.set_volumes(scheduler::Volumes::from_cluster(&claims, &volumes, &classes));
         let gpus = self.gpu_state(nodes).await;
-        let held = self.devices.pass(&self.ctx, pods, &snapshot, &gpus).await?;
+        let held = self.devices.pass(&self.ctx, pods, &snapshot, &gpus).await;
         for (node, g) in &gpus {
             let used = held.get(node).copied().unwrap_or_default().union(g.unhealthy());
             snapshot.set_gpu_used(node, used);

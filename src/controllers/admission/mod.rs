@@ -173,19 +173,6 @@ fn key_of(ns: &str, name: &str) -> RootKey {
     (ns.to_string(), name.to_string())
 }
 
-/// Parses `gpu.muster.dev/indices` into a mask; `None` when malformed.
-pub fn indices_mask(value: &str) -> Option<u64> {
-    let mut mask = 0u64;
-    for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let i: u32 = part.parse().ok()?;
-        if i >= 64 {
-            return None;
-        }
-        mask |= 1 << i;
-    }
-    Some(mask)
-}
-
 fn group_pods(pods: &[Pod]) -> HashMap<RootKey, Vec<&Pod>> {
     let mut out: HashMap<RootKey, Vec<&Pod>> = HashMap::new();
     for pod in pods {
@@ -251,18 +238,5 @@ fn visit<'a>(group: &'a Group, f: &mut impl FnMut(&'a Group)) {
         for child in &c.children {
             visit(child, f);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn indices_parse_into_masks() {
-        assert_eq!(indices_mask("0,1,4,5"), Some(0b110011));
-        assert_eq!(indices_mask(""), Some(0));
-        assert_eq!(indices_mask("x"), None);
-        assert_eq!(indices_mask("64"), None);
     }
 }
