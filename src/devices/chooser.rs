@@ -8,8 +8,8 @@ use std::time::SystemTime;
 use k8s_openapi::api::core::v1::Node;
 
 use super::{
-    Fit, GpuSet, GpuTopology, HealthThresholds, MetricsCache, NodeHealth, SelectOptions, SelectionKey, fit,
-    healthy_mask,
+    Fit, GpuProblem, GpuSet, GpuTopology, HealthThresholds, MetricsCache, NodeHealth, SelectOptions, SelectionKey,
+    TopologyProblem, fit, healthy_mask,
 };
 use crate::crds::{GPU_RESOURCE, GPU_TOPOLOGY_ANNOTATION};
 use crate::scheduler::{GpuChoice, GpuChooser, NodeInfo};
@@ -20,7 +20,7 @@ pub struct NodeGpus {
     /// The topology (unknown topology when the annotation is missing or malformed).
     pub topology: GpuTopology,
     /// Why the annotation was not used, if it was not.
-    pub topology_problem: Option<String>,
+    pub topology_problem: Option<TopologyProblem>,
     /// Which GPUs are healthy enough to offer, and why others are not.
     pub health: NodeHealth,
 }
@@ -32,9 +32,9 @@ impl NodeGpus {
     }
 
     /// What an operator should hear about this node's GPUs (see [`NodeHealth::problems`]),
-    /// the topology annotation first.
-    pub fn problems(&self, metrics_expected: bool) -> Vec<String> {
-        let topology = self.topology_problem.iter().map(|p| format!("GPU topology: {p}"));
+    /// the topology annotation first; at most one problem of each kind.
+    pub fn problems(&self, metrics_expected: bool) -> Vec<GpuProblem> {
+        let topology = self.topology_problem.iter().map(TopologyProblem::problem);
         topology.chain(self.health.problems(metrics_expected)).collect()
     }
 }

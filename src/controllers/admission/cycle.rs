@@ -14,10 +14,10 @@ use super::status::Outcome;
 use super::{Admitter, CONTROLLER, GroupRef, MAX_BACKOFF, MIN_BACKOFF, RootKey, World, group_pods, key_of, state};
 use crate::controllers::PlacementStrategy;
 use crate::controllers::context::{Error, Result};
-use crate::controllers::metrics::{NodeLabels, ReasonLabels};
+use crate::controllers::metrics::ReasonLabels;
 use crate::crds::scheduling::{CompositePodGroup, PodGroup};
 use crate::devices::chooser::{NodeGpus, TopologyChooser, node_gpus};
-use crate::devices::{GpuSet, HealthThresholds, SelectOptions};
+use crate::devices::{GpuProblem, GpuProblemKind, GpuSet, HealthThresholds, SelectOptions};
 use crate::scheduler::{self, Admission, Decision, Group, GroupTree, PlaceOptions, RollbackHistory, Scoring, Snapshot};
 
 impl Admitter {
@@ -214,10 +214,11 @@ impl Admitter {
 
     /// Tells operators, once per change, what keeps a node's GPUs from full use: a missing or
     /// malformed topology annotation, missing, stale or invalid metrics, GPUs too hot or full.
-    /// A log line and an event on the Node, and the gauge `muster_gpu_node_problems`.
+    /// A log line and an event on the Node, and `muster_gpu_node_problems{node, kind}`: one
+    /// series per kind present, removed when it clears or the node goes.
     async fn report_gpu_problems(&mut self, nodes: &[Node], gpus: &HashMap<String, NodeGpus>) {
         let metrics_expected = self.metrics_source.is_some();
-        let now: BTreeMap<String, Vec<String>> = gpus
+        let now: BTreeMap<String, Vec<GpuProblem>> = gpus
             .iter()
             .map(|(n, g)| (n.clone(), g.problems(metrics_expected)))
             .filter(|(_, p)| !p.is_empty())
@@ -232,14 +233,11 @@ impl Admitter {
                 continue;
             }
             let object = node.object_ref(&());
-            self.ctx
-                .metrics
-                .gpu_node_problems
-                .get_or_create(&NodeLabels { node: name.clone() })
-                .set(after.map_or(0, |p| p.len() as i64));
+            let kinds: Vec<GpuProblemKind> = after.into_iter().flatten().map(|p| p.kind).collect();
+            self.ctx.metrics.set_gpu_node_problems(&name, &kinds);
             match after {
                 Some(problems) => {
-                    let note = problems.join("; ");
+                    let note = problems.iter().map(|p| p.message.as_str()).collect::<Vec<_>>().join("; ");
                     tracing::warn!(node = %name, problems = %note, "GPU problems on node");
                     self.ctx.event(&object, true, "GPUProblems", "Schedule", note).await;
                 }
@@ -259,7 +257,7 @@ impl Admitter {
         }
         // Nodes gone: forget them.
         for name in self.gpu_problems.keys().filter(|n| !now.contains_key(*n)) {
-            self.ctx.metrics.gpu_node_problems.remove(&NodeLabels { node: name.clone() });
+            self.ctx.metrics.set_gpu_node_problems(name, &[]);
         }
         self.gpu_problems = now;
     }

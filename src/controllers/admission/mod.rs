@@ -91,7 +91,7 @@ struct Admitter {
     /// GPU choices by node kind and occupancy, kept across cycles.
     fits: Arc<FitCache>,
     /// GPU problems per node last reported (topology annotation, metrics, health).
-    gpu_problems: BTreeMap<String, Vec<String>>,
+    gpu_problems: BTreeMap<String, Vec<crate::devices::GpuProblem>>,
 }
 
 /// Writes of this process that the watch caches have not shown yet.
