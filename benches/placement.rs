@@ -23,7 +23,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use muster::crds::{ADMISSION_GATE, GPU_RESOURCE, GPU_TOPOLOGY_ANNOTATION, HOSTNAME_LABEL, POD_GROUP_LABEL};
 use muster::devices::chooser::{TopologyChooser, node_gpus};
-use muster::devices::{HealthThresholds, MetricsCache, SelectOptions, fixtures};
+use muster::devices::{GpuSet, HealthThresholds, MetricsCache, SelectOptions, fixtures};
 use muster::scheduler::{
     CPU, GroupTree, LeafGroup, LeafPolicy, LowestFreeIndices, MEMORY, PODS, PlaceOptions, PodShape, Resources,
     Snapshot, place,
@@ -51,7 +51,7 @@ impl Sequence {
 
 /// 5,000 nodes in 125 racks of 40 and 5 zones; 1 in 50 tainted for infra. Each node runs
 /// 0 to 8 one-GPU pods (4 on average) with 12 cores and 96 GiB each.
-fn cluster() -> (Vec<Node>, Vec<Pod>, BTreeMap<String, u64>) {
+fn cluster() -> (Vec<Node>, Vec<Pod>, BTreeMap<String, GpuSet>) {
     let mut seq = Sequence(0x9e37_79b9_7f4a_7c15);
     let mut nodes = Vec::with_capacity(NODES);
     let mut pods = Vec::new();
@@ -121,19 +121,19 @@ fn cluster() -> (Vec<Node>, Vec<Pod>, BTreeMap<String, u64>) {
             });
         }
         // The ledger's view: the running pods hold scattered indices.
-        let mut mask = 0u64;
-        while u64::from(mask.count_ones()) < running {
-            mask |= 1 << seq.below(8);
+        let mut used = GpuSet::EMPTY;
+        while (used.len() as u64) < running {
+            used = used.with(seq.below(8) as usize).unwrap_or(used);
         }
-        gpu_used.insert(name, mask);
+        gpu_used.insert(name, used);
     }
     (nodes, pods, gpu_used)
 }
 
-fn snapshot(nodes: &[Node], pods: &[Pod], gpu_used: &BTreeMap<String, u64>) -> Snapshot {
+fn snapshot(nodes: &[Node], pods: &[Pod], gpu_used: &BTreeMap<String, GpuSet>) -> Snapshot {
     let mut s = Snapshot::from_cluster(nodes, pods);
-    for (node, mask) in gpu_used {
-        s.set_gpu_used(node, *mask);
+    for (node, used) in gpu_used {
+        s.set_gpu_used(node, *used);
     }
     s
 }
@@ -175,7 +175,7 @@ fn ruled_gang(pods: usize) -> GroupTree {
 fn bench(c: &mut Criterion) {
     let (nodes, pods, gpu_used) = cluster();
     let snap = snapshot(&nodes, &pods, &gpu_used);
-    let free: u32 = snap.nodes().iter().map(|n| (n.gpu_mask() & !n.gpu_used).count_ones()).sum();
+    let free: usize = snap.nodes().iter().map(|n| n.gpus().difference(n.gpu_used).len()).sum();
     println!("cluster: {} nodes, {} running pods, {free} of {} GPUs free", snap.nodes().len(), pods.len(), NODES * 8);
 
     c.bench_function("snapshot: 5,000 nodes + pods from the API lists (outside the decisions)", |b| {

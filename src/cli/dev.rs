@@ -20,7 +20,7 @@ use kube::{Client, Config};
 use serde_json::json;
 
 pub use topology::TopologyKind;
-use topology::{TopologyError, gpu_topology, gpu_uuid};
+use topology::{ShapeError, gpu_topology, gpu_uuid};
 
 /// Field manager of everything `muster dev` applies.
 pub const FIELD_MANAGER: &str = "muster-dev";
@@ -33,6 +33,7 @@ pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 /// The GPU product label (as NVIDIA GPU feature discovery sets it).
 pub const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
 pub use crate::crds::GPU_RESOURCE;
+use crate::crds::GPU_TOPOLOGY_ANNOTATION;
 
 /// Errors of `muster dev`.
 #[derive(Debug, thiserror::Error)]
@@ -48,7 +49,7 @@ pub enum Error {
     Kube(#[from] kube::Error),
     /// The requested GPU topology does not exist for these nodes.
     #[error(transparent)]
-    Topology(#[from] TopologyError),
+    Topology(#[from] ShapeError),
     /// A `--label` was not `key=value`.
     #[error("invalid label {0:?}: expected key=value")]
     Label(String),
@@ -199,7 +200,7 @@ impl FakeGpuNodes {
 }
 
 /// PURE: fake node number `index` of `spec`, with capacity and allocatable in its status.
-pub fn fake_node(spec: &FakeGpuNodes, index: u32) -> Result<Node, TopologyError> {
+pub fn fake_node(spec: &FakeGpuNodes, index: u32) -> Result<Node, ShapeError> {
     let name = format!("{}{index}", spec.prefix);
     let rack = index % spec.racks.max(1);
     let zone = rack % spec.zones.max(1);
@@ -228,7 +229,7 @@ pub fn fake_node(spec: &FakeGpuNodes, index: u32) -> Result<Node, TopologyError>
         resources.insert(GPU_RESOURCE.into(), Quantity(spec.gpus.to_string()));
         let uuids: Vec<String> = (0..spec.gpus).map(|g| gpu_uuid(&spec.uuid_seed, &name, g)).collect();
         if let Some(t) = gpu_topology(spec.topology, &uuids, spec.gpu_memory_mib)? {
-            annotations.insert(topology::ANNOTATION.into(), t.to_json());
+            annotations.insert(GPU_TOPOLOGY_ANNOTATION.into(), t.to_json());
         }
     }
     labels.extend(spec.labels.iter().cloned());
@@ -382,7 +383,7 @@ mod tests {
         assert_eq!(node.metadata.name.as_deref(), Some("kwok-gpu-3"));
         let annotations = node.metadata.annotations.as_ref().unwrap();
         assert_eq!(annotations[KWOK_NODE], "fake");
-        assert!(annotations[topology::ANNOTATION].contains("\"NV18\""));
+        assert!(annotations[GPU_TOPOLOGY_ANNOTATION].contains("\"NV18\""));
         assert_eq!(label(&node, "type"), Some("kwok"));
         assert_eq!(label(&node, "kubernetes.io/hostname"), Some("kwok-gpu-3"));
         assert_eq!(label(&node, RACK_LABEL), Some("rack-1"));
@@ -418,7 +419,7 @@ mod tests {
         let node = fake_node(&spec, 0).unwrap();
         let taints = node.spec.as_ref().unwrap().taints.as_ref().unwrap();
         assert_eq!((taints[0].key.as_str(), taints[0].effect.as_str()), (KWOK_NODE, "NoSchedule"));
-        assert!(!node.metadata.annotations.as_ref().unwrap().contains_key(topology::ANNOTATION));
+        assert!(!node.metadata.annotations.as_ref().unwrap().contains_key(GPU_TOPOLOGY_ANNOTATION));
         assert_eq!(label(&node, "muster.dev/e2e"), Some("ns-1"));
         let cpu_only = fake_node(&FakeGpuNodes { gpus: 0, ..FakeGpuNodes::default() }, 0).unwrap();
         assert_eq!(label(&cpu_only, GPU_PRODUCT_LABEL), None);
@@ -428,7 +429,7 @@ mod tests {
     #[test]
     fn cube_mesh_with_four_gpus_is_refused() {
         let spec = FakeGpuNodes { gpus: 4, topology: TopologyKind::CubeMesh, ..FakeGpuNodes::default() };
-        assert!(matches!(fake_node(&spec, 0), Err(TopologyError::GpuCount { .. })));
+        assert!(matches!(fake_node(&spec, 0), Err(ShapeError::GpuCount { .. })));
     }
 
     #[test]

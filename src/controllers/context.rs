@@ -136,22 +136,11 @@ impl Error {
         matches!(self, Error::Kube(kube::Error::Api(e)) if e.code == 403 && e.message.contains("because it is being terminated"))
     }
 
-    /// What went wrong, finer than [`Error::metric_label`]: the API server's answer by class
-    /// (`forbidden` also covers a webhook or ValidatingAdmissionPolicy denial).
+    /// What went wrong, finer than [`Error::metric_label`]: [`api_error_reason`] for the API
+    /// server's answers.
     pub fn reason(&self) -> &'static str {
         match self {
-            Error::Kube(kube::Error::Api(e)) => match e.code {
-                400 => "bad-request",
-                403 => "forbidden",
-                404 => "not-found",
-                409 => "conflict",
-                413 => "too-large",
-                422 => "invalid",
-                429 => "throttled",
-                500..=599 => "server-error",
-                _ => "api",
-            },
-            Error::Kube(_) => "transport",
+            Error::Kube(e) => api_error_reason(e),
             other => other.metric_label(),
         }
     }
@@ -176,6 +165,27 @@ impl Error {
             Error::Missing(_) => "missing",
             Error::Serde(_) => "serde",
         }
+    }
+}
+
+/// The reason label of a failed request, for metrics: the API server's answer by class
+/// (`forbidden` also covers a webhook or ValidatingAdmissionPolicy denial), or `transport`
+/// when no answer came (timeouts, refused connections, TLS).
+pub fn api_error_reason(e: &kube::Error) -> &'static str {
+    match e {
+        kube::Error::Api(s) => match s.code {
+            400 => "bad_request",
+            401 => "unauthorized",
+            403 => "forbidden",
+            404 => "not_found",
+            409 => "conflict",
+            413 => "too_large",
+            422 => "invalid",
+            429 => "too_many_requests",
+            500..=599 => "server_error",
+            _ => "api_other",
+        },
+        _ => "transport",
     }
 }
 

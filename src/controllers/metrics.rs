@@ -11,6 +11,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::devices::GpuProblemKind;
+
 /// Labels naming a controller.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ControllerLabels {
@@ -39,8 +41,8 @@ pub struct ReasonLabels {
 pub struct ObjectErrorLabels {
     /// The kind of object: `Pod`, `PodGroup` or `CompositePodGroup`.
     pub kind: String,
-    /// What went wrong: [`crate::controllers::context::Error::reason`] (`forbidden`,
-    /// `invalid`, `conflict`, `server-error`, `too-large`, ...).
+    /// What went wrong: [`crate::controllers::context::api_error_reason`] (`forbidden`,
+    /// `invalid`, `conflict`, `server_error`, `too_large`, ...), or `refused`.
     pub reason: String,
 }
 
@@ -49,6 +51,15 @@ pub struct ObjectErrorLabels {
 pub struct NodeLabels {
     /// Node name.
     pub node: String,
+}
+
+/// Labels of one kind of GPU problem on one node.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GpuProblemLabels {
+    /// Node name.
+    pub node: String,
+    /// [`GpuProblemKind::label`] (e.g. `too_hot`, `topology_missing`).
+    pub kind: String,
 }
 
 fn histogram_seconds() -> Histogram {
@@ -88,8 +99,11 @@ pub struct Metrics {
     pub gpus_total: Family<NodeLabels, Gauge>,
     /// GPUs not offered per node (unhealthy).
     pub gpus_unhealthy: Family<NodeLabels, Gauge>,
-    /// Kinds of GPU problem per node (topology annotation, metrics, health).
-    pub gpu_node_problems: Family<NodeLabels, Gauge>,
+    /// GPU problems per node and kind (topology annotation, metrics, health): 1 while the
+    /// problem lasts; the series goes when it clears or the node does.
+    pub gpu_node_problems: Family<GpuProblemLabels, Gauge>,
+    /// Patches of `gpu.muster.dev/indices` onto pods that the API refused or failed, by reason.
+    pub device_patch_errors: Family<ReasonLabels, Counter>,
     /// Webhook requests, by path and outcome.
     pub webhook_requests: Family<WebhookLabels, Counter>,
     /// Webhook request duration, by path.
@@ -132,6 +146,7 @@ impl Default for Metrics {
             gpus_total: Family::default(),
             gpus_unhealthy: Family::default(),
             gpu_node_problems: Family::default(),
+            device_patch_errors: Family::default(),
             webhook_requests: Family::default(),
             webhook_duration: Family::new_with_constructor(histogram_seconds),
             registry: Registry::default(),
@@ -174,8 +189,13 @@ impl Default for Metrics {
         registry.register("gpus_unhealthy", "GPUs not offered because of health, per node", m.gpus_unhealthy.clone());
         registry.register(
             "gpu_node_problems",
-            "Kinds of GPU problem per node (topology annotation, metrics, health); see the node's events",
+            "GPU problems per node and kind (topology annotation, metrics, health), 1 while present; see the node's events",
             m.gpu_node_problems.clone(),
+        );
+        registry.register(
+            "device_patch_errors",
+            "GPU index annotations the API refused or failed to write onto a pod, by reason",
+            m.device_patch_errors.clone(),
         );
         registry.register("webhook_requests", "Admission webhook requests", m.webhook_requests.clone());
         registry.register("webhook_duration_seconds", "Admission webhook request duration", m.webhook_duration.clone());
@@ -197,6 +217,27 @@ impl Metrics {
         let labels = ControllerLabels { controller: controller.to_string() };
         self.reconciles.get_or_create(&labels).inc();
         ReconcileTimer { metrics: self.clone(), labels, start: Instant::now() }
+    }
+
+    /// Sets the GPU problem series of `node` to `kinds`: 1 for each kind present, and no
+    /// series for the others (pass none when the node is gone).
+    pub fn set_gpu_node_problems(&self, node: &str, kinds: &[GpuProblemKind]) {
+        for kind in GpuProblemKind::ALL {
+            let labels = GpuProblemLabels { node: node.to_string(), kind: kind.label().to_string() };
+            if kinds.contains(&kind) {
+                self.gpu_node_problems.get_or_create(&labels).set(1);
+            } else {
+                self.gpu_node_problems.remove(&labels);
+            }
+        }
+    }
+
+    /// Drops the GPU gauges of a node that is gone (or no longer has GPUs).
+    pub fn remove_node_gpus(&self, node: &str) {
+        let labels = NodeLabels { node: node.to_string() };
+        self.gpus_total.remove(&labels);
+        self.gpus_allocated.remove(&labels);
+        self.gpus_unhealthy.remove(&labels);
     }
 
     /// Counts a reconcile error.
@@ -233,5 +274,41 @@ mod tests {
         assert!(text.contains("muster_reconciles_total{controller=\"job\"} 1"), "{text}");
         assert!(text.contains("muster_reconcile_errors_total{controller=\"job\",reason=\"kube\"} 1"), "{text}");
         assert!(text.contains("muster_reconcile_duration_seconds_count{controller=\"job\"} 1"), "{text}");
+    }
+
+    #[test]
+    fn gpu_problem_series_follow_the_kinds_present() {
+        let m = Metrics::default();
+        m.set_gpu_node_problems("n1", &[GpuProblemKind::TooHot, GpuProblemKind::TopologyMissing]);
+        m.set_gpu_node_problems("n2", &[GpuProblemKind::MemoryFull]);
+        let text = m.encode();
+        assert!(text.contains("muster_gpu_node_problems{node=\"n1\",kind=\"too_hot\"} 1"), "{text}");
+        assert!(text.contains("muster_gpu_node_problems{node=\"n1\",kind=\"topology_missing\"} 1"), "{text}");
+        // The GPU cooled down: its series goes, the other stays.
+        m.set_gpu_node_problems("n1", &[GpuProblemKind::TopologyMissing]);
+        let text = m.encode();
+        assert!(!text.contains("kind=\"too_hot\""), "{text}");
+        assert!(text.contains("muster_gpu_node_problems{node=\"n1\",kind=\"topology_missing\"} 1"), "{text}");
+        // The node is gone.
+        m.set_gpu_node_problems("n1", &[]);
+        let text = m.encode();
+        assert!(!text.contains("node=\"n1\""), "{text}");
+        assert!(text.contains("muster_gpu_node_problems{node=\"n2\",kind=\"memory_full\"} 1"), "{text}");
+    }
+
+    #[test]
+    fn gone_nodes_lose_their_gpu_gauges() {
+        let m = Metrics::default();
+        for node in ["n1", "n2"] {
+            let labels = NodeLabels { node: node.into() };
+            m.gpus_total.get_or_create(&labels).set(8);
+            m.gpus_allocated.get_or_create(&labels).set(2);
+            m.gpus_unhealthy.get_or_create(&labels).set(0);
+        }
+        m.remove_node_gpus("n1");
+        let text = m.encode();
+        assert!(!text.contains("node=\"n1\""), "{text}");
+        assert!(text.contains("muster_gpus{node=\"n2\"} 8"), "{text}");
+        assert!(text.contains("muster_gpus_allocated{node=\"n2\"} 2"), "{text}");
     }
 }

@@ -8,8 +8,8 @@ use std::time::SystemTime;
 use k8s_openapi::api::core::v1::Node;
 
 use super::{
-    Fit, GpuSet, GpuTopology, HealthThresholds, MetricsCache, NodeHealth, SelectOptions, SelectionKey, fit,
-    healthy_mask,
+    Fit, GpuProblem, GpuSet, GpuTopology, HealthThresholds, MetricsCache, NodeHealth, SelectOptions, SelectionKey,
+    TopologyProblem, fit, healthy_mask,
 };
 use crate::crds::{GPU_RESOURCE, GPU_TOPOLOGY_ANNOTATION};
 use crate::scheduler::{GpuChoice, GpuChooser, NodeInfo};
@@ -20,7 +20,7 @@ pub struct NodeGpus {
     /// The topology (unknown topology when the annotation is missing or malformed).
     pub topology: GpuTopology,
     /// Why the annotation was not used, if it was not.
-    pub topology_problem: Option<String>,
+    pub topology_problem: Option<TopologyProblem>,
     /// Which GPUs are healthy enough to offer, and why others are not.
     pub health: NodeHealth,
 }
@@ -32,9 +32,9 @@ impl NodeGpus {
     }
 
     /// What an operator should hear about this node's GPUs (see [`NodeHealth::problems`]),
-    /// the topology annotation first.
-    pub fn problems(&self, metrics_expected: bool) -> Vec<String> {
-        let topology = self.topology_problem.iter().map(|p| format!("GPU topology: {p}"));
+    /// the topology annotation first; at most one problem of each kind.
+    pub fn problems(&self, metrics_expected: bool) -> Vec<GpuProblem> {
+        let topology = self.topology_problem.iter().map(TopologyProblem::problem);
         topology.chain(self.health.problems(metrics_expected)).collect()
     }
 }
@@ -87,7 +87,7 @@ pub struct FitCache {
 struct FitCacheInner {
     kinds: HashMap<SelectionKey, usize>,
     next_kind: usize,
-    fits: HashMap<(usize, u64, u32, SelectOptions), Option<Fit>>,
+    fits: HashMap<(usize, GpuSet, u32, SelectOptions), Option<Fit>>,
 }
 
 impl FitCache {
@@ -113,7 +113,7 @@ impl FitCache {
     }
 
     /// The cached answer, or `compute`'s (then kept).
-    fn fit(&self, key: (usize, u64, u32, SelectOptions), compute: impl FnOnce() -> Option<Fit>) -> Option<Fit> {
+    fn fit(&self, key: (usize, GpuSet, u32, SelectOptions), compute: impl FnOnce() -> Option<Fit>) -> Option<Fit> {
         // A poisoned lock (a panic elsewhere) or an unnamed kind: compute without the cache.
         let Ok(mut inner) = self.inner.lock() else {
             return compute();
@@ -175,13 +175,13 @@ impl TopologyChooser {
 }
 
 impl GpuChooser for TopologyChooser {
-    fn choose(&self, node: &NodeInfo, count: u32, used: u64) -> Option<GpuChoice> {
+    fn choose(&self, node: &NodeInfo, count: u32, used: GpuSet) -> Option<GpuChoice> {
         let (kind, gpus) = self.nodes.get(&node.name)?;
-        let available = super::available(&gpus.health, GpuSet::from_bits(used));
-        let key = (*kind, available.bits(), count, self.options);
+        let available = super::available(&gpus.health, used);
+        let key = (*kind, available, count, self.options);
         let fit = self.cache.fit(key, || fit(&gpus.topology, available, count as usize, self.options))?;
         let score = fit.with_load(&gpus.health.utilization);
-        Some(GpuChoice { mask: score.selection.gpus.bits(), score: score.score })
+        Some(GpuChoice { gpus: score.selection.gpus, score: score.score })
     }
 }
 
@@ -247,13 +247,13 @@ mod tests {
         assert_eq!(map["n1"].unhealthy(), GpuSet::from_bits(1));
         let chooser = TopologyChooser::new(map, SelectOptions::default());
         let info = NodeInfo::new("n1", Resources::new());
-        let pair = chooser.choose(&info, 2, 0).expect("a pair");
+        let pair = chooser.choose(&info, 2, GpuSet::EMPTY).expect("a pair");
         // GPU 0 is hot, so 0-1 is out; the best pair on one PCIe switch is 2-3.
-        assert_eq!(pair.mask, 0b1100);
+        assert_eq!(pair.gpus, GpuSet::from_bits(0b1100));
         // With 2 and 3 taken, the next pair is 4-5 (6-7 ties on cost; fragmentation decides).
-        let next = chooser.choose(&info, 2, 0b1100).expect("another pair");
-        assert!(next.mask == 0b11_0000 || next.mask == 0b1100_0000, "{:b}", next.mask);
-        assert!(chooser.choose(&info, 8, 0).is_none(), "only 7 healthy GPUs");
+        let next = chooser.choose(&info, 2, GpuSet::from_bits(0b1100)).expect("another pair");
+        assert!(next.gpus.bits() == 0b11_0000 || next.gpus.bits() == 0b1100_0000, "{}", next.gpus);
+        assert!(chooser.choose(&info, 8, GpuSet::EMPTY).is_none(), "only 7 healthy GPUs");
     }
 
     proptest::proptest! {
@@ -282,10 +282,10 @@ mod tests {
                     let alone = crate::devices::node_score(
                         &kinds[kind], available, count as usize, &health.utilization, SelectOptions::default(),
                     )
-                    .map(|s| GpuChoice { mask: s.selection.gpus.bits(), score: s.score });
+                    .map(|s| GpuChoice { gpus: s.selection.gpus, score: s.score });
                     let name = format!("n{i}");
                     map.insert(name.clone(), NodeGpus { topology: kinds[kind].clone(), topology_problem: None, health });
-                    expected.push((name, used, alone));
+                    expected.push((name, GpuSet::from_bits(used), alone));
                 }
                 let chooser = TopologyChooser::with_cache(map, SelectOptions::default(), cache.clone());
                 // Twice: the second round answers from the cache.
@@ -303,6 +303,6 @@ mod tests {
     #[test]
     fn unknown_nodes_get_no_choice() {
         let chooser = TopologyChooser::new(HashMap::new(), SelectOptions::default());
-        assert!(chooser.choose(&NodeInfo::new("x", Resources::new()), 1, 0).is_none());
+        assert!(chooser.choose(&NodeInfo::new("x", Resources::new()), 1, GpuSet::EMPTY).is_none());
     }
 }

@@ -96,6 +96,21 @@ impl GpuSet {
         if self.0 == 0 { None } else { Some(self.0.trailing_zeros() as usize) }
     }
 
+    /// The `n` lowest indices of the set, or `None` when it has fewer than `n`.
+    pub const fn lowest_n(self, n: usize) -> Option<GpuSet> {
+        if self.len() < n {
+            return None;
+        }
+        let (mut rest, mut out, mut taken) = (self.0, 0u64, 0);
+        while taken < n {
+            let lowest = rest & rest.wrapping_neg();
+            out |= lowest;
+            rest &= !lowest;
+            taken += 1;
+        }
+        Some(GpuSet(out))
+    }
+
     /// The indices in ascending order.
     pub fn iter(self) -> GpuSetIter {
         GpuSetIter(self.0)
@@ -181,6 +196,16 @@ mod tests {
         assert_eq!(s.to_string(), "0,1,4,5");
         assert_eq!(GpuSet::EMPTY.to_string(), "");
         assert_eq!(s.lowest(), Some(0));
+    }
+
+    #[test]
+    fn lowest_n_takes_the_lowest_indices() {
+        let s = GpuSet::from_bits(0b1011_0100);
+        assert_eq!(s.lowest_n(0), Some(GpuSet::EMPTY));
+        assert_eq!(s.lowest_n(2), Some(GpuSet::from_bits(0b0001_0100)));
+        assert_eq!(s.lowest_n(4), Some(s));
+        assert_eq!(s.lowest_n(5), None);
+        assert_eq!(GpuSet::first(64).lowest_n(64), Some(GpuSet::first(64)));
     }
 
     #[test]

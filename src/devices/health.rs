@@ -8,6 +8,7 @@ use std::future::Future;
 use std::time::{Duration, SystemTime};
 
 use super::gpuset::GpuSet;
+use super::problem::{GpuProblem, GpuProblemKind};
 use super::topology::GpuTopology;
 
 /// One GPU's metrics at one instant.
@@ -210,39 +211,50 @@ pub fn healthy_mask(
 }
 
 impl NodeHealth {
-    /// What is worth telling an operator, one line per kind of problem with the GPUs it
-    /// concerns: stable while the situation is (no measured values, no ages), so a report can
-    /// be made when it changes rather than every cycle. Without `metrics_expected` (no metrics
-    /// source configured), missing metrics are not a problem.
-    pub fn problems(&self, metrics_expected: bool) -> Vec<String> {
-        let mut by_kind: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    /// What is worth telling an operator, one problem per kind with the GPUs it concerns:
+    /// stable while the situation is (no measured values, no ages), so a report can be made
+    /// when it changes rather than every cycle. Without `metrics_expected` (no metrics source
+    /// configured), missing metrics are not a problem.
+    pub fn problems(&self, metrics_expected: bool) -> Vec<GpuProblem> {
+        let mut by_kind: BTreeMap<GpuProblemKind, (&str, Vec<String>)> = BTreeMap::new();
         for reason in &self.reasons {
-            let (kind, index) = match reason {
+            let (kind, line, index) = match reason {
                 HealthReason::NoMetrics if metrics_expected => {
-                    ("no GPU metrics for this node; health not checked", None)
+                    (GpuProblemKind::MetricsMissing, "no GPU metrics for this node; health not checked", None)
                 }
                 HealthReason::Missing { index } if metrics_expected => {
-                    ("no metrics, health not checked, for GPU", Some(*index as u64))
+                    (GpuProblemKind::MetricsMissing, "no metrics, health not checked, for GPU", Some(*index as u64))
                 }
                 HealthReason::NoMetrics | HealthReason::Missing { .. } => continue,
-                HealthReason::Stale { index, .. } => ("stale metrics ignored for GPU", Some(*index as u64)),
-                HealthReason::Invalid { index } => ("out-of-range metrics ignored for GPU", Some(*index as u64)),
-                HealthReason::UnknownGpu { index } => {
-                    ("metrics for GPUs the node does not have:", Some(u64::from(*index)))
+                HealthReason::Stale { index, .. } => {
+                    (GpuProblemKind::MetricsStale, "stale metrics ignored for GPU", Some(*index as u64))
                 }
-                HealthReason::Hot { index, .. } => ("too hot, not offered: GPU", Some(*index as u64)),
+                HealthReason::Invalid { index } => {
+                    (GpuProblemKind::MetricsInvalid, "out-of-range metrics ignored for GPU", Some(*index as u64))
+                }
+                HealthReason::UnknownGpu { index } => (
+                    GpuProblemKind::MetricsUnknownGpu,
+                    "metrics for GPUs the node does not have:",
+                    Some(u64::from(*index)),
+                ),
+                HealthReason::Hot { index, .. } => {
+                    (GpuProblemKind::TooHot, "too hot, not offered: GPU", Some(*index as u64))
+                }
                 HealthReason::LowFreeMemory { index, .. } => {
-                    ("too little free memory, not offered: GPU", Some(*index as u64))
+                    (GpuProblemKind::MemoryFull, "too little free memory, not offered: GPU", Some(*index as u64))
                 }
             };
-            let entry = by_kind.entry(kind).or_default();
+            let (_, gpus) = by_kind.entry(kind).or_insert((line, Vec::new()));
             if let Some(i) = index {
-                entry.push(i.to_string());
+                gpus.push(i.to_string());
             }
         }
         by_kind
             .into_iter()
-            .map(|(kind, gpus)| if gpus.is_empty() { kind.to_string() } else { format!("{kind} {}", gpus.join(",")) })
+            .map(|(kind, (line, gpus))| GpuProblem {
+                kind,
+                message: if gpus.is_empty() { line.to_string() } else { format!("{line} {}", gpus.join(",")) },
+            })
             .collect()
     }
 }
@@ -357,21 +369,29 @@ mod tests {
             (7, sample(60.0, 0.9, 100)),
         ]);
         let later = check(&model, Some(&m), 120).problems(true);
+        let shown: Vec<(GpuProblemKind, &str)> = later.iter().map(|p| (p.kind, p.message.as_str())).collect();
         assert_eq!(
-            later,
+            shown,
             [
-                "metrics for GPUs the node does not have: 7",
-                "no metrics, health not checked, for GPU 3",
-                "stale metrics ignored for GPU 2",
-                "too hot, not offered: GPU 0",
-                "too little free memory, not offered: GPU 1",
+                (GpuProblemKind::MetricsMissing, "no metrics, health not checked, for GPU 3"),
+                (GpuProblemKind::MetricsStale, "stale metrics ignored for GPU 2"),
+                (GpuProblemKind::MetricsUnknownGpu, "metrics for GPUs the node does not have: 7"),
+                (GpuProblemKind::TooHot, "too hot, not offered: GPU 0"),
+                (GpuProblemKind::MemoryFull, "too little free memory, not offered: GPU 1"),
             ]
         );
         // Ten seconds on, the stale sample is older but the report is the same.
         assert_eq!(check(&model, Some(&m), 130).problems(true), later);
         // Without a metrics source, absent metrics are expected.
         assert!(check(&model, None, 120).problems(false).is_empty());
-        assert_eq!(check(&model, None, 120).problems(true), ["no GPU metrics for this node; health not checked"]);
+        let none = check(&model, None, 120).problems(true);
+        assert_eq!(
+            none,
+            [GpuProblem {
+                kind: GpuProblemKind::MetricsMissing,
+                message: "no GPU metrics for this node; health not checked".into()
+            }]
+        );
     }
 
     #[test]

@@ -1,8 +1,14 @@
 //! The GPU ledger: which GPU index on which node belongs to which pod, and the
-//! `gpu.muster.dev/indices` annotation it is rebuilt from. Plain data in, conflicts out as
+//! `gpu.muster.dev/indices` annotation it is rebuilt from. Plain data in, problems out as
 //! values; watching pods and writing annotations is the device reconciler's job.
+//!
+//! The ledger errs on the side of holding: a live pod keeps every GPU its annotation names
+//! unless an older live pod holds it, even when the node no longer has that index, so a GPU
+//! is never offered to a second pod while the first may still use it.
 
 use std::collections::BTreeMap;
+
+use k8s_openapi::jiff::Timestamp;
 
 use super::gpuset::{GpuSet, MAX_GPUS};
 
@@ -40,70 +46,55 @@ impl PodPhase {
     }
 }
 
-/// Why a `gpu.muster.dev/indices` value is refused.
+/// Why a `gpu.muster.dev/indices` value cannot be read at all.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum IndicesError {
-    /// The value is empty.
+    /// The value is empty or only whitespace.
     #[error("no GPU indices")]
     Empty,
-    /// An element that is not a plain decimal number (signs, spaces, leading zeros refused).
+    /// An element that is not a decimal number: empty (`0,,1`, `0,`), signed, or not digits.
     #[error("{0:?} is not a GPU index")]
     BadIndex(String),
-    /// The same index twice.
-    #[error("GPU index {0} listed twice")]
-    Duplicate(usize),
-    /// Indices not in ascending order.
-    #[error("GPU index {next} follows {prev}: indices must be ascending")]
-    NotAscending {
-        /// The earlier index.
-        prev: usize,
-        /// The index after it.
-        next: usize,
-    },
-    /// An index the node does not have.
-    #[error("GPU index {index} out of range: the node has {count} GPUs")]
-    OutOfRange {
-        /// The index.
-        index: usize,
-        /// GPUs on the node.
-        count: usize,
-    },
+    /// A number no node can have as a GPU index (64 or more).
+    #[error("GPU index {0} is beyond the {MAX_GPUS} GPUs a node may have")]
+    TooLarge(String),
 }
 
-/// Parses an annotation value such as `0,1,4,5` for a node with `gpu_count` GPUs.
+/// Reads a `gpu.muster.dev/indices` value such as `0,1,4,5`: the one parser of the annotation,
+/// for the ledger, admission and the tools alike.
 ///
-/// Strict, so that exactly one spelling exists for each set: `format_indices(parse(s)) == s`.
-pub fn parse_indices(value: &str, gpu_count: usize) -> Result<GpuSet, IndicesError> {
+/// The value names a set of GPU indices. Muster always writes the canonical spelling
+/// ([`format_indices`]: ascending, comma separated, no spaces, no repeats), but a value read
+/// from a live pod may have been written by hand or by another tool, and a pod must not lose
+/// its claim over spelling. So, besides the canonical form, this accepts:
+/// - ASCII whitespace around the value and around each element (`" 0, 1 "` is `0,1`);
+/// - leading zeros (`01` is `1`);
+/// - any order and repeats (`4,1,1` is `1,4`).
+///
+/// Refused, because nothing sure can be read from them: an empty value, an empty element
+/// (`0,,1`, `0,`), anything but decimal digits in an element (`+1`, `0x1`, `a`), and indices of
+/// 64 or more. Whether the node has the indices is not checked here (see [`Ledger::observe`]).
+pub fn parse_indices(value: &str) -> Result<GpuSet, IndicesError> {
+    let value = value.trim_ascii();
     if value.is_empty() {
         return Err(IndicesError::Empty);
     }
-    let count = gpu_count.min(MAX_GPUS);
     let mut set = GpuSet::EMPTY;
-    let mut prev: Option<usize> = None;
-    for token in value.split(',') {
-        let canonical =
-            !token.is_empty() && token.bytes().all(|b| b.is_ascii_digit()) && (token == "0" || !token.starts_with('0'));
-        let index = canonical
-            .then(|| token.parse::<usize>().ok())
-            .flatten()
-            .ok_or_else(|| IndicesError::BadIndex(token.to_string()))?;
-        match prev {
-            Some(p) if p == index => return Err(IndicesError::Duplicate(index)),
-            Some(p) if p > index => {
-                return Err(IndicesError::NotAscending { prev: p, next: index });
-            }
-            _ => {}
+    for element in value.split(',') {
+        let token = element.trim_ascii();
+        if token.is_empty() || !token.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(IndicesError::BadIndex(element.to_string()));
         }
-        if index >= count {
-            return Err(IndicesError::OutOfRange { index, count: gpu_count });
-        }
-        set = set.with(index).ok_or(IndicesError::OutOfRange { index, count: gpu_count })?;
-        prev = Some(index);
+        let digits = token.trim_start_matches('0');
+        let index = if digits.is_empty() { Some(0) } else { digits.parse::<usize>().ok() };
+        set = index
+            .and_then(|i| set.with(i))
+            .ok_or_else(|| IndicesError::TooLarge(if digits.is_empty() { "0" } else { digits }.to_string()))?;
     }
     Ok(set)
 }
 
-/// The annotation value for `set`: ascending, comma separated.
+/// The annotation value for `set`: ascending, comma separated (the canonical spelling).
 pub fn format_indices(set: GpuSet) -> String {
     set.to_string()
 }
@@ -162,21 +153,43 @@ pub struct PodRecord<'a> {
     pub node: &'a str,
     /// `metadata.uid`.
     pub uid: &'a str,
+    /// `metadata.creationTimestamp`: of two live pods claiming one GPU, the older keeps it.
+    pub created: Option<Timestamp>,
     /// The `gpu.muster.dev/indices` annotation, if set.
     pub indices: Option<&'a str>,
     /// `status.phase`.
     pub phase: PodPhase,
+    /// Bound to `node` (`spec.nodeName`), not only pinned there by admission.
+    pub bound: bool,
+    /// `metadata.deletionTimestamp` is set: the pod is in its grace period.
+    pub terminating: bool,
     /// GPUs on the node, for the range check of `indices`.
     pub node_gpus: usize,
 }
 
-/// What the ledger could not accept from a pod record.
+impl PodRecord<'_> {
+    /// Whether the pod holds GPUs: it is not finished, and it runs or may still run. A pod in
+    /// its grace period still runs (preStop hooks, checkpoint flushes) until it is gone or
+    /// finished; one deleted before it was bound never starts (kube-scheduler skips it).
+    pub fn holds_gpus(&self) -> bool {
+        !self.phase.is_terminal() && (self.bound || !self.terminating)
+    }
+
+    /// The order conflicts are resolved in: older pods first, then by uid; a pod without a
+    /// creation time (never one from the API) last.
+    fn seniority(&self) -> (bool, Option<Timestamp>, &str) {
+        (self.created.is_none(), self.created, self.uid)
+    }
+}
+
+/// What the ledger could not take as it stands from a pod record.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum LedgerProblem {
-    /// Two live pods claim the same GPU (or one pod two sets); the later record lost.
+    /// Two live pods claim the same GPU: the older keeps it, the later pod keeps only the GPUs
+    /// nobody else holds.
     #[error(transparent)]
     Conflict(#[from] Conflict),
-    /// The annotation does not parse; the pod holds nothing in the ledger.
+    /// The annotation cannot be read at all; the pod holds nothing in the ledger.
     #[error("pod {uid} on node {node}: gpu.muster.dev/indices: {error}")]
     BadAnnotation {
         /// The pod.
@@ -186,12 +199,39 @@ pub enum LedgerProblem {
         /// Why the value was refused.
         error: IndicesError,
     },
+    /// The annotation names GPUs the node does not have (now): they stay held by the pod, so
+    /// nothing else is given them should they come back.
+    #[error("pod {uid} holds GPU indices {beyond} on node {node}, which has {count} GPUs now; they stay held")]
+    BeyondNode {
+        /// The pod.
+        uid: String,
+        /// Its node.
+        node: String,
+        /// The indices the node does not have.
+        beyond: GpuSet,
+        /// GPUs on the node.
+        count: usize,
+    },
     /// A pod with GPU indices but no node.
     #[error("pod {uid} has gpu.muster.dev/indices but no node")]
     NoNode {
         /// The pod.
         uid: String,
     },
+}
+
+impl LedgerProblem {
+    /// The pod the problem is about.
+    pub fn pod_uid(&self) -> &str {
+        match self {
+            LedgerProblem::Conflict(
+                Conflict::IndexHeld { pod_uid, .. } | Conflict::AlreadyAssigned { pod_uid, .. },
+            ) => pod_uid,
+            LedgerProblem::BadAnnotation { uid, .. }
+            | LedgerProblem::BeyondNode { uid, .. }
+            | LedgerProblem::NoNode { uid } => uid,
+        }
+    }
 }
 
 /// Which GPUs each live pod holds, per node.
@@ -280,33 +320,58 @@ impl Ledger {
         self.claims.iter().map(|(uid, c)| (uid.as_str(), c))
     }
 
-    /// Applies what one pod's current state says: a finished pod frees its GPUs, a live pod
-    /// with an annotation claims them. A live pod without the annotation changes nothing, so a
-    /// claim made at admission survives until its patch shows up.
-    pub fn observe(&mut self, pod: PodRecord<'_>) -> Result<(), LedgerProblem> {
-        if pod.phase.is_terminal() {
+    /// Applies what one pod's current state says: a pod that no longer holds GPUs (finished,
+    /// or deleted before it was bound) frees them; a live pod with an annotation claims every
+    /// GPU it names that no other pod holds. A live pod without the annotation changes
+    /// nothing, so a claim made at admission survives until its patch shows up. Returns what
+    /// is wrong with the record; a problem never costs the pod a GPU it could keep.
+    pub fn observe(&mut self, pod: PodRecord<'_>) -> Vec<LedgerProblem> {
+        if !pod.holds_gpus() {
             self.release(pod.uid);
-            return Ok(());
+            return Vec::new();
         }
         let Some(value) = pod.indices else {
-            return Ok(());
+            return Vec::new();
         };
         if pod.node.is_empty() {
-            return Err(LedgerProblem::NoNode { uid: pod.uid.to_string() });
+            return vec![LedgerProblem::NoNode { uid: pod.uid.to_string() }];
         }
-        let gpus = parse_indices(value, pod.node_gpus).map_err(|error| LedgerProblem::BadAnnotation {
-            uid: pod.uid.to_string(),
-            node: pod.node.to_string(),
-            error,
-        })?;
-        Ok(self.assign(pod.node, pod.uid, gpus)?)
+        let gpus = match parse_indices(value) {
+            Ok(gpus) => gpus,
+            Err(error) => {
+                let (uid, node) = (pod.uid.to_string(), pod.node.to_string());
+                return vec![LedgerProblem::BadAnnotation { uid, node, error }];
+            }
+        };
+        let mut problems = Vec::new();
+        let count = pod.node_gpus.min(MAX_GPUS);
+        let beyond = gpus.difference(GpuSet::first(count));
+        if !beyond.is_empty() {
+            let (uid, node) = (pod.uid.to_string(), pod.node.to_string());
+            problems.push(LedgerProblem::BeyondNode { uid, node, beyond, count: pod.node_gpus });
+        }
+        match self.assign(pod.node, pod.uid, gpus) {
+            Ok(()) => {}
+            Err(conflict) => {
+                if let Conflict::IndexHeld { held, .. } = &conflict {
+                    let contested = GpuSet::from_indices(held.iter().map(|(i, _)| *i)).unwrap_or(gpus);
+                    // Disjoint from every other claim by construction, so this cannot fail.
+                    let _ = self.assign(pod.node, pod.uid, gpus.difference(contested));
+                }
+                problems.push(conflict.into());
+            }
+        }
+        problems
     }
 
     /// The ledger of the given pods (the live ones of the API), and every problem met.
-    /// On a conflict the earlier record keeps the GPUs: pass pods oldest first.
+    /// Records are taken oldest first whatever order they come in, so the same pods always
+    /// give the same ledger: on a conflict the older pod keeps the GPU, then the lower uid.
     pub fn rebuild<'a>(pods: impl IntoIterator<Item = PodRecord<'a>>) -> (Ledger, Vec<LedgerProblem>) {
+        let mut pods: Vec<PodRecord<'a>> = pods.into_iter().collect();
+        pods.sort_by(|a, b| a.seniority().cmp(&b.seniority()));
         let mut ledger = Ledger::new();
-        let problems = pods.into_iter().filter_map(|p| ledger.observe(p).err()).collect();
+        let problems = pods.into_iter().flat_map(|p| ledger.observe(p)).collect();
         (ledger, problems)
     }
 }
@@ -321,30 +386,51 @@ mod tests {
     }
 
     fn record<'a>(node: &'a str, uid: &'a str, indices: Option<&'a str>, phase: PodPhase) -> PodRecord<'a> {
-        PodRecord { node, uid, indices, phase, node_gpus: 8 }
+        PodRecord {
+            node,
+            uid,
+            created: Some(Timestamp::UNIX_EPOCH),
+            indices,
+            phase,
+            bound: !node.is_empty(),
+            terminating: false,
+            node_gpus: 8,
+        }
+    }
+
+    fn created(record: PodRecord<'_>, secs: i64) -> PodRecord<'_> {
+        PodRecord { created: Timestamp::from_second(secs).ok(), ..record }
     }
 
     #[test]
-    fn annotation_rules() {
+    fn annotation_spellings() {
         let cases: &[(&str, &str, Result<GpuSet, IndicesError>)] = &[
-            ("ascending list", "0,1,4,5", Ok(set(&[0, 1, 4, 5]))),
+            ("canonical list", "0,1,4,5", Ok(set(&[0, 1, 4, 5]))),
             ("single index", "7", Ok(set(&[7]))),
+            ("highest index", "63", Ok(set(&[63]))),
+            ("space after a comma", "0, 1", Ok(set(&[0, 1]))),
+            ("spaces and tabs everywhere", " 0 ,\t1 , 4 ", Ok(set(&[0, 1, 4]))),
+            ("leading zero", "01", Ok(set(&[1]))),
+            ("zero spelled long", "000", Ok(set(&[0]))),
+            ("descending", "4,1", Ok(set(&[1, 4]))),
+            ("repeated", "1,1", Ok(set(&[1]))),
             ("empty value", "", Err(IndicesError::Empty)),
+            ("only whitespace", "  ", Err(IndicesError::Empty)),
             ("empty element", "0,,1", Err(IndicesError::BadIndex(String::new()))),
             ("trailing comma", "0,", Err(IndicesError::BadIndex(String::new()))),
-            ("space", "0, 1", Err(IndicesError::BadIndex(" 1".into()))),
+            ("blank element", "0, ,1", Err(IndicesError::BadIndex(" ".into()))),
             ("sign", "+1", Err(IndicesError::BadIndex("+1".into()))),
-            ("leading zero", "01", Err(IndicesError::BadIndex("01".into()))),
+            ("space inside a number", "1 2", Err(IndicesError::BadIndex("1 2".into()))),
+            ("hex", "0x1", Err(IndicesError::BadIndex("0x1".into()))),
             ("not a number", "a", Err(IndicesError::BadIndex("a".into()))),
-            ("overflow", "99999999999999999999999", Err(IndicesError::BadIndex("99999999999999999999999".into()))),
-            ("duplicate", "1,1", Err(IndicesError::Duplicate(1))),
-            ("descending", "4,1", Err(IndicesError::NotAscending { prev: 4, next: 1 })),
-            ("out of range", "0,8", Err(IndicesError::OutOfRange { index: 8, count: 8 })),
+            ("non-ASCII digit", "\u{0661}", Err(IndicesError::BadIndex("\u{0661}".into()))),
+            ("64 is beyond any node", "0,64", Err(IndicesError::TooLarge("64".into()))),
+            ("overflow", "99999999999999999999999", Err(IndicesError::TooLarge("99999999999999999999999".into()))),
+            ("overflow after zeros", "00070", Err(IndicesError::TooLarge("70".into()))),
         ];
         for (rule, value, want) in cases {
-            assert_eq!(&parse_indices(value, 8), want, "{rule}");
+            assert_eq!(&parse_indices(value), want, "{rule}");
         }
-        assert_eq!(parse_indices("70", 100), Err(IndicesError::OutOfRange { index: 70, count: 100 }));
         assert_eq!(format_indices(set(&[5, 0, 1, 4])), "0,1,4,5");
     }
 
@@ -394,11 +480,11 @@ mod tests {
     #[test]
     fn finished_pods_free_their_gpus() {
         let mut l = Ledger::new();
-        assert_eq!(l.observe(record("n1", "a", Some("0,1"), PodPhase::Running)), Ok(()));
-        assert_eq!(l.observe(record("n1", "a", Some("0,1"), PodPhase::Succeeded)), Ok(()));
+        assert_eq!(l.observe(record("n1", "a", Some("0,1"), PodPhase::Running)), vec![]);
+        assert_eq!(l.observe(record("n1", "a", Some("0,1"), PodPhase::Succeeded)), vec![]);
         assert_eq!(l.used_mask("n1"), GpuSet::EMPTY);
-        assert_eq!(l.observe(record("n1", "b", Some("0"), PodPhase::Running)), Ok(()));
-        assert_eq!(l.observe(record("n1", "b", Some("0"), PodPhase::Failed)), Ok(()));
+        assert_eq!(l.observe(record("n1", "b", Some("0"), PodPhase::Running)), vec![]);
+        assert_eq!(l.observe(record("n1", "b", Some("0"), PodPhase::Failed)), vec![]);
         assert_eq!(l, Ledger::new());
     }
 
@@ -406,28 +492,91 @@ mod tests {
     fn live_pod_without_annotation_keeps_an_admission_claim() {
         let mut l = Ledger::new();
         assert_eq!(l.assign("n1", "a", set(&[2])), Ok(()));
-        assert_eq!(l.observe(record("n1", "a", None, PodPhase::Pending)), Ok(()));
+        assert_eq!(l.observe(record("n1", "a", None, PodPhase::Pending)), vec![]);
         assert_eq!(l.used_mask("n1"), set(&[2]));
     }
 
     #[test]
     fn rebuild_reports_conflicts_and_bad_annotations() {
         let pods = [
-            record("n1", "a", Some("0,1"), PodPhase::Running),
-            record("n1", "b", Some("1,2"), PodPhase::Running),
-            record("n1", "c", Some("1,0"), PodPhase::Pending),
-            record("", "d", Some("3"), PodPhase::Pending),
-            record("n1", "e", Some("1"), PodPhase::Succeeded),
-            record("n1", "f", None, PodPhase::Running),
-            record("n1", "g", Some("5"), PodPhase::from_status(Some("Weird"))),
+            created(record("n1", "a", Some("0,1"), PodPhase::Running), 1),
+            created(record("n1", "b", Some("1,2"), PodPhase::Running), 2),
+            created(record("n1", "c", Some("1,x"), PodPhase::Pending), 3),
+            created(record("", "d", Some("3"), PodPhase::Pending), 4),
+            created(record("n1", "e", Some("1"), PodPhase::Succeeded), 5),
+            created(record("n1", "f", None, PodPhase::Running), 6),
+            created(record("n1", "g", Some("5"), PodPhase::from_status(Some("Weird"))), 7),
         ];
         let (ledger, problems) = Ledger::rebuild(pods);
-        assert_eq!(ledger.used_mask("n1"), set(&[0, 1, 5]));
+        assert_eq!(ledger.used_mask("n1"), set(&[0, 1, 2, 5]));
         assert_eq!(ledger.holder("n1", 1), Some("a"));
+        assert_eq!(ledger.holder("n1", 2), Some("b"), "the later pod keeps the GPU nobody else holds");
         assert_eq!(problems.len(), 3, "{problems:?}");
         assert!(matches!(&problems[0], LedgerProblem::Conflict(Conflict::IndexHeld { pod_uid, .. }) if pod_uid == "b"));
         assert!(matches!(&problems[1], LedgerProblem::BadAnnotation { uid, .. } if uid == "c"));
         assert!(matches!(&problems[2], LedgerProblem::NoNode { uid } if uid == "d"));
+        assert_eq!(problems.iter().map(LedgerProblem::pod_uid).collect::<Vec<_>>(), ["b", "c", "d"]);
+    }
+
+    #[test]
+    fn a_claim_spelled_with_spaces_is_held() {
+        let (ledger, problems) = Ledger::rebuild([record("n1", "a", Some("0, 1"), PodPhase::Running)]);
+        assert_eq!(problems, vec![]);
+        assert_eq!(ledger.used_mask("n1"), set(&[0, 1]));
+    }
+
+    #[test]
+    fn conflicts_go_to_the_older_pod_whatever_the_order() {
+        let old = created(record("n1", "z-old", Some("0"), PodPhase::Running), 100);
+        let new = created(record("n1", "a-new", Some("0"), PodPhase::Running), 200);
+        for pods in [[old, new], [new, old]] {
+            let (ledger, problems) = Ledger::rebuild(pods);
+            assert_eq!(ledger.holder("n1", 0), Some("z-old"));
+            assert!(
+                matches!(&problems[..], [LedgerProblem::Conflict(Conflict::IndexHeld { pod_uid, .. })] if pod_uid == "a-new")
+            );
+        }
+        // Created in the same second: the lower uid wins; without a creation time, last.
+        let twin = created(record("n1", "b", Some("0"), PodPhase::Running), 100);
+        let unknown = PodRecord { created: None, ..record("n1", "0", Some("0"), PodPhase::Running) };
+        for pods in [[twin, old, unknown], [unknown, twin, old], [old, unknown, twin]] {
+            assert_eq!(Ledger::rebuild(pods).0.holder("n1", 0), Some("b"));
+        }
+    }
+
+    #[test]
+    fn indices_beyond_the_node_stay_held_and_are_reported() {
+        // The node had 8 GPUs and has 4 now; the pod holding GPU 6 still runs.
+        let pod = PodRecord { node_gpus: 4, ..record("n1", "a", Some("1,6"), PodPhase::Running) };
+        let (ledger, problems) = Ledger::rebuild([pod]);
+        assert_eq!(ledger.used_mask("n1"), set(&[1, 6]));
+        assert_eq!(
+            problems,
+            vec![LedgerProblem::BeyondNode { uid: "a".into(), node: "n1".into(), beyond: set(&[6]), count: 4 }]
+        );
+        // Nobody else is given GPU 6 when it comes back.
+        let back = created(record("n1", "b", Some("6"), PodPhase::Running), 10);
+        let (ledger, problems) = Ledger::rebuild([pod, back]);
+        assert_eq!(ledger.holder("n1", 6), Some("a"));
+        assert!(matches!(&problems[1], LedgerProblem::Conflict(Conflict::IndexHeld { pod_uid, .. }) if pod_uid == "b"));
+        // A node without GPUs at all: still held.
+        let gone = PodRecord { node_gpus: 0, ..pod };
+        assert_eq!(Ledger::rebuild([gone]).0.used_mask("n1"), set(&[1, 6]));
+    }
+
+    #[test]
+    fn a_terminating_pod_keeps_its_gpus_until_it_is_finished() {
+        let running = record("n1", "a", Some("0,1"), PodPhase::Running);
+        let terminating = PodRecord { terminating: true, ..running };
+        let (ledger, problems) = Ledger::rebuild([terminating]);
+        assert_eq!(problems, vec![]);
+        assert_eq!(ledger.used_mask("n1"), set(&[0, 1]), "in its grace period, the pod still runs");
+        let done = PodRecord { phase: PodPhase::Succeeded, ..terminating };
+        assert_eq!(Ledger::rebuild([done]).0, Ledger::new());
+        // Pinned by admission but deleted before it was bound: it never starts.
+        let pinned = PodRecord { bound: false, phase: PodPhase::Pending, ..terminating };
+        assert_eq!(Ledger::rebuild([pinned]).0, Ledger::new());
+        assert_eq!(Ledger::rebuild([PodRecord { terminating: false, ..pinned }]).0.used_mask("n1"), set(&[0, 1]));
     }
 
     #[test]
@@ -527,8 +676,53 @@ mod tests {
         #[test]
         fn indices_round_trip_and_never_panic(bits in 1u64.., junk in ".*") {
             let set = GpuSet::from_bits(bits);
-            prop_assert_eq!(parse_indices(&format_indices(set), 64), Ok(set));
-            let _ = parse_indices(&junk, 64);
+            prop_assert_eq!(parse_indices(&format_indices(set)), Ok(set));
+            let _ = parse_indices(&junk);
+        }
+
+        /// Any spelling of a set (order, repeats, whitespace, leading zeros) reads as that set.
+        #[test]
+        fn every_spelling_of_a_set_reads_as_the_set(
+            indices in prop::collection::vec((0usize..64, 0usize..3, prop::sample::select(vec!["", " ", "\t", "  "])), 1..12),
+            ordered in any::<bool>(),
+        ) {
+            let mut indices = indices;
+            if ordered {
+                indices.sort();
+            }
+            let want = GpuSet::from_indices(indices.iter().map(|(i, _, _)| *i));
+            let value: Vec<String> = indices.iter().map(|(i, zeros, pad)| format!("{pad}{}{i}{pad}", "0".repeat(*zeros))).collect();
+            prop_assert_eq!(parse_indices(&value.join(",")).ok(), want);
+        }
+
+        /// The ledger does not depend on the order the API lists pods in.
+        #[test]
+        fn rebuild_is_the_same_in_any_order(
+            pods in prop::collection::vec((0usize..2, any::<u8>(), 0i64..4, any::<bool>()), 1..10),
+            seed in any::<u64>(),
+        ) {
+            let uids: Vec<String> = (0..pods.len()).map(|i| format!("p{i}")).collect();
+            let values: Vec<String> = pods.iter().map(|(_, gpus, _, _)| format_indices(GpuSet::from_bits(u64::from(*gpus) | 1))).collect();
+            let records: Vec<PodRecord<'_>> = pods
+                .iter()
+                .enumerate()
+                .map(|(i, (node, _, secs, terminating))| PodRecord {
+                    terminating: *terminating,
+                    ..created(record(NODES[*node], &uids[i], Some(&values[i]), PodPhase::Running), *secs)
+                })
+                .collect();
+            let mut shuffled = records.clone();
+            let mut state = seed | 1;
+            for i in (1..shuffled.len()).rev() {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                shuffled.swap(i, (state % (i as u64 + 1)) as usize);
+            }
+            let (a, pa) = Ledger::rebuild(records);
+            let (b, pb) = Ledger::rebuild(shuffled);
+            prop_assert_eq!(a, b);
+            prop_assert_eq!(pa, pb);
         }
     }
 }

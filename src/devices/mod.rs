@@ -12,6 +12,7 @@ pub mod gpuset;
 pub mod health;
 pub mod ledger;
 pub mod nvidia_smi;
+pub mod problem;
 pub mod score;
 pub mod select;
 pub mod topology;
@@ -28,9 +29,10 @@ pub use health::{
 pub use ledger::{
     Claim, Conflict, IndicesError, Ledger, LedgerProblem, PodPhase, PodRecord, format_indices, parse_indices,
 };
+pub use problem::{GpuProblem, GpuProblemKind};
 pub use score::{Fit, NodeScore, fit, node_score};
 pub use select::{EXACT_LIMIT, NUMA_SPAN_PENALTY, SelectOptions, Selection, select, select_brute_force, set_cost};
-pub use topology::{GpuTopology, Link, SelectionKey, TopologyAnnotation, TopologyError};
+pub use topology::{GpuTopology, Link, SelectionKey, TopologyAnnotation, TopologyError, TopologyProblem};
 
 /// GPUs of a node a pod may be given: healthy and not held by any pod.
 pub fn available(health: &NodeHealth, used: GpuSet) -> GpuSet {

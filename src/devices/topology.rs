@@ -8,6 +8,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use super::gpuset::{GpuSet, MAX_GPUS};
+use super::problem::{GpuProblem, GpuProblemKind};
 
 /// The only annotation version this parser understands.
 pub const TOPOLOGY_VERSION: u32 = 1;
@@ -229,6 +230,41 @@ pub enum TopologyError {
     },
 }
 
+/// Why a node's topology annotation was not used (the node is then `allocatable` GPUs of
+/// unknown topology, at most [`MAX_GPUS`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopologyProblem {
+    /// What is wrong with the annotation; `None` when there is none.
+    pub error: Option<TopologyError>,
+    /// The node's allocatable `nvidia.com/gpu`.
+    pub allocatable: u64,
+}
+
+impl TopologyProblem {
+    /// The problem as an operator hears it, typed by kind.
+    pub fn problem(&self) -> GpuProblem {
+        let kind = match self.error {
+            None => GpuProblemKind::TopologyMissing,
+            Some(TopologyError::CountMismatch { .. }) => GpuProblemKind::TopologyMismatch,
+            Some(_) => GpuProblemKind::TopologyMalformed,
+        };
+        GpuProblem { kind, message: format!("GPU topology: {self}") }
+    }
+}
+
+impl fmt::Display for TopologyProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.error {
+            None => f.write_str("no gpu.muster.dev/topology annotation: all GPU links treated as SYS")?,
+            Some(e) => write!(f, "gpu.muster.dev/topology ignored: {e}")?,
+        }
+        if self.allocatable > MAX_GPUS as u64 {
+            write!(f, "; only the first {MAX_GPUS} of {} GPUs are used", self.allocatable)?;
+        }
+        Ok(())
+    }
+}
+
 /// One GPU of the model.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Gpu {
@@ -338,29 +374,21 @@ impl GpuTopology {
     /// An annotation whose GPU count differs from `allocatable` is not trusted either: the
     /// device plugin decides how many GPUs exist, and a stale annotation could name indices
     /// the node does not have.
-    pub fn from_node(annotation: Option<&str>, allocatable: u64) -> (Self, Option<String>) {
-        let fallback = usize::try_from(allocatable).unwrap_or(usize::MAX);
-        let too_many = fallback > MAX_GPUS;
-        let unknown = |reason: String| {
-            let mut reason = reason;
-            if too_many {
-                reason.push_str(&format!("; only the first {MAX_GPUS} of {allocatable} GPUs are used"));
-            }
-            (Self::unknown(fallback), Some(reason))
+    pub fn from_node(annotation: Option<&str>, allocatable: u64) -> (Self, Option<TopologyProblem>) {
+        let unknown = |error: Option<TopologyError>| {
+            let fallback = usize::try_from(allocatable).unwrap_or(usize::MAX);
+            (Self::unknown(fallback), Some(TopologyProblem { error, allocatable }))
         };
         let Some(json) = annotation else {
             if allocatable == 0 {
                 return (Self::unknown(0), None);
             }
-            return unknown("no gpu.muster.dev/topology annotation: all GPU links treated as SYS".to_string());
+            return unknown(None);
         };
         match Self::parse(json) {
             Ok(model) if model.len() as u64 == allocatable => (model, None),
-            Ok(model) => unknown(format!(
-                "gpu.muster.dev/topology ignored: {}",
-                TopologyError::CountMismatch { annotated: model.len(), allocatable }
-            )),
-            Err(e) => unknown(format!("gpu.muster.dev/topology ignored: {e}")),
+            Ok(model) => unknown(Some(TopologyError::CountMismatch { annotated: model.len(), allocatable })),
+            Err(e) => unknown(Some(e)),
         }
     }
 
@@ -601,7 +629,9 @@ mod tests {
         assert_eq!(model.link(0, 3), Link::Sys);
         assert_eq!(model.link(2, 2), Link::SelfLink);
         assert!(model.numa_groups().is_empty());
-        assert!(reason.is_some_and(|r| r.contains("no gpu.muster.dev/topology")));
+        let problem = reason.map(|r| r.problem());
+        assert_eq!(problem.as_ref().map(|p| p.kind), Some(GpuProblemKind::TopologyMissing));
+        assert!(problem.is_some_and(|p| p.message.contains("GPU topology: no gpu.muster.dev/topology")));
     }
 
     #[test]
@@ -616,7 +646,9 @@ mod tests {
         let (model, reason) = GpuTopology::from_node(Some("not json"), 8);
         assert_eq!(model.len(), 8);
         assert!(!model.is_known());
-        assert!(reason.is_some_and(|r| r.contains("not valid topology JSON")));
+        let problem = reason.map(|r| r.problem());
+        assert_eq!(problem.as_ref().map(|p| p.kind), Some(GpuProblemKind::TopologyMalformed));
+        assert!(problem.is_some_and(|p| p.message.contains("not valid topology JSON")));
     }
 
     #[test]
@@ -625,7 +657,9 @@ mod tests {
         let (model, reason) = GpuTopology::from_node(Some(&json), 4);
         assert_eq!(model.len(), 4);
         assert!(!model.is_known());
-        assert!(reason.is_some_and(|r| r.contains("describes 2 GPUs")));
+        let problem = reason.map(|r| r.problem());
+        assert_eq!(problem.as_ref().map(|p| p.kind), Some(GpuProblemKind::TopologyMismatch));
+        assert!(problem.is_some_and(|p| p.message.contains("describes 2 GPUs")));
         let (model, reason) = GpuTopology::from_node(Some(&json), 2);
         assert!(model.is_known());
         assert_eq!(reason, None);
@@ -635,7 +669,7 @@ mod tests {
     fn allocatable_above_64_is_clamped_and_said() {
         let (model, reason) = GpuTopology::from_node(None, 100);
         assert_eq!(model.len(), 64);
-        assert!(reason.is_some_and(|r| r.contains("first 64 of 100")));
+        assert!(reason.is_some_and(|r| r.to_string().contains("first 64 of 100")));
         assert_eq!(GpuTopology::from_node(None, u64::MAX).0.len(), 64);
     }
 

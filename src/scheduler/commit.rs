@@ -15,6 +15,7 @@ use super::snapshot::Snapshot;
 use super::tree::{Group, GroupTree, LeafPolicy, PodState};
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{AdmissionPlan, PlanState};
+use crate::devices::GpuSet;
 
 /// Where one planned pod stands now.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -126,8 +127,8 @@ pub struct GatedPin {
     pub node: String,
     /// The pod's requests (as kube-scheduler's NodeResourcesFit counts them).
     pub requests: Resources,
-    /// The GPU indices planned for it (bit `i` = index `i`).
-    pub gpus: u64,
+    /// The GPU indices planned for it.
+    pub gpus: GpuSet,
 }
 
 /// Pods of one planned PodGroup that can count toward its minCount when a plan cut short is
@@ -153,7 +154,7 @@ pub fn remaining_fits(snapshot: &Snapshot, pins: &[GatedPin], groups: &BTreeMap<
             c.existing, c.min_count
         ));
     }
-    let mut taken: BTreeMap<&str, (Resources, u64)> = BTreeMap::new();
+    let mut taken: BTreeMap<&str, (Resources, GpuSet)> = BTreeMap::new();
     for pin in pins {
         // A node that is gone is the state machine's own case (NodeGone).
         let Some(node) = snapshot.node(&pin.node) else { continue };
@@ -171,19 +172,19 @@ pub fn remaining_fits(snapshot: &Snapshot, pins: &[GatedPin], groups: &BTreeMap<
                 ));
             }
         }
-        let held = pin.gpus & *gpus;
-        let missing = pin.gpus & !node.gpu_mask();
-        if held != 0 || missing != 0 {
-            let what = if held != 0 { "now held by another pod or unhealthy" } else { "no longer on the node" };
+        let held = pin.gpus.intersection(*gpus);
+        let missing = pin.gpus.difference(node.gpus());
+        if !held.is_empty() || !missing.is_empty() {
+            let what = if held.is_empty() { "no longer on the node" } else { "now held by another pod or unhealthy" };
             return RemainingFits::No(format!(
                 "GPU indices {} planned for pod {} on node {} are {what}",
-                super::gpu::format_gpu_indices(held | missing),
+                held.union(missing),
                 pin.name,
                 node.name
             ));
         }
         requested.add(&pin.requests);
-        *gpus |= pin.gpus;
+        *gpus = gpus.union(pin.gpus);
     }
     RemainingFits::Yes
 }
@@ -739,14 +740,14 @@ mod tests {
         let node = |name: &str, used: u64| {
             NodeInfo::new(name, Resources::new().with("cpu", 8000).with("nvidia.com/gpu", 8))
                 .with_requested(Resources::new().with("cpu", 2000))
-                .with_gpu_used(used)
+                .with_gpu_used(GpuSet::from_bits(used))
         };
         let snapshot = Snapshot::new(vec![node("n1", 0b0000_0011), node("n2", 0)]);
         let pin = |name: &str, node: &str, cpu: i64, gpus: u64| GatedPin {
             name: name.into(),
             node: node.into(),
-            requests: Resources::new().with("cpu", cpu).with("nvidia.com/gpu", i64::from(gpus.count_ones() as u8)),
-            gpus,
+            requests: Resources::new().with("cpu", cpu).with("nvidia.com/gpu", i64::from(gpus.count_ones())),
+            gpus: GpuSet::from_bits(gpus),
         };
         let quorate = BTreeMap::from([("g".to_string(), GroupCount { existing: 2, min_count: 2 })]);
         type Case<'a> = (&'a str, Vec<GatedPin>, BTreeMap<String, GroupCount>, Option<&'a str>);

@@ -2,12 +2,13 @@
 //! default [`LowestFreeIndices`]. Topology-aware choice lives in `devices` and plugs in here.
 
 use super::snapshot::NodeInfo;
+use crate::devices::GpuSet;
 
 /// GPU indices for one pod on one node, and how good a fit they are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GpuChoice {
-    /// Bit `i` set: GPU index `i` goes to the pod.
-    pub mask: u64,
+    /// The GPU indices that go to the pod.
+    pub gpus: GpuSet,
     /// Locality of the choice, 0 (no opinion) to 100 (best); added to the node's score.
     pub score: u8,
 }
@@ -17,7 +18,7 @@ pub trait GpuChooser {
     /// `used` has the indices already taken, including by earlier pods of this decision.
     /// The answer must hold exactly `count` indices below `node.gpu_count`, none in `used`;
     /// placement ignores any other answer.
-    fn choose(&self, node: &NodeInfo, count: u32, used: u64) -> Option<GpuChoice>;
+    fn choose(&self, node: &NodeInfo, count: u32, used: GpuSet) -> Option<GpuChoice>;
 }
 
 /// The lowest free indices, with no locality opinion (score 0).
@@ -25,29 +26,10 @@ pub trait GpuChooser {
 pub struct LowestFreeIndices;
 
 impl GpuChooser for LowestFreeIndices {
-    fn choose(&self, node: &NodeInfo, count: u32, used: u64) -> Option<GpuChoice> {
-        let mut free = node.gpu_mask() & !used;
-        if free.count_ones() < count {
-            return None;
-        }
-        let mut mask = 0;
-        for _ in 0..count {
-            let lowest = free & free.wrapping_neg();
-            mask |= lowest;
-            free &= !lowest;
-        }
-        Some(GpuChoice { mask, score: 0 })
+    fn choose(&self, node: &NodeInfo, count: u32, used: GpuSet) -> Option<GpuChoice> {
+        let gpus = node.gpus().difference(used).lowest_n(count as usize)?;
+        Some(GpuChoice { gpus, score: 0 })
     }
-}
-
-/// The indices in a mask, ascending.
-pub fn gpu_indices(mask: u64) -> Vec<u32> {
-    (0..64).filter(|i| mask & (1u64 << i) != 0).collect()
-}
-
-/// A mask as the `gpu.muster.dev/indices` annotation writes it: `"0,1,4,5"`.
-pub fn format_gpu_indices(mask: u64) -> String {
-    gpu_indices(mask).iter().map(u32::to_string).collect::<Vec<_>>().join(",")
 }
 
 #[cfg(test)]
@@ -59,19 +41,19 @@ mod tests {
     #[test]
     fn lowest_free_indices_skip_used_ones() {
         let node = NodeInfo::new("n", Resources::new().with(GPU_RESOURCE, 8));
-        let choice = LowestFreeIndices.choose(&node, 3, 0b0000_1011).unwrap();
-        assert_eq!(format_gpu_indices(choice.mask), "2,4,5");
+        let used = GpuSet::from_bits(0b0000_1011);
+        let choice = LowestFreeIndices.choose(&node, 3, used).unwrap();
+        assert_eq!(choice.gpus.to_string(), "2,4,5");
         assert_eq!(choice.score, 0);
-        assert_eq!(LowestFreeIndices.choose(&node, 6, 0b0000_1011), None, "only 5 free");
-        assert_eq!(LowestFreeIndices.choose(&node, 0, 0).map(|c| c.mask), Some(0));
+        assert_eq!(LowestFreeIndices.choose(&node, 6, used), None, "only 5 free");
+        assert_eq!(LowestFreeIndices.choose(&node, 0, GpuSet::EMPTY).map(|c| c.gpus), Some(GpuSet::EMPTY));
     }
 
     #[test]
     fn indices_beyond_the_node_count_are_never_offered() {
         let node = NodeInfo::new("n", Resources::new().with(GPU_RESOURCE, 2));
-        assert_eq!(LowestFreeIndices.choose(&node, 3, 0), None);
+        assert_eq!(LowestFreeIndices.choose(&node, 3, GpuSet::EMPTY), None);
         let all = NodeInfo::new("n", Resources::new().with(GPU_RESOURCE, 64));
-        assert_eq!(LowestFreeIndices.choose(&all, 64, 0).map(|c| c.mask), Some(u64::MAX));
-        assert_eq!(gpu_indices(1 << 63 | 1), vec![0, 63]);
+        assert_eq!(LowestFreeIndices.choose(&all, 64, GpuSet::EMPTY).map(|c| c.gpus), Some(GpuSet::first(64)));
     }
 }

@@ -42,7 +42,7 @@ pub use explain::{
     ChildrenUnplaced, DomainConflict, Explanation, ExplanationKind, FilterReason, PodsUnplaced, ReasonCount,
     TooFewPods, TopologyUnplaced,
 };
-pub use gpu::{GpuChoice, GpuChooser, LowestFreeIndices, format_gpu_indices, gpu_indices};
+pub use gpu::{GpuChoice, GpuChooser, LowestFreeIndices};
 pub use interpod::{HostPort, PodRules, PodTerm, Selector, SpreadConstraint, WeightedTerm, host_ports};
 pub use placement::{
     Admission, Decision, Feasibility, PlaceOptions, PlacedPod, Scoring, decide, place, placement_feasible,
@@ -54,7 +54,7 @@ pub use shape::{
     NodeSelectorTerm, Operator, PodShape, Requirement, ShapeError, Taint, TaintEffect, Toleration,
     UNSCHEDULABLE_TAINT_KEY,
 };
-pub use snapshot::{Labels, MAX_GPUS, NodeInfo, NodePod, Snapshot, SnapshotError, Unusable};
+pub use snapshot::{Labels, NodeInfo, NodePod, Snapshot, SnapshotError, Unusable};
 pub use tree::{
     CompositeGroup, CompositePolicy, Forest, Group, GroupPod, GroupTree, LeafGroup, LeafPolicy, PodState, Unresolved,
     UnresolvedReason, build_forest, sort_for_admission,

@@ -21,7 +21,7 @@ use super::explain::{
     ChildrenUnplaced, DomainConflict, Explanation, ExplanationKind, FilterReason, PodsUnplaced, ReasonCount,
     TooFewPods, TopologyUnplaced,
 };
-use super::gpu::{GpuChoice, GpuChooser, format_gpu_indices, gpu_indices};
+use super::gpu::{GpuChoice, GpuChooser};
 use super::quorum::{Quorum, QuorumShortfall, quorum};
 use super::resources::{CPU, EPHEMERAL_STORAGE, MEMORY, Resources};
 use super::shape::PodShape;
@@ -32,6 +32,7 @@ use pods::{Facts, PodLevel};
 mod pods;
 use crate::crds::GPU_RESOURCE;
 use crate::crds::scheduling::PlannedPod;
+use crate::devices::{GpuSet, format_indices};
 
 /// How nodes that fit are ranked.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -96,19 +97,14 @@ pub struct PlacedPod {
     pub node: String,
     /// The node's `kubernetes.io/hostname` label value, which the pin selects on.
     pub hostname: String,
-    /// GPU indices as a bit mask (bit `i` = index `i`).
-    pub gpu_mask: u64,
+    /// The GPU indices the pod gets.
+    pub gpus: GpuSet,
 }
 
 impl PlacedPod {
-    /// GPU indices, ascending.
-    pub fn gpu_indices(&self) -> Vec<u32> {
-        gpu_indices(self.gpu_mask)
-    }
-
     /// The `gpu.muster.dev/indices` annotation value, for GPU pods.
     pub fn gpu_indices_annotation(&self) -> Option<String> {
-        (self.gpu_mask != 0).then(|| format_gpu_indices(self.gpu_mask))
+        (!self.gpus.is_empty()).then(|| format_indices(self.gpus))
     }
 }
 
@@ -197,7 +193,7 @@ const NO_SLOT: u32 = u32::MAX;
 /// What this decision has added to one node.
 struct Delta {
     requested: Resources,
-    gpu_used: u64,
+    gpu_used: GpuSet,
 }
 
 /// One pod placed so far in the decision; also the undo log entry.
@@ -206,7 +202,7 @@ struct Tentative<'a> {
     pod: usize,
     node: u32,
     shape: &'a PodShape,
-    gpu_mask: u64,
+    gpus: GpuSet,
 }
 
 impl Tentative<'_> {
@@ -219,7 +215,7 @@ impl Tentative<'_> {
             pod_group: self.leaf.name.clone(),
             node: node.name.clone(),
             hostname: node.hostname().unwrap_or(&node.name).to_string(),
-            gpu_mask: self.gpu_mask,
+            gpus: self.gpus,
         }
     }
 }
@@ -401,19 +397,19 @@ impl<'a> Engine<'a> {
         }
     }
 
-    fn gpu_used(&self, node: u32) -> u64 {
-        self.node(node).gpu_used | self.delta(node).map_or(0, |d| d.gpu_used)
+    fn gpu_used(&self, node: u32) -> GpuSet {
+        self.node(node).gpu_used.union(self.delta(node).map_or(GpuSet::EMPTY, |d| d.gpu_used))
     }
 
     fn apply(&mut self, t: Tentative<'a>) {
         let slot = &mut self.slot[t.node as usize];
         if *slot == NO_SLOT {
             *slot = u32::try_from(self.deltas.len()).unwrap_or(NO_SLOT);
-            self.deltas.push(Delta { requested: Resources::new(), gpu_used: 0 });
+            self.deltas.push(Delta { requested: Resources::new(), gpu_used: GpuSet::EMPTY });
         }
         let delta = &mut self.deltas[*slot as usize];
         delta.requested.add(&t.shape.requests);
-        delta.gpu_used |= t.gpu_mask;
+        delta.gpu_used = delta.gpu_used.union(t.gpus);
         self.plan.push(t);
     }
 
@@ -423,7 +419,7 @@ impl<'a> Engine<'a> {
             let Some(t) = self.plan.pop() else { break };
             if let Some(delta) = self.deltas.get_mut(self.slot[t.node as usize] as usize) {
                 delta.requested.sub(&t.shape.requests);
-                delta.gpu_used &= !t.gpu_mask;
+                delta.gpu_used = delta.gpu_used.difference(t.gpus);
             }
         }
     }
@@ -516,8 +512,9 @@ impl<'a> Engine<'a> {
         let n = self.node(node);
         let used = self.gpu_used(node);
         let choice = self.gpus.choose(n, count, used)?;
-        let valid = choice.mask.count_ones() == count && choice.mask & used == 0 && choice.mask & !n.gpu_mask() == 0;
-        valid.then_some(GpuChoice { mask: choice.mask, score: choice.score.min(100) })
+        let valid =
+            choice.gpus.len() == count as usize && choice.gpus.is_disjoint(used) && choice.gpus.is_subset(n.gpus());
+        valid.then_some(GpuChoice { gpus: choice.gpus, score: choice.score.min(100) })
     }
 
     /// Filters every node for one shape (kube's order: unschedulable, taints, affinity,
@@ -599,7 +596,7 @@ impl<'a> Engine<'a> {
             }
             let mut gpu_score = 0;
             // `None` when the pod asks for no GPU.
-            if let Some(gpu_fit) = (node.gpu_mask() & !self.gpu_used(i)).count_ones().checked_div(shape.gpus) {
+            if let Some(gpu_fit) = (node.gpus().difference(self.gpu_used(i)).len() as u32).checked_div(shape.gpus) {
                 fit = fit.min(u64::from(gpu_fit));
                 match self.choose_gpus(i, shape.gpus) {
                     Some(choice) if fit > 0 => gpu_score = u32::from(choice.score),
@@ -621,14 +618,14 @@ impl<'a> Engine<'a> {
 
     /// Places one pod on a node that has room for it; false when the GPU chooser refuses.
     fn place_one(&mut self, leaf: &'a LeafGroup, shape: &'a PodShape, pod: usize, node: u32) -> bool {
-        let mut gpu_mask = 0;
+        let mut gpus = GpuSet::EMPTY;
         if shape.gpus > 0 {
             match self.choose_gpus(node, shape.gpus) {
-                Some(choice) => gpu_mask = choice.mask,
+                Some(choice) => gpus = choice.gpus,
                 None => return false,
             }
         }
-        self.apply(Tentative { leaf, pod, node, shape, gpu_mask });
+        self.apply(Tentative { leaf, pod, node, shape, gpus });
         true
     }
 

@@ -7,6 +7,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::crds::GPU_RESOURCE;
+use crate::devices::GpuSet;
 
 const GIB: i64 = 1 << 30;
 const RACK: &str = "topology.muster.dev/rack";
@@ -26,12 +27,12 @@ fn arb_node() -> impl Strategy<Value = NodeInfo> {
                     .with(PODS, pods)
                     .with(GPU_RESOURCE, gpus);
                 let mut node = NodeInfo::new("", allocatable);
-                let gpu_used = used & node.gpu_mask();
+                let gpu_used = GpuSet::from_bits(used).intersection(node.gpus());
                 node.requested = Resources::new()
                     .with(CPU, cores * 10 * cpu_pct)
                     .with(MEMORY, gib * GIB / 100 * mem_pct)
                     .with(PODS, pods * pod_pct / 100)
-                    .with(GPU_RESOURCE, i64::from(gpu_used.count_ones()));
+                    .with(GPU_RESOURCE, gpu_used.len() as i64);
                 node.gpu_used = gpu_used;
                 if let Some(r) = rack {
                     node.labels.insert(RACK, &format!("rack-{r}"));
@@ -257,7 +258,7 @@ fn check_decision(snapshot: &Snapshot, tree: &GroupTree, d: &Decision) -> Result
     check_topology(snapshot, &tree.root, d)?;
 
     let leaves: HashMap<&str, &LeafGroup> = tree.root.leaves().into_iter().map(|l| (l.name.as_str(), l)).collect();
-    let mut added: BTreeMap<&str, (Resources, u64)> = BTreeMap::new();
+    let mut added: BTreeMap<&str, (Resources, GpuSet)> = BTreeMap::new();
     let mut seen_pods = std::collections::HashSet::new();
     for p in &d.plan {
         prop_assert!(seen_pods.insert((&p.pod_group, &p.pod)), "pod {} placed twice", p.pod);
@@ -273,12 +274,12 @@ fn check_decision(snapshot: &Snapshot, tree: &GroupTree, d: &Decision) -> Result
         prop_assert!(!node.unschedulable || shape.tolerates_unschedulable(), "cordoned node {}", node.name);
         prop_assert!(shape.untolerated_taint(node).is_none(), "untolerated taint on {}", node.name);
         prop_assert!(shape.matches_node(node), "selector mismatch on {}", node.name);
-        prop_assert_eq!(p.gpu_mask.count_ones(), shape.gpus, "GPU indices for {}", &p.pod);
+        prop_assert_eq!(p.gpus.len(), shape.gpus as usize, "GPU indices for {}", &p.pod);
         let (resources, gpus) = added.entry(p.node.as_str()).or_default();
-        prop_assert_eq!(*gpus & p.gpu_mask, 0, "a GPU index given twice on {}", &p.node);
-        prop_assert_eq!(node.gpu_used & p.gpu_mask, 0, "a used GPU index given on {}", &p.node);
-        prop_assert_eq!(p.gpu_mask & !node.gpu_mask(), 0, "an index beyond the node's GPUs on {}", &p.node);
-        *gpus |= p.gpu_mask;
+        prop_assert!(gpus.is_disjoint(p.gpus), "a GPU index given twice on {}", &p.node);
+        prop_assert!(node.gpu_used.is_disjoint(p.gpus), "a used GPU index given on {}", &p.node);
+        prop_assert!(p.gpus.is_subset(node.gpus()), "an index beyond the node's GPUs on {}", &p.node);
+        *gpus = gpus.union(p.gpus);
         resources.add(&shape.requests);
     }
     for (name, (resources, _)) in &added {
@@ -305,7 +306,7 @@ fn naive_fit(node: &NodeInfo, shape: &PodShape) -> u32 {
         return 0;
     }
     let mut used = node.requested.clone();
-    let mut free_gpus = (node.gpu_mask() & !node.gpu_used).count_ones();
+    let mut free_gpus = node.gpus().difference(node.gpu_used).len() as u32;
     let mut n = 0;
     loop {
         let mut after = used.clone();

@@ -11,10 +11,8 @@ use super::resources::{ResourceError, Resources, pod_requests};
 use super::shape::{ShapeError, Taint};
 use super::volumes::Volumes;
 use crate::crds::{GPU_RESOURCE, HOSTNAME_LABEL, POD_GROUP_LABEL};
+use crate::devices::{GpuSet, MAX_GPUS};
 use crate::pods::{Placement, PodClass};
-
-/// Most GPUs a node may have: the used-index mask is a `u64`.
-pub const MAX_GPUS: u32 = 64;
 
 /// Something in the cluster lists that could not be taken into the snapshot as it is.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -145,7 +143,7 @@ pub struct NodeInfo {
     /// GPUs with indices `0..gpu_count` (at most 64).
     pub gpu_count: u32,
     /// GPU indices not on offer: allocated (from the GPU ledger) or unhealthy.
-    pub gpu_used: u64,
+    pub gpu_used: GpuSet,
     /// Set when the node must not be offered to any pod.
     pub unusable: Option<Unusable>,
 }
@@ -162,7 +160,7 @@ impl NodeInfo {
             gpu_count: gpu_count(&allocatable),
             allocatable,
             requested: Resources::new(),
-            gpu_used: 0,
+            gpu_used: GpuSet::EMPTY,
             unusable: None,
         };
         node.labels.insert(HOSTNAME_LABEL, name);
@@ -188,8 +186,8 @@ impl NodeInfo {
     }
 
     /// Builder: marks GPU indices as used.
-    pub fn with_gpu_used(mut self, mask: u64) -> Self {
-        self.gpu_used = mask;
+    pub fn with_gpu_used(mut self, used: GpuSet) -> Self {
+        self.gpu_used = used;
         self
     }
 
@@ -198,13 +196,9 @@ impl NodeInfo {
         self.labels.get(HOSTNAME_LABEL)
     }
 
-    /// Bits of the GPU indices the node has.
-    pub fn gpu_mask(&self) -> u64 {
-        match self.gpu_count {
-            0 => 0,
-            n if n >= MAX_GPUS => u64::MAX,
-            n => (1u64 << n) - 1,
-        }
+    /// The GPU indices the node has: `0..gpu_count`.
+    pub fn gpus(&self) -> GpuSet {
+        GpuSet::first(self.gpu_count as usize)
     }
 
     /// Converts a Kubernetes node (usage starts empty).
@@ -223,7 +217,7 @@ impl NodeInfo {
             gpu_count: gpu_count(&allocatable),
             allocatable,
             requested: Resources::new(),
-            gpu_used: 0,
+            gpu_used: GpuSet::EMPTY,
             unusable: None,
             name,
         })
@@ -231,7 +225,7 @@ impl NodeInfo {
 }
 
 fn gpu_count(allocatable: &Resources) -> u32 {
-    u32::try_from(allocatable.get(GPU_RESOURCE).clamp(0, i64::from(MAX_GPUS))).unwrap_or(0)
+    u32::try_from(allocatable.get(GPU_RESOURCE).clamp(0, MAX_GPUS as i64)).unwrap_or(0)
 }
 
 fn pod_key(pod: &Pod) -> String {
@@ -439,10 +433,10 @@ impl Snapshot {
 
     /// Sets the GPU indices not on offer on a node (from the GPU ledger and health); returns
     /// false when there is no such node.
-    pub fn set_gpu_used(&mut self, node: &str, mask: u64) -> bool {
+    pub fn set_gpu_used(&mut self, node: &str, used: GpuSet) -> bool {
         match self.by_name.get(node).and_then(|&i| self.nodes.get_mut(i as usize)) {
             Some(n) => {
-                n.gpu_used = mask;
+                n.gpu_used = used;
                 true
             }
             None => false,
@@ -565,7 +559,7 @@ mod tests {
         assert!(n.unschedulable);
         assert_eq!(n.taints, vec![Taint::new("dedicated", "infra", TaintEffect::NoExecute)]);
         assert_eq!((n.allocatable.cpu_milli, n.allocatable.pods, n.gpu_count), (128_000, 110, 8));
-        assert_eq!(n.gpu_mask(), 0xff);
+        assert_eq!(n.gpus(), GpuSet::first(8));
     }
 
     #[test]
@@ -647,9 +641,9 @@ mod tests {
     #[test]
     fn gpu_state_is_set_by_the_shell() {
         let mut s = Snapshot::new(vec![NodeInfo::new("n1", Resources::new().with(GPU_RESOURCE, 8))]);
-        assert!(s.set_gpu_used("n1", 0b101));
-        assert!(!s.set_gpu_used("n9", 1));
-        assert_eq!(s.node("n1").unwrap().gpu_used, 0b101);
+        assert!(s.set_gpu_used("n1", GpuSet::from_bits(0b101)));
+        assert!(!s.set_gpu_used("n9", GpuSet::first(1)));
+        assert_eq!(s.node("n1").unwrap().gpu_used, GpuSet::from_bits(0b101));
         assert_eq!(s.node_by_hostname("n1").map(|n| n.name.as_str()), Some("n1"));
     }
 }

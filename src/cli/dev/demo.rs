@@ -78,13 +78,13 @@ pub fn check(expect: &Expectations, pgs: &[PodGroup], cpgs: &[CompositePodGroup]
         });
     }
     // No GPU index held twice on a node by live pods.
-    let mut held: BTreeMap<(String, u32), Vec<String>> = BTreeMap::new();
+    let mut held: BTreeMap<(String, usize), Vec<String>> = BTreeMap::new();
     for pod in pods {
         let live = !matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"));
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
         let indices = pod.metadata.annotations.as_ref().and_then(|a| a.get(GPU_INDICES_ANNOTATION));
         if let (true, Some(node), Some(indices)) = (live, node, indices) {
-            for i in indices.split(',').filter_map(|i| i.trim().parse::<u32>().ok()) {
+            for i in crate::devices::parse_indices(indices).unwrap_or_default() {
                 held.entry((node.clone(), i)).or_default().push(pod.metadata.name.clone().unwrap_or_default());
             }
         }

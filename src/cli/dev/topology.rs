@@ -1,14 +1,14 @@
-//! PURE: the `gpu.muster.dev/topology` node annotation for fake GPU nodes, in the JSON format of
-//! ARCHITECTURE.md ("Node GPU topology annotation"), for a few well-known machine shapes.
+//! PURE: the `gpu.muster.dev/topology` node annotation for fake GPU nodes, for a few well-known
+//! machine shapes. The annotation and link types are the core's ([`TopologyAnnotation`],
+//! [`Link`]), so what a fake node carries is what the scheduler parses.
 //! No client, no clock, no randomness: GPU UUIDs come in from the caller.
 
 use std::fmt;
 
-use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-/// The node annotation that carries the GPU topology.
-pub const ANNOTATION: &str = "gpu.muster.dev/topology";
+use crate::devices::topology::{GpuEntry, TOPOLOGY_VERSION};
+use crate::devices::{Link, TopologyAnnotation};
 
 /// A machine shape a fake node can have.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -34,9 +34,9 @@ impl fmt::Display for TopologyKind {
     }
 }
 
-/// A topology that cannot be made for the requested GPU count.
+/// A machine shape that cannot be made for the requested GPU count.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum TopologyError {
+pub enum ShapeError {
     /// The shape is defined for one GPU count only.
     #[error("topology {kind} needs exactly {needs} GPUs per node, not {got}")]
     GpuCount {
@@ -47,66 +47,6 @@ pub enum TopologyError {
         /// The count asked for.
         got: usize,
     },
-}
-
-/// The connection between two GPUs, as `nvidia-smi topo -m` prints it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Link {
-    /// The GPU itself (the diagonal).
-    X,
-    /// `n` bonded NVLinks.
-    Nv(u8),
-    /// At most one PCIe bridge (the same PCIe switch).
-    Pix,
-    /// PCIe and the interconnect between host bridges within one NUMA node.
-    Node,
-    /// Across the SMP interconnect between NUMA nodes.
-    Sys,
-}
-
-impl fmt::Display for Link {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::X => f.write_str("X"),
-            Self::Nv(n) => write!(f, "NV{n}"),
-            Self::Pix => f.write_str("PIX"),
-            Self::Node => f.write_str("NODE"),
-            Self::Sys => f.write_str("SYS"),
-        }
-    }
-}
-
-/// One GPU of the annotation.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Gpu {
-    /// The device index (`nvidia.com/gpu` index, as in `gpu.muster.dev/indices`).
-    pub index: u32,
-    /// The GPU UUID (`GPU-xxxxxxxx-...`).
-    pub uuid: String,
-    /// The NUMA node the GPU hangs off.
-    pub numa: u32,
-    /// Device memory in MiB.
-    #[serde(rename = "memoryMiB")]
-    pub memory_mib: u64,
-}
-
-/// The value of the `gpu.muster.dev/topology` annotation.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct GpuTopology {
-    /// Format version, 1.
-    pub version: u32,
-    /// The GPUs in index order.
-    pub gpus: Vec<Gpu>,
-    /// `links[i][j]`: how GPU i reaches GPU j (symmetric, `X` on the diagonal).
-    pub links: Vec<Vec<String>>,
-}
-
-impl GpuTopology {
-    /// The annotation value.
-    pub fn to_json(&self) -> String {
-        // Plain strings and numbers only: serialization cannot fail.
-        serde_json::to_string(self).unwrap_or_default()
-    }
 }
 
 /// DGX-1V hybrid cube-mesh: bonded NVLinks between GPU i and j (0 = none, then PCIe/SMP).
@@ -129,23 +69,25 @@ fn numa(i: usize, n: usize) -> u32 {
 }
 
 /// The link matrix of a shape for `n` GPUs; `None` for [`TopologyKind::None`].
-pub fn links(kind: TopologyKind, n: usize) -> Result<Option<Vec<Vec<Link>>>, TopologyError> {
+pub fn links(kind: TopologyKind, n: usize) -> Result<Option<Vec<Vec<Link>>>, ShapeError> {
     if kind == TopologyKind::CubeMesh && n != CUBE_MESH_NVLINKS.len() {
-        return Err(TopologyError::GpuCount { kind, needs: CUBE_MESH_NVLINKS.len(), got: n });
+        return Err(ShapeError::GpuCount { kind, needs: CUBE_MESH_NVLINKS.len(), got: n });
     }
     let between = |i: usize, j: usize| -> Link {
         let same_socket = numa(i, n) == numa(j, n);
         let socket_link = if same_socket { Link::Node } else { Link::Sys };
         match kind {
-            TopologyKind::Nvswitch => Link::Nv(18),
+            TopologyKind::Nvswitch => Link::NvLink(18),
             TopologyKind::Pcie if i / 2 == j / 2 && same_socket => Link::Pix,
-            TopologyKind::CubeMesh if CUBE_MESH_NVLINKS[i][j] > 0 => Link::Nv(CUBE_MESH_NVLINKS[i][j]),
+            TopologyKind::CubeMesh if CUBE_MESH_NVLINKS[i][j] > 0 => Link::NvLink(CUBE_MESH_NVLINKS[i][j]),
             _ => socket_link,
         }
     };
     Ok(match kind {
         TopologyKind::None => None,
-        _ => Some((0..n).map(|i| (0..n).map(|j| if i == j { Link::X } else { between(i, j) }).collect()).collect()),
+        _ => Some(
+            (0..n).map(|i| (0..n).map(|j| if i == j { Link::SelfLink } else { between(i, j) }).collect()).collect(),
+        ),
     })
 }
 
@@ -154,7 +96,7 @@ pub fn gpu_topology(
     kind: TopologyKind,
     uuids: &[String],
     memory_mib: u64,
-) -> Result<Option<GpuTopology>, TopologyError> {
+) -> Result<Option<TopologyAnnotation>, ShapeError> {
     let n = uuids.len();
     let Some(matrix) = links(kind, n)? else {
         return Ok(None);
@@ -162,10 +104,15 @@ pub fn gpu_topology(
     let gpus = uuids
         .iter()
         .enumerate()
-        .map(|(i, uuid)| Gpu { index: i as u32, uuid: uuid.clone(), numa: numa(i, n), memory_mib })
+        .map(|(i, uuid)| GpuEntry {
+            index: i as u32,
+            uuid: Some(uuid.clone()),
+            numa: Some(numa(i, n)),
+            memory_mib: Some(memory_mib),
+        })
         .collect();
     let links = matrix.iter().map(|row| row.iter().map(Link::to_string).collect()).collect();
-    Ok(Some(GpuTopology { version: 1, gpus, links }))
+    Ok(Some(TopologyAnnotation { version: TOPOLOGY_VERSION, gpus, links }))
 }
 
 /// A stable GPU UUID for GPU `index` of `node`: the same inputs always give the same UUID.
@@ -197,7 +144,7 @@ mod tests {
             for (i, row) in m.iter().enumerate() {
                 assert_eq!(row.len(), 8, "{kind} row {i}");
                 for (j, link) in row.iter().enumerate() {
-                    assert_eq!(*link == Link::X, i == j, "{kind} [{i}][{j}] = {link}");
+                    assert_eq!(*link == Link::SelfLink, i == j, "{kind} [{i}][{j}] = {link}");
                     assert_eq!(*link, m[j][i], "{kind} not symmetric at [{i}][{j}]");
                 }
             }
@@ -212,7 +159,7 @@ mod tests {
                 assert_eq!(t.gpus.len(), n as usize);
                 assert_eq!(t.links.len(), n as usize);
                 assert!(t.links.iter().all(|r| r.len() == n as usize));
-                assert!(t.gpus.iter().enumerate().all(|(i, g)| g.index == i as u32 && g.memory_mib == 40960));
+                assert!(t.gpus.iter().enumerate().all(|(i, g)| g.index == i as u32 && g.memory_mib == Some(40960)));
             }
         }
     }
@@ -235,8 +182,8 @@ mod tests {
         assert_eq!(m[3][4], "SYS");
         assert_eq!(m[0][7], "SYS");
         let t = gpu_topology(TopologyKind::Pcie, &uuids(8), 81920).unwrap().unwrap();
-        let numas: Vec<u32> = t.gpus.iter().map(|g| g.numa).collect();
-        assert_eq!(numas, [0, 0, 0, 0, 1, 1, 1, 1]);
+        let numas: Vec<Option<u32>> = t.gpus.iter().map(|g| g.numa).collect();
+        assert_eq!(numas, [0, 0, 0, 0, 1, 1, 1, 1].map(Some));
     }
 
     #[test]
@@ -256,7 +203,7 @@ mod tests {
     fn cube_mesh_needs_eight_gpus() {
         assert_eq!(
             gpu_topology(TopologyKind::CubeMesh, &uuids(4), 1),
-            Err(TopologyError::GpuCount { kind: TopologyKind::CubeMesh, needs: 8, got: 4 })
+            Err(ShapeError::GpuCount { kind: TopologyKind::CubeMesh, needs: 8, got: 4 })
         );
     }
 
@@ -273,6 +220,35 @@ mod tests {
         let u = gpu_uuid("s", "n", 0);
         assert_eq!(u.len(), "GPU-".len() + 36);
         assert_eq!(u.matches('-').count(), 5);
+    }
+
+    #[test]
+    fn the_wire_format_is_unchanged() {
+        let uuids = ["GPU-a".to_string(), "GPU-b".to_string()];
+        let t = gpu_topology(TopologyKind::Pcie, &uuids, 81920).unwrap().unwrap();
+        assert_eq!(
+            t.to_json(),
+            r#"{"version":1,"gpus":[{"index":0,"uuid":"GPU-a","numa":0,"memoryMiB":81920},{"index":1,"uuid":"GPU-b","numa":1,"memoryMiB":81920}],"links":[["X","SYS"],["SYS","X"]]}"#
+        );
+    }
+
+    #[test]
+    fn the_scheduler_reads_every_shape_as_written() {
+        for (kind, n) in
+            [(TopologyKind::Nvswitch, 8), (TopologyKind::Pcie, 8), (TopologyKind::Pcie, 6), (TopologyKind::CubeMesh, 8)]
+        {
+            let t = gpu_topology(kind, &uuids(n), 81920).unwrap().unwrap();
+            let (model, problem) = crate::devices::GpuTopology::from_node(Some(&t.to_json()), u64::from(n));
+            assert_eq!(problem, None, "{kind}");
+            assert!(model.is_known());
+            let m = links(kind, n as usize).unwrap().unwrap();
+            for (i, row) in m.iter().enumerate() {
+                assert_eq!(model.numa(i), Some(numa(i, n as usize)), "{kind} GPU {i}");
+                for (j, link) in row.iter().enumerate() {
+                    assert_eq!(model.link(i, j), *link, "{kind} [{i}][{j}]");
+                }
+            }
+        }
     }
 
     #[test]

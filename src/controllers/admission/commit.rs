@@ -15,12 +15,13 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::status::Outcome;
-use super::{Admitter, FAULT_EXIT_ENV, GroupRef, MIN_BACKOFF, RootKey, World, error_backoff, indices_mask, is_gated};
+use super::{Admitter, FAULT_EXIT_ENV, GroupRef, MIN_BACKOFF, RootKey, World, error_backoff, is_gated};
 use crate::controllers::context::Result;
 use crate::controllers::metrics::ObjectErrorLabels;
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{AdmissionPlan, AvoidedNode, CompositePodGroup, PlanState, PlannedPod, PodGroup};
 use crate::crds::{ADMISSION_GATE, GPU_INDICES_ANNOTATION, HOSTNAME_LABEL, ROLLED_BACK_ANNOTATION};
+use crate::devices::parse_indices;
 use crate::pods::{Placement, PodClass};
 use crate::scheduler::{
     self, CommitInput, Decision, Disrupted, FailureCause, GatedPin, GroupCount, PatchRefused, PinFailure, PinState,
@@ -38,10 +39,10 @@ fn reserve(snapshot: &mut Snapshot, pod: &Pod, planned: &PlannedPod) {
         spec.scheduling_gates = None;
     }
     snapshot.add_pod(&admitted);
-    if let Some(mask) = planned.gpu_indices.as_deref().and_then(indices_mask)
+    if let Some(gpus) = planned.gpu_indices.as_deref().and_then(|v| parse_indices(v).ok())
         && let Some(node) = snapshot.node(&planned.node)
     {
-        let used = node.gpu_used | mask;
+        let used = node.gpu_used.union(gpus);
         snapshot.set_gpu_used(&planned.node, used);
     }
 }
@@ -243,7 +244,7 @@ fn remaining_of(
             name: planned_pod.name.clone(),
             node: planned_pod.node.clone(),
             requests: pod.spec.as_ref().and_then(|s| scheduler::pod_requests(s).ok()).unwrap_or_default(),
-            gpus: planned_pod.gpu_indices.as_deref().and_then(indices_mask).unwrap_or(0),
+            gpus: planned_pod.gpu_indices.as_deref().and_then(|v| parse_indices(v).ok()).unwrap_or_default(),
         });
     }
     // Pods of the planned groups started before this plan count toward their minCount too.
@@ -903,8 +904,8 @@ mod tests {
         assert_eq!(read(api(403)), "refused: answer 403");
         assert_eq!(read(api(400)), "refused: answer 400");
         assert_eq!(read(api(422)), "refused: answer 422");
-        assert_eq!(read(api(500)), "retry: server-error");
-        assert_eq!(read(api(429)), "retry: throttled");
+        assert_eq!(read(api(500)), "retry: server_error");
+        assert_eq!(read(api(429)), "retry: too_many_requests");
     }
 
     #[test]

@@ -14,11 +14,11 @@ use super::status::Outcome;
 use super::{Admitter, CONTROLLER, GroupRef, RootKey, World, error_backoff, group_pods, state};
 use crate::controllers::PlacementStrategy;
 use crate::controllers::context::{Error, Result};
-use crate::controllers::metrics::{NodeLabels, ReasonLabels};
+use crate::controllers::metrics::ReasonLabels;
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{CompositePodGroup, PodGroup};
 use crate::devices::chooser::{NodeGpus, TopologyChooser, node_gpus};
-use crate::devices::{HealthThresholds, SelectOptions};
+use crate::devices::{GpuProblem, GpuProblemKind, GpuSet, HealthThresholds, SelectOptions};
 use crate::scheduler::{
     self, Admission, Decision, Group, GroupTree, PatchRefused, PlaceOptions, PodState, Scoring, Snapshot,
 };
@@ -238,10 +238,10 @@ impl Admitter {
         let classes: Vec<_> = self.caches.classes.state().iter().map(|c| (**c).clone()).collect();
         snapshot.set_volumes(scheduler::Volumes::from_cluster(&claims, &volumes, &classes));
         let gpus = self.gpu_state(nodes).await;
-        let held = self.devices.pass(&self.ctx, pods, &snapshot, &gpus).await?;
+        let held = self.devices.pass(&self.ctx, pods, &snapshot, &gpus).await;
         for (node, g) in &gpus {
             let used = held.get(node).copied().unwrap_or_default().union(g.unhealthy());
-            snapshot.set_gpu_used(node, used.bits());
+            snapshot.set_gpu_used(node, used);
         }
         Ok((snapshot, gpus))
     }
@@ -298,8 +298,8 @@ impl Admitter {
         };
         let gpus = node_gpus(nodes, &self.gpu_metrics, &thresholds, now);
         self.report_gpu_problems(nodes, &gpus).await;
-        let unhealthy: BTreeMap<String, u64> =
-            gpus.iter().map(|(n, g)| (n.clone(), g.unhealthy().bits())).filter(|(_, m)| *m != 0).collect();
+        let unhealthy: BTreeMap<String, GpuSet> =
+            gpus.iter().map(|(n, g)| (n.clone(), g.unhealthy())).filter(|(_, u)| !u.is_empty()).collect();
         if unhealthy != self.unhealthy {
             // Health changed: roots waiting in backoff may fit now (or no longer).
             self.capacity.fetch_add(1, Ordering::Relaxed);
@@ -310,10 +310,11 @@ impl Admitter {
 
     /// Tells operators, once per change, what keeps a node's GPUs from full use: a missing or
     /// malformed topology annotation, missing, stale or invalid metrics, GPUs too hot or full.
-    /// A log line and an event on the Node, and the gauge `muster_gpu_node_problems`.
+    /// A log line and an event on the Node, and `muster_gpu_node_problems{node, kind}`: one
+    /// series per kind present, removed when it clears or the node goes.
     async fn report_gpu_problems(&mut self, nodes: &[Node], gpus: &HashMap<String, NodeGpus>) {
         let metrics_expected = self.metrics_source.is_some();
-        let now: BTreeMap<String, Vec<String>> = gpus
+        let now: BTreeMap<String, Vec<GpuProblem>> = gpus
             .iter()
             .map(|(n, g)| (n.clone(), g.problems(metrics_expected)))
             .filter(|(_, p)| !p.is_empty())
@@ -328,14 +329,11 @@ impl Admitter {
                 continue;
             }
             let object = node.object_ref(&());
-            self.ctx
-                .metrics
-                .gpu_node_problems
-                .get_or_create(&NodeLabels { node: name.clone() })
-                .set(after.map_or(0, |p| p.len() as i64));
+            let kinds: Vec<GpuProblemKind> = after.into_iter().flatten().map(|p| p.kind).collect();
+            self.ctx.metrics.set_gpu_node_problems(&name, &kinds);
             match after {
                 Some(problems) => {
-                    let note = problems.join("; ");
+                    let note = problems.iter().map(|p| p.message.as_str()).collect::<Vec<_>>().join("; ");
                     tracing::warn!(node = %name, problems = %note, "GPU problems on node");
                     self.ctx.event(&object, true, "GPUProblems", "Schedule", note).await;
                 }
@@ -355,7 +353,7 @@ impl Admitter {
         }
         // Nodes gone: forget them.
         for name in self.gpu_problems.keys().filter(|n| !now.contains_key(*n)) {
-            self.ctx.metrics.gpu_node_problems.remove(&NodeLabels { node: name.clone() });
+            self.ctx.metrics.set_gpu_node_problems(name, &[]);
         }
         self.gpu_problems = now;
     }

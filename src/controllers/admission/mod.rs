@@ -138,11 +138,11 @@ struct Admitter {
     /// gang twice or drop a plan it just wrote, so cycles wait until the caches catch up.
     unseen: Unseen,
     /// Unhealthy GPUs per node at the last cycle: a GPU cooling down frees capacity.
-    unhealthy: BTreeMap<String, u64>,
+    unhealthy: BTreeMap<String, crate::devices::GpuSet>,
     /// GPU choices by node kind and occupancy, kept across cycles.
     fits: Arc<FitCache>,
     /// GPU problems per node last reported (topology annotation, metrics, health).
-    gpu_problems: BTreeMap<String, Vec<String>>,
+    gpu_problems: BTreeMap<String, Vec<crate::devices::GpuProblem>>,
     /// Groups whose last status write failed: errors in a row, not before, the last message.
     status_errors: HashMap<RootKey, (u32, Instant, String)>,
     /// Groups in excluded namespaces already reported by an event.
@@ -235,19 +235,6 @@ where
     store.state().iter().map(|o| (**o).clone()).collect()
 }
 
-/// Parses `gpu.muster.dev/indices` into a mask; `None` when malformed.
-pub fn indices_mask(value: &str) -> Option<u64> {
-    let mut mask = 0u64;
-    for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let i: u32 = part.parse().ok()?;
-        if i >= 64 {
-            return None;
-        }
-        mask |= 1 << i;
-    }
-    Some(mask)
-}
-
 fn group_pods(pods: &[Pod]) -> HashMap<RootKey, Vec<&Pod>> {
     let mut out: HashMap<RootKey, Vec<&Pod>> = HashMap::new();
     for pod in pods {
@@ -302,18 +289,5 @@ fn visit<'a>(group: &'a Group, f: &mut impl FnMut(&'a Group)) {
         for child in &c.children {
             visit(child, f);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn indices_parse_into_masks() {
-        assert_eq!(indices_mask("0,1,4,5"), Some(0b110011));
-        assert_eq!(indices_mask(""), Some(0));
-        assert_eq!(indices_mask("x"), None);
-        assert_eq!(indices_mask("64"), None);
     }
 }

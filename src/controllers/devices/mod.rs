@@ -3,18 +3,23 @@
 //! deleted pods at once (the ledger is rebuilt from live pods), reports a GPU claimed by two
 //! live pods as a conflict (event + `muster_gpu_conflicts`), and exports per-node GPU gauges.
 //! It runs on the leader, right after each admission cycle, on the same watch caches.
+//!
+//! What it decides is plain data ([`plan`]); [`DeviceReconciler::pass`] only reports, patches
+//! and exports. An error on one pod is that pod's: it is reported on the pod, retried with a
+//! backoff of its own, and never stops the pass (or the admission cycle) for the others.
 
 pub mod prometheus;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::context::{Context, Result};
-use super::metrics::NodeLabels;
+use super::context::Context;
+use super::metrics::{NodeLabels, ReasonLabels};
 use crate::crds::{GPU_INDICES_ANNOTATION, GPU_RESOURCE};
 use crate::devices::chooser::NodeGpus;
 use crate::devices::{GpuSet, Ledger, LedgerProblem, PodRecord, SelectOptions, format_indices, select};
@@ -49,151 +54,350 @@ fn node_of(pod: &Pod, snapshot: &Snapshot) -> Option<String> {
     }
 }
 
-/// State kept between passes: which problems were already reported.
-#[derive(Default)]
+fn is_bound(pod: &Pod) -> bool {
+    pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| !n.is_empty())
+}
+
+fn uid_of(pod: &Pod) -> &str {
+    pod.metadata.uid.as_deref().unwrap_or_default()
+}
+
+/// Something wrong with one pod's GPUs, to report once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Report {
+    /// What identifies the problem across passes: the same problem keeps its key, a changed
+    /// one gets another.
+    pub key: String,
+    /// The pod it is about.
+    pub uid: String,
+    /// The event reason.
+    pub reason: &'static str,
+    /// The event note and log line.
+    pub message: String,
+    /// Whether it counts in `muster_gpu_conflicts`.
+    pub conflict: bool,
+}
+
+impl Report {
+    fn from_ledger(problem: &LedgerProblem) -> Self {
+        let conflict = matches!(problem, LedgerProblem::Conflict(_));
+        let reason = match problem {
+            LedgerProblem::Conflict(_) => "GPUConflict",
+            LedgerProblem::BeyondNode { .. } => "GPUIndicesBeyondNode",
+            LedgerProblem::BadAnnotation { .. } | LedgerProblem::NoNode { .. } => "BadGPUIndices",
+        };
+        // The text names the pods and GPUs involved: it changes exactly when the problem does.
+        let message = problem.to_string();
+        Report { key: message.clone(), uid: problem.pod_uid().to_string(), reason, message, conflict }
+    }
+}
+
+/// Indices chosen for a GPU pod that has none; written onto the pod unless it is terminating.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Assignment<'a> {
+    /// The pod.
+    pub pod: &'a Pod,
+    /// Its node.
+    pub node: String,
+    /// The GPUs chosen, held in the plan's ledger whether or not the write succeeds.
+    pub gpus: GpuSet,
+    /// Whether to write them onto the pod (not for a terminating pod).
+    pub write: bool,
+}
+
+/// What one pass decides, before any API call.
+#[derive(Debug)]
+pub struct DevicePlan<'a> {
+    /// Every live pod's GPUs: the annotations, and the choices of [`Self::assignments`].
+    pub ledger: Ledger,
+    /// Problems present now, each once.
+    pub reports: Vec<Report>,
+    /// GPU pods bound without indices, in the order they were given GPUs (oldest first).
+    pub assignments: Vec<Assignment<'a>>,
+}
+
+/// The ledger of `pods`, and indices for every bound GPU pod that has none.
+///
+/// The rule that keeps admission safe: a bound, live GPU pod always holds GPUs in the
+/// ledger. It runs on its node and kubelet gives it devices whatever muster writes, so the
+/// GPUs chosen for it here stay held for it even when writing them fails, is backed off, or
+/// is not tried (a terminating pod is given nothing new on the pod itself); otherwise the
+/// next admission would plan another pod onto them. Choices are made oldest pod first on the
+/// ledger of the annotations, so a pod whose write keeps failing gets the same GPUs each pass
+/// while nothing else changes.
+pub fn plan<'a>(pods: &'a [Pod], snapshot: &Snapshot, gpus: &HashMap<String, NodeGpus>) -> DevicePlan<'a> {
+    // Terminating pods stay: in their grace period they still run on their GPUs.
+    let located: Vec<(&Pod, String)> = pods.iter().filter_map(|p| node_of(p, snapshot).map(|n| (p, n))).collect();
+    let records = located.iter().map(|(p, node)| PodRecord {
+        node,
+        uid: uid_of(p),
+        created: p.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        indices: p.annotations().get(GPU_INDICES_ANNOTATION).map(String::as_str),
+        phase: crate::devices::PodPhase::from_status(p.status.as_ref().and_then(|s| s.phase.as_deref())),
+        bound: is_bound(p),
+        terminating: crate::pods::is_terminating(p),
+        node_gpus: snapshot.node(node).map_or(0, |n| n.gpu_count as usize),
+    });
+    let (mut ledger, problems) = Ledger::rebuild(records);
+    let mut reports: Vec<Report> = problems.iter().map(Report::from_ledger).collect();
+
+    // GPU pods kube-scheduler bound without muster: give them indices right after binding.
+    let mut unassigned: Vec<&(&Pod, String)> = located
+        .iter()
+        .filter(|(p, _)| {
+            let live = !crate::devices::PodPhase::from_status(p.status.as_ref().and_then(|s| s.phase.as_deref()))
+                .is_terminal();
+            live && is_bound(p) && gpus_wanted(p) > 0 && !p.annotations().contains_key(GPU_INDICES_ANNOTATION)
+        })
+        .collect();
+    unassigned.sort_by(|(a, _), (b, _)| {
+        let age = |p: &Pod| {
+            let created = p.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            (created.is_none(), created)
+        };
+        age(a).cmp(&age(b)).then_with(|| uid_of(a).cmp(uid_of(b)))
+    });
+    let mut assignments = Vec::new();
+    for (pod, node) in unassigned {
+        let Some(node_gpus) = gpus.get(node) else { continue };
+        let wanted = usize::try_from(gpus_wanted(pod)).unwrap_or(usize::MAX);
+        let terminating = crate::pods::is_terminating(pod);
+        let used = ledger.used_mask(node);
+        let free = node_gpus.topology.all().difference(used);
+        // Prefer healthy GPUs; the pod is bound already, so fall back to any free one.
+        let choice = select(
+            &node_gpus.topology,
+            crate::devices::available(&node_gpus.health, used),
+            wanted,
+            SelectOptions::default(),
+        )
+        .or_else(|| select(&node_gpus.topology, free, wanted, SelectOptions::default()));
+        let uid = uid_of(pod);
+        let Some(choice) = choice else {
+            if !terminating {
+                reports.push(Report {
+                    key: format!("no-free-gpus/{uid}/{node}/{wanted}"),
+                    uid: uid.to_string(),
+                    reason: "GPUConflict",
+                    message: format!(
+                        "no {wanted} free GPU indices on node {node} for pod {}: the ledger holds {}",
+                        pod.name_any(),
+                        format_indices(used)
+                    ),
+                    conflict: true,
+                });
+            }
+            continue;
+        };
+        if ledger.assign(node, uid, choice.gpus).is_ok() {
+            assignments.push(Assignment { pod, node: node.clone(), gpus: choice.gpus, write: !terminating });
+        }
+    }
+    DevicePlan { ledger, reports, assignments }
+}
+
+/// The problems already reported, so each is reported once per change.
+#[derive(Debug, Default)]
+pub struct Reported(HashSet<String>);
+
+impl Reported {
+    /// Of the problems present now, those not present at the last pass; forgets those gone, so
+    /// a problem that clears and comes back is reported again.
+    pub fn fresh<'r>(&mut self, now: &'r [Report]) -> Vec<&'r Report> {
+        let mut seen = HashSet::new();
+        let fresh = now.iter().filter(|r| !self.0.contains(&r.key) && seen.insert(r.key.as_str())).collect();
+        self.0 = now.iter().map(|r| r.key.clone()).collect();
+        fresh
+    }
+}
+
+/// Shortest wait after a pod's first failed write.
+pub const PATCH_BACKOFF_MIN: Duration = Duration::from_secs(1);
+/// Longest wait between two writes to one pod.
+pub const PATCH_BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+/// Failed writes to one pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Failures {
+    count: u32,
+    retry_at: Instant,
+    /// What the last event said (reason and indices), so a changed failure is reported anew.
+    reported: String,
+}
+
+/// Per pod, when its annotation may be written again after failures (exponential backoff).
+#[derive(Debug, Default)]
+pub struct PatchBackoff(HashMap<String, Failures>);
+
+impl PatchBackoff {
+    /// Whether a write to `uid` may be tried at `now`.
+    pub fn ready(&self, uid: &str, now: Instant) -> bool {
+        self.0.get(uid).is_none_or(|f| now >= f.retry_at)
+    }
+
+    /// Records a failed write; returns how long to wait, and whether `what` differs from what
+    /// the last failure of this pod said (then it is worth an event).
+    pub fn failed(&mut self, uid: &str, now: Instant, what: &str) -> (Duration, bool) {
+        let entry =
+            self.0.entry(uid.to_string()).or_insert(Failures { count: 0, retry_at: now, reported: String::new() });
+        entry.count = entry.count.saturating_add(1);
+        let delay = PATCH_BACKOFF_MIN.saturating_mul(1 << (entry.count - 1).min(16)).min(PATCH_BACKOFF_MAX);
+        entry.retry_at = now + delay;
+        let changed = entry.reported != what;
+        entry.reported = what.to_string();
+        (delay, changed)
+    }
+
+    /// Forgets the failures of a pod written at last, or gone.
+    pub fn forget(&mut self, uid: &str) {
+        self.0.remove(uid);
+    }
+
+    /// Keeps only the pods in `live`.
+    pub fn retain(&mut self, live: &HashSet<&str>) {
+        self.0.retain(|uid, _| live.contains(uid.as_str()));
+    }
+}
+
+/// The reason label of a failed write, for `muster_device_patch_errors_total`.
+pub use crate::controllers::context::api_error_reason as patch_error_reason;
+
+/// How long one annotation write may take, retries of the client included: a pod the API
+/// keeps answering 503 (or never answers) costs the pass this much at most, once.
+pub const PATCH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How writing one pod's indices ended.
+enum Written {
+    Done,
+    /// The pod is gone, or another pod has its name now: nothing to write to.
+    Gone(String),
+    Failed {
+        reason: &'static str,
+        error: String,
+    },
+}
+
+/// State kept between passes: which problems were already reported, which pods' writes are
+/// backed off, and which nodes have GPU gauges.
 pub struct DeviceReconciler {
-    reported: HashSet<String>,
+    reported: Reported,
+    backoff: PatchBackoff,
+    gauged: BTreeSet<String>,
+    patch_timeout: Duration,
+}
+
+impl Default for DeviceReconciler {
+    fn default() -> Self {
+        Self {
+            reported: Reported::default(),
+            backoff: PatchBackoff::default(),
+            gauged: BTreeSet::new(),
+            patch_timeout: PATCH_TIMEOUT,
+        }
+    }
 }
 
 fn pod_ref(pod: &Pod) -> ObjectReference {
     pod.object_ref(&())
 }
 
+/// Merge-patches `a`'s indices onto its pod (only if it is still the pod with that uid).
+async fn write(ctx: &Context, a: &Assignment<'_>, timeout: Duration) -> Written {
+    let indices = format_indices(a.gpus);
+    let patch = json!({"metadata": {"uid": uid_of(a.pod), "annotations": {GPU_INDICES_ANNOTATION: indices}}});
+    let api = Api::<Pod>::namespaced(ctx.client.clone(), &a.pod.namespace().unwrap_or_default());
+    let (name, params, patch) = (a.pod.name_any(), PatchParams::default(), Patch::Merge(&patch));
+    match tokio::time::timeout(timeout, api.patch(&name, &params, &patch)).await {
+        Ok(Ok(_)) => Written::Done,
+        Ok(Err(kube::Error::Api(e))) if matches!(e.code, 404 | 409) => Written::Gone(e.message),
+        Ok(Err(e)) => Written::Failed { reason: patch_error_reason(&e), error: e.to_string() },
+        Err(_) => Written::Failed { reason: "timeout", error: format!("no answer within {}s", timeout.as_secs_f64()) },
+    }
+}
+
 impl DeviceReconciler {
     /// One pass over every pod. Returns the GPU indices held per node afterwards (including
-    /// what this pass assigned), for admission to plan around.
+    /// what this pass chose, written or not), for admission to plan around. Errors are per
+    /// pod and never fail the pass; the writes go out together, so a slow pod delays the
+    /// pass by [`PATCH_TIMEOUT`] at most.
     pub async fn pass(
         &mut self,
         ctx: &Context,
         pods: &[Pod],
         snapshot: &Snapshot,
         gpus: &HashMap<String, NodeGpus>,
-    ) -> Result<HashMap<String, GpuSet>> {
-        let located: Vec<(&Pod, String)> = pods
-            .iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .filter_map(|p| node_of(p, snapshot).map(|n| (p, n)))
-            .collect();
-        let records = located.iter().map(|(p, node)| PodRecord {
-            node,
-            uid: p.metadata.uid.as_deref().unwrap_or_default(),
-            indices: p.annotations().get(GPU_INDICES_ANNOTATION).map(String::as_str),
-            phase: crate::devices::PodPhase::from_status(p.status.as_ref().and_then(|s| s.phase.as_deref())),
-            node_gpus: gpus.get(node).map(|g| g.topology.len()).unwrap_or(crate::devices::MAX_GPUS),
-        });
-        let (mut ledger, problems) = Ledger::rebuild(records);
-        let by_uid: HashMap<&str, &Pod> =
-            pods.iter().filter_map(|p| p.metadata.uid.as_deref().map(|u| (u, p))).collect();
-        let mut still = HashSet::new();
-        for problem in problems {
-            let key = problem.to_string();
-            still.insert(key.clone());
-            if !self.reported.insert(key.clone()) {
-                continue;
-            }
-            let (uid, conflict) = match &problem {
-                LedgerProblem::Conflict(c) => (
-                    match c {
-                        crate::devices::Conflict::IndexHeld { pod_uid, .. }
-                        | crate::devices::Conflict::AlreadyAssigned { pod_uid, .. } => pod_uid.clone(),
-                    },
-                    true,
-                ),
-                LedgerProblem::BadAnnotation { uid, .. } | LedgerProblem::NoNode { uid } => (uid.clone(), false),
-            };
-            if conflict {
+    ) -> HashMap<String, GpuSet> {
+        let plan = plan(pods, snapshot, gpus);
+        let by_uid: HashMap<&str, &Pod> = pods.iter().map(|p| (uid_of(p), p)).collect();
+        for report in self.reported.fresh(&plan.reports) {
+            if report.conflict {
                 ctx.metrics.gpu_conflicts.inc();
             }
-            tracing::warn!(problem = %key, "GPU ledger");
-            if let Some(pod) = by_uid.get(uid.as_str()) {
-                let reason = if conflict { "GPUConflict" } else { "BadGPUIndices" };
-                ctx.event(&pod_ref(pod), true, reason, "AssignGPUs", key).await;
+            tracing::warn!(problem = %report.message, "GPU ledger");
+            if let Some(pod) = by_uid.get(report.uid.as_str()) {
+                ctx.event(&pod_ref(pod), true, report.reason, "AssignGPUs", report.message.clone()).await;
             }
         }
-        self.reported.retain(|k| still.contains(k));
 
-        // GPU pods kube-scheduler bound without muster: give them indices right after binding.
-        for (pod, node) in &located {
-            let live = !matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"));
-            let bound = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| !n.is_empty());
-            let wanted = gpus_wanted(pod) as usize;
-            if !live || !bound || wanted == 0 || pod.annotations().contains_key(GPU_INDICES_ANNOTATION) {
-                continue;
-            }
-            let Some(node_gpus) = gpus.get(node) else { continue };
-            let used = ledger.used_mask(node);
-            let free = node_gpus.topology.all().difference(used);
-            // Prefer healthy GPUs; the pod is bound already, so fall back to any free one.
-            let choice = select(
-                &node_gpus.topology,
-                crate::devices::available(&node_gpus.health, used),
-                wanted,
-                SelectOptions::default(),
-            )
-            .or_else(|| select(&node_gpus.topology, free, wanted, SelectOptions::default()));
-            let uid = pod.metadata.uid.clone().unwrap_or_default();
-            let Some(choice) = choice else {
-                let msg = format!(
-                    "no {wanted} free GPU indices on node {node} for pod {}: the ledger holds {}",
-                    pod.name_any(),
-                    format_indices(used)
-                );
-                if self.reported.insert(format!("nofree/{uid}")) {
-                    ctx.metrics.gpu_conflicts.inc();
-                    ctx.event(&pod_ref(pod), true, "GPUConflict", "AssignGPUs", msg).await;
-                }
-                continue;
-            };
-            if ledger.assign(node, &uid, choice.gpus).is_err() {
-                continue;
-            }
-            let indices = format_indices(choice.gpus);
-            let patch = json!({"metadata": {"uid": uid, "annotations": {GPU_INDICES_ANNOTATION: indices}}});
-            let api = Api::<Pod>::namespaced(ctx.client.clone(), &pod.namespace().unwrap_or_default());
-            match api.patch(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
-                Ok(_) => {
-                    tracing::info!(pod = %pod.name_any(), node, indices, "assigned GPU indices to a pod bound without muster");
-                    ctx.event(
-                        &pod_ref(pod),
-                        false,
-                        "GPUsAssigned",
-                        "AssignGPUs",
-                        format!("GPU indices {indices} on node {node}"),
-                    )
-                    .await;
-                }
-                Err(kube::Error::Api(e)) if matches!(e.code, 404 | 409 | 422) => {}
-                Err(e) => return Err(e.into()),
-            }
+        self.backoff.retain(&by_uid.keys().copied().collect());
+        let now = Instant::now();
+        let due: Vec<&Assignment<'_>> =
+            plan.assignments.iter().filter(|a| a.write && self.backoff.ready(uid_of(a.pod), now)).collect();
+        let outcomes = futures::future::join_all(due.iter().map(|a| write(ctx, a, self.patch_timeout))).await;
+        for (a, outcome) in due.into_iter().zip(outcomes) {
+            self.written(ctx, a, outcome, now).await;
         }
 
         let mut held = HashMap::new();
         for (node, g) in gpus {
             let labels = NodeLabels { node: node.clone() };
-            let used: GpuSet = ledger.used_mask(node);
+            let used = plan.ledger.used_mask(node);
             ctx.metrics.gpus_total.get_or_create(&labels).set(g.topology.len() as i64);
-            ctx.metrics.gpus_allocated.get_or_create(&labels).set(used.len() as i64);
+            ctx.metrics.gpus_allocated.get_or_create(&labels).set(used.intersection(g.topology.all()).len() as i64);
             ctx.metrics.gpus_unhealthy.get_or_create(&labels).set(g.unhealthy().len() as i64);
             held.insert(node.clone(), used);
         }
-        Ok(held)
+        for node in self.gauged.iter().filter(|n| !gpus.contains_key(*n)) {
+            ctx.metrics.remove_node_gpus(node);
+        }
+        self.gauged = gpus.keys().cloned().collect();
+        held
+    }
+
+    /// Reports how a write ended; a failure is reported on the pod (once per change), counted
+    /// and backed off. The GPUs stay held either way (see [`plan`]).
+    async fn written(&mut self, ctx: &Context, a: &Assignment<'_>, outcome: Written, now: Instant) {
+        let (pod, node, uid) = (a.pod, a.node.as_str(), uid_of(a.pod));
+        let (name, indices) = (pod.name_any(), format_indices(a.gpus));
+        match outcome {
+            Written::Done => {
+                self.backoff.forget(uid);
+                tracing::info!(pod = %name, node, indices, "assigned GPU indices to a pod bound without muster");
+                let note = format!("GPU indices {indices} on node {node}");
+                ctx.event(&pod_ref(pod), false, "GPUsAssigned", "AssignGPUs", note).await;
+            }
+            Written::Gone(message) => {
+                self.backoff.forget(uid);
+                tracing::debug!(pod = %name, error = %message, "pod changed or gone; GPU indices not written");
+            }
+            Written::Failed { reason, error } => {
+                ctx.metrics.device_patch_errors.get_or_create(&ReasonLabels { reason: reason.into() }).inc();
+                let (delay, changed) = self.backoff.failed(uid, now, &format!("{reason}/{indices}"));
+                tracing::warn!(
+                    pod = %name, namespace = ?pod.namespace(), node, indices, reason, error = %error,
+                    retry_in_s = delay.as_secs(), "could not write GPU indices; they stay held for the pod"
+                );
+                if changed {
+                    let note = format!(
+                        "could not write {GPU_INDICES_ANNOTATION}={indices} (node {node}): {error}; \
+                         muster keeps those GPUs held for this pod and retries"
+                    );
+                    ctx.event(&pod_ref(pod), true, "GPUIndicesNotWritten", "AssignGPUs", note).await;
+                }
+            }
+        }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn gpus_wanted_counts_like_kubelet() {
-        let pod: Pod = serde_json::from_value(json!({"spec": {
-            "containers": [
-                {"name": "a", "resources": {"limits": {"nvidia.com/gpu": "2"}}},
-                {"name": "b", "resources": {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}}],
-            "initContainers": [{"name": "i", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}}))
-        .expect("pod");
-        assert_eq!(gpus_wanted(&pod), 4);
-        let none: Pod = serde_json::from_value(json!({"spec": {"containers": [{"name": "a"}]}})).expect("pod");
-        assert_eq!(gpus_wanted(&none), 0);
-    }
-}
+mod tests;

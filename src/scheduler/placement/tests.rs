@@ -84,7 +84,8 @@ fn a_gang_that_fits_is_placed_whole_with_gpu_indices() {
 
 #[test]
 fn a_gang_that_does_not_fit_places_nothing_and_says_why_per_node() {
-    let mut nodes: Vec<NodeInfo> = (0..32).map(|i| node(&format!("full-{i:02}"), 8).with_gpu_used(0xff)).collect();
+    let mut nodes: Vec<NodeInfo> =
+        (0..32).map(|i| node(&format!("full-{i:02}"), 8).with_gpu_used(GpuSet::from_bits(0xff))).collect();
     for n in &mut nodes {
         n.requested = Resources::new().with(GPU_RESOURCE, 8);
     }
@@ -109,14 +110,13 @@ fn a_gang_that_does_not_fit_places_nothing_and_says_why_per_node() {
 fn identical_pods_fill_the_fullest_nodes_first_with_bin_packing() {
     let nodes = vec![
         node("a-empty", 8),
-        node("b-half", 8).with_requested(Resources::new().with(GPU_RESOURCE, 4)).with_gpu_used(0x0f),
+        node("b-half", 8).with_requested(Resources::new().with(GPU_RESOURCE, 4)).with_gpu_used(GpuSet::from_bits(0x0f)),
         node("c-empty", 8),
     ];
     let d = run(nodes, gang("train", 6, 6, &shape(1000, 2)));
     assert!(d.admitted);
     assert_eq!(per_node(&d), counts(&[("a-empty", 4), ("b-half", 2)]), "fullest first, then name order");
-    let on_half: Vec<String> =
-        d.plan.iter().filter(|p| p.node == "b-half").map(|p| format_gpu_indices(p.gpu_mask)).collect();
+    let on_half: Vec<String> = d.plan.iter().filter(|p| p.node == "b-half").map(|p| p.gpus.to_string()).collect();
     assert_eq!(on_half, vec!["4,5", "6,7"], "used indices are skipped, none given twice");
 }
 
@@ -258,8 +258,8 @@ fn pods_admitted_before_count_towards_min_count() {
     l.push("train-old-0", "", PodState::Bound { node: "n0".into() });
     l.push("train-old-1", "", PodState::Admitted { hostname: "n1".into() });
     let nodes = vec![
-        node("n0", 8).with_gpu_used(0xff).with_requested(Resources::new().with(GPU_RESOURCE, 8)),
-        node("n1", 8).with_gpu_used(0xff).with_requested(Resources::new().with(GPU_RESOURCE, 8)),
+        node("n0", 8).with_gpu_used(GpuSet::from_bits(0xff)).with_requested(Resources::new().with(GPU_RESOURCE, 8)),
+        node("n1", 8).with_gpu_used(GpuSet::from_bits(0xff)).with_requested(Resources::new().with(GPU_RESOURCE, 8)),
         node("n2", 8),
         node("n3", 8),
     ];
@@ -287,7 +287,9 @@ fn a_basic_group_places_what_fits() {
 }
 
 fn racks(spec: &[(&str, &str, i64)]) -> Vec<NodeInfo> {
-    spec.iter().map(|(name, rack, gpus)| node(name, 8).with_label(RACK, rack).with_gpu_used(!0u64 << gpus)).collect()
+    spec.iter()
+        .map(|(name, rack, gpus)| node(name, 8).with_label(RACK, rack).with_gpu_used(GpuSet::from_bits(!0u64 << gpus)))
+        .collect()
 }
 
 #[test]
@@ -412,7 +414,7 @@ fn gang_children_go_before_basic_ones() {
 struct Prefer(&'static str);
 
 impl GpuChooser for Prefer {
-    fn choose(&self, node: &NodeInfo, count: u32, used: u64) -> Option<GpuChoice> {
+    fn choose(&self, node: &NodeInfo, count: u32, used: GpuSet) -> Option<GpuChoice> {
         let choice = LowestFreeIndices.choose(node, count, used)?;
         Some(GpuChoice { score: if node.name == self.0 { 100 } else { 0 }, ..choice })
     }
@@ -422,15 +424,17 @@ impl GpuChooser for Prefer {
 struct AlwaysZero;
 
 impl GpuChooser for AlwaysZero {
-    fn choose(&self, _: &NodeInfo, _: u32, _: u64) -> Option<GpuChoice> {
-        Some(GpuChoice { mask: 1, score: 100 })
+    fn choose(&self, _: &NodeInfo, _: u32, _: GpuSet) -> Option<GpuChoice> {
+        Some(GpuChoice { gpus: GpuSet::first(1), score: 100 })
     }
 }
 
 #[test]
 fn the_gpu_locality_score_steers_placement() {
-    let nodes =
-        vec![node("a", 8).with_gpu_used(0x0f).with_requested(Resources::new().with(GPU_RESOURCE, 4)), node("b", 8)];
+    let nodes = vec![
+        node("a", 8).with_gpu_used(GpuSet::from_bits(0x0f)).with_requested(Resources::new().with(GPU_RESOURCE, 4)),
+        node("b", 8),
+    ];
     let d = run_with(nodes.clone(), gang("g", 1, 1, &shape(1000, 2)), PlaceOptions::default(), &LowestFreeIndices);
     assert_eq!(d.plan[0].node, "a", "bin packing alone picks the fuller node");
     let d = run_with(nodes, gang("g", 1, 1, &shape(1000, 2)), PlaceOptions::default(), &Prefer("b"));
@@ -472,7 +476,7 @@ fn decide_runs_quorum_first() {
     let ready = GroupTree::new("ns", gang("g", 2, 2, &shape(1000, 1)));
     let Admission::Decided(d) = decide(&snapshot, &ready, &options, &LowestFreeIndices) else { panic!("decided") };
     assert!(d.admitted);
-    assert_eq!(d.plan.iter().map(|p| p.gpu_indices()).collect::<Vec<_>>(), vec![vec![0], vec![1]]);
+    assert_eq!(d.plan.iter().map(|p| p.gpus.iter().collect()).collect::<Vec<Vec<_>>>(), vec![vec![0], vec![1]]);
 }
 
 #[test]
@@ -551,7 +555,7 @@ fn from_cluster_lists_to_a_plan() {
     };
     let pods = vec![pod("w0", false, Some("a")), pod("w1", true, None), pod("w2", true, None)];
     let mut snapshot = Snapshot::from_cluster(&[k8s_node("a"), k8s_node("b")], &pods);
-    assert!(snapshot.set_gpu_used("a", 0b1111));
+    assert!(snapshot.set_gpu_used("a", GpuSet::first(4)));
     let forest = crate::scheduler::build_forest(&[group], &[], &pods);
     let [tree] = forest.trees.as_slice() else { panic!("one root") };
     let Admission::Decided(d) = decide(&snapshot, tree, &PlaceOptions::default(), &LowestFreeIndices) else {

@@ -1,0 +1,339 @@
+//! The device pass against a fake API server (every request recorded; pod patches in a
+//! namespace `status-<code>` answered with that code, as an admission policy would), and its
+//! pure parts on their own.
+
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use axum::http::{Method, StatusCode, Uri, header};
+use k8s_openapi::api::core::v1::Node;
+
+use super::*;
+use crate::controllers::context::Config;
+use crate::controllers::metrics::Metrics;
+use crate::devices::chooser::node_gpus;
+use crate::devices::{HealthThresholds, MetricsCache};
+
+type Requests = Arc<Mutex<Vec<(String, String, String)>>>;
+
+struct FakeApi {
+    ctx: Context,
+    requests: Requests,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeApi {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+impl FakeApi {
+    async fn start() -> Self {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let requests: Requests = Arc::default();
+        let seen = requests.clone();
+        let app = axum::Router::new().fallback(move |method: Method, uri: Uri, body: String| {
+            let seen = seen.clone();
+            async move {
+                let path = uri.path().to_string();
+                seen.lock().unwrap().push((method.to_string(), path.clone(), body.clone()));
+                if path.starts_with("/api/v1/namespaces/hang/") {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                }
+                respond(&method, &path, &body)
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        let client = kube::Client::try_from(kube::Config::new(format!("http://{addr}").parse().unwrap())).unwrap();
+        FakeApi { ctx: Context::new(client, Arc::new(Metrics::default()), Config::default()), requests, server }
+    }
+
+    /// Patches of one pod's annotation so far.
+    fn patches(&self, namespace: &str, pod: &str) -> Vec<String> {
+        let path = format!("/api/v1/namespaces/{namespace}/pods/{pod}");
+        let requests = self.requests.lock().unwrap();
+        requests.iter().filter(|(m, p, _)| m == "PATCH" && *p == path).map(|(_, _, b)| b.clone()).collect()
+    }
+
+    /// Events (created or counted again) with this reason about this pod.
+    fn events(&self, reason: &str, pod: &str) -> usize {
+        let requests = self.requests.lock().unwrap();
+        requests
+            .iter()
+            .filter(|(_, p, b)| {
+                p.starts_with("/apis/events.k8s.io/")
+                    && b.contains(&format!("\"reason\":\"{reason}\""))
+                    && b.contains(&format!("\"name\":\"{pod}\""))
+            })
+            .count()
+    }
+}
+
+fn respond(method: &Method, path: &str, body: &str) -> (StatusCode, [(header::HeaderName, &'static str); 1], String) {
+    let json = [(header::CONTENT_TYPE, "application/json")];
+    if path.starts_with("/apis/events.k8s.io/") {
+        let code = if method == Method::POST { StatusCode::CREATED } else { StatusCode::OK };
+        return (code, json, body.to_string());
+    }
+    let segments: Vec<&str> = path.split('/').collect();
+    if let ["", "api", "v1", "namespaces", namespace, "pods", name] = segments[..]
+        && method == Method::PATCH
+    {
+        if let Some(code) = namespace.strip_prefix("status-").and_then(|c| c.parse::<u16>().ok()) {
+            let status = serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": format!("pods {name:?} is refused ({code})"), "reason": "Refused", "code": code});
+            return (StatusCode::from_u16(code).unwrap(), json, status.to_string());
+        }
+        let pod =
+            serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}});
+        return (StatusCode::OK, json, pod.to_string());
+    }
+    let status = serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "not found", "reason": "NotFound", "code": 404});
+    (StatusCode::NOT_FOUND, json, status.to_string())
+}
+
+fn node(name: &str, gpus: u32) -> Node {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": gpus.to_string()}}
+    }))
+    .unwrap()
+}
+
+/// A running pod bound to `node`, created `created` seconds into the day, asking for `gpus`.
+fn pod(namespace: &str, name: &str, created: u32, node: &str, gpus: u32, indices: Option<&str>) -> Pod {
+    let mut pod: Pod = serde_json::from_value(json!({
+        "metadata": {"namespace": namespace, "name": name, "uid": format!("uid-{name}"),
+            "creationTimestamp": format!("2026-01-01T00:{:02}:{:02}Z", created / 60, created % 60)},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": gpus.to_string()}}}]},
+        "status": {"phase": "Running"}
+    }))
+    .unwrap();
+    if let Some(v) = indices {
+        pod.metadata.annotations = Some([(GPU_INDICES_ANNOTATION.to_string(), v.to_string())].into());
+    }
+    pod
+}
+
+fn terminating(mut pod: Pod) -> Pod {
+    pod.metadata.deletion_timestamp = pod.metadata.creation_timestamp.clone();
+    pod
+}
+
+fn world(nodes: &[Node], pods: &[Pod]) -> (Snapshot, HashMap<String, NodeGpus>) {
+    let gpus = node_gpus(nodes, &MetricsCache::default(), &HealthThresholds::default(), SystemTime::UNIX_EPOCH);
+    (Snapshot::from_cluster(nodes, pods), gpus)
+}
+
+fn set(indices: &[usize]) -> GpuSet {
+    GpuSet::from_indices(indices.iter().copied()).unwrap()
+}
+
+/// The indices a patch body writes.
+fn written(body: &str) -> GpuSet {
+    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    crate::devices::parse_indices(v["metadata"]["annotations"][GPU_INDICES_ANNOTATION].as_str().unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn a_refused_patch_is_the_pods_own_and_its_gpus_stay_held() {
+    let api = FakeApi::start().await;
+    let nodes = [node("n1", 4)];
+    let pods = [
+        pod("open", "holder", 1, "n1", 1, Some("0")),
+        // A ValidatingAdmissionPolicy denies pod updates in this namespace.
+        pod("status-403", "denied", 2, "n1", 1, None),
+        pod("open", "plain", 3, "n1", 1, None),
+    ];
+    let (snapshot, gpus) = world(&nodes, &pods);
+    let mut devices = DeviceReconciler::default();
+    let held = devices.pass(&api.ctx, &pods, &snapshot, &gpus).await;
+
+    let denied = plan(&pods, &snapshot, &gpus).assignments[0].gpus;
+    let plain = written(&api.patches("open", "plain")[0]);
+    assert_eq!(api.patches("status-403", "denied").len(), 1);
+    assert_eq!(denied.len(), 1);
+    assert!(denied.is_disjoint(plain) && !denied.contains(0) && !plain.contains(0), "{denied} {plain}");
+    assert_eq!(held["n1"], set(&[0]).union(denied).union(plain), "the denied pod still holds what it was given");
+    assert_eq!(api.events("GPUIndicesNotWritten", "denied"), 1);
+    assert_eq!(api.events("GPUsAssigned", "plain"), 1);
+    let text = api.ctx.metrics.encode();
+    assert!(text.contains("muster_device_patch_errors_total{reason=\"forbidden\"} 1"), "{text}");
+
+    // At once again: the denied pod is backed off (no second patch, no second event), and
+    // still holds the same GPUs.
+    let again = devices.pass(&api.ctx, &pods, &snapshot, &gpus).await;
+    assert_eq!(again, held);
+    assert_eq!(api.patches("status-403", "denied").len(), 1, "backed off");
+    assert_eq!(api.events("GPUIndicesNotWritten", "denied"), 1);
+}
+
+#[tokio::test]
+async fn every_kind_of_failed_patch_is_counted_by_reason_and_none_stalls_the_pass() {
+    let api = FakeApi::start().await;
+    let nodes = [node("n1", 16)];
+    // 503 is retried inside the client, "hang" never answers: both end in the timeout.
+    let namespaces = ["status-400", "status-422", "status-500", "status-503", "hang", "open"];
+    let pods: Vec<Pod> =
+        namespaces.iter().enumerate().map(|(i, ns)| pod(ns, &format!("p{i}"), i as u32, "n1", 2, None)).collect();
+    let (snapshot, gpus) = world(&nodes, &pods);
+    let mut devices = DeviceReconciler { patch_timeout: Duration::from_millis(1500), ..DeviceReconciler::default() };
+    let started = Instant::now();
+    let held = devices.pass(&api.ctx, &pods, &snapshot, &gpus).await;
+    assert!(started.elapsed() < Duration::from_secs(10), "the writes wait together: {:?}", started.elapsed());
+    assert_eq!(held["n1"].len(), 12, "every pod holds its two GPUs, written or not: {}", held["n1"]);
+    let text = api.ctx.metrics.encode();
+    for (reason, n) in [("bad_request", 1), ("invalid", 1), ("server_error", 1), ("timeout", 2)] {
+        assert!(text.contains(&format!("muster_device_patch_errors_total{{reason=\"{reason}\"}} {n}")), "{text}");
+    }
+    assert_eq!(api.events("GPUsAssigned", "p5"), 1, "the pod that could be written was");
+}
+
+#[tokio::test]
+async fn a_terminating_pod_keeps_its_gpus_and_is_given_no_new_ones() {
+    let api = FakeApi::start().await;
+    let nodes = [node("n1", 8)];
+    let pods = [
+        // Flushing a checkpoint in its grace period: it still uses GPUs 0 and 1.
+        terminating(pod("open", "leaving", 1, "n1", 2, Some("0,1"))),
+        terminating(pod("open", "leaving-plain", 2, "n1", 1, None)),
+        pod("open", "plain", 3, "n1", 2, None),
+    ];
+    let (snapshot, gpus) = world(&nodes, &pods);
+    let held = DeviceReconciler::default().pass(&api.ctx, &pods, &snapshot, &gpus).await;
+    assert!(set(&[0, 1]).is_subset(held["n1"]), "{}", held["n1"]);
+    assert!(api.patches("open", "leaving-plain").is_empty(), "nothing new is written onto a terminating pod");
+    let plain = written(&api.patches("open", "plain")[0]);
+    assert!(plain.is_disjoint(set(&[0, 1])), "{plain}");
+    assert_eq!(held["n1"].len(), 5, "the terminating pod without indices still counts for its one GPU");
+    // Once it has finished, its GPUs are free.
+    let mut done = pods.clone();
+    done[0].status = serde_json::from_value(json!({"phase": "Succeeded"})).ok();
+    assert_eq!(plan(&done, &snapshot, &gpus).ledger.claim("uid-leaving"), None);
+}
+
+#[tokio::test]
+async fn problems_are_reported_once_not_every_pass() {
+    let api = FakeApi::start().await;
+    let nodes = [node("n1", 2)];
+    let mut pods = vec![
+        pod("open", "first", 1, "n1", 1, Some("0")),
+        pod("open", "second", 2, "n1", 1, Some("0")),
+        pod("open", "third", 3, "n1", 1, Some("1")),
+        pod("open", "no-room", 4, "n1", 1, None),
+    ];
+    let mut devices = DeviceReconciler::default();
+    for round in 0..4 {
+        // The API lists pods in any order: the same pod wins every time.
+        pods.reverse();
+        let (snapshot, gpus) = world(&nodes, &pods);
+        let held = devices.pass(&api.ctx, &pods, &snapshot, &gpus).await;
+        assert_eq!(held["n1"], GpuSet::first(2), "round {round}");
+        assert_eq!(plan(&pods, &snapshot, &gpus).ledger.holder("n1", 0), Some("uid-first"));
+    }
+    assert_eq!(api.events("GPUConflict", "second"), 1);
+    assert_eq!(api.events("GPUConflict", "first"), 0);
+    assert_eq!(api.events("GPUConflict", "no-room"), 1);
+    let text = api.ctx.metrics.encode();
+    assert!(text.contains("muster_gpu_conflicts_total 2"), "{text}");
+
+    // The conflict goes (the later pod ends), then a new one comes: reported again.
+    pods.retain(|p| p.name_any() != "second");
+    let (snapshot, gpus) = world(&nodes, &pods);
+    devices.pass(&api.ctx, &pods, &snapshot, &gpus).await;
+    pods.push(pod("open", "second", 2, "n1", 1, Some("0")));
+    let (snapshot, gpus) = world(&nodes, &pods);
+    devices.pass(&api.ctx, &pods, &snapshot, &gpus).await;
+    assert_eq!(api.events("GPUConflict", "second"), 2);
+}
+
+#[tokio::test]
+async fn gauges_of_a_node_that_is_gone_are_removed() {
+    let api = FakeApi::start().await;
+    let mut devices = DeviceReconciler::default();
+    let pods = [pod("open", "a", 1, "n2", 1, Some("3"))];
+    let (snapshot, gpus) = world(&[node("n1", 8), node("n2", 4)], &pods);
+    devices.pass(&api.ctx, &pods, &snapshot, &gpus).await;
+    let text = api.ctx.metrics.encode();
+    assert!(text.contains("muster_gpus{node=\"n2\"} 4"), "{text}");
+    assert!(text.contains("muster_gpus_allocated{node=\"n2\"} 1"), "{text}");
+    let (snapshot, gpus) = world(&[node("n1", 8)], &[]);
+    devices.pass(&api.ctx, &[], &snapshot, &gpus).await;
+    let text = api.ctx.metrics.encode();
+    assert!(!text.contains("node=\"n2\""), "{text}");
+    assert!(text.contains("muster_gpus{node=\"n1\"} 8"), "{text}");
+}
+
+#[test]
+fn reported_fires_once_per_change_and_again_after_it_clears() {
+    let report = |key: &str| Report {
+        key: key.into(),
+        uid: "u".into(),
+        reason: "GPUConflict",
+        message: key.into(),
+        conflict: true,
+    };
+    let mut reported = Reported::default();
+    let keys = |fresh: Vec<&Report>| fresh.iter().map(|r| r.key.clone()).collect::<Vec<_>>();
+    assert_eq!(keys(reported.fresh(&[report("a"), report("a")])), ["a"]);
+    assert!(reported.fresh(&[report("a")]).is_empty(), "the same problem next pass");
+    assert_eq!(keys(reported.fresh(&[report("a"), report("b")])), ["b"], "a changed problem is a new one");
+    assert!(reported.fresh(&[]).is_empty());
+    assert_eq!(keys(reported.fresh(&[report("a")])), ["a"], "it came back");
+}
+
+#[test]
+fn patch_backoff_doubles_per_pod_up_to_the_cap() {
+    let t0 = Instant::now();
+    let mut backoff = PatchBackoff::default();
+    assert!(backoff.ready("a", t0));
+    assert_eq!(backoff.failed("a", t0, "forbidden/1"), (Duration::from_secs(1), true));
+    assert!(!backoff.ready("a", t0));
+    assert!(backoff.ready("b", t0), "other pods are not held back");
+    assert!(backoff.ready("a", t0 + Duration::from_secs(1)));
+    assert_eq!(backoff.failed("a", t0, "forbidden/1"), (Duration::from_secs(2), false), "same failure: no new event");
+    assert_eq!(backoff.failed("a", t0, "server_error/1"), (Duration::from_secs(4), true));
+    for _ in 0..20 {
+        backoff.failed("a", t0, "server_error/1");
+    }
+    assert_eq!(backoff.failed("a", t0, "server_error/1").0, PATCH_BACKOFF_MAX);
+    backoff.retain(&HashSet::from(["b"]));
+    assert!(backoff.ready("a", t0), "a pod gone is forgotten");
+    backoff.failed("b", t0, "x");
+    backoff.forget("b");
+    assert!(backoff.ready("b", t0));
+}
+
+#[test]
+fn patch_errors_are_labelled_by_status() {
+    let api = |code: u16| {
+        kube::Error::Api(
+            serde_json::from_value(json!({"status": "Failure", "message": "m", "reason": "R", "code": code})).unwrap(),
+        )
+    };
+    let labels: Vec<&str> =
+        [400, 403, 422, 429, 500, 504, 418].into_iter().map(|c| patch_error_reason(&api(c))).collect();
+    assert_eq!(
+        labels,
+        ["bad_request", "forbidden", "invalid", "too_many_requests", "server_error", "server_error", "api_other"]
+    );
+}
+
+#[test]
+fn gpus_wanted_counts_like_kubelet() {
+    let pod: Pod = serde_json::from_value(json!({"spec": {
+        "containers": [
+            {"name": "a", "resources": {"limits": {"nvidia.com/gpu": "2"}}},
+            {"name": "b", "resources": {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}}],
+        "initContainers": [{"name": "i", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}}))
+    .expect("pod");
+    assert_eq!(gpus_wanted(&pod), 4);
+    let none: Pod = serde_json::from_value(json!({"spec": {"containers": [{"name": "a"}]}})).expect("pod");
+    assert_eq!(gpus_wanted(&none), 0);
+}
