@@ -127,6 +127,21 @@ pub enum Error {
     /// (De)serialization failed.
     #[error("serialization: {0}")]
     Serde(#[from] serde_json::Error),
+    /// The API server gave no answer in time (the client's own retries included).
+    #[error("no answer from the API server within {}s", .0.as_secs())]
+    Timeout(std::time::Duration),
+}
+
+/// How long one write of admission may take, the client's own retries of 429/503 included:
+/// an API server that keeps failing one request costs the cycle this much, not minutes.
+pub const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Runs one request bounded by [`WRITE_TIMEOUT`].
+pub async fn bounded<T>(request: impl std::future::Future<Output = kube::Result<T>>) -> Result<T> {
+    match tokio::time::timeout(WRITE_TIMEOUT, request).await {
+        Ok(result) => result.map_err(Error::Kube),
+        Err(_) => Err(Error::Timeout(WRITE_TIMEOUT)),
+    }
 }
 
 impl Error {
@@ -150,7 +165,7 @@ impl Error {
     pub fn transient(&self) -> bool {
         match self {
             Error::Kube(kube::Error::Api(e)) => e.code == 429 || e.code >= 500,
-            Error::Kube(_) => true,
+            Error::Kube(_) | Error::Timeout(_) => true,
             _ => false,
         }
     }
@@ -164,6 +179,7 @@ impl Error {
             Error::Conflict(_) => "conflict",
             Error::Missing(_) => "missing",
             Error::Serde(_) => "serde",
+            Error::Timeout(_) => "timeout",
         }
     }
 }

@@ -16,7 +16,7 @@ use serde_json::json;
 
 use super::status::Outcome;
 use super::{Admitter, FAULT_EXIT_ENV, GroupRef, MIN_BACKOFF, RootKey, World, error_backoff, is_gated};
-use crate::controllers::context::Result;
+use crate::controllers::context::{Error, Result, bounded};
 use crate::controllers::metrics::ObjectErrorLabels;
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{AdmissionPlan, AvoidedNode, CompositePodGroup, PlanState, PlannedPod, PodGroup};
@@ -201,17 +201,16 @@ fn too_large(plan: &AdmissionPlan) -> Option<String> {
 
 /// Reads what a patch's refusal means: a stale object (404, 409) is decided again, a server
 /// or transport failure is retried with a backoff, anything else is a refusal.
-fn patched(result: kube::Result<()>) -> Result<Patched> {
+fn patched(result: Result<()>) -> Result<Patched> {
     match result {
         Ok(()) => Ok(Patched::Ok),
-        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(Patched::Stale),
+        Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 || e.code == 409 => Ok(Patched::Stale),
         Err(e) => {
-            let e = crate::controllers::context::Error::from(e);
             if e.transient() {
                 return Err(e);
             }
             let message = match &e {
-                crate::controllers::context::Error::Kube(kube::Error::Api(a)) => a.message.clone(),
+                Error::Kube(kube::Error::Api(a)) => a.message.clone(),
                 other => other.to_string(),
             };
             Ok(Patched::Refused(message))
@@ -299,7 +298,7 @@ impl Admitter {
             let api = api.clone();
             async move {
                 let params = PatchParams { dry_run: true, ..PatchParams::default() };
-                (uid, api.patch(&name, &params, &Patch::Merge(&patch)).await.map(|_| ()))
+                (uid, bounded(api.patch(&name, &params, &Patch::Merge(&patch))).await.map(|_| ()))
             }
         }))
         .buffer_unordered(DRY_RUN_CONCURRENCY)
@@ -377,7 +376,8 @@ impl Admitter {
         }
         let api = Api::<Pod>::namespaced(self.ctx.client.clone(), ns);
         let patch = Self::pod_patch(pod, planned);
-        let result = api.patch(&planned.name, &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ());
+        let result =
+            bounded(api.patch(&planned.name, &PatchParams::default(), &Patch::Merge(&patch))).await.map(|_| ());
         let outcome = patched(result);
         match &outcome {
             Ok(Patched::Ok) => {
@@ -621,7 +621,7 @@ impl Admitter {
                 true
             }
             Err(e) => {
-                let e = crate::controllers::context::Error::from(e);
+                let e = Error::from(e);
                 tracing::warn!(pod = %name, error = %e, "could not delete a pod of a rolled-back attempt");
                 self.ctx.metrics.object_errors.get_or_create(&object_labels("Pod", e.reason())).inc();
                 let note = format!("muster could not delete this pod of a rolled-back gang attempt: {e}");
@@ -685,7 +685,7 @@ impl Admitter {
                     Ok(_) => {}
                     Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
                     Err(e) => {
-                        let e = crate::controllers::context::Error::from(e);
+                        let e = Error::from(e);
                         tracing::warn!(pod = %name, error = %e, "could not delete a pod of a disrupted gang");
                         self.ctx.metrics.object_errors.get_or_create(&object_labels("Pod", e.reason())).inc();
                     }
@@ -729,23 +729,19 @@ impl Admitter {
         }
         let params = PatchParams::default();
         let result = if key.composite {
-            Api::<CompositePodGroup>::namespaced(self.ctx.client.clone(), &key.ns)
-                .patch_status(&key.name, &params, &Patch::Merge(&body))
-                .await
-                .map(|g| g.resource_version())
+            let api = Api::<CompositePodGroup>::namespaced(self.ctx.client.clone(), &key.ns);
+            bounded(api.patch_status(&key.name, &params, &Patch::Merge(&body))).await.map(|g| g.resource_version())
         } else {
-            Api::<PodGroup>::namespaced(self.ctx.client.clone(), &key.ns)
-                .patch_status(&key.name, &params, &Patch::Merge(&body))
-                .await
-                .map(|g| g.resource_version())
+            let api = Api::<PodGroup>::namespaced(self.ctx.client.clone(), &key.ns);
+            bounded(api.patch_status(&key.name, &params, &Patch::Merge(&body))).await.map(|g| g.resource_version())
         };
         match result {
             Ok(v) => Ok(Some(v.unwrap_or_default())),
-            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {
+            Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 || e.code == 409 => {
                 tracing::debug!(group = %key, error = %e.message, "group gone or changed since the decision");
                 Ok(None)
             }
-            Err(e) => Err(e.into()),
+            Err(e) => Err(e),
         }
     }
 
@@ -892,7 +888,7 @@ mod tests {
                 kube::core::Status::failure(&format!("answer {code}"), "Reason").with_code(code).boxed(),
             ))
         };
-        let read = |r: kube::Result<()>| match patched(r) {
+        let read = |r: kube::Result<()>| match patched(r.map_err(Error::Kube)) {
             Ok(Patched::Ok) => "ok".to_string(),
             Ok(Patched::Stale) => "stale".to_string(),
             Ok(Patched::Refused(m)) => format!("refused: {m}"),

@@ -18,7 +18,7 @@ use std::time::Instant;
 use super::commit::object_labels;
 use super::{Admitter, CONTROLLER, FIELD_MANAGER, RootKey, error_backoff, group_pods, visit};
 use crate::controllers::conditions;
-use crate::controllers::context::Result;
+use crate::controllers::context::{Error, Result, bounded};
 use crate::crds::scheduling::{
     AdmissionPlan, CompositePodGroup, CompositePodGroupStatus, GroupPhase, PlanState, PodGroup, PodGroupStatus,
 };
@@ -626,13 +626,13 @@ impl Admitter {
             }
         }
         let body = json!({"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": kind, "status": status});
-        match Api::<K>::namespaced(self.ctx.client.clone(), &key.ns)
-            .patch_status(&key.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body))
+        let api = Api::<K>::namespaced(self.ctx.client.clone(), &key.ns);
+        match bounded(api.patch_status(&key.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)))
             .await
         {
             Ok(_) => Ok(()),
-            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-            Err(e) => Err(e.into()),
+            Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 => Ok(()),
+            Err(e) => Err(e),
         }
     }
 }
