@@ -52,7 +52,12 @@ impl Admitter {
             all_pgs.into_iter().partition(|g| managed(g.namespace()));
         let (cpgs, unmanaged_cpgs): (Vec<CompositePodGroup>, Vec<CompositePodGroup>) =
             all_cpgs.into_iter().partition(|g| managed(g.namespace()));
-        let managed_pods: Vec<Pod> = pods.iter().filter(|p| managed(p.namespace())).cloned().collect();
+        // Pods in excluded namespaces are rare: copy the list only when there are some.
+        let managed_pods: std::borrow::Cow<'_, [Pod]> = if pods.iter().all(|p| managed(p.namespace())) {
+            std::borrow::Cow::Borrowed(&pods)
+        } else {
+            std::borrow::Cow::Owned(pods.iter().filter(|p| managed(p.namespace())).cloned().collect())
+        };
         let (mut snapshot, gpus) = self.snapshot(&nodes, &pods).await?;
         let by_group = group_pods(&managed_pods);
         let world = World {
