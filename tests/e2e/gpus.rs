@@ -101,8 +101,12 @@ async fn a_gpu_pod_bound_without_muster_still_gets_free_indices() {
     assert_eq!(node_of(&plain), Some(nodes.names[0].as_str()), "kube-scheduler bound it");
     let by_node = indices_by_node(&[managed, plain]);
     assert_eq!(by_node[&nodes.names[0]], [0, 1, 2, 3], "the plain pod got the two GPUs the managed one does not hold");
-    let events = events_of(&ns.name, "plain").await;
-    assert!(events.iter().any(|(t, r, _)| t == "Normal" && r == "GPUsAssigned"), "{events:?}");
+    // The event is posted after the patch, which the watch may show first: await it.
+    wait_for("a GPUsAssigned event on the plain pod", LONG, || async {
+        let events = events_of(&ns.name, "plain").await;
+        events.iter().any(|(t, r, _)| t == "Normal" && r == "GPUsAssigned").then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
