@@ -16,20 +16,12 @@ use muster::crds::{CompositePodGroup, HOSTNAME_LABEL, PodGroup};
 use serde_json::json;
 
 use crate::gangs::{
-    LONG, TestNodes, all_bound, apply, condition, events_of, gang, gated, gpu_job, group_pods, indices_by_node,
-    indices_of, job_pods, merge, node_of, pin_of,
+    LONG, TestNodes, all_bound, apply, condition, events_of, gang, gated, gpu_job, group_pods, group_until,
+    indices_by_node, indices_of, job_pods, merge, node_of, pin_of,
 };
 use crate::harness::extra::extra_muster;
 use crate::harness::manager::muster;
 use crate::harness::{client, kubectl, metric, namespace, wait_for};
-
-/// Waits until PodGroup `name` satisfies `check` and returns it.
-async fn group_until(groups: &Api<PodGroup>, name: &str, what: &str, check: impl Fn(&PodGroup) -> bool) -> PodGroup {
-    wait_for(&format!("PodGroup {name}: {what}"), LONG, || async {
-        groups.get_opt(name).await.ok().flatten().filter(|g| check(g))
-    })
-    .await
-}
 
 fn group_phase(g: &PodGroup) -> Option<GroupPhase> {
     g.status.as_ref()?.phase

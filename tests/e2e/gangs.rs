@@ -190,3 +190,28 @@ pub async fn events_of(namespace: &str, name: &str) -> Vec<(String, String, Stri
         .map(|e| (e.type_.unwrap_or_default(), e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
         .collect()
 }
+
+/// A plain pod (no muster label: kube-scheduler places it alone) asking for `gpus` GPUs on
+/// `nodes`, with `annotations`.
+pub fn plain_pod(name: &str, gpus: u32, nodes: &TestNodes, annotations: Value) -> Pod {
+    let mut pod = json!({
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "registry.invalid/none",
+            "resources": {"limits": {"nvidia.com/gpu": gpus.to_string()}}}]},
+    });
+    merge(&mut pod["spec"], nodes.placement());
+    serde_json::from_value(pod).expect("a plain pod")
+}
+
+/// Waits until PodGroup `name` satisfies `check` and returns it.
+pub async fn group_until(
+    groups: &Api<PodGroup>,
+    name: &str,
+    what: &str,
+    check: impl Fn(&PodGroup) -> bool,
+) -> PodGroup {
+    wait_for(&format!("PodGroup {name}: {what}"), LONG, || async {
+        groups.get_opt(name).await.ok().flatten().filter(|g| check(g))
+    })
+    .await
+}

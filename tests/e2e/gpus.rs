@@ -10,11 +10,11 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use muster::crds::scheduling::GroupPhase;
 use muster::crds::{GPU_INDICES_ANNOTATION, PodGroup};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::gangs::{
     LONG, TestNodes, all_bound, apply, events_of, gang, gated, gpu_job, indices_by_node, indices_of, job_pods, node_of,
-    phase,
+    phase, plain_pod,
 };
 use crate::harness::dcgm::gpu_metrics;
 use crate::harness::extra::extra_muster;
@@ -22,16 +22,6 @@ use crate::harness::manager::muster;
 use crate::harness::{client, metric, namespace, wait_for};
 
 /// A pod without a PodGroup (so muster does not admit it) with `gpus` GPUs on `nodes`.
-fn plain_pod(name: &str, gpus: u32, nodes: &TestNodes, annotations: Value) -> Pod {
-    let mut pod = json!({
-        "metadata": {"name": name, "annotations": annotations},
-        "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "registry.invalid/none",
-            "resources": {"limits": {"nvidia.com/gpu": gpus.to_string()}}}]},
-    });
-    crate::gangs::merge(&mut pod["spec"], nodes.placement());
-    serde_json::from_value(pod).unwrap()
-}
-
 async fn group_phase(groups: &Api<PodGroup>, name: &str) -> Option<GroupPhase> {
     groups.get_opt(name).await.ok().flatten()?.status?.phase
 }

@@ -13,8 +13,9 @@ use kube::api::{Api, PostParams};
 use muster::controllers::admission::FAULT_EXIT_ENV;
 use muster::crds::scheduling::PlanState;
 use muster::crds::{MusterJob, PodGroup};
-use serde_json::{Value, json};
+use serde_json::json;
 
+use crate::gangs::{self, plain_pod};
 use crate::gangs::{
     LONG, TestNodes, all_bound, apply, condition, events_of, gang, gated, gpu_job, indices_of, job_pods, merge,
     node_of, pin_of,
@@ -99,19 +100,10 @@ impl Drop for LockedPods {
     }
 }
 
-fn plain_gpu_pod(name: &str, nodes: &TestNodes) -> Value {
-    let mut spec = json!({"containers": [{"name": "main", "image": "registry.invalid/none",
-        "resources": {"limits": {"nvidia.com/gpu": "1"}}}]});
-    merge(&mut spec, nodes.placement());
-    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec})
-}
-
+/// Waits until PodGroup `ns/name` satisfies `check`.
 async fn group_until(ns: &str, name: &str, what: &str, check: impl Fn(&PodGroup) -> bool) -> PodGroup {
     let groups: Api<PodGroup> = Api::namespaced(client().await, ns);
-    wait_for(&format!("PodGroup {ns}/{name}: {what}"), LONG, || async {
-        groups.get_opt(name).await.ok().flatten().filter(|g| check(g))
-    })
-    .await
+    gangs::group_until(&groups, name, what, check).await
 }
 
 fn message(g: &PodGroup) -> &str {
@@ -124,8 +116,8 @@ async fn a_pod_whose_gpu_annotation_is_refused_stalls_no_other_gang() {
     let locked = namespace("iso-locked");
     let lock = LockedPods::new(&locked.name, "", "Forbidden").await;
     let locked_nodes = TestNodes::add(&locked.name, 1, 4, 1).await;
-    apply(&locked.name, &plain_gpu_pod("plain", &locked_nodes));
     let pods: Api<Pod> = Api::namespaced(client().await, &locked.name);
+    pods.create(&PostParams::default(), &plain_pod("plain", 1, &locked_nodes, json!({}))).await.expect("plain pod");
     wait_for("the plain GPU pod bound by kube-scheduler", LONG, || async {
         let p = pods.get_opt("plain").await.ok().flatten()?;
         p.spec.as_ref()?.node_name.as_ref().map(|_| ())
@@ -297,14 +289,8 @@ async fn a_plan_cut_short_that_no_longer_fits_is_rolled_back_not_resumed() {
     assert_eq!((plan.state, plan.pods.len()), (PlanState::Committing, 2));
 
     // While muster is down, a plain 2-GPU pod binds on the planned node.
-    let mut plain = plain_gpu_pod("plain", &nodes);
-    merge(
-        &mut plain,
-        json!({"spec": {"containers": [{"name": "main", "image": "registry.invalid/none",
-        "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}),
-    );
-    apply(&ns.name, &plain);
     let pods: Api<Pod> = Api::namespaced(client().await, &ns.name);
+    pods.create(&PostParams::default(), &plain_pod("plain", 2, &nodes, json!({}))).await.expect("plain pod");
     wait_for("the plain pod bound while muster is down", LONG, || async {
         let p = pods.get_opt("plain").await.ok().flatten()?;
         node_of(&p).map(|_| ())

@@ -176,14 +176,12 @@ impl Admitter {
                             }
                             Err(e) => soonest(self.root_error(&key, "commit its plan", &e).await),
                         }
-                    } else if decision.admitted && tree_has_gated(tree) {
+                    } else if decision.admitted && gated_count(tree) > 0 {
                         // Admitted before, but gated pods beyond what started do not fit (the
                         // extra pods of a gang, a basic child of a composite): say so, and retry
                         // them on a backoff, or when capacity frees, not every cycle.
                         pending += 1;
-                        let why = decision.message();
-                        let retry = self.partly(&key, tree, &decision, why, capacity).await;
-                        soonest(retry);
+                        soonest(self.partly(&key, tree, &decision, capacity).await);
                     } else if decision.admitted {
                         memory.outcome = Some(Outcome::Admitted(decision.message()));
                     } else {
@@ -378,32 +376,30 @@ impl Admitter {
         reason: &str,
         capacity: u64,
     ) -> Instant {
-        let at = self.back_off(key, capacity);
-        let memory = self.roots.entry(key.clone()).or_default();
-        memory.outcome = Some(Outcome::Unschedulable(message.clone()));
-        self.ctx.metrics.unschedulable_attempts.get_or_create(&ReasonLabels { reason: reason.to_string() }).inc();
-        if memory.last_event.as_deref() != Some(message.as_str()) {
-            memory.last_event = Some(message.clone());
-            self.group_event(tree, true, "Unschedulable", &message).await;
-        }
-        at
+        self.waiting(key, tree, Outcome::Unschedulable(message), reason, capacity).await
     }
 
     /// Gated pods of an admitted root that do not fit: the root stays admitted, the pods wait.
-    async fn partly(
+    async fn partly(&mut self, key: &RootKey, tree: &GroupTree, decision: &Decision, capacity: u64) -> Instant {
+        let message = format!("{} gated pod(s) not admitted: {}", gated_count(tree), decision.message());
+        let reason = decision.explanation.as_ref().map_or_else(|| "Unschedulable".into(), |e| e.metric_reason());
+        self.waiting(key, tree, Outcome::Partly(message), &reason, capacity).await
+    }
+
+    /// Gated pods that wait: the outcome, the metric, an event once per message, the backoff.
+    async fn waiting(
         &mut self,
         key: &RootKey,
         tree: &GroupTree,
-        decision: &Decision,
-        why: String,
+        outcome: Outcome,
+        reason: &str,
         capacity: u64,
     ) -> Instant {
         let at = self.back_off(key, capacity);
-        let message = format!("{} gated pod(s) not admitted: {why}", gated_count(tree));
-        let reason = decision.explanation.as_ref().map_or_else(|| "Unschedulable".into(), |e| e.metric_reason());
-        self.ctx.metrics.unschedulable_attempts.get_or_create(&ReasonLabels { reason }).inc();
+        self.ctx.metrics.unschedulable_attempts.get_or_create(&ReasonLabels { reason: reason.to_string() }).inc();
+        let message = outcome.message().to_string();
         let memory = self.roots.entry(key.clone()).or_default();
-        memory.outcome = Some(Outcome::Partly(message.clone()));
+        memory.outcome = Some(outcome);
         if memory.last_event.as_deref() != Some(message.as_str()) {
             memory.last_event = Some(message.clone());
             self.group_event(tree, true, "Unschedulable", &message).await;
@@ -448,10 +444,6 @@ fn gated_count(tree: &GroupTree) -> usize {
         }
     });
     n
-}
-
-fn tree_has_gated(tree: &GroupTree) -> bool {
-    gated_count(tree) > 0
 }
 
 /// The root group object of a key.
