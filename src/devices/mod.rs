@@ -8,6 +8,7 @@
 //! -> [`Ledger::assign`].
 
 pub mod chooser;
+pub mod dra;
 pub mod gpuset;
 pub mod health;
 pub mod ledger;
