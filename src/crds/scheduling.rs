@@ -278,6 +278,10 @@ pub struct PlannedPod {
     /// GPU indices given to the pod, as in `gpu.muster.dev/indices`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_indices: Option<String>,
+    /// The pod's own DRA ResourceClaims the commit allocates (their devices are the GPUs of
+    /// `gpuIndices` on `node`), written before the pod is ungated.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub claims: Vec<String>,
 }
 
 impl PlannedPod {
@@ -305,6 +309,10 @@ pub struct AdmissionPlan {
     /// Where each admitted pod goes.
     #[serde(default)]
     pub pods: Vec<PlannedPod>,
+    /// Named DRA ResourceClaims shared by the plan's pods that the commit allocates, before
+    /// the first pod is ungated.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared_claims: Vec<String>,
 }
 
 /// A node the next plans of a root avoid: kube-scheduler refused (or lost) a pin there.

@@ -129,6 +129,9 @@ pub struct GatedPin {
     pub requests: Resources,
     /// The GPU indices planned for it.
     pub gpus: GpuSet,
+    /// Of those, the ones its own DRA claims hold already (allocated by this plan before the
+    /// commit was cut short): the snapshot counts them used, but not against the pin itself.
+    pub own_gpus: GpuSet,
 }
 
 /// Pods of one planned PodGroup that can count toward its minCount when a plan cut short is
@@ -172,7 +175,7 @@ pub fn remaining_fits(snapshot: &Snapshot, pins: &[GatedPin], groups: &BTreeMap<
                 ));
             }
         }
-        let held = pin.gpus.intersection(*gpus);
+        let held = pin.gpus.intersection(gpus.difference(pin.own_gpus));
         let missing = pin.gpus.difference(node.gpus());
         if !held.is_empty() || !missing.is_empty() {
             let what = if held.is_empty() { "no longer on the node" } else { "now held by another pod or unhealthy" };
@@ -602,6 +605,7 @@ mod tests {
             created_at: Some(Time(at(0))),
             admitted_at: (state == PlanState::Admitted).then(|| Time(at(0))),
             pods: vec![],
+            shared_claims: vec![],
         }
     }
 
@@ -748,6 +752,11 @@ mod tests {
             node: node.into(),
             requests: Resources::new().with("cpu", cpu).with("nvidia.com/gpu", i64::from(gpus.count_ones())),
             gpus: GpuSet::from_bits(gpus),
+            own_gpus: GpuSet::EMPTY,
+        };
+        let own = |mut pin: GatedPin, bits: u64| {
+            pin.own_gpus = GpuSet::from_bits(bits);
+            pin
         };
         let quorate = BTreeMap::from([("g".to_string(), GroupCount { existing: 2, min_count: 2 })]);
         type Case<'a> = (&'a str, Vec<GatedPin>, BTreeMap<String, GroupCount>, Option<&'a str>);
@@ -787,6 +796,18 @@ mod tests {
                 vec![pin("a", "n2", 0, 0)],
                 BTreeMap::from([("g".to_string(), GroupCount { existing: 1, min_count: 2 })]),
                 Some("group \"g\" has 1 pod(s) left, fewer than its minCount 2"),
+            ),
+            (
+                "GPUs its own DRA claim holds do not count against the pin",
+                vec![own(pin("a", "n1", 1000, 0b0011), 0b0011)],
+                quorate.clone(),
+                None,
+            ),
+            (
+                "GPUs held by its own claim and another pod's",
+                vec![own(pin("a", "n1", 1000, 0b0011), 0b0001)],
+                quorate.clone(),
+                Some("GPU indices 1 planned for pod a on node n1 are now held by another pod or unhealthy"),
             ),
             ("a node that is gone is not this check's", vec![pin("a", "n9", 1, 1)], quorate, None),
         ];

@@ -36,6 +36,13 @@ pub enum FilterReason {
     HostPorts,
     /// A claim of the pod keeps it off every node (VolumeBinding), in kube-scheduler's words.
     Volume(String),
+    /// A DRA claim of the pod keeps it off every node (a template or claim missing, a request
+    /// muster cannot allocate), in muster's words.
+    Claim(String),
+    /// The node cannot reach the devices of a named claim the pod uses (DynamicResources).
+    ClaimReach,
+    /// Not enough free devices matching the pod's GPU claim on the node (DynamicResources).
+    ClaimDevices,
     /// A bound volume's node affinity excludes the node (VolumeBinding).
     VolumeNodeAffinity,
     /// A bound volume's zone or region differs from the node's (VolumeZone).
@@ -76,6 +83,9 @@ impl fmt::Display for FilterReason {
             FilterReason::RefusedEarlier => f.write_str("node(s) refused this gang's pods in an earlier attempt (see condition BindFailed)"),
             FilterReason::HostPorts => f.write_str("node(s) didn't have free ports for the requested pod ports"),
             FilterReason::Volume(why) => f.write_str(why),
+            FilterReason::Claim(why) => f.write_str(why),
+            FilterReason::ClaimReach => f.write_str("node(s) cannot reach the devices of a shared ResourceClaim"),
+            FilterReason::ClaimDevices => f.write_str("node(s) had no free devices matching the pod's GPU claim"),
             FilterReason::VolumeNodeAffinity => f.write_str("node(s) had volume node affinity conflict"),
             FilterReason::VolumeZone => f.write_str("node(s) had no available volume zone"),
             FilterReason::SpreadLabel => {
@@ -227,6 +237,7 @@ impl FilterReason {
             FilterReason::HostPorts => "NodePorts".into(),
             FilterReason::Volume(_) | FilterReason::VolumeNodeAffinity => "VolumeBinding".into(),
             FilterReason::VolumeZone => "VolumeZone".into(),
+            FilterReason::Claim(_) | FilterReason::ClaimReach | FilterReason::ClaimDevices => "DynamicResources".into(),
             FilterReason::SpreadLabel | FilterReason::Spread | FilterReason::SpreadPinned => "PodTopologySpread".into(),
             FilterReason::PodAffinity | FilterReason::PodAntiAffinity | FilterReason::ExistingAntiAffinity => {
                 "InterPodAffinity".into()

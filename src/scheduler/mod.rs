@@ -15,6 +15,7 @@
 //!    failed attempt back), and [`RollbackHistory`] for the nodes the next plans avoid.
 
 mod commit;
+mod dra;
 mod explain;
 mod gpu;
 mod interpod;
@@ -38,6 +39,7 @@ pub use commit::{
     Refusal, RemainingFits, RollBack, RollbackHistory, RollbackPolicy, StartRequirement, Step, disrupted, next_step,
     remaining_fits,
 };
+pub use dra::{ClaimInfo, ClaimSource, Dra, PodClaim, ShapeClaims, SharedChoice, own_claims, pod_claims};
 pub use explain::{
     ChildrenUnplaced, DomainConflict, Explanation, ExplanationKind, FilterReason, PodsUnplaced, ReasonCount,
     TooFewPods, TopologyUnplaced,
@@ -50,6 +52,7 @@ pub use placement::{
 pub use quantity::{QuantityError, parse_milli_value, parse_value};
 pub use quorum::{Quorum, QuorumShortfall, is_quorate, quorum};
 pub use resources::{CPU, EPHEMERAL_STORAGE, MEMORY, PODS, ResourceError, Resources, pod_requests};
+pub(crate) use shape::terms_from_k8s;
 pub use shape::{
     NodeSelectorTerm, Operator, PodShape, Requirement, ShapeError, Taint, TaintEffect, Toleration,
     UNSCHEDULABLE_TAINT_KEY,

@@ -16,7 +16,9 @@
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
+use super::dra::SharedChoice;
 use super::explain::{
     ChildrenUnplaced, DomainConflict, Explanation, ExplanationKind, FilterReason, PodsUnplaced, ReasonCount,
     TooFewPods, TopologyUnplaced,
@@ -117,6 +119,7 @@ impl From<&PlacedPod> for PlannedPod {
             node: p.node.clone(),
             hostname: if p.hostname == p.node { String::new() } else { p.hostname.clone() },
             gpu_indices: p.gpu_indices_annotation(),
+            claims: Vec::new(),
         }
     }
 }
@@ -132,6 +135,8 @@ pub struct Decision {
     pub plan: Vec<PlacedPod>,
     /// Why the root, or some of its groups or pods, were not placed.
     pub explanation: Option<Explanation>,
+    /// Named DRA claims the plan's pods use that muster is to allocate, with their devices.
+    pub shared_claims: Vec<Arc<SharedChoice>>,
 }
 
 impl Decision {
@@ -184,7 +189,14 @@ pub fn place(snapshot: &Snapshot, tree: &GroupTree, options: &PlaceOptions, gpus
     }
     let attempt = engine.place_group(&tree.root, &all, None);
     let plan = engine.plan.iter().map(|t| t.placed(snapshot)).collect();
-    Decision { root: tree.root.name().to_string(), admitted: attempt.success, plan, explanation: attempt.explanation }
+    let shared_claims = facts.shared_claims.values().filter(|c| c.allocate).cloned().collect();
+    Decision {
+        root: tree.root.name().to_string(),
+        admitted: attempt.success,
+        plan,
+        explanation: attempt.explanation,
+        shared_claims,
+    }
 }
 
 /// No overlay slot yet for this node.
@@ -233,6 +245,9 @@ enum ReasonKey<'a> {
     RefusedEarlier,
     HostPorts,
     Volume(&'a str),
+    Claim(&'a str),
+    ClaimReach,
+    ClaimDevices,
     VolumeNodeAffinity,
     VolumeZone,
     SpreadLabel,
@@ -256,6 +271,9 @@ impl ReasonKey<'_> {
             ReasonKey::RefusedEarlier => FilterReason::RefusedEarlier,
             ReasonKey::HostPorts => FilterReason::HostPorts,
             ReasonKey::Volume(why) => FilterReason::Volume(why.into()),
+            ReasonKey::Claim(why) => FilterReason::Claim(why.into()),
+            ReasonKey::ClaimReach => FilterReason::ClaimReach,
+            ReasonKey::ClaimDevices => FilterReason::ClaimDevices,
             ReasonKey::VolumeNodeAffinity => FilterReason::VolumeNodeAffinity,
             ReasonKey::VolumeZone => FilterReason::VolumeZone,
             ReasonKey::SpreadLabel => FilterReason::SpreadLabel,
@@ -507,10 +525,23 @@ impl<'a> Engine<'a> {
         }
     }
 
-    /// The chooser's answer, if it is one placement may use.
-    fn choose_gpus(&self, node: u32, count: u32) -> Option<GpuChoice> {
+    /// What a shape asks of GPUs on node `i`: how many, and which indices may be given (all
+    /// the node's for `nvidia.com/gpu`, those its own DRA claim allows otherwise); `None`
+    /// when it asks for none.
+    fn gpu_need(&self, shape: &PodShape, i: u32) -> Option<(u32, GpuSet)> {
+        if shape.gpus > 0 {
+            return Some((shape.gpus, self.node(i).gpus()));
+        }
+        let facts = self.facts.of(shape)?;
+        let count = facts.resource_claims.as_ref().ok().map_or(0, |c| c.gpus());
+        (count > 0).then(|| (count, self.facts.offered(facts, i)))
+    }
+
+    /// The chooser's answer, if it is one placement may use: `count` free indices out of
+    /// `offered`.
+    fn choose_gpus(&self, node: u32, count: u32, offered: GpuSet) -> Option<GpuChoice> {
         let n = self.node(node);
-        let used = self.gpu_used(node);
+        let used = self.gpu_used(node).union(n.gpus().difference(offered));
         let choice = self.gpus.choose(n, count, used)?;
         let valid =
             choice.gpus.len() == count as usize && choice.gpus.is_disjoint(used) && choice.gpus.is_subset(n.gpus());
@@ -535,6 +566,17 @@ impl<'a> Engine<'a> {
             }
             Some(Ok(v)) => v.as_slice(),
             None => &[],
+        };
+        let resource_claims = match facts.map(|f| &f.resource_claims) {
+            Some(Err(why)) => {
+                scan.nodes = u32::try_from(nodes.len()).unwrap_or(u32::MAX);
+                for _ in nodes {
+                    scan.tally.add(ReasonKey::Claim(why));
+                }
+                return scan;
+            }
+            Some(Ok(c)) => Some(c),
+            None => None,
         };
         // One pod at a time, like kube-scheduler: stop once enough feasible nodes are found,
         // and start where the last pod's scan stopped (kube's numFeasibleNodesToFind and
@@ -585,6 +627,10 @@ impl<'a> Engine<'a> {
                 });
                 continue;
             }
+            if resource_claims.is_some_and(|c| !c.reaches(node)) {
+                scan.tally.add(ReasonKey::ClaimReach);
+                continue;
+            }
             let mut preference = 0;
             if let Some(pod) = pod {
                 if let Err(reason) = pod.check(node, i) {
@@ -595,13 +641,14 @@ impl<'a> Engine<'a> {
                 preference = pod.preference(node);
             }
             let mut gpu_score = 0;
-            // `None` when the pod asks for no GPU.
-            if let Some(gpu_fit) = (node.gpus().difference(self.gpu_used(i)).len() as u32).checked_div(shape.gpus) {
+            if let Some((count, offered)) = self.gpu_need(shape, i) {
+                let gpu_fit = offered.difference(self.gpu_used(i)).len() as u32 / count;
                 fit = fit.min(u64::from(gpu_fit));
-                match self.choose_gpus(i, shape.gpus) {
+                match self.choose_gpus(i, count, offered) {
                     Some(choice) if fit > 0 => gpu_score = u32::from(choice.score),
                     _ => {
-                        scan.tally.add(ReasonKey::GpuIndices);
+                        let dra = shape.gpus == 0;
+                        scan.tally.add(if dra { ReasonKey::ClaimDevices } else { ReasonKey::GpuIndices });
                         continue;
                     }
                 }
@@ -619,8 +666,8 @@ impl<'a> Engine<'a> {
     /// Places one pod on a node that has room for it; false when the GPU chooser refuses.
     fn place_one(&mut self, leaf: &'a LeafGroup, shape: &'a PodShape, pod: usize, node: u32) -> bool {
         let mut gpus = GpuSet::EMPTY;
-        if shape.gpus > 0 {
-            match self.choose_gpus(node, shape.gpus) {
+        if let Some((count, offered)) = self.gpu_need(shape, node) {
+            match self.choose_gpus(node, count, offered) {
                 Some(choice) => gpus = choice.gpus,
                 None => return false,
             }

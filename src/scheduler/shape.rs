@@ -47,6 +47,8 @@ pub struct PodShape {
     pub rules: PodRules,
     /// PersistentVolumeClaims the pod mounts (VolumeBinding, VolumeZone), sorted.
     pub claims: Vec<String>,
+    /// Pod-level DRA `resourceClaims` entries (DynamicResources), in order.
+    pub resource_claims: Vec<super::dra::PodClaim>,
 }
 
 /// One node selector term: every expression and every field requirement must hold.
@@ -258,6 +260,7 @@ impl PodShape {
             .collect();
         shape.claims.sort();
         shape.claims.dedup();
+        shape.resource_claims = super::dra::pod_claims(spec);
         Ok(shape)
     }
 

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 
+use super::dra::Dra;
 use super::interpod::{HostPort, PodTerm, host_ports};
 use super::resources::{ResourceError, Resources, pod_requests};
 use super::shape::{ShapeError, Taint};
@@ -255,6 +256,8 @@ pub struct Snapshot {
     namespaces: HashMap<String, Labels>,
     /// PersistentVolumeClaims and the nodes their volumes allow.
     volumes: Volumes,
+    /// DRA devices, templates and claims.
+    dra: std::sync::Arc<Dra>,
 }
 
 impl Snapshot {
@@ -303,6 +306,7 @@ impl Snapshot {
             by_namespace: HashMap::new(),
             namespaces: HashMap::new(),
             volumes: Volumes::default(),
+            dra: std::sync::Arc::default(),
         }
     }
 
@@ -404,6 +408,26 @@ impl Snapshot {
     /// Sets the cluster's claims and volumes (read by pods that mount claims).
     pub fn set_volumes(&mut self, volumes: Volumes) {
         self.volumes = volumes;
+    }
+
+    /// Sets the cluster's DRA state. A node whose GPUs are published as devices of the GPU
+    /// driver has GPU indices up to its highest device index, and the devices allocated to any
+    /// claim are not on offer (added to what [`Snapshot::set_gpu_used`] sets later, which the
+    /// shell unions with [`Dra::inventory`]'s allocated GPUs).
+    pub fn set_dra(&mut self, dra: Dra) {
+        if let Some(inventory) = dra.inventory() {
+            for node in &mut self.nodes {
+                let devices = inventory.node_gpus(&node.name);
+                let count = devices.iter().max().map_or(0, |i| i as u32 + 1);
+                node.gpu_count = node.gpu_count.max(count);
+            }
+        }
+        self.dra = std::sync::Arc::new(dra);
+    }
+
+    /// The cluster's DRA state.
+    pub fn dra(&self) -> &Dra {
+        &self.dra
     }
 
     /// The labels of a namespace, when known.

@@ -37,12 +37,6 @@ pub fn unmodelled(spec: &PodSpec) -> Vec<Unmodelled> {
             ),
         );
     }
-    if spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty()) {
-        add(
-            "resourceClaims".into(),
-            "DRA claims are allocated by kube-scheduler after muster pins the pods and are not modelled; all-or-nothing is not guaranteed",
-        );
-    }
     for (i, v) in spec.volumes.iter().flatten().enumerate() {
         if v.ephemeral.is_some() {
             add(
@@ -71,9 +65,9 @@ mod tests {
             ("default_scheduler_by_name", json!({"containers": [], "schedulerName": "default-scheduler"}), &[]),
             ("another_scheduler", json!({"containers": [], "schedulerName": "volcano"}), &["schedulerName"]),
             (
-                "dra_claims",
+                "dra_claims_muster_allocates_or_refuses",
                 json!({"containers": [], "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}]}),
-                &["resourceClaims"],
+                &[],
             ),
             (
                 "claims_and_ephemeral_volumes",

@@ -15,7 +15,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::status::Outcome;
-use super::{Admitter, FAULT_EXIT_ENV, GroupRef, MIN_BACKOFF, RootKey, World, error_backoff, is_gated};
+use super::{Admitter, FAULT_EXIT_ENV, GroupRef, MIN_BACKOFF, RootKey, World, claims, error_backoff, is_gated};
 use crate::controllers::context::{Error, Result, bounded};
 use crate::controllers::metrics::ObjectErrorLabels;
 use crate::crds::blocks::DisruptionModeKind;
@@ -24,8 +24,9 @@ use crate::crds::{ADMISSION_GATE, GPU_INDICES_ANNOTATION, HOSTNAME_LABEL, ROLLED
 use crate::devices::parse_indices;
 use crate::pods::{Placement, PodClass};
 use crate::scheduler::{
-    self, CommitInput, Decision, Disrupted, FailureCause, GatedPin, GroupCount, PatchRefused, PinFailure, PinState,
-    PlannedPodNow, Refusal, RemainingFits, RollBack, RollbackHistory, RollbackPolicy, Snapshot, StartRequirement, Step,
+    self, CommitInput, Decision, Disrupted, Dra, FailureCause, GatedPin, GroupCount, PatchRefused, PinFailure,
+    PinState, PlannedPodNow, Refusal, RemainingFits, RollBack, RollbackHistory, RollbackPolicy, Snapshot,
+    StartRequirement, Step,
 };
 
 /// Counts a pod just pinned by `planned` in the snapshot (resources and GPU indices), so the
@@ -171,10 +172,13 @@ pub(super) enum Committed {
     Refused(PatchRefused),
     /// The plan is too large for one status write.
     TooLarge(String),
+    /// DRA claims of the plan are not ready to allocate (not made yet by the resource-claim
+    /// controller, missing, or taken meanwhile): nothing was written; decide again later.
+    NotReady(String),
 }
 
-/// What a pod patch came to.
-enum Patched {
+/// What a pod (or claim) patch came to.
+pub(super) enum Patched {
     Ok,
     /// Deleted meanwhile, or changed since the cache showed it (409 on its resourceVersion).
     Stale,
@@ -201,7 +205,7 @@ fn too_large(plan: &AdmissionPlan) -> Option<String> {
 
 /// Reads what a patch's refusal means: a stale object (404, 409) is decided again, a server
 /// or transport failure is retried with a backoff, anything else is a refusal.
-fn patched(result: Result<()>) -> Result<Patched> {
+pub(super) fn patched(result: Result<()>) -> Result<Patched> {
     match result {
         Ok(()) => Ok(Patched::Ok),
         Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 || e.code == 409 => Ok(Patched::Stale),
@@ -218,6 +222,18 @@ fn patched(result: Result<()>) -> Result<Patched> {
     }
 }
 
+/// Why a plan cut short cannot go on: a shared claim it was to allocate before the first pod
+/// is not allocated (the commit stopped before it), or is gone.
+fn unallocated_shared(plan: &AdmissionPlan, ns: &str, dra: &Dra) -> Option<String> {
+    plan.shared_claims.iter().find_map(|name| match dra.claim(ns, name) {
+        None => Some(format!("shared ResourceClaim {ns}/{name} of the plan is gone")),
+        Some(c) if c.allocation.is_none() => {
+            Some(format!("shared ResourceClaim {ns}/{name} of the plan is not allocated"))
+        }
+        Some(_) => None,
+    })
+}
+
 /// The still-gated pods of a plan and its groups' pod counts, for [`scheduler::remaining_fits`].
 fn remaining_of(
     plan: &AdmissionPlan,
@@ -225,6 +241,7 @@ fn remaining_of(
     requirement: &StartRequirement,
     ns: &str,
     world: &World<'_>,
+    dra: &Dra,
 ) -> (Vec<GatedPin>, BTreeMap<String, GroupCount>) {
     let mut pins = Vec::new();
     let mut groups: BTreeMap<String, GroupCount> = BTreeMap::new();
@@ -244,6 +261,11 @@ fn remaining_of(
             node: planned_pod.node.clone(),
             requests: pod.spec.as_ref().and_then(|s| scheduler::pod_requests(s).ok()).unwrap_or_default(),
             gpus: planned_pod.gpu_indices.as_deref().and_then(|v| parse_indices(v).ok()).unwrap_or_default(),
+            own_gpus: dra
+                .pod_gpus(pod)
+                .filter(|(node, _)| *node == planned_pod.node)
+                .map(|(_, g)| g)
+                .unwrap_or_default(),
         });
     }
     // Pods of the planned groups started before this plan count toward their minCount too.
@@ -278,16 +300,41 @@ impl Admitter {
             created_at: Some(Time(now)),
             admitted_at: None,
             pods: decision.plan.iter().map(PlannedPod::from).collect(),
+            shared_claims: Vec::new(),
         };
+        let by_uid: HashMap<&str, &Pod> =
+            pods.iter().filter_map(|p| p.metadata.uid.as_deref().map(|u| (u, p))).collect();
+        // The pods' own GPU claims (made by the resource-claim controller) and the shared
+        // claims to allocate are named in the plan, so a restart finds them.
+        for p in &mut plan.pods {
+            let Some(pod) = by_uid.get(p.uid.as_str()) else { return Ok(Committed::Stale) };
+            if p.gpu_indices.is_some() {
+                match claims::own_claim_names(pod, snapshot.dra()) {
+                    Ok(names) => p.claims = names,
+                    Err(why) => return Ok(Committed::NotReady(why)),
+                }
+            }
+        }
+        plan.shared_claims = decision.shared_claims.iter().map(|c| c.claim.name.clone()).collect();
         if let Some(why) = too_large(&plan) {
             return Ok(Committed::TooLarge(why));
         }
-        let by_uid: HashMap<&str, &Pod> =
-            pods.iter().filter_map(|p| p.metadata.uid.as_deref().map(|u| (u, p))).collect();
         let planned: Vec<(&PlannedPod, &Pod)> =
             plan.pods.iter().filter_map(|p| by_uid.get(p.uid.as_str()).map(|pod| (p, *pod))).collect();
         if planned.len() < plan.pods.len() {
             return Ok(Committed::Stale);
+        }
+        // Every claim write is worked out before anything is written.
+        let shared = match claims::shared_writes(&key.ns, decision, &planned, snapshot.dra()) {
+            Ok(w) => w,
+            Err(why) => return Ok(Committed::NotReady(why)),
+        };
+        let mut own = Vec::with_capacity(planned.len());
+        for (p, _) in &planned {
+            match claims::own_writes(&key.ns, p, snapshot.dra()) {
+                Ok(w) => own.push(w),
+                Err(why) => return Ok(Committed::NotReady(why)),
+            }
         }
         // Every patch is tried first as a dry run (webhooks and policies judge it, nothing is
         // stored), so a refusal stops the gang before any of its pods is ungated.
@@ -316,7 +363,30 @@ impl Admitter {
         let Some(version) = self.write_plan(key, Some(version), Some(&plan)).await? else {
             return Ok(Committed::Stale);
         };
-        for (planned, pod) in &planned {
+        // Shared claims first (every pod needs them), then per pod its own claims and its
+        // patch: a pod is ungated only once its devices are allocated to it.
+        let first = planned.first().map(|(p, _)| p.uid.clone()).unwrap_or_default();
+        for w in &shared {
+            match self.write_claim(&key.ns, w).await? {
+                Patched::Ok => {}
+                Patched::Stale => return Ok(Committed::Stale),
+                Patched::Refused(message) => {
+                    let message = format!("ResourceClaim {}: {message}", w.name);
+                    return Ok(Committed::Refused(PatchRefused { uid: first, message }));
+                }
+            }
+        }
+        for ((planned, pod), writes) in planned.iter().zip(&own) {
+            for w in writes {
+                match self.write_claim(&key.ns, w).await? {
+                    Patched::Ok => {}
+                    Patched::Stale => return Ok(Committed::Stale),
+                    Patched::Refused(message) => {
+                        let message = format!("ResourceClaim {}: {message}", w.name);
+                        return Ok(Committed::Refused(PatchRefused { uid: planned.uid.clone(), message }));
+                    }
+                }
+            }
             match self.patch_pod(&key.ns, pod, planned).await? {
                 Patched::Ok => reserve(snapshot, pod, planned),
                 // The plan stays `Committing`: the next cycle resumes it, re-checked.
@@ -392,12 +462,18 @@ impl Admitter {
             }
             Err(_) => {}
         }
+        self.count_write();
+        outcome
+    }
+
+    /// Counts one commit write (a pod patch or a claim allocation) for the test hook that
+    /// exits mid-commit ([`FAULT_EXIT_ENV`]).
+    pub(super) fn count_write(&mut self) {
         self.patches += 1;
         if self.fault_exit_after.is_some_and(|n| self.patches >= n) {
             tracing::error!(patches = self.patches, "{FAULT_EXIT_ENV} reached: exiting now (test hook)");
             std::process::exit(3);
         }
-        outcome
     }
 
     /// Writes (or clears) a root's plan, fenced by the group's resourceVersion when given.
@@ -434,8 +510,11 @@ impl Admitter {
         let requirement = start_requirement(plan, ns, root, world.pod_groups);
         let cut_short = plan.state != PlanState::Admitted;
         let remaining_fits = if cut_short {
-            let (pins, groups) = remaining_of(plan, &pods, &requirement, ns, world);
-            scheduler::remaining_fits(snapshot, &pins, &groups)
+            let (pins, groups) = remaining_of(plan, &pods, &requirement, ns, world, snapshot.dra());
+            match unallocated_shared(plan, ns, snapshot.dra()) {
+                Some(why) => RemainingFits::No(why),
+                None => scheduler::remaining_fits(snapshot, &pins, &groups),
+            }
         } else {
             RemainingFits::Yes
         };
@@ -455,6 +534,8 @@ impl Admitter {
         match scheduler::next_step(&input) {
             Step::Drop => {
                 tracing::info!(namespace = %ns, root = %root, "dropping a plan no pod saw; planning afresh");
+                // Its claims first: devices held for pods that did not start are freed.
+                self.free_claims(ns, plan, world).await?;
                 self.write_plan(key, version, None).await?;
                 Ok(Some(Instant::now()))
             }
@@ -464,7 +545,7 @@ impl Admitter {
                         let memory = self.roots.entry(key.clone()).or_default();
                         memory.refused = Some((plan.id.clone(), r));
                     }
-                    Committed::Done | Committed::Stale | Committed::TooLarge(_) => {}
+                    Committed::Done | Committed::Stale | Committed::TooLarge(_) | Committed::NotReady(_) => {}
                 }
                 Ok(Some(Instant::now()))
             }
@@ -499,6 +580,21 @@ impl Admitter {
         tracing::info!(namespace = %ns, root = %root, patches = uids.len(), total = plan.pods.len(), "resuming a commit cut short");
         for planned in plan.pods.iter().filter(|p| uids.contains(&p.uid)) {
             let Some(pod) = world.pods_by_uid.get(planned.uid.as_str()) else { continue };
+            // Its own claims as planned (allocated already when the commit got that far).
+            let writes = match claims::own_writes(ns, planned, snapshot.dra()) {
+                Ok(w) => w,
+                Err(message) => return Ok(Committed::Refused(PatchRefused { uid: planned.uid.clone(), message })),
+            };
+            for w in &writes {
+                match self.write_claim(ns, w).await? {
+                    Patched::Ok => {}
+                    Patched::Stale => return Ok(Committed::Stale),
+                    Patched::Refused(message) => {
+                        let message = format!("ResourceClaim {}: {message}", w.name);
+                        return Ok(Committed::Refused(PatchRefused { uid: planned.uid.clone(), message }));
+                    }
+                }
+            }
             match self.patch_pod(ns, pod, planned).await? {
                 // The snapshot saw it gated: count it before other roots are planned.
                 Patched::Ok => reserve(snapshot, pod, planned),
@@ -816,6 +912,7 @@ mod tests {
             created_at: None,
             admitted_at: None,
             pods: ["gated", "refused", "bound", "done", "gone"].iter().map(|u| planned(u, "", "n1")).collect(),
+            shared_claims: Vec::new(),
         };
         let mut plan_on_lost_node = plan.clone();
         plan_on_lost_node.pods[0].node = "n9".into();
@@ -866,6 +963,7 @@ mod tests {
                     node: format!("gpu-node-{:04}", i / 8),
                     hostname: String::new(),
                     gpu_indices: Some((i % 8).to_string()),
+                    claims: Vec::new(),
                 })
                 .collect()
         };
@@ -875,6 +973,7 @@ mod tests {
             created_at: None,
             admitted_at: None,
             pods: pods(n),
+            shared_claims: Vec::new(),
         };
         assert_eq!(too_large(&plan(4_000)), None, "4,000 pods fit one write");
         let why = too_large(&plan(20_000)).expect("20,000 pods do not");
@@ -925,6 +1024,7 @@ mod tests {
             created_at: None,
             admitted_at: None,
             pods: vec![planned("1", "a", "n"), planned("2", "b", "n"), planned("3", "unknown", "n")],
+            shared_claims: Vec::new(),
         };
         let r = start_requirement(&plan, "ns", "root", &groups);
         let want = BTreeMap::from([("a".to_string(), 3), ("b".to_string(), 1), ("unknown".to_string(), 1)]);

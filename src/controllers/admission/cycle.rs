@@ -174,6 +174,10 @@ impl Admitter {
                                 pending += 1;
                                 soonest(self.not_admitted(&key, tree, why, "PlanTooLarge", capacity).await);
                             }
+                            Ok(Committed::NotReady(why)) => {
+                                pending += 1;
+                                soonest(self.not_admitted(&key, tree, why, "ClaimsPending", capacity).await);
+                            }
                             Err(e) => soonest(self.root_error(&key, "commit its plan", &e).await),
                         }
                     } else if decision.admitted && gated_count(tree) > 0 {
@@ -240,10 +244,13 @@ impl Admitter {
         let volumes: Vec<_> = self.caches.volumes.state().iter().map(|v| (**v).clone()).collect();
         let classes: Vec<_> = self.caches.classes.state().iter().map(|c| (**c).clone()).collect();
         snapshot.set_volumes(scheduler::Volumes::from_cluster(&claims, &volumes, &classes));
-        let gpus = self.gpu_state(nodes).await;
+        let mut gpus = self.gpu_state(nodes).await;
+        snapshot.set_dra(self.dra_state(nodes, &mut gpus));
         let held = self.devices.pass(&self.ctx, pods, &snapshot, &gpus).await;
         for (node, g) in &gpus {
-            let used = held.get(node).copied().unwrap_or_default().union(g.unhealthy());
+            // Devices allocated to any claim (muster's, kube-scheduler's) are taken too.
+            let allocated = snapshot.dra().inventory().map_or(GpuSet::EMPTY, |i| i.allocated_gpus(node));
+            let used = held.get(node).copied().unwrap_or_default().union(g.unhealthy()).union(allocated);
             snapshot.set_gpu_used(node, used);
         }
         Ok((snapshot, gpus))
@@ -285,6 +292,15 @@ impl Admitter {
         at.max(until)
     }
 
+    /// When a GPU is too hot or too full to offer.
+    pub(super) fn thresholds(&self) -> HealthThresholds {
+        HealthThresholds {
+            max_temperature_c: self.ctx.config.gpu_max_temperature,
+            min_free_memory_fraction: self.ctx.config.gpu_min_free_memory,
+            ..HealthThresholds::default()
+        }
+    }
+
     /// Each node's GPU model and health, refreshing the metrics cache when it is stale.
     async fn gpu_state(&mut self, nodes: &[Node]) -> HashMap<String, NodeGpus> {
         let now = std::time::SystemTime::now();
@@ -294,12 +310,7 @@ impl Admitter {
         {
             tracing::warn!(error = %e, "GPU metrics unavailable; scheduling on topology alone");
         }
-        let thresholds = HealthThresholds {
-            max_temperature_c: self.ctx.config.gpu_max_temperature,
-            min_free_memory_fraction: self.ctx.config.gpu_min_free_memory,
-            ..HealthThresholds::default()
-        };
-        let gpus = node_gpus(nodes, &self.gpu_metrics, &thresholds, now);
+        let gpus = node_gpus(nodes, &self.gpu_metrics, &self.thresholds(), now);
         self.report_gpu_problems(nodes, &gpus).await;
         let unhealthy: BTreeMap<String, GpuSet> =
             gpus.iter().map(|(n, g)| (n.clone(), g.unhealthy())).filter(|(_, u)| !u.is_empty()).collect();

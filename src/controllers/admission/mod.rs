@@ -8,6 +8,7 @@
 //!   GPU indices and ungated in one patch), the bind watch and the rollback of failed attempts;
 //! - `status`: group status and events.
 
+mod claims;
 mod commit;
 mod cycle;
 pub mod status;
@@ -40,7 +41,8 @@ use status::Outcome;
 pub const CONTROLLER: &str = "admission";
 /// Server-side apply field manager for group status.
 pub const FIELD_MANAGER: &str = "muster-admission";
-/// Test hook: exit the process after this many pod patches (crash-safety tests).
+/// Test hook: exit the process after this many commit writes, pod patches and claim
+/// allocations counted alike (crash-safety tests).
 pub const FAULT_EXIT_ENV: &str = "MUSTER_FAULT_EXIT_AFTER_POD_PATCHES";
 const MIN_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -121,6 +123,17 @@ struct Caches {
     claims: Store<PersistentVolumeClaim>,
     volumes: Store<PersistentVolume>,
     classes: Store<StorageClass>,
+    /// DRA objects, when the cluster serves resource.k8s.io/v1.
+    dra: Option<DraCaches>,
+}
+
+/// What admission reads of DRA.
+#[derive(Clone)]
+struct DraCaches {
+    slices: Store<k8s_openapi::api::resource::v1::ResourceSlice>,
+    device_classes: Store<k8s_openapi::api::resource::v1::DeviceClass>,
+    claims: Store<k8s_openapi::api::resource::v1::ResourceClaim>,
+    templates: Store<k8s_openapi::api::resource::v1::ResourceClaimTemplate>,
 }
 
 struct Admitter {
@@ -147,6 +160,8 @@ struct Admitter {
     status_errors: HashMap<RootKey, (u32, Instant, String)>,
     /// Groups in excluded namespaces already reported by an event.
     excluded_reported: HashSet<RootKey>,
+    /// DRA problems (devices not offered) last logged.
+    dra_problems: Vec<String>,
 }
 
 /// Writes of this process that the watch caches have not shown yet.
@@ -156,6 +171,8 @@ struct Unseen {
     plans: HashMap<RootKey, (Option<(String, PlanState)>, Instant)>,
     /// Pods ungated by a commit.
     ungated: HashMap<String, Instant>,
+    /// Claims (namespace, name) a commit allocated (true) or freed (false).
+    claims: HashMap<(String, String), (bool, Instant)>,
 }
 
 /// Runs admission until `shutdown` resolves.
@@ -163,7 +180,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
     let client = ctx.client.clone();
     let notify = Arc::new(Notify::new());
     let capacity = Arc::new(AtomicU64::new(0));
-    let caches = watches::watch_caches(&client, &notify, &capacity);
+    let dra = watches::dra_served(&client).await;
+    let caches = watches::watch_caches(&client, &notify, &capacity, dra);
     let ready = watches::ready(&caches);
     let mut shutdown = std::pin::pin!(shutdown);
     tokio::select! {
@@ -195,6 +213,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         gpu_problems: BTreeMap::new(),
         status_errors: HashMap::new(),
         excluded_reported: HashSet::new(),
+        dra_problems: Vec::new(),
     };
     tracing::info!("admission caches ready");
     loop {

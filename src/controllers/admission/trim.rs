@@ -89,8 +89,15 @@ pub fn pod(p: &mut Pod) {
             .conditions
             .map(|cs| cs.into_iter().filter(|c| c.type_ == "PodScheduled").collect::<Vec<_>>())
             .filter(|cs| !cs.is_empty());
-        p.status =
-            Some(PodStatus { phase: status.phase, start_time: status.start_time, conditions, ..Default::default() });
+        // resourceClaimStatuses names the claims made from the pod's templates (admission
+        // allocates them).
+        p.status = Some(PodStatus {
+            phase: status.phase,
+            start_time: status.start_time,
+            conditions,
+            resource_claim_statuses: status.resource_claim_statuses,
+            ..Default::default()
+        });
     }
 }
 

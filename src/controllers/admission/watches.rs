@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
@@ -18,7 +19,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
 use tokio::sync::Notify;
 
-use super::{Admitter, Caches, RootKey, is_gated, trim};
+use super::{Admitter, Caches, DraCaches, RootKey, is_gated, trim};
 use crate::crds::scheduling::{AdmissionPlan, CompositePodGroup, PlanState, PodGroup};
 
 /// How long to wait for the caches to show a write before deciding anyway.
@@ -77,11 +78,64 @@ fn never_cpg(_: &Event<CompositePodGroup>) -> bool {
     false
 }
 
+/// Whether the cluster serves `resource.k8s.io/v1` (DRA, GA in 1.34): its objects are watched
+/// only then, so an older cluster keeps the count-based GPU path without watch errors.
+pub(super) async fn dra_served(client: &Client) -> bool {
+    match client.list_api_group_resources("resource.k8s.io/v1").await {
+        Ok(list) => list.resources.iter().any(|r| r.name == "resourceslices"),
+        Err(e) => {
+            tracing::info!(error = %e, "resource.k8s.io/v1 is not served: DRA claims are not allocated by muster");
+            false
+        }
+    }
+}
+
+/// Starts the watches of DRA objects: any change can change what fits (a slice published, a
+/// claim created, allocated or freed).
+fn watch_dra(client: &Client, notify: &Arc<Notify>, capacity: &Arc<AtomicU64>) -> DraCaches {
+    let cfg = || watcher::Config::default().any_semantic();
+    DraCaches {
+        slices: spawn_watch(
+            Api::<ResourceSlice>::all(client.clone()),
+            cfg(),
+            trim::managed_fields::<ResourceSlice>,
+            notify.clone(),
+            capacity.clone(),
+            changed::<ResourceSlice>,
+        ),
+        device_classes: spawn_watch(
+            Api::<DeviceClass>::all(client.clone()),
+            cfg(),
+            trim::managed_fields::<DeviceClass>,
+            notify.clone(),
+            capacity.clone(),
+            changed::<DeviceClass>,
+        ),
+        claims: spawn_watch(
+            Api::<ResourceClaim>::all(client.clone()),
+            cfg(),
+            trim::managed_fields::<ResourceClaim>,
+            notify.clone(),
+            capacity.clone(),
+            changed::<ResourceClaim>,
+        ),
+        templates: spawn_watch(
+            Api::<ResourceClaimTemplate>::all(client.clone()),
+            cfg(),
+            trim::managed_fields::<ResourceClaimTemplate>,
+            notify.clone(),
+            capacity.clone(),
+            changed::<ResourceClaimTemplate>,
+        ),
+    }
+}
+
 /// Starts the watches admission decides on; each event wakes `notify`, and the events that can
 /// free capacity bump `capacity`.
-pub(super) fn watch_caches(client: &Client, notify: &Arc<Notify>, capacity: &Arc<AtomicU64>) -> Caches {
+pub(super) fn watch_caches(client: &Client, notify: &Arc<Notify>, capacity: &Arc<AtomicU64>, dra: bool) -> Caches {
     let cfg = || watcher::Config::default().any_semantic();
     Caches {
+        dra: dra.then(|| watch_dra(client, notify, capacity)),
         pod_groups: spawn_watch(
             Api::<PodGroup>::all(client.clone()),
             cfg(),
@@ -160,6 +214,14 @@ pub(super) async fn ready(caches: &Caches) {
         caches.volumes.wait_until_ready(),
         caches.classes.wait_until_ready()
     );
+    if let Some(dra) = &caches.dra {
+        let _ = tokio::join!(
+            dra.slices.wait_until_ready(),
+            dra.device_classes.wait_until_ready(),
+            dra.claims.wait_until_ready(),
+            dra.templates.wait_until_ready()
+        );
+    }
 }
 
 impl Admitter {
@@ -188,6 +250,21 @@ impl Admitter {
         self.unseen
             .ungated
             .retain(|uid, at| now.duration_since(*at) < CACHE_SYNC_TIMEOUT && gated.contains(uid.as_str()));
-        self.unseen.plans.is_empty() && self.unseen.ungated.is_empty()
+        // Claims allocated (or freed) by a commit: a decision on a cache without the
+        // allocation could give its devices again.
+        if let Some(dra) = &self.caches.dra {
+            let claims = &dra.claims;
+            self.unseen.claims.retain(|(ns, name), (allocated, at)| {
+                let cached = claims
+                    .state()
+                    .iter()
+                    .find(|c| {
+                        c.metadata.namespace.as_deref() == Some(ns.as_str()) && c.metadata.name.as_deref() == Some(name)
+                    })
+                    .map(|c| c.status.as_ref().is_some_and(|s| s.allocation.is_some()));
+                now.duration_since(*at) < CACHE_SYNC_TIMEOUT && cached.is_some_and(|c| c != *allocated)
+            });
+        }
+        self.unseen.plans.is_empty() && self.unseen.ungated.is_empty() && self.unseen.claims.is_empty()
     }
 }

@@ -22,7 +22,8 @@ use super::context::Context;
 use super::metrics::{NodeLabels, ReasonLabels};
 use crate::crds::{GPU_INDICES_ANNOTATION, GPU_RESOURCE};
 use crate::devices::chooser::NodeGpus;
-use crate::devices::{GpuSet, Ledger, LedgerProblem, PodRecord, SelectOptions, format_indices, select};
+use crate::devices::{GpuSet, Ledger, LedgerProblem, PodRecord, SelectOptions, format_indices, parse_indices, select};
+use crate::pods::is_finished;
 use crate::pods::{Placement, PodClass};
 use crate::scheduler::Snapshot;
 
@@ -128,11 +129,16 @@ pub struct DevicePlan<'a> {
 pub fn plan<'a>(pods: &'a [Pod], snapshot: &Snapshot, gpus: &HashMap<String, NodeGpus>) -> DevicePlan<'a> {
     // Terminating pods stay: in their grace period they still run on their GPUs.
     let located: Vec<(&Pod, String)> = pods.iter().filter_map(|p| node_of(p, snapshot).map(|n| (p, n))).collect();
-    let records = located.iter().map(|(p, node)| PodRecord {
+    // A pod whose own DRA claims are allocated holds what they name, whatever its annotation
+    // says: the node's driver prepares exactly those devices.
+    let allocated: Vec<Option<GpuSet>> =
+        located.iter().map(|(p, node)| snapshot.dra().pod_gpus(p).filter(|(n, _)| n == node).map(|(_, g)| g)).collect();
+    let allocated_text: Vec<Option<String>> = allocated.iter().map(|g| g.map(format_indices)).collect();
+    let records = located.iter().zip(&allocated_text).map(|((p, node), dra)| PodRecord {
         node,
         uid: uid_of(p),
         created: p.metadata.creation_timestamp.as_ref().map(|t| t.0),
-        indices: p.annotations().get(GPU_INDICES_ANNOTATION).map(String::as_str),
+        indices: dra.as_deref().or_else(|| p.annotations().get(GPU_INDICES_ANNOTATION).map(String::as_str)),
         phase: crate::devices::PodPhase::from_status(p.status.as_ref().and_then(|s| s.phase.as_deref())),
         bound: is_bound(p),
         terminating: crate::pods::is_terminating(p),
@@ -157,7 +163,21 @@ pub fn plan<'a>(pods: &'a [Pod], snapshot: &Snapshot, gpus: &HashMap<String, Nod
         };
         age(a).cmp(&age(b)).then_with(|| uid_of(a).cmp(uid_of(b)))
     });
-    let mut assignments = Vec::new();
+    // `gpu.muster.dev/indices` states what the claims allocated.
+    let mut assignments: Vec<Assignment<'a>> = located
+        .iter()
+        .zip(&allocated)
+        .filter_map(|((pod, node), gpus)| {
+            let gpus = (*gpus)?;
+            let written = pod.annotations().get(GPU_INDICES_ANNOTATION).and_then(|v| parse_indices(v).ok());
+            (written != Some(gpus) && !is_finished(pod)).then(|| Assignment {
+                pod,
+                node: node.clone(),
+                gpus,
+                write: !crate::pods::is_terminating(pod),
+            })
+        })
+        .collect();
     for (pod, node) in unassigned {
         let Some(node_gpus) = gpus.get(node) else { continue };
         let wanted = usize::try_from(gpus_wanted(pod)).unwrap_or(usize::MAX);

@@ -22,7 +22,7 @@ mod tests;
 use k8s_openapi::api::core::v1::NodeSelector as K8sNodeSelector;
 use k8s_openapi::api::resource::v1::AllocationResult;
 
-use crate::scheduler::{Labels, NodeSelectorTerm, Operator, Requirement};
+use crate::scheduler::{Labels, NodeSelectorTerm};
 
 pub use inventory::{DraProblem, Inventory};
 pub use request::{ClaimError, DeviceRequestSet};
@@ -167,31 +167,9 @@ pub fn node_name_selector(node: &str) -> K8sNodeSelector {
     }
 }
 
-/// A Kubernetes node selector as muster's terms (`scheduler/shape.rs` keeps its own converter
-/// private); Err names the operator it does not know.
+/// Node selector terms of a Kubernetes selector (an unknown operator is an error).
 pub(crate) fn terms_from_k8s(s: &K8sNodeSelector) -> Result<Vec<NodeSelectorTerm>, String> {
-    use k8s_openapi::api::core::v1::NodeSelectorRequirement;
-    let requirement = |r: &NodeSelectorRequirement| -> Result<Requirement, String> {
-        let operator = match r.operator.as_str() {
-            "In" => Operator::In,
-            "NotIn" => Operator::NotIn,
-            "Exists" => Operator::Exists,
-            "DoesNotExist" => Operator::DoesNotExist,
-            "Gt" => Operator::Gt,
-            "Lt" => Operator::Lt,
-            other => return Err(format!("unknown node selector operator {other:?}")),
-        };
-        Ok(Requirement { key: r.key.clone(), operator, values: r.values.clone().unwrap_or_default() })
-    };
-    s.node_selector_terms
-        .iter()
-        .map(|t| {
-            Ok(NodeSelectorTerm {
-                match_expressions: t.match_expressions.iter().flatten().map(requirement).collect::<Result<_, _>>()?,
-                match_fields: t.match_fields.iter().flatten().map(requirement).collect::<Result<_, _>>()?,
-            })
-        })
-        .collect()
+    crate::scheduler::terms_from_k8s(s).map_err(|e| e.to_string())
 }
 
 /// Devices named by an allocation, in result order.

@@ -12,9 +12,14 @@
 //!
 //! [`FilterReason::SpreadPinned`]: crate::scheduler::FilterReason::SpreadPinned
 
-use std::collections::HashMap;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use super::{Candidate, Engine, ReasonKey, Scan, by_score};
+use crate::devices::GpuSet;
+use crate::devices::dra::{ClaimKey, DeviceId};
+use crate::scheduler::dra::{ShapeClaims, SharedChoice};
 use crate::scheduler::interpod::{PodRules, PodTerm, SpreadConstraint};
 use crate::scheduler::shape::PodShape;
 use crate::scheduler::snapshot::{NodeInfo, NodePod, Snapshot};
@@ -28,6 +33,10 @@ type Counts<'a> = HashMap<&'a str, u32>;
 pub(super) struct ShapeFacts<'a> {
     /// The bound volumes its claims allow nodes by, or why no node can take it.
     pub(super) volumes: Result<Vec<&'a VolumeNodes>, String>,
+    /// Its DRA claims (own GPU claim, shared claims), or why no node can take it.
+    pub(super) resource_claims: Result<ShapeClaims, String>,
+    /// Per node index: the GPU indices its own GPU claim may get there (computed when asked).
+    offered: RefCell<HashMap<u32, GpuSet>>,
     /// Per required affinity term: pods on the nodes matching every affinity term.
     affinity: Vec<Counts<'a>>,
     /// Per required anti-affinity term: pods on the nodes it selects.
@@ -51,6 +60,11 @@ struct SpreadFacts<'a> {
 /// Per-decision facts of every shape of a root.
 pub(super) struct Facts<'a> {
     by_shape: HashMap<usize, ShapeFacts<'a>>,
+    /// The named DRA claims the root's pods use, one choice each.
+    pub(super) shared_claims: BTreeMap<ClaimKey, Arc<SharedChoice>>,
+    /// Devices those claims take.
+    taken: HashSet<DeviceId>,
+    snapshot: &'a Snapshot,
     /// Place pods one at a time: some shape has inter-pod rules, or a pod already running
     /// has anti-affinity against one of the root's pods.
     pub(super) per_pod: bool,
@@ -72,9 +86,12 @@ impl<'a> Facts<'a> {
         let leaves = tree.root.leaves();
         let mut by_shape = HashMap::new();
         let mut per_pod = false;
+        let (mut shared_claims, mut taken) = (BTreeMap::new(), HashSet::new());
         for shape in leaves.iter().flat_map(|l| l.shapes.iter()) {
             per_pod |= !shape.is_independent();
-            by_shape.insert(key(shape), ShapeFacts::new(snapshot, ns, shape));
+            let mut facts = ShapeFacts::new(snapshot, ns, shape);
+            facts.resource_claims = snapshot.dra().resolve(ns, &shape.resource_claims, &mut shared_claims, &mut taken);
+            by_shape.insert(key(shape), facts);
         }
         if !per_pod {
             let namespace_labels = snapshot.namespace_labels(ns);
@@ -86,11 +103,21 @@ impl<'a> Facts<'a> {
                 })
             });
         }
-        Self { by_shape, per_pod }
+        Self { by_shape, per_pod, shared_claims, taken, snapshot }
     }
 
     pub(super) fn of(&self, shape: &PodShape) -> Option<&ShapeFacts<'a>> {
         self.by_shape.get(&key(shape))
+    }
+
+    /// The GPU indices on node `i` a shape's own GPU claim may be given (cached per shape and
+    /// node for the decision).
+    pub(super) fn offered(&self, facts: &ShapeFacts<'_>, i: u32) -> GpuSet {
+        let Ok(claims) = &facts.resource_claims else { return GpuSet::EMPTY };
+        *facts.offered.borrow_mut().entry(i).or_insert_with(|| {
+            let node = &self.snapshot.nodes()[i as usize];
+            self.snapshot.dra().offered(claims, &node.name, &self.taken)
+        })
     }
 }
 
@@ -140,7 +167,15 @@ impl<'a> ShapeFacts<'a> {
         let anti = per_term(&rules.anti_affinity.iter().collect::<Vec<_>>(), false);
         let preferred = per_term(&rules.preferred.iter().map(|w| &w.term).collect::<Vec<_>>(), false);
         let spread = rules.spread.iter().map(|c| SpreadFacts::new(snapshot, ns, shape, c)).collect();
-        Self { volumes, affinity, anti, preferred, spread }
+        Self {
+            volumes,
+            resource_claims: Ok(ShapeClaims::default()),
+            offered: RefCell::default(),
+            affinity,
+            anti,
+            preferred,
+            spread,
+        }
     }
 }
 

@@ -243,7 +243,8 @@ fn jobs_whose_pods_placement_cannot_model_are_admitted_with_a_warning_per_field(
     assert_eq!(outcome, Outcome::Allowed);
     let warnings = resp.warnings.expect("warnings");
     let fields: Vec<&str> = warnings.iter().filter_map(|w| w.split(':').next()).collect();
-    assert_eq!(fields, vec!["spec.template.spec.schedulerName", "spec.template.spec.resourceClaims"]);
+    // DRA claims are muster's to allocate (or to refuse with a reason at admission): no warning.
+    assert_eq!(fields, vec!["spec.template.spec.schedulerName"]);
     assert!(warnings.iter().all(|w| w.contains("all-or-nothing is not guaranteed") && w.len() <= 256), "{warnings:?}");
     let (plain, _) = validate(&job_request("CREATE", job("ok", 2, json!({"schedulingPolicy": {"gang": {}}})), None));
     assert_eq!(plain.warnings, None, "nothing to say about a pod placement models");
