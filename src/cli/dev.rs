@@ -378,15 +378,19 @@ async fn run_dra_slices(args: DraSlicesArgs) -> ExitCode {
             args.nodes.clone()
         };
         if args.delete {
-            let mut lines: Vec<String> =
-                dra::unpublish(&client, &nodes).await?.into_iter().map(|n| format!("resourceslice/{n} deleted")).collect();
+            let mut lines: Vec<String> = dra::unpublish(&client, &nodes)
+                .await?
+                .into_iter()
+                .map(|n| format!("resourceslice/{n} deleted"))
+                .collect();
             if args.all_gpu_nodes && dra::delete_device_class(&client).await? {
                 lines.push(format!("deviceclass/{} deleted", dra::DEVICE_CLASS));
             }
             Ok::<_, Error>(lines)
         } else {
             let mut lines = vec![format!("deviceclass/{} applied", dra::DEVICE_CLASS)];
-            lines.extend(dra::publish(&client, &nodes).await?.into_iter().map(|n| format!("resourceslice/{n} applied")));
+            lines
+                .extend(dra::publish(&client, &nodes).await?.into_iter().map(|n| format!("resourceslice/{n} applied")));
             Ok(lines)
         }
     }

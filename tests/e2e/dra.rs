@@ -17,10 +17,11 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use muster::cli::dev::dra::{DEVICE_CLASS, DRIVER};
 use serde_json::{Value, json};
 
 use crate::gangs::{LONG, TestNodes, merge, node_of};
-use crate::harness::dra::{DEVICE_CLASS, DRIVER, DraSlices};
+use crate::harness::dra::DraSlices;
 use crate::harness::{client, namespace, wait_for};
 
 /// The scheduling gate these tests hold pods with (not muster's).
@@ -83,12 +84,7 @@ fn allocated(claim: &ResourceClaim) -> Vec<(String, String)> {
 
 fn reserved_for(claim: &ResourceClaim) -> Vec<(String, String)> {
     let status = claim.status.as_ref();
-    status
-        .and_then(|s| s.reserved_for.clone())
-        .unwrap_or_default()
-        .into_iter()
-        .map(|r| (r.resource, r.uid))
-        .collect()
+    status.and_then(|s| s.reserved_for.clone()).unwrap_or_default().into_iter().map(|r| (r.resource, r.uid)).collect()
 }
 
 fn node_selector_names(claim: &ResourceClaim) -> Value {
@@ -112,7 +108,8 @@ async fn a_template_claim_is_made_allocated_by_kube_scheduler_and_goes_with_its_
 
     let began = Instant::now();
     let source = json!({"resourceClaimTemplateName": "two-gpus"});
-    let pod = pods.create(&PostParams::default(), &claim_pod("worker", source, &nodes, true)).await.expect("create pod");
+    let pod =
+        pods.create(&PostParams::default(), &claim_pod("worker", source, &nodes, true)).await.expect("create pod");
     // The claim controller makes the claim of a pod that is still gated, and names it in the
     // pod's status.
     let claim_name = wait_for("the claim of the gated pod", LONG, || async {
@@ -124,7 +121,10 @@ async fn a_template_claim_is_made_allocated_by_kube_scheduler_and_goes_with_its_
     let made = began.elapsed();
     let claim = claims.get(&claim_name).await.expect("the generated claim");
     let owner = claim.owner_references().first().cloned().expect("an owner");
-    assert_eq!((owner.kind.as_str(), owner.uid.as_str(), owner.controller), ("Pod", pod.uid().unwrap().as_str(), Some(true)));
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+        ("Pod", pod.uid().unwrap().as_str(), Some(true))
+    );
     assert_eq!(claim.annotations().get("resource.kubernetes.io/pod-claim-name").map(String::as_str), Some("gpus"));
     assert!(allocated(&claim).is_empty(), "not allocated while the pod is gated");
     assert!(node_of(&pods.get("worker").await.unwrap()).is_none());
@@ -148,11 +148,20 @@ async fn a_template_claim_is_made_allocated_by_kube_scheduler_and_goes_with_its_
         json!({"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]})
     );
     assert_eq!(reserved_for(&claim), [("pods".to_string(), pod.uid().unwrap())]);
-    assert!(claim.finalizers().iter().any(|f| f == DELETE_PROTECTION), "kube-scheduler's finalizer: {:?}", claim.finalizers());
+    assert!(
+        claim.finalizers().iter().any(|f| f == DELETE_PROTECTION),
+        "kube-scheduler's finalizer: {:?}",
+        claim.finalizers()
+    );
 
     // A pod wanting all 8 GPUs of that node waits until the first pod's claim is gone.
     let mut all = claim_pod("all-eight", json!({"resourceClaimTemplateName": "eight-gpus"}), &nodes, false);
-    all.spec.as_mut().unwrap().node_selector.get_or_insert_default().insert("kubernetes.io/hostname".into(), node.clone());
+    all.spec
+        .as_mut()
+        .unwrap()
+        .node_selector
+        .get_or_insert_default()
+        .insert("kubernetes.io/hostname".into(), node.clone());
     let eight: ResourceClaimTemplate =
         serde_json::from_value(json!({"metadata": {"name": "eight-gpus"}, "spec": {"spec": claim_spec(8)}}))
             .expect("template");
@@ -161,7 +170,10 @@ async fn a_template_claim_is_made_allocated_by_kube_scheduler_and_goes_with_its_
     wait_for("all-eight unschedulable", LONG, || async {
         let p = pods.get_opt("all-eight").await.ok().flatten()?;
         let conditions = p.status?.conditions?;
-        conditions.iter().any(|c| c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable")).then_some(())
+        conditions
+            .iter()
+            .any(|c| c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable"))
+            .then_some(())
     })
     .await;
     assert!(node_of(&pods.get("all-eight").await.unwrap()).is_none(), "6 devices free, 8 wanted");
@@ -208,10 +220,9 @@ async fn a_claim_allocated_by_hand_is_honoured_and_released_by_the_claim_control
         .expect("create the pod");
 
     // As kube-scheduler does: the finalizer first, then allocation and reservedFor in one write.
-    let finalizer: json_patch::Patch = serde_json::from_value(
-        json!([{"op": "add", "path": "/metadata/finalizers", "value": [DELETE_PROTECTION]}]),
-    )
-    .expect("patch");
+    let finalizer: json_patch::Patch =
+        serde_json::from_value(json!([{"op": "add", "path": "/metadata/finalizers", "value": [DELETE_PROTECTION]}]))
+            .expect("patch");
     claims.patch("hand", &PatchParams::default(), &Patch::<()>::Json(finalizer)).await.expect("add the finalizer");
     let mut claim = claims.get("hand").await.expect("claim");
     let allocation = json!({

@@ -94,12 +94,7 @@ pub fn gpu_model(product_label: Option<&str>) -> GpuModel {
         // H100, H200, GH200 and anything unknown.
         ("Hopper", "9.0.0")
     };
-    GpuModel {
-        product_name,
-        brand: "Nvidia".into(),
-        architecture: architecture.into(),
-        compute_capability: cc.into(),
-    }
+    GpuModel { product_name, brand: "Nvidia".into(), architecture: architecture.into(), compute_capability: cc.into() }
 }
 
 /// The PCIe bus of GPU `index` (0x18, 0x28, ...; as spread out as on an 8-GPU HGX board).
@@ -241,8 +236,13 @@ pub fn slice_for_node(node: &Node) -> Option<ResourceSlice> {
     let model = gpu_model(node.labels().get(GPU_PRODUCT_LABEL).map(String::as_str));
     let mut slice = nvidia_gpu_slice(&name, &model, &gpus, 1);
     if let Some(uid) = node.uid() {
-        slice.metadata.owner_references =
-            Some(vec![OwnerReference { api_version: "v1".into(), kind: "Node".into(), name, uid, ..Default::default() }]);
+        slice.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: "v1".into(),
+            kind: "Node".into(),
+            name,
+            uid,
+            ..Default::default()
+        }]);
     }
     Some(slice)
 }
@@ -294,7 +294,9 @@ pub async fn publish(client: &Client, nodes: &[String]) -> Result<Vec<String>, E
     for name in nodes {
         let node = node_api.get_opt(name).await?.ok_or_else(|| Error::Dra(format!("node {name} not found")))?;
         if !is_fake_node(&node) {
-            return Err(Error::Dra(format!("node {name} is not a kwok node ({KWOK_NODE}=fake): its own driver publishes")));
+            return Err(Error::Dra(format!(
+                "node {name} is not a kwok node ({KWOK_NODE}=fake): its own driver publishes"
+            )));
         }
         slices.push(slice_for_node(&node).ok_or_else(|| Error::Dra(format!("node {name} has no GPUs")))?);
     }
@@ -359,8 +361,7 @@ mod tests {
     #[test]
     fn slice_is_shaped_like_nvidias_and_uuids_are_the_topology_uuids() {
         let node = fake_node(&FakeGpuNodes::default(), 2).unwrap();
-        let topology: TopologyAnnotation =
-            serde_json::from_str(&node.annotations()[GPU_TOPOLOGY_ANNOTATION]).unwrap();
+        let topology: TopologyAnnotation = serde_json::from_str(&node.annotations()[GPU_TOPOLOGY_ANNOTATION]).unwrap();
         let slice = slice_for_node(&node).unwrap();
         assert_eq!(slice.metadata.name.as_deref(), Some("kwok-gpu-2-gpu.nvidia.com"));
         assert_eq!(slice.spec.driver, "gpu.nvidia.com");

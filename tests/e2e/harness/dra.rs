@@ -11,7 +11,7 @@ use muster::cli::dev::dra;
 
 use super::{client, wait_for};
 
-pub use muster::cli::dev::dra::{DEVICE_CLASS, DRIVER};
+use muster::cli::dev::dra::DEVICE_CLASS;
 
 /// The slices of some nodes, removed when dropped (also when the test panics). The DeviceClass
 /// is shared by every test and stays.
@@ -28,7 +28,8 @@ impl DraSlices {
     /// until the API server serves them all.
     pub async fn publish(nodes: &[String]) -> Self {
         let client = client().await;
-        let names = dra::publish(&client, nodes).await.unwrap_or_else(|e| panic!("publish DRA slices of {nodes:?}: {e}"));
+        let names =
+            dra::publish(&client, nodes).await.unwrap_or_else(|e| panic!("publish DRA slices of {nodes:?}: {e}"));
         let api: Api<ResourceSlice> = Api::all(client.clone());
         let classes: Api<DeviceClass> = Api::all(client);
         wait_for("the DeviceClass gpu.nvidia.com", Duration::from_secs(10), || async {
