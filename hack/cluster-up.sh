@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Starts a local Kubernetes control plane on free 127.0.0.1 ports (kube-apiserver's address can
 # be another): etcd, kube-apiserver, kube-scheduler, kube-controller-manager and kwok (fake nodes
-# annotated kwok.x-k8s.io/node=fake).
+# annotated kwok.x-k8s.io/node=fake). DRA is on (resource.k8s.io/v1, kube-scheduler's
+# DynamicResources, kube-controller-manager's resourceclaim-controller); no DRA driver runs:
+# `muster dev dra-slices` publishes fake NVIDIA ResourceSlices for kwok GPU nodes.
 #
 #   MUSTER_APISERVER_ADDRESS  IPv4 address kube-apiserver listens on and the kubeconfig names
 #                         (default 127.0.0.1; another one must already be on an interface of this
@@ -223,6 +225,9 @@ for gv in ${runtime_config//,/ }; do
   wait_until "discovery of $gv" kube-apiserver 30 kc get --raw "/apis/$gv" \
     || { stop_all; die "$gv is not served although --runtime-config asked for it"; }
 done
+# DRA (GA, on by default): muster allocates ResourceClaims itself on DRA nodes.
+wait_until "discovery of resource.k8s.io/v1" kube-apiserver 30 kc get --raw /apis/resource.k8s.io/v1 \
+  || { stop_all; die "resource.k8s.io/v1 (DRA) is not served"; }
 
 # The garbage collector rediscovers resource types only every 30 s; CRDs known at its start
 # spare tests that wait.
@@ -238,13 +243,31 @@ clientConnection: {kubeconfig: $kubeconfig, qps: 200, burst: 400}
 leaderElection: {leaderElect: false}
 profiles: [{schedulerName: default-scheduler}]
 EOF
+# The plugins kube-scheduler really runs (its default profile depends on the gates): the
+# effective configuration is written once (the binary exits after writing it), before the real
+# start. DRA needs DynamicResources among them (default with the GA DynamicResourceAllocation).
+sched_plugins=""
+if "$bin/kube-scheduler" --config="$dir/scheduler.yaml" --feature-gates="$gates" --secure-port=0 \
+  --write-config-to="$dir/scheduler-effective.yaml" > "$logs/kube-scheduler-config.log" 2>&1; then
+  sched_plugins=$(awk '/^    multiPoint:/ {m = 1; next} m && /^    [^ ]/ {m = 0}
+    m && /^      disabled:/ {d = 1} m && /^      enabled:/ {d = 0} m && !d && /- name:/ {print $3}' \
+    "$dir/scheduler-effective.yaml" | paste -sd' ' -)
+fi
+[[ " $sched_plugins " == *" DynamicResources "* ]] \
+  || log "WARNING: kube-scheduler's profile lacks DynamicResources (plugins: ${sched_plugins:-unknown, see $logs/kube-scheduler-config.log})"
 # Health endpoints only (always allowed); no delegated authn/authz, so no request-header CA noise.
 serving=(--bind-address=127.0.0.1 --tls-cert-file="$pki/serving.crt" --tls-private-key-file="$pki/serving.key")
 start kube-scheduler "$bin/kube-scheduler" --config="$dir/scheduler.yaml" --secure-port="$sched_port" \
   "${serving[@]}" --feature-gates="$gates"
 controllers=garbage-collector-controller,namespace-controller,job-controller,ttl-after-finished-controller,statefulset-controller,replicaset-controller,deployment-controller
 controllers+=,serviceaccount-controller,serviceaccount-token-controller,root-ca-certificate-publisher-controller
-controllers+=,pod-garbage-collector-controller,podgroup-protection-controller
+controllers+=,pod-garbage-collector-controller
+# DRA: creates the ResourceClaims of pods' ResourceClaimTemplates (gated pods too), takes pods
+# that are gone or done out of a claim's reservedFor, deallocates a claim whose last consumer
+# went (claims with the resource.kubernetes.io/delete-protection finalizer) and deletes claims
+# generated for a pod that will not run. 1.37's name; `resource-claim-controller` is an alias.
+controllers+=,resourceclaim-controller
+controllers+=,podgroup-protection-controller
 if ! grep -q podgroup-protection-controller "$logs/kube-controller-manager.help"; then
   controllers=${controllers%,podgroup-protection-controller}
 fi
@@ -284,6 +307,11 @@ wait_until "the default ServiceAccount" kube-controller-manager 60 kc -n default
   done
   echo "api-resources --api-group=scheduling.k8s.io (preferred versions):"
   kc api-resources --api-group=scheduling.k8s.io -o wide | sed 's/^/  /'
+  echo "api-versions (resource.k8s.io): $(kc api-versions | grep '^resource\.k8s\.io/' | paste -sd' ' -)"
+  for gv in $(kc api-versions | grep '^resource\.k8s\.io/'); do
+    echo "served $gv: $(kc get --raw "/apis/$gv" | python3 -c 'import json, sys; print(" ".join(r["name"] for r in json.load(sys.stdin)["resources"]))')"
+  done
+  echo "kube-scheduler plugins (multiPoint, profile default-scheduler): ${sched_plugins:-unknown}"
 } > "$dir/features.txt"
 
 cat > "$dir/cluster.env" << EOF

@@ -1,10 +1,12 @@
 //! `muster dev`: tools for the local development cluster (`hack/cluster-up.sh`), not for production.
 //! `muster dev add-nodes` creates fake GPU nodes that kwok keeps Ready; the e2e harness calls
 //! [`add_nodes`] directly. The node shape is built by the pure [`fake_node`]; only [`add_nodes`]
-//! talks to the cluster. `muster dev fake-dcgm-exporter` ([`dcgm`]) reports their GPU health.
+//! talks to the cluster. `muster dev fake-dcgm-exporter` ([`dcgm`]) reports their GPU health;
+//! `muster dev dra-slices` ([`dra`]) publishes their GPUs as NVIDIA DRA ResourceSlices.
 
 pub mod dcgm;
 pub mod demo;
+pub mod dra;
 pub mod topology;
 
 use std::collections::BTreeMap;
@@ -53,6 +55,9 @@ pub enum Error {
     /// A `--label` was not `key=value`.
     #[error("invalid label {0:?}: expected key=value")]
     Label(String),
+    /// A node `muster dev dra-slices` cannot publish devices for.
+    #[error("{0}")]
+    Dra(String),
 }
 
 /// Arguments of `muster dev`.
@@ -68,6 +73,9 @@ enum DevCommand {
     AddNodes(AddNodesArgs),
     /// Serve DCGM exporter metrics (temperature, memory, utilization) for fake GPU nodes.
     FakeDcgmExporter(dcgm::Args),
+    /// Publish (or with --delete remove) fake NVIDIA DRA ResourceSlices (driver gpu.nvidia.com)
+    /// for kwok GPU nodes, and the DeviceClass gpu.nvidia.com.
+    DraSlices(DraSlicesArgs),
     /// Check what `make demo` promises (gangs admitted, the oversize one explained, GPU
     /// indices disjoint); exit 0 only when all of it holds.
     DemoCheck(DemoCheckArgs),
@@ -84,6 +92,24 @@ struct DemoCheckArgs {
     summary: bool,
     #[command(flatten)]
     expect: demo::Expectations,
+}
+
+/// Arguments of `muster dev dra-slices`.
+#[derive(clap::Args, Debug)]
+struct DraSlicesArgs {
+    /// Kubeconfig to use (default: $KUBECONFIG, then ~/.kube/config).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// The kwok GPU nodes.
+    #[arg(long, num_args = 1.., required_unless_present = "all_gpu_nodes", conflicts_with = "all_gpu_nodes")]
+    nodes: Vec<String>,
+    /// Every kwok node with GPUs (with --delete: every slice this command published, and the
+    /// DeviceClass it made).
+    #[arg(long)]
+    all_gpu_nodes: bool,
+    /// Remove the slices instead of publishing them.
+    #[arg(long)]
+    delete: bool,
 }
 
 /// Arguments of `muster dev add-nodes`.
@@ -333,8 +359,54 @@ pub fn run(args: Args) -> ExitCode {
         DevCommand::AddNodes(args) => args,
         DevCommand::DemoCheck(args) => return super::block_on(run_demo_check(args)),
         DevCommand::FakeDcgmExporter(args) => return dcgm::run(args),
+        DevCommand::DraSlices(args) => return super::block_on(run_dra_slices(args)),
     };
     super::block_on(run_add_nodes(args))
+}
+
+async fn run_dra_slices(args: DraSlicesArgs) -> ExitCode {
+    let result = async {
+        let client = client(args.kubeconfig.as_deref()).await?;
+        let nodes = if args.all_gpu_nodes && !args.delete {
+            dra::fake_gpu_nodes(&client).await?
+        } else if args.all_gpu_nodes {
+            // Slices of nodes that are gone too.
+            let slices: Api<k8s_openapi::api::resource::v1::ResourceSlice> = Api::all(client.clone());
+            let lp = kube::api::ListParams::default().labels(&format!("{}={FIELD_MANAGER}", dra::MANAGED_BY_LABEL));
+            slices.list(&lp).await?.items.into_iter().filter_map(|s| s.spec.node_name).collect()
+        } else {
+            args.nodes.clone()
+        };
+        if args.delete {
+            let mut lines: Vec<String> = dra::unpublish(&client, &nodes)
+                .await?
+                .into_iter()
+                .map(|n| format!("resourceslice/{n} deleted"))
+                .collect();
+            if args.all_gpu_nodes && dra::delete_device_class(&client).await? {
+                lines.push(format!("deviceclass/{} deleted", dra::DEVICE_CLASS));
+            }
+            Ok::<_, Error>(lines)
+        } else {
+            let mut lines = vec![format!("deviceclass/{} applied", dra::DEVICE_CLASS)];
+            lines
+                .extend(dra::publish(&client, &nodes).await?.into_iter().map(|n| format!("resourceslice/{n} applied")));
+            Ok(lines)
+        }
+    }
+    .await;
+    match result {
+        Ok(lines) => {
+            for line in lines {
+                println!("{line}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 async fn run_add_nodes(args: AddNodesArgs) -> ExitCode {

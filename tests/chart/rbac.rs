@@ -277,6 +277,18 @@ fn service_account_is_refused_outside_its_rules() {
         &["create", "customresourcedefinitions/podgroups.scheduling.muster.dev"],
         &["patch", "validatingwebhookconfigurations/muster-validating"],
         &["patch", "mutatingwebhookconfigurations/muster-mutating"],
+        &["list", "resourceslices.resource.k8s.io"],
+        &["watch", "deviceclasses.resource.k8s.io"],
+        &["list", "resourceclaimtemplates.resource.k8s.io", "-A"],
+        &["create", "resourceclaimtemplates.resource.k8s.io", "-n", "default"],
+        &["delete", "resourceclaimtemplates.resource.k8s.io", "-n", "default"],
+        &["watch", "resourceclaims.resource.k8s.io", "-A"],
+        &["create", "resourceclaims.resource.k8s.io", "-n", "default"],
+        &["update", "resourceclaims.resource.k8s.io", "-n", "default"],
+        &["delete", "resourceclaims.resource.k8s.io", "-n", "default"],
+        &["update", "resourceclaims.resource.k8s.io", "--subresource=status", "-n", "default"],
+        &["patch", "resourceclaims.resource.k8s.io", "--subresource=status", "-n", "default"],
+        &["update", "podgroups.scheduling.muster.dev", "--subresource=finalizers", "-n", "default"],
     ];
     for args in allowed {
         assert!(can_i(&ns, args), "the chart's ServiceAccount should be allowed: {args:?}");
@@ -314,6 +326,14 @@ fn service_account_is_refused_outside_its_rules() {
         &["delete", "validatingwebhookconfigurations/muster-validating"],
         &["update", "pods", "-n", "default"],
         &["delete", "podgroups.scheduling.muster.dev", "-n", "default"],
+        &["create", "resourceslices.resource.k8s.io"],
+        &["patch", "resourceslices.resource.k8s.io"],
+        &["delete", "resourceslices.resource.k8s.io"],
+        &["create", "deviceclasses.resource.k8s.io"],
+        &["update", "deviceclasses.resource.k8s.io"],
+        &["deletecollection", "resourceclaims.resource.k8s.io", "-n", "default"],
+        &["create", "devicetaintrules.resource.k8s.io"],
+        &["update", "resourceclaimtemplates.resource.k8s.io", "--subresource=status", "-n", "default"],
         &["*", "*"],
     ];
     for args in refused {

@@ -251,6 +251,25 @@ fn rbac_has_no_wildcards_and_names_what_is_musters_alone() {
         for rule in named(&cluster_rules, "nodes") {
             assert_eq!(strings(&rule["verbs"]), ["get", "list", "watch"], "{name}: nodes are read only: {rule}");
         }
+        // DRA: what drivers publish is read only; claims and their templates are muster's to
+        // write, their status with update or patch only.
+        for resource in ["resourceslices", "deviceclasses"] {
+            let rules = named(&cluster_rules, resource);
+            assert!(!rules.is_empty(), "{name}: no rule for {resource}");
+            for rule in rules {
+                assert_eq!(strings(&rule["verbs"]), ["get", "list", "watch"], "{name}: {resource} read only: {rule}");
+            }
+        }
+        for resource in ["resourceclaims", "resourceclaimtemplates"] {
+            let rules = named(&cluster_rules, resource);
+            let verbs: Vec<&str> = rules.iter().flat_map(|r| strings(&r["verbs"])).collect();
+            for verb in ["get", "list", "watch", "create", "update", "patch", "delete"] {
+                assert!(verbs.contains(&verb), "{name}: {resource} lacks {verb}: {verbs:?}");
+            }
+        }
+        let status_rules = named(&cluster_rules, "resourceclaims/status");
+        let status: Vec<&str> = status_rules.iter().flat_map(|r| strings(&r["verbs"])).collect();
+        assert_eq!(status, ["update", "patch"], "{name}: resourceclaims/status");
     }
     // cert-manager mounts the Secret: muster gets no Secret access at all.
     let docs = render(NS, &["-f", &full_values()]);

@@ -9,13 +9,16 @@
 //! `MUSTER_E2E_RBAC=chart`, as the Helm chart's ServiceAccount ([`rbac`]).
 //! A test that needs muster configured otherwise runs [`extra::extra_muster`] in its place; one
 //! that kills muster runs replicas of its own ([`replicas::MusterReplicas`]). GPU health comes
-//! from a fake DCGM exporter and a real Prometheus ([`dcgm::gpu_metrics`]).
+//! from a fake DCGM exporter and a real Prometheus ([`dcgm::gpu_metrics`]); DRA devices from a
+//! fake NVIDIA driver's ResourceSlices ([`dra::DraSlices`]).
 //! A test binary whose cluster needs more before it starts (tests/service: a network namespace
 //! and kube-apiserver flags) gets it from [`cluster_with`].
 
 // Spelled out: tests/chart includes this file by path, which would look for them elsewhere.
 #[path = "harness/dcgm.rs"]
 pub mod dcgm;
+#[path = "harness/dra.rs"]
+pub mod dra;
 #[path = "harness/extra.rs"]
 pub mod extra;
 #[path = "harness/manager.rs"]

@@ -9,6 +9,7 @@ mod certs;
 mod chaos;
 mod controlplane;
 mod differential;
+mod dra;
 mod gangs;
 mod gpus;
 mod harness;
