@@ -30,7 +30,7 @@ const HOLD: &str = "e2e.muster.dev/hold";
 const DELETE_PROTECTION: &str = "resource.kubernetes.io/delete-protection";
 
 /// Claim spec: `count` whole GPUs of the class `gpu.nvidia.com`, request `gpus`.
-fn claim_spec(count: u32) -> Value {
+pub(crate) fn claim_spec(count: u32) -> Value {
     json!({"devices": {"requests": [{"name": "gpus", "exactly": {"deviceClassName": DEVICE_CLASS, "count": count}}]}})
 }
 
@@ -69,7 +69,7 @@ async fn bound(pods: &Api<Pod>, name: &str) -> Pod {
 }
 
 /// `(pool, device)` of every result of the claim's allocation, with the driver checked.
-fn allocated(claim: &ResourceClaim) -> Vec<(String, String)> {
+pub(crate) fn allocated(claim: &ResourceClaim) -> Vec<(String, String)> {
     let results = claim.status.as_ref().and_then(|s| s.allocation.as_ref()).and_then(|a| a.devices.as_ref());
     results
         .map(|d| d.results.clone().unwrap_or_default())
@@ -82,7 +82,7 @@ fn allocated(claim: &ResourceClaim) -> Vec<(String, String)> {
         .collect()
 }
 
-fn reserved_for(claim: &ResourceClaim) -> Vec<(String, String)> {
+pub(crate) fn reserved_for(claim: &ResourceClaim) -> Vec<(String, String)> {
     let status = claim.status.as_ref();
     status.and_then(|s| s.reserved_for.clone()).unwrap_or_default().into_iter().map(|r| (r.resource, r.uid)).collect()
 }

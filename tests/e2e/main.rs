@@ -10,6 +10,7 @@ mod chaos;
 mod controlplane;
 mod differential;
 mod dra;
+mod dra_gangs;
 mod gangs;
 mod gpus;
 mod harness;

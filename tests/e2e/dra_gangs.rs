@@ -1,0 +1,226 @@
+//! Gangs whose GPUs come through DRA claims, allocated by muster: kwok GPU nodes with the fake
+//! NVIDIA driver's ResourceSlices (`harness::dra`), kube-controller-manager's resource-claim
+//! controller making each pod's claim from its template, kube-scheduler binding.
+//! - every pod binds where muster allocated its claim, the allocation names exactly the
+//!   devices of the pod's `gpu.muster.dev/indices`, no device is in two allocations (also
+//!   against a plain pod whose claim kube-scheduler allocated on the same nodes), and the
+//!   devices are free again once the job is deleted;
+//! - a muster killed between a claim allocation and its pod's patch leaves no pod ungated with
+//!   a partial set; the next muster finishes the commit with the same devices;
+//! - a named claim that does not exist keeps the gang waiting with that reason.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, PostParams};
+use muster::controllers::admission::FAULT_EXIT_ENV;
+use muster::crds::{MusterJob, PodGroup};
+use muster::crds::scheduling::PlanState;
+use serde_json::{Value, json};
+
+use crate::dra::{allocated, claim_spec, reserved_for};
+use crate::gangs::{
+    LONG, TestNodes, all_bound, apply, condition, gang, gated, group_until, indices_of, job_pods, merge, node_of,
+};
+use crate::harness::dra::DraSlices;
+use crate::harness::extra::extra_muster;
+use crate::harness::manager::muster;
+use crate::harness::{client, namespace, wait_for};
+
+/// A MusterJob of `pods` pods whose GPUs come from their own claim, made from template
+/// `template`, and whose pod spec also has `extra` merged in.
+fn claim_job(name: &str, pods: u32, template: &str, nodes: &TestNodes, extra: Value) -> Value {
+    let mut spec = json!({
+        "restartPolicy": "Never",
+        "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": template}],
+        "containers": [{"name": "main", "image": "registry.invalid/none", "resources": {"claims": [{"name": "gpus"}]}}],
+    });
+    merge(&mut spec, nodes.placement());
+    merge(&mut spec, extra);
+    json!({
+        "apiVersion": "batch.muster.dev/v1alpha1",
+        "kind": "MusterJob",
+        "metadata": {"name": name},
+        "spec": {"parallelism": pods, "completions": pods, "completionMode": "Indexed",
+                 "scheduling": gang(pods), "template": {"spec": spec}},
+    })
+}
+
+async fn template(ns: &str, name: &str, count: u32) {
+    let templates: Api<ResourceClaimTemplate> = Api::namespaced(client().await, ns);
+    let t: ResourceClaimTemplate =
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"spec": claim_spec(count)}})).unwrap();
+    templates.create(&PostParams::default(), &t).await.expect("create the template");
+}
+
+/// The claim made for a pod's entry `gpus`.
+fn claim_of(pod: &Pod) -> Option<String> {
+    let statuses = pod.status.as_ref()?.resource_claim_statuses.as_ref()?;
+    statuses.iter().find(|s| s.name == "gpus")?.resource_claim_name.clone()
+}
+
+/// The device names `gpu-<i>` of an indices annotation such as `0,3`.
+fn devices_of(indices: &str) -> BTreeSet<String> {
+    indices.split(',').map(|i| format!("gpu-{i}")).collect()
+}
+
+/// Checks one bound pod against its claim: allocated on the pod's node, exactly the devices of
+/// its indices, reserved for it. Returns the claim's devices as (pool, device).
+async fn check_pod_claim(claims: &Api<ResourceClaim>, pod: &Pod) -> Vec<(String, String)> {
+    let name = claim_of(pod).unwrap_or_else(|| panic!("pod {} names no claim", pod.name_any()));
+    let claim = claims.get(&name).await.expect("the pod's claim");
+    let devices = allocated(&claim);
+    let node = node_of(pod).expect("bound").to_string();
+    assert!(devices.iter().all(|(pool, _)| *pool == node), "pod {} on {node}: {devices:?}", pod.name_any());
+    let indices = indices_of(pod).unwrap_or_else(|| panic!("pod {} has no GPU indices", pod.name_any()));
+    let names: BTreeSet<String> = devices.iter().map(|(_, d)| d.clone()).collect();
+    assert_eq!(names, devices_of(indices), "pod {}: claim {name} vs indices {indices}", pod.name_any());
+    assert_eq!(reserved_for(&claim), [("pods".to_string(), pod.uid().unwrap())], "claim {name}");
+    devices
+}
+
+#[tokio::test]
+async fn a_gang_with_gpu_claims_binds_where_muster_allocated_and_frees_them_when_deleted() {
+    let _muster = muster().await;
+    let ns = namespace("dra-gang");
+    let nodes = TestNodes::add(&ns.name, 2, 4, 1).await;
+    let _slices = DraSlices::publish(&nodes.names).await;
+    template(&ns.name, "two-gpus", 2).await;
+    let client = client().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let claims: Api<ResourceClaim> = Api::namespaced(client, &ns.name);
+
+    // A plain pod (no PodGroup) whose claim kube-scheduler allocates on the first node.
+    let mut plain = json!({
+        "metadata": {"name": "plain"},
+        "spec": {"restartPolicy": "Never",
+                 "nodeSelector": {"kubernetes.io/hostname": nodes.names[0]},
+                 "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "two-gpus"}],
+                 "containers": [{"name": "main", "image": "registry.invalid/none", "resources": {"claims": [{"name": "gpus"}]}}]},
+    });
+    merge(&mut plain["spec"], nodes.placement());
+    pods.create(&PostParams::default(), &serde_json::from_value(plain).unwrap()).await.expect("create plain");
+    let plain = wait_for("the plain pod bound", LONG, || async {
+        pods.get_opt("plain").await.ok().flatten().filter(|p| node_of(p).is_some())
+    })
+    .await;
+    let plain_claim = claims.get(&claim_of(&plain).expect("plain's claim")).await.unwrap();
+    let plain_devices = allocated(&plain_claim);
+    assert_eq!(plain_devices.len(), 2);
+
+    // 3 pods x 2 GPUs: exactly the 6 devices left on the two nodes.
+    apply(&ns.name, &claim_job("train", 3, "two-gpus", &nodes, json!({})));
+    let bound = all_bound(&pods, "train", 3).await;
+    let mut seen: BTreeMap<(String, String), String> = BTreeMap::new();
+    for d in &plain_devices {
+        seen.insert(d.clone(), "plain".into());
+    }
+    for pod in &bound {
+        for d in check_pod_claim(&claims, pod).await {
+            if let Some(other) = seen.insert(d.clone(), pod.name_any()) {
+                panic!("device {d:?} is allocated to {other} and {}", pod.name_any());
+            }
+        }
+    }
+    assert_eq!(seen.len(), 8, "every device of the two nodes once: {seen:?}");
+
+    // Deleting the job frees the devices: its pods' claims go with the pods.
+    let jobs: Api<MusterJob> = Api::namespaced(pods.clone().into_client(), &ns.name);
+    jobs.delete("train", &DeleteParams::foreground()).await.expect("delete the job");
+    let left = wait_for("the job's claims gone", LONG, || async {
+        let list = claims.list(&Default::default()).await.ok()?;
+        (list.items.len() == 1).then_some(list.items)
+    })
+    .await;
+    assert_eq!(left[0].name_any(), plain_claim.name_any(), "only the plain pod's claim is left");
+
+    // The freed devices go to the next gang.
+    apply(&ns.name, &claim_job("next", 3, "two-gpus", &nodes, json!({})));
+    for pod in all_bound(&pods, "next", 3).await {
+        check_pod_claim(&claims, &pod).await;
+    }
+}
+
+/// Kill muster right after it allocated the second pod's claim, before that pod's patch: the
+/// pod is still gated (no pod runs on a partial set), its claim holds the planned devices, and
+/// the next muster finishes the commit with exactly those devices.
+#[tokio::test]
+async fn a_crash_between_a_claim_and_its_pod_patch_is_resumed_with_the_same_devices() {
+    // Writes: claim 1, pod 1, claim 2 -> exit.
+    let mut extra = extra_muster(&[], &[(FAULT_EXIT_ENV, "3")]).await;
+    let ns = namespace("dra-crash");
+    let nodes = TestNodes::add(&ns.name, 2, 4, 1).await;
+    let _slices = DraSlices::publish(&nodes.names).await;
+    template(&ns.name, "two-gpus", 2).await;
+    let client = client().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), &ns.name);
+    let groups: Api<PodGroup> = Api::namespaced(client, &ns.name);
+    apply(&ns.name, &claim_job("crash", 3, "two-gpus", &nodes, json!({})));
+    let status = extra.exited(LONG).await;
+    assert_eq!(status.code(), Some(3), "muster exits through the test hook");
+
+    let plan = groups.get("crash").await.unwrap().status.and_then(|s| s.plan).expect("a plan");
+    assert_eq!(plan.state, PlanState::Committing);
+    assert!(plan.pods.iter().all(|p| p.claims.len() == 1), "the plan names each pod's claim: {:?}", plan.pods);
+    let now = job_pods(&pods, "crash").await;
+    let ungated: Vec<&Pod> = now.iter().filter(|p| !gated(p)).collect();
+    assert_eq!(ungated.len(), 1, "one pod patched");
+    // Every ungated pod has its whole set; claims allocated for gated pods name the plan's devices.
+    let mut allocated_claims = 0;
+    for planned in &plan.pods {
+        let claim = claims.get(&planned.claims[0]).await.expect("planned claim");
+        let devices: BTreeSet<String> = allocated(&claim).into_iter().map(|(_, d)| d).collect();
+        let pod = now.iter().find(|p| p.uid().as_deref() == Some(planned.uid.as_str())).expect("planned pod");
+        if !gated(pod) {
+            assert_eq!(devices, devices_of(planned.gpu_indices.as_deref().unwrap()), "ungated pod's set");
+        }
+        if !devices.is_empty() {
+            allocated_claims += 1;
+            assert_eq!(devices, devices_of(planned.gpu_indices.as_deref().unwrap()), "claim {}", planned.claims[0]);
+            assert_eq!(reserved_for(&claim), [("pods".to_string(), planned.uid.clone())]);
+        }
+    }
+    assert_eq!(allocated_claims, 2, "claims 1 and 2 allocated, claim 3 not yet");
+
+    extra.start(&[], &[]).await;
+    let bound = all_bound(&pods, "crash", 3).await;
+    let mut all = BTreeSet::new();
+    for pod in &bound {
+        let planned = plan.pods.iter().find(|p| p.uid == pod.uid().unwrap()).expect("a planned pod");
+        assert_eq!(node_of(pod), Some(planned.node.as_str()));
+        assert_eq!(indices_of(pod), planned.gpu_indices.as_deref());
+        for d in check_pod_claim(&claims, pod).await {
+            assert!(all.insert(d.clone()), "device {d:?} twice");
+        }
+    }
+    let done = group_until(&groups, "crash", "Admitted=True", |g| {
+        condition(g, "Admitted").is_some_and(|c| c.status == "True")
+    })
+    .await;
+    assert!(condition(&done, "Admitted").unwrap().message.contains("commit resumed"));
+}
+
+#[tokio::test]
+async fn a_named_claim_that_does_not_exist_keeps_the_gang_waiting_with_that_reason() {
+    let _muster = muster().await;
+    let ns = namespace("dra-missing");
+    let nodes = TestNodes::add(&ns.name, 1, 4, 1).await;
+    let _slices = DraSlices::publish(&nodes.names).await;
+    let extra = json!({"resourceClaims": [{"name": "gpus", "resourceClaimName": "nope"}]});
+    apply(&ns.name, &claim_job("lost", 2, "unused", &nodes, extra));
+    let groups: Api<PodGroup> = Api::namespaced(client().await, &ns.name);
+    let g = group_until(&groups, "lost", "Admitted=False naming the claim", |g| {
+        condition(g, "Admitted").is_some_and(|c| c.status == "False" && c.message.contains("nope"))
+    })
+    .await;
+    let message = &condition(&g, "Admitted").unwrap().message;
+    assert!(
+        message.contains(&format!("ResourceClaim {}/nope named by resourceClaims[0] (\"gpus\") does not exist", ns.name)),
+        "{message}"
+    );
+    let pods: Api<Pod> = Api::namespaced(client().await, &ns.name);
+    assert!(job_pods(&pods, "lost").await.iter().all(gated), "the gang stays gated");
+}
