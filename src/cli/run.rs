@@ -105,6 +105,16 @@ pub struct Args {
     /// (Helm never upgrades a chart's crds/).
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     install_crds: bool,
+    /// DeviceClass of the GPUs claimed by a MusterJob with `spec.gpuClaims` that names none.
+    #[arg(long, env = "MUSTER_DRA_GPU_DEVICE_CLASS", default_value = crate::controllers::context::DEFAULT_DRA_GPU_DEVICE_CLASS, value_parser = device_class)]
+    dra_gpu_device_class: String,
+}
+
+fn device_class(s: &str) -> Result<String, String> {
+    match crate::workloadbuilder::field::dns_subdomain_errors(s).first() {
+        None => Ok(s.to_string()),
+        Some(e) => Err(format!("must be a DeviceClass name (a DNS subdomain): {e}")),
+    }
 }
 
 fn init_tracing(level: &str, format: LogFormat) {
@@ -183,6 +193,7 @@ impl Args {
             require_single_numa: self.require_single_numa,
             identity,
             namespace: self.namespace.clone(),
+            dra_gpu_device_class: self.dra_gpu_device_class.clone(),
         }
     }
 }

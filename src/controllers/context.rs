@@ -41,7 +41,12 @@ pub struct Config {
     pub identity: String,
     /// muster's own namespace (Lease, Secret).
     pub namespace: String,
+    /// DeviceClass of the GPUs a MusterJob with `spec.gpuClaims` claims when it names none.
+    pub dra_gpu_device_class: String,
 }
+
+/// Default of [`Config::dra_gpu_device_class`]: the class of NVIDIA's DRA driver.
+pub const DEFAULT_DRA_GPU_DEVICE_CLASS: &str = "gpu.nvidia.com";
 
 impl Default for Config {
     fn default() -> Self {
@@ -55,6 +60,7 @@ impl Default for Config {
             require_single_numa: false,
             identity: "muster".into(),
             namespace: "muster-system".into(),
+            dra_gpu_device_class: DEFAULT_DRA_GPU_DEVICE_CLASS.into(),
         }
     }
 }

@@ -97,6 +97,21 @@ pub struct MusterJobSpec {
     /// Only `schedulingPolicy.gang.minCount` may change after creation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheduling: Option<PodGroupScheduling>,
+    /// Opt-in: the containers' `nvidia.com/gpu` requests become a DRA ResourceClaim per pod
+    /// (from the ResourceClaimTemplate `<job>-gpus` muster makes). Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_claims: Option<GpuClaims>,
+}
+
+/// How a MusterJob's GPUs are claimed through DRA (`resource.k8s.io/v1`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuClaims {
+    /// DeviceClass of the GPUs (a DNS subdomain); default: the controller's
+    /// `--dra-gpu-device-class` (`gpu.nvidia.com`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub device_class_name: Option<String>,
 }
 
 fn one() -> i32 {

@@ -46,6 +46,12 @@ pub const JOB_NAME_LABEL: &str = "batch.muster.dev/job-name";
 pub const JOBSET_NAME_LABEL: &str = "batch.muster.dev/jobset-name";
 /// Label with the replicatedJob of a child MusterJob.
 pub const REPLICATED_JOB_LABEL: &str = "batch.muster.dev/replicatedjob-name";
+/// ResourceClaim annotation: the entry of its PodGroup's `spec.resourceClaims` muster made it
+/// for (the claim is owned by the PodGroup and shared by all its pods).
+pub const GROUP_CLAIM_ANNOTATION: &str = "scheduling.muster.dev/pod-group-claim";
+/// Pod-level claim entry (and container claim) through which a MusterJob with
+/// `spec.gpuClaims` gets its GPUs.
+pub const GPU_CLAIM_NAME: &str = "muster-gpus";
 /// Resource name of NVIDIA GPUs.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 /// Hostname label a pod is pinned with.

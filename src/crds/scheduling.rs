@@ -463,9 +463,27 @@ pub struct PodGroupStatus {
     /// Nodes the next plans of this root avoid, each until its expiry.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub avoid_nodes: Vec<AvoidedNode>,
+    /// The ResourceClaim behind each entry of `spec.resourceClaims` whose claim exists
+    /// (upstream's field), written by the job controller alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub resource_claim_statuses: Vec<PodGroupResourceClaimStatus>,
     /// Generation of the spec this status was written for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+/// The claim made for (or named by) one entry of a PodGroup's `spec.resourceClaims`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodGroupResourceClaimStatus {
+    /// The entry's name (`spec.resourceClaims[].name`).
+    #[schemars(length(min = 1, max = 63), regex(pattern = DNS_LABEL_PATTERN))]
+    pub name: String,
+    /// The ResourceClaim in the group's namespace the group's pods share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub resource_claim_name: Option<String>,
 }
 
 /// A CompositePodGroup: a group of groups admitted together.

@@ -12,9 +12,9 @@ use crate::crds::batch::{
     CompletionMode, MAX_SCHEDULED_REPLICATED_JOBS, MusterJob, MusterJobSet, MusterJobSetSpec, MusterJobSpec,
 };
 use crate::crds::blocks::{CompositePodGroupScheduling, PodGroupScheduling, PodGroupSchedulingPolicy};
-use crate::crds::{ADMISSION_GATE, POD_GROUP_LABEL};
+use crate::crds::{ADMISSION_GATE, GPU_CLAIM_NAME, GPU_RESOURCE, POD_GROUP_LABEL};
 
-use super::field::{ErrorList, FieldError, FieldPath, dns_label_errors, quote};
+use super::field::{ErrorList, FieldError, FieldPath, dns_label_errors, dns_subdomain_errors, quote};
 use super::item::{Block, PolicyInput, SchedulingConfig, WorkloadInput, WorkloadItem};
 use super::{BuildOptions, Builder};
 
@@ -200,7 +200,11 @@ fn job_spec_errors(spec: &MusterJobSpec, old: Option<&MusterJobSpec>, path: &Fie
         errs.push(FieldError::required(&path.child("completions"), "when completion mode is Indexed"));
     }
     errs.extend(template_errors(&spec.template, &path.child("template")));
+    errs.extend(claim_errors(spec, path));
     if let Some(old) = old {
+        if spec.gpu_claims != old.gpu_claims {
+            errs.push(FieldError::invalid(&path.child("gpuClaims"), "{...}", "field is immutable"));
+        }
         let scheduling_path = path.child("scheduling");
         set_once(&mut errs, &scheduling_path, spec.scheduling.is_some(), old.scheduling.is_some());
         if let (Some(new_s), Some(old_s)) = (&spec.scheduling, &old.scheduling) {
@@ -227,6 +231,78 @@ fn job_spec_errors(spec: &MusterJobSpec, old: Option<&MusterJobSpec>, path: &Fie
                 quote(&format!("{:?}", spec.completion_mode)),
                 "field is immutable",
             ));
+        }
+    }
+    errs
+}
+
+/// The claim names a job's pods get must not clash: the pod template's own `resourceClaims`,
+/// the PodGroup's shared claims, and with `gpuClaims` the GPU claim; with `gpuClaims`, GPU
+/// counts are whole numbers (each becomes a DRA request) and the device class a DNS subdomain.
+fn claim_errors(spec: &MusterJobSpec, path: &FieldPath) -> ErrorList {
+    let mut errs = Vec::new();
+    let pod = spec.template.spec.as_ref();
+    let pod_path = path.child("template").child("spec");
+    let own: Vec<&str> =
+        pod.and_then(|p| p.resource_claims.as_ref()).into_iter().flatten().map(|c| c.name.as_str()).collect();
+    if let Some(entries) = spec.scheduling.as_ref().and_then(|s| s.resource_claims.as_ref()) {
+        let entries_path = path.child("scheduling").child("resourceClaims");
+        for (i, e) in entries.iter().enumerate() {
+            let name_path = entries_path.index(i).child("name");
+            if own.contains(&e.name.as_str()) {
+                errs.push(FieldError::invalid(
+                    &name_path,
+                    quote(&e.name),
+                    "the pod template already has a resourceClaims entry of this name (each pod gets one per shared claim)",
+                ));
+            } else if spec.gpu_claims.is_some() && e.name == GPU_CLAIM_NAME {
+                errs.push(FieldError::invalid(
+                    &name_path,
+                    quote(&e.name),
+                    format!("{GPU_CLAIM_NAME} is the pods' GPU claim when gpuClaims is set"),
+                ));
+            }
+        }
+    }
+    let Some(gpu) = &spec.gpu_claims else { return errs };
+    if let Some(class) = &gpu.device_class_name {
+        let class_path = path.child("gpuClaims").child("deviceClassName");
+        for msg in dns_subdomain_errors(class) {
+            errs.push(FieldError::invalid(&class_path, quote(class), format!("must be a DeviceClass name: {msg}")));
+        }
+    }
+    if let Some(i) = own.iter().position(|n| *n == GPU_CLAIM_NAME) {
+        errs.push(FieldError::forbidden(
+            &pod_path.child("resourceClaims").index(i).child("name"),
+            format!("{GPU_CLAIM_NAME} is added by muster when gpuClaims is set"),
+        ));
+    }
+    let Some(pod) = pod else { return errs };
+    let containers = [
+        ("containers", pod.containers.as_slice()),
+        ("initContainers", pod.init_containers.as_deref().unwrap_or_default()),
+    ];
+    for (field, list) in containers {
+        for (i, c) in list.iter().enumerate() {
+            let Some(r) = &c.resources else { continue };
+            let rpath = pod_path.child(field).index(i).child("resources");
+            for (kind, map) in [("limits", &r.limits), ("requests", &r.requests)] {
+                if let Some(q) = map.as_ref().and_then(|m| m.get(GPU_RESOURCE))
+                    && q.0.trim().parse::<u32>().is_err()
+                {
+                    errs.push(FieldError::invalid(
+                        &rpath.child(kind).key(GPU_RESOURCE),
+                        quote(&q.0),
+                        "must be a whole number of GPUs when gpuClaims is set (each becomes a DRA request)",
+                    ));
+                }
+            }
+            if r.claims.iter().flatten().any(|x| x.name == GPU_CLAIM_NAME) {
+                errs.push(FieldError::forbidden(
+                    &rpath.child("claims"),
+                    format!("{GPU_CLAIM_NAME} is added by muster when gpuClaims is set"),
+                ));
+            }
         }
     }
     errs

@@ -846,3 +846,105 @@ proptest! {
         prop_assert_eq!(back, spec);
     }
 }
+
+fn gpu_spec(gpus: &str, gpu_claims: serde_json::Value, scheduling: serde_json::Value) -> MusterJobSpec {
+    serde_json::from_value(serde_json::json!({
+        "parallelism": 2,
+        "gpuClaims": gpu_claims,
+        "scheduling": scheduling,
+        "template": {"spec": {"restartPolicy": "Never",
+            "resourceClaims": [{"name": "own", "resourceClaimName": "x"}],
+            "containers": [{"name": "c", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": gpus}}}]}},
+    }))
+    .expect("valid spec fixture")
+}
+
+#[test]
+fn gpu_claims_rules() {
+    use serde_json::json;
+    let none = json!(null);
+    let cases: Vec<(&str, MusterJobSpec, Vec<&str>)> = vec![
+        ("default_device_class_is_fine", gpu_spec("2", json!({}), none.clone()), vec![]),
+        (
+            "a_dns_subdomain_class_is_fine",
+            gpu_spec("2", json!({"deviceClassName": "gpu.example.com"}), none.clone()),
+            vec![],
+        ),
+        (
+            "device_class_must_be_a_dns_subdomain",
+            gpu_spec("2", json!({"deviceClassName": "GPU_class"}), none.clone()),
+            vec!["spec.gpuClaims.deviceClassName"],
+        ),
+        (
+            "empty_device_class_is_invalid",
+            gpu_spec("2", json!({"deviceClassName": ""}), none.clone()),
+            vec!["spec.gpuClaims.deviceClassName"],
+        ),
+        (
+            "gpu_counts_must_be_whole_numbers",
+            gpu_spec("500m", json!({}), none.clone()),
+            vec!["spec.template.spec.containers[0].resources.limits[nvidia.com/gpu]"],
+        ),
+        ("fractions_are_only_checked_when_opted_in", gpu_spec("500m", none.clone(), none.clone()), vec![]),
+        (
+            "a_shared_claim_may_not_reuse_a_pod_claim_name",
+            gpu_spec("1", none.clone(), json!({"resourceClaims": [{"name": "own", "resourceClaimName": "y"}]})),
+            vec!["spec.scheduling.resourceClaims[0].name"],
+        ),
+        (
+            "a_shared_claim_may_not_take_the_gpu_claim_name",
+            gpu_spec(
+                "1",
+                json!({}),
+                json!({"resourceClaims": [{"name": "muster-gpus", "resourceClaimTemplateName": "t"}]}),
+            ),
+            vec!["spec.scheduling.resourceClaims[0].name"],
+        ),
+        (
+            "muster_gpus_is_free_without_gpu_claims",
+            gpu_spec(
+                "1",
+                none.clone(),
+                json!({"resourceClaims": [{"name": "muster-gpus", "resourceClaimTemplateName": "t"}]}),
+            ),
+            vec![],
+        ),
+    ];
+    for (name, spec, want) in cases {
+        assert_eq!(paths(&validate_job(&job("j", spec), None)), want, "{name}");
+    }
+    let mut own = gpu_spec("1", json!({}), none.clone());
+    own.template.spec.as_mut().expect("pod").resource_claims.as_mut().expect("claims")[0].name = "muster-gpus".into();
+    assert_eq!(paths(&validate_job(&job("j", own), None)), vec!["spec.template.spec.resourceClaims[0].name"]);
+    let errs = validate_job(&job("j", gpu_spec("2", json!({"deviceClassName": "GPU_class"}), none.clone())), None);
+    assert!(
+        errs[0]
+            .to_string()
+            .starts_with("spec.gpuClaims.deviceClassName: Invalid value: \"GPU_class\": must be a DeviceClass name"),
+        "{}",
+        errs[0]
+    );
+}
+
+#[test]
+fn gpu_claims_are_frozen() {
+    use serde_json::json;
+    let old = job("j", gpu_spec("2", json!(null), json!(null)));
+    let new = job("j", gpu_spec("2", json!({}), json!(null)));
+    assert_eq!(paths(&validate_job(&new, Some(&old))), vec!["spec.gpuClaims"]);
+    let other = job("j", gpu_spec("2", json!({"deviceClassName": "b.example.com"}), json!(null)));
+    assert_eq!(paths(&validate_job(&other, Some(&new))), vec!["spec.gpuClaims"]);
+    assert!(validate_job(&new, Some(&new)).is_empty());
+}
+
+#[test]
+fn gpu_claims_are_checked_in_jobset_templates() {
+    use serde_json::json;
+    let mut spec = set_spec(None, &[("w", 1, 1)]);
+    spec.replicated_jobs[0].template.spec = gpu_spec("1", json!({"deviceClassName": "Bad"}), json!(null));
+    let set = MusterJobSet::new("s", spec);
+    assert_eq!(
+        paths(&validate_jobset(&set, None)),
+        vec!["spec.replicatedJobs[0].template.spec.gpuClaims.deviceClassName"]
+    );
+}

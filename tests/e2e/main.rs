@@ -7,6 +7,7 @@ mod admission;
 mod cases;
 mod certs;
 mod chaos;
+mod claims;
 mod controlplane;
 mod differential;
 mod dra;

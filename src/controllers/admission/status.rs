@@ -319,6 +319,8 @@ pub fn pod_group_status(pg: &PodGroup, pods: &[&Pod], outcome: Option<&Outcome>,
         recent_rollbacks: prev.recent_rollbacks,
         last_rollback_time: prev.last_rollback_time,
         avoid_nodes: prev.avoid_nodes,
+        // Written by the job controller (its own merge patch); carried so this apply agrees.
+        resource_claim_statuses: prev.resource_claim_statuses,
         observed_generation: generation,
     }
 }

@@ -1,7 +1,10 @@
 //! The MusterJob reconciler: validate, compile the Workload and PodGroup (or, for a
 //! MusterJobSet's child, only the PodGroup from the parent's Workload), run gated pods with
-//! batch/v1 semantics, and report status and events. The decisions live in `plan` (pure).
+//! batch/v1 semantics, and report status and events. With DRA, it also makes the GPU
+//! ResourceClaimTemplate of a job with `spec.gpuClaims` and the shared claims of its PodGroup.
+//! The decisions live in `plan` and `claims` (pure).
 
+pub mod claims;
 pub mod plan;
 
 use std::collections::BTreeMap;
@@ -10,6 +13,7 @@ use std::time::Duration;
 
 use futures::{Future, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -24,10 +28,12 @@ use super::context::{Context, Error, Result};
 use super::{conditions, controller_uid};
 use crate::crds::batch::{CompletionMode, JobPhase, MusterJob, MusterJobStatus};
 use crate::crds::blocks::DisruptionModeKind;
-use crate::crds::scheduling::{CompositePodGroup, MAX_DEPTH, PodGroup, Workload};
+use crate::crds::blocks::PodGroupResourceClaim;
+use crate::crds::scheduling::{CompositePodGroup, MAX_DEPTH, PodGroup, PodGroupResourceClaimStatus, Workload};
 use crate::crds::{GROUP_TEMPLATE_ANNOTATION, JOB_NAME_LABEL, JOBSET_NAME_LABEL, PARENT_COMPOSITE_ANNOTATION};
 use crate::workloadbuilder::job::{JOB_TEMPLATE_NAME, build_options, job_item, validate_job};
 use crate::workloadbuilder::{Builder, FieldPath};
+use claims::GroupClaim;
 use plan::{ObservedPod, condition};
 
 /// Name of this controller in metrics and logs.
@@ -37,6 +43,9 @@ pub const FIELD_MANAGER: &str = "muster-job-controller";
 /// PodGroup annotation: hashes of the job fields frozen after creation, to notice changes
 /// that got past the webhook.
 pub const FROZEN_HASH_ANNOTATION: &str = "batch.muster.dev/frozen-fields";
+/// How soon a job whose claims could not be made (a template missing, a name taken) is
+/// looked at again: nothing muster watches changes when the template appears.
+const CLAIM_RETRY: Duration = Duration::from_secs(15);
 
 /// Runs the controller until `shutdown` resolves.
 pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
@@ -73,17 +82,23 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, ctx: Arc<Context>) -
     let now = Timestamp::now();
     let namespace = job.namespace().unwrap_or_default();
     if let Some(message) = crate::webhook::config::excluded_namespace(&namespace, &ctx.config.namespace) {
-        return set_invalid(job, &ctx, "NamespaceExcluded", &message, now).await;
+        return set_invalid(job, &ctx, "NamespaceExcluded", &message, now, None).await;
     }
     let errors = validate_job(job, None);
     if !errors.is_empty() {
         let message = errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
-        return set_invalid(job, &ctx, "InvalidSpec", &message, now).await;
+        return set_invalid(job, &ctx, "InvalidSpec", &message, now, None).await;
     }
     let group = match ensure_groups(job, &ctx).await? {
         Ok(group) => group,
-        Err((reason, message)) => return set_invalid(job, &ctx, reason, &message, now).await,
+        Err((reason, message)) => return set_invalid(job, &ctx, reason, &message, now, None).await,
     };
+    // The GPU template comes before the pods that claim from it.
+    let gpu_template = match ensure_gpu_template(job, &ctx).await? {
+        Ok(template) => template,
+        Err((reason, message)) => return set_invalid(job, &ctx, reason, &message, now, Some(CLAIM_RETRY)).await,
+    };
+    let group_claims = ensure_group_claims(job, &ctx, &group).await?;
     let standalone = !is_child(job);
     if standalone && job.spec.completion_mode == CompletionMode::Indexed {
         let name = job.name_any();
@@ -97,7 +112,7 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, ctx: Arc<Context>) -
         )
         .await?;
     }
-    sync_pods(job, &ctx, &group, now).await
+    sync_pods(job, &ctx, &group, &PodClaims { gpu_template, group: group_claims }, now).await
 }
 
 /// The groups a job's pods join.
@@ -108,6 +123,27 @@ struct Groups {
     /// Rollbacks of the root gang so far (its `status.rollbacks`): new pods carry it as
     /// their `scheduling.muster.dev/gang-attempt`.
     admission_attempt: i32,
+    /// A controller reference to the PodGroup (the owner of the claims made for it).
+    pod_group_owner: Option<OwnerReference>,
+    /// The PodGroup's `spec.resourceClaims`.
+    resource_claims: Vec<PodGroupResourceClaim>,
+    /// The PodGroup's `status.resourceClaimStatuses` as read.
+    claim_statuses: Vec<PodGroupResourceClaimStatus>,
+}
+
+/// The claims a job's new pods reference.
+struct PodClaims {
+    /// The job's GPU ResourceClaimTemplate (`spec.gpuClaims` with GPU containers).
+    gpu_template: Option<String>,
+    /// The PodGroup's claims, and what kept some from being made.
+    group: GroupClaims,
+}
+
+/// The claims of a PodGroup and the reasons some are not made yet.
+struct GroupClaims {
+    claims: Vec<GroupClaim>,
+    /// `(reason, message)` per claim that could not be made.
+    problems: Vec<(&'static str, String)>,
 }
 
 fn is_child(job: &MusterJob) -> bool {
@@ -129,6 +165,7 @@ fn frozen_hashes(job: &MusterJob) -> Result<String> {
         ("template", serde_json::to_value(&job.spec.template)?),
         ("completions", json!([job.spec.completions, job.spec.completion_mode])),
         ("scheduling", scheduling),
+        ("gpuClaims", serde_json::to_value(&job.spec.gpu_claims)?),
     ];
     Ok(parts
         .iter()
@@ -226,7 +263,16 @@ async fn ensure_groups(job: &MusterJob, ctx: &Context) -> Result<std::result::Re
     let applied = pgs.patch(&name, &params, &Patch::Apply(&pg)).await?;
     // A standalone job's PodGroup is its root; a child's root is the top CompositePodGroup.
     let admission_attempt = root_rollbacks.unwrap_or_else(|| applied.status.as_ref().map_or(0, |s| s.rollbacks));
-    Ok(Ok(Groups { workload: workload_name, pod_group: name, gang_all, admission_attempt }))
+    let status = applied.status.clone().unwrap_or_default();
+    Ok(Ok(Groups {
+        workload: workload_name,
+        pod_group: name,
+        gang_all,
+        admission_attempt,
+        pod_group_owner: super::controller_ref(&applied),
+        resource_claims: applied.spec.resource_claims.clone().unwrap_or_default(),
+        claim_statuses: status.resource_claim_statuses,
+    }))
 }
 
 /// The rollbacks recorded on the root of the CompositePodGroup tree `cpg` belongs to.
@@ -242,7 +288,13 @@ async fn root_rollbacks(ctx: &Context, ns: &str, mut cpg: CompositePodGroup) -> 
     Ok(cpg.status.as_ref().map_or(0, |s| s.rollbacks))
 }
 
-async fn sync_pods(job: &MusterJob, ctx: &Context, groups: &Groups, now: Timestamp) -> Result<Action> {
+async fn sync_pods(
+    job: &MusterJob,
+    ctx: &Context,
+    groups: &Groups,
+    pod_claims: &PodClaims,
+    now: Timestamp,
+) -> Result<Action> {
     let ns = job.namespace().unwrap_or_default();
     let name = job.name_any();
     let uid = job.uid().unwrap_or_default();
@@ -287,7 +339,13 @@ async fn sync_pods(job: &MusterJob, ctx: &Context, groups: &Groups, now: Timesta
         .or_else(|| (job.spec.completion_mode == CompletionMode::Indexed).then(|| name.clone()));
     let mut created = Vec::new();
     for new in &decision.create {
-        let pod = plan::new_pod(job, new, &groups.pod_group, subdomain.as_deref(), groups.admission_attempt);
+        let mut pod = plan::new_pod(job, new, &groups.pod_group, subdomain.as_deref(), groups.admission_attempt);
+        if let Some(spec) = pod.spec.as_mut() {
+            if let Some(template) = &pod_claims.gpu_template {
+                claims::use_gpu_claim(spec, template);
+            }
+            claims::add_group_claims(spec, &pod_claims.group.claims);
+        }
         match pods_api.create(&PostParams::default(), &pod).await {
             Ok(p) => created.push(p.name_any()),
             Err(kube::Error::Api(e)) if e.code == 409 => {}
@@ -317,6 +375,7 @@ async fn sync_pods(job: &MusterJob, ctx: &Context, groups: &Groups, now: Timesta
         let (reason, note) = if is_suspended { ("Suspended", "Job suspended") } else { ("Resumed", "Job resumed") };
         ctx.event(&reference, false, reason, "Suspend", note).await;
     }
+    let claims_pending = report_claims(job, ctx, pod_claims, &mut decision.status, now).await;
     write_status(job, ctx, &decision.status).await?;
     if decision.delete_job {
         let api = Api::<MusterJob>::namespaced(ctx.client.clone(), &ns);
@@ -327,10 +386,172 @@ async fn sync_pods(job: &MusterJob, ctx: &Context, groups: &Groups, now: Timesta
         }
         return Ok(Action::await_change());
     }
-    Ok(match decision.requeue_after {
-        Some(s) => Action::requeue(Duration::from_secs(s.max(1) as u64)),
+    let requeue = decision.requeue_after.map(|s| Duration::from_secs(s.max(1) as u64));
+    let finished = matches!(decision.status.phase, Some(JobPhase::Complete | JobPhase::Failed));
+    let requeue =
+        if claims_pending && !finished { Some(requeue.map_or(CLAIM_RETRY, |r| r.min(CLAIM_RETRY))) } else { requeue };
+    Ok(match requeue {
+        Some(after) => Action::requeue(after),
         None => Action::await_change(),
     })
+}
+
+/// Creates the job's GPU ResourceClaimTemplate `<job>-gpus` when `spec.gpuClaims` is set and a
+/// container asks for GPUs, and returns its name. `Ok(Err(..))`: a template of that name is
+/// someone else's, or asks for other devices than the job needs (a template's spec cannot
+/// change, so muster never edits it); no pod may claim from it.
+async fn ensure_gpu_template(
+    job: &MusterJob,
+    ctx: &Context,
+) -> Result<std::result::Result<Option<String>, (&'static str, String)>> {
+    let (Some(gpu), Some(pod_spec)) = (&job.spec.gpu_claims, job.spec.template.spec.as_ref()) else {
+        return Ok(Ok(None));
+    };
+    let class = gpu.device_class_name.as_deref().unwrap_or(&ctx.config.dra_gpu_device_class);
+    let labels = plan::job_labels(job);
+    let Some(want) = claims::gpu_template_spec(pod_spec, class, &labels) else { return Ok(Ok(None)) };
+    let ns = job.namespace().unwrap_or_default();
+    let name = claims::gpu_template_name(&job.name_any());
+    let owner = owner_ref(job)?;
+    let api = Api::<ResourceClaimTemplate>::namespaced(ctx.client.clone(), &ns);
+    let existing = match api.get_opt(&name).await? {
+        Some(t) => t,
+        None => {
+            let template = claims::gpu_template(&name, &ns, &labels, owner.clone(), want.clone());
+            match api.create(&PostParams::default(), &template).await {
+                Ok(_) => {
+                    let note = format!("Created ResourceClaimTemplate {name} for the GPUs of the job's pods");
+                    ctx.event(&job.object_ref(&()), false, "SuccessfulCreate", "CreateClaims", note).await;
+                    return Ok(Ok(Some(name)));
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => api.get(&name).await?,
+                Err(e) => {
+                    let note = format!("Error creating ResourceClaimTemplate {name}: {e}");
+                    ctx.event(&job.object_ref(&()), true, "FailedCreate", "CreateClaims", note).await;
+                    return Err(e.into());
+                }
+            }
+        }
+    };
+    if controller_uid(&existing.metadata) != Some(owner.uid.as_str()) {
+        return Ok(Err((
+            "NameConflict",
+            format!("ResourceClaimTemplate {name} already exists and is not controlled by this MusterJob"),
+        )));
+    }
+    if let Some(why) = claims::template_mismatch(&existing, &want) {
+        return Ok(Err((
+            "GpuClaimTemplateMismatch",
+            format!(
+                "ResourceClaimTemplate {name} does not match spec.gpuClaims and the GPU limits of spec.template: {why}; muster does not change a template (its spec is immutable) and creates no pods from it: delete it to have it made again"
+            ),
+        )));
+    }
+    Ok(Ok(Some(name)))
+}
+
+/// Creates the ResourceClaim of each `resourceClaimTemplateName` entry of the job's PodGroup
+/// (one per group, owned by it), and records in the PodGroup's `status.resourceClaimStatuses`
+/// the claims that exist. A claim that cannot be made yet is a problem to report, not an
+/// error: the pods are still created, referencing it, and wait for it.
+async fn ensure_group_claims(job: &MusterJob, ctx: &Context, groups: &Groups) -> Result<GroupClaims> {
+    let ns = job.namespace().unwrap_or_default();
+    let all = claims::group_claims(&groups.pod_group, &groups.resource_claims);
+    let claim_api = Api::<ResourceClaim>::namespaced(ctx.client.clone(), &ns);
+    let template_api = Api::<ResourceClaimTemplate>::namespaced(ctx.client.clone(), &ns);
+    let group_uid = groups.pod_group_owner.as_ref().map(|o| o.uid.clone()).unwrap_or_default();
+    let (mut made, mut created, mut problems) = (std::collections::BTreeSet::new(), Vec::new(), Vec::new());
+    for claim in &all {
+        let Some(template) = &claim.template else { continue };
+        let (entry, claim_name) = (&claim.entry, &claim.claim_name);
+        if let Some(existing) = claim_api.get_opt(claim_name).await? {
+            if controller_uid(&existing.metadata) == Some(group_uid.as_str()) {
+                made.insert(entry.clone());
+            } else {
+                problems.push((
+                    "ClaimNameConflict",
+                    format!(
+                        "ResourceClaim {claim_name} (resourceClaims entry {entry}) already exists and is not controlled by PodGroup {}",
+                        groups.pod_group
+                    ),
+                ));
+            }
+            continue;
+        }
+        let Some(source) = template_api.get_opt(template).await? else {
+            problems.push((
+                "ResourceClaimTemplateNotFound",
+                format!(
+                    "ResourceClaimTemplate {template} (resourceClaims entry {entry}) not found in namespace {ns}: ResourceClaim {claim_name} cannot be created yet; the pods reference it and wait"
+                ),
+            ));
+            continue;
+        };
+        let Some(owner) = groups.pod_group_owner.clone() else {
+            return Err(Error::Missing(format!("PodGroup {} has no uid yet", groups.pod_group)));
+        };
+        let object = claims::group_resource_claim(claim, &ns, &groups.pod_group, &source, owner);
+        match claim_api.create(&PostParams::default(), &object).await {
+            Ok(_) => {
+                made.insert(entry.clone());
+                created.push(claim_name.clone());
+            }
+            // Made meanwhile (another replica, a retry): checked on the next pass.
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => problems.push((
+                "ClaimNotCreated",
+                format!("Error creating ResourceClaim {claim_name} from ResourceClaimTemplate {template}: {e}"),
+            )),
+        }
+    }
+    if !created.is_empty() {
+        let note = format!("Created ResourceClaim(s) shared by PodGroup {}: {}", groups.pod_group, created.join(", "));
+        ctx.event(&job.object_ref(&()), false, "SuccessfulCreate", "CreateClaims", note).await;
+    }
+    let statuses = claims::claim_statuses(&all, &made);
+    if statuses != groups.claim_statuses {
+        // A merge patch of this one field: admission applies the rest of the status.
+        let value = if statuses.is_empty() { serde_json::Value::Null } else { serde_json::to_value(&statuses)? };
+        let body = json!({"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": "PodGroup",
+            "status": {"resourceClaimStatuses": value}});
+        let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+        Api::<PodGroup>::namespaced(ctx.client.clone(), &ns)
+            .patch_status(&groups.pod_group, &params, &Patch::Merge(&body))
+            .await?;
+    }
+    Ok(GroupClaims { claims: all, problems })
+}
+
+/// Sets the job's `ClaimsReady` condition (when it has claims at all) and warns when claims
+/// could not be made. Returns true while some are missing.
+async fn report_claims(
+    job: &MusterJob,
+    ctx: &Context,
+    pod_claims: &PodClaims,
+    status: &mut MusterJobStatus,
+    now: Timestamp,
+) -> bool {
+    if pod_claims.gpu_template.is_none() && pod_claims.group.claims.is_empty() {
+        return false;
+    }
+    let problems = &pod_claims.group.problems;
+    let (ready, reason, message) = match problems.first() {
+        None => (true, "ClaimsCreated", String::new()),
+        Some((reason, _)) => (false, *reason, problems.iter().map(|(_, m)| m.as_str()).collect::<Vec<_>>().join("; ")),
+    };
+    let changed = conditions::set(
+        &mut status.conditions,
+        condition::CLAIMS_READY,
+        ready,
+        reason,
+        &message,
+        job.metadata.generation,
+        now,
+    );
+    if changed && !ready {
+        ctx.event(&job.object_ref(&()), true, reason, "CreateClaims", message).await;
+    }
+    !ready
 }
 
 async fn write_status(job: &MusterJob, ctx: &Context, status: &MusterJobStatus) -> Result<()> {
@@ -343,7 +564,16 @@ async fn write_status(job: &MusterJob, ctx: &Context, status: &MusterJobStatus) 
     Ok(())
 }
 
-async fn set_invalid(job: &MusterJob, ctx: &Context, reason: &str, message: &str, now: Timestamp) -> Result<Action> {
+/// Marks the job Invalid. `retry`: look again after that long (the cause is outside the job,
+/// e.g. an object in the way), instead of waiting for the job to change.
+async fn set_invalid(
+    job: &MusterJob,
+    ctx: &Context,
+    reason: &str,
+    message: &str,
+    now: Timestamp,
+    retry: Option<Duration>,
+) -> Result<Action> {
     let mut status = job.status.clone().unwrap_or_default();
     let changed = conditions::set(
         &mut status.conditions,
@@ -360,7 +590,7 @@ async fn set_invalid(job: &MusterJob, ctx: &Context, reason: &str, message: &str
         ctx.event(&job.object_ref(&()), true, reason, "Validate", message).await;
     }
     write_status(job, ctx, &status).await?;
-    Ok(Action::await_change())
+    Ok(retry.map_or_else(Action::await_change, Action::requeue))
 }
 
 #[cfg(test)]

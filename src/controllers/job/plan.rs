@@ -37,6 +37,9 @@ pub mod condition {
     pub const SUSPENDED: &str = "Suspended";
     /// The spec is invalid or a frozen field changed; nothing is done.
     pub const INVALID: &str = "Invalid";
+    /// The ResourceClaims the job's pods share (its PodGroup's `resourceClaims`) exist. Only
+    /// on jobs with claims.
+    pub const CLAIMS_READY: &str = "ClaimsReady";
 }
 
 /// What the job logic needs to know of one of its pods.
@@ -442,15 +445,8 @@ pub fn new_pod(job: &MusterJob, new: &NewPod, pod_group: &str, subdomain: Option
     let template = &job.spec.template;
     let tmeta = template.metadata.clone().unwrap_or_default();
     let mut labels: BTreeMap<String, String> = tmeta.labels.unwrap_or_default();
-    labels.insert(JOB_NAME_LABEL.into(), name.clone());
+    labels.extend(job_labels(job));
     labels.insert(POD_GROUP_LABEL.into(), pod_group.into());
-    if let Some(job_labels) = &job.metadata.labels {
-        for key in [JOBSET_NAME_LABEL, REPLICATED_JOB_LABEL] {
-            if let Some(v) = job_labels.get(key) {
-                labels.insert(key.into(), v.clone());
-            }
-        }
-    }
     let mut annotations: BTreeMap<String, String> = tmeta.annotations.unwrap_or_default();
     annotations.insert(GANG_ATTEMPT_ANNOTATION.into(), new.attempt.to_string());
     annotations.insert(ADMISSION_ATTEMPT_ANNOTATION.into(), admission_attempt.max(0).to_string());
@@ -492,6 +488,20 @@ pub fn new_pod(job: &MusterJob, new: &NewPod, pod_group: &str, subdomain: Option
         spec: Some(spec),
         status: None,
     }
+}
+
+/// The labels muster puts on what it makes for `job` (pods, the GPU claim template): the job's
+/// name and, for a MusterJobSet's child, the set and replicatedJob.
+pub fn job_labels(job: &MusterJob) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::from([(JOB_NAME_LABEL.to_string(), job.metadata.name.clone().unwrap_or_default())]);
+    if let Some(job_labels) = &job.metadata.labels {
+        for key in [JOBSET_NAME_LABEL, REPLICATED_JOB_LABEL] {
+            if let Some(v) = job_labels.get(key) {
+                labels.insert(key.into(), v.clone());
+            }
+        }
+    }
+    labels
 }
 
 /// True when a container asks for GPUs (requests or limits).
