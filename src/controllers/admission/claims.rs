@@ -47,24 +47,35 @@ pub(super) fn own_writes(ns: &str, planned: &PlannedPod, dra: &Dra) -> std::resu
         let Some(claim) = dra.claim(ns, name) else {
             return Err(format!("ResourceClaim {ns}/{name} of pod {} is not in the cache yet", planned.name));
         };
-        let request = inventory.request_of(&claim.spec).map_err(|e| format!("ResourceClaim {ns}/{name}: {e}"))?;
-        let allocation = inventory
-            .gpu_allocation(&request, &planned.node, gpus)
-            .map_err(|e| format!("ResourceClaim {ns}/{name} of pod {}: {e}", planned.name))?;
-        let devices = allocated_devices(&allocation);
-        let reserved = claim.reserved_for.contains(&planned.uid);
-        match &claim.allocation {
-            Some(a) if allocated_devices(a) == devices && reserved => continue,
-            Some(a) if allocated_devices(a) == devices => {}
-            Some(_) => {
+        // Allocated already (by this plan, before a restart): only the same devices will do.
+        if let Some(a) = &claim.allocation {
+            let mut planned_devices: Vec<DeviceId> =
+                gpus.iter().filter_map(|i| inventory.gpu_device(&planned.node, i).cloned()).collect();
+            let mut now = allocated_devices(a);
+            planned_devices.sort();
+            now.sort();
+            if now != planned_devices || planned_devices.len() != gpus.len() {
                 return Err(format!(
                     "ResourceClaim {ns}/{name} of pod {} is allocated other devices than planned",
                     planned.name
                 ));
             }
-            None => {}
+            if !claim.reserved_for.contains(&planned.uid) {
+                out.push(ClaimWrite {
+                    name: name.clone(),
+                    allocation: None,
+                    devices: allocated_devices(a),
+                    pods: vec![(planned.name.clone(), planned.uid.clone())],
+                });
+            }
+            continue;
         }
-        let allocation = claim.allocation.is_none().then_some(allocation);
+        let request = inventory.request_of(&claim.spec).map_err(|e| format!("ResourceClaim {ns}/{name}: {e}"))?;
+        let allocation = inventory
+            .gpu_allocation(&request, &planned.node, gpus)
+            .map_err(|e| format!("ResourceClaim {ns}/{name} of pod {}: {e}", planned.name))?;
+        let devices = allocated_devices(&allocation);
+        let allocation = Some(allocation);
         out.push(ClaimWrite {
             name: name.clone(),
             allocation,
