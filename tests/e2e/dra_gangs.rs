@@ -16,8 +16,8 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, PostParams};
 use muster::controllers::admission::FAULT_EXIT_ENV;
-use muster::crds::{MusterJob, PodGroup};
 use muster::crds::scheduling::PlanState;
+use muster::crds::{MusterJob, PodGroup};
 use serde_json::{Value, json};
 
 use crate::dra::{allocated, claim_spec, reserved_for};
@@ -218,9 +218,114 @@ async fn a_named_claim_that_does_not_exist_keeps_the_gang_waiting_with_that_reas
     .await;
     let message = &condition(&g, "Admitted").unwrap().message;
     assert!(
-        message.contains(&format!("ResourceClaim {}/nope named by resourceClaims[0] (\"gpus\") does not exist", ns.name)),
+        message
+            .contains(&format!("ResourceClaim {}/nope named by resourceClaims[0] (\"gpus\") does not exist", ns.name)),
         "{message}"
     );
     let pods: Api<Pod> = Api::namespaced(client().await, &ns.name);
     assert!(job_pods(&pods, "lost").await.iter().all(gated), "the gang stays gated");
+}
+
+/// `spec.gpuClaims`: the job's `nvidia.com/gpu` limit becomes a claim, which muster allocates
+/// with its topology chooser; the pods' indices are what the claims hold.
+#[tokio::test]
+async fn a_job_opted_into_gpu_claims_gets_its_gpus_allocated_through_claims() {
+    let _muster = muster().await;
+    let ns = namespace("dra-opt-in");
+    let nodes = TestNodes::add(&ns.name, 2, 4, 1).await;
+    let _slices = DraSlices::publish(&nodes.names).await;
+    let mut job = crate::gangs::gpu_job("opted", 4, 2, &nodes, gang(4), json!({}));
+    job["spec"]["gpuClaims"] = json!({});
+    apply(&ns.name, &job);
+    let client = client().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let claims: Api<ResourceClaim> = Api::namespaced(client, &ns.name);
+    let mut all = BTreeSet::new();
+    for pod in all_bound(&pods, "opted", 4).await {
+        let name = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.resource_claim_statuses.as_ref())
+            .and_then(|s| s.iter().find(|c| c.name == muster::crds::GPU_CLAIM_NAME))
+            .and_then(|c| c.resource_claim_name.clone())
+            .expect("the pod's GPU claim");
+        let claim = claims.get(&name).await.unwrap();
+        let devices: BTreeSet<String> = allocated(&claim).into_iter().map(|(_, d)| d).collect();
+        assert_eq!(devices, devices_of(indices_of(&pod).expect("indices")), "pod {}", pod.name_any());
+        for d in allocated(&claim) {
+            assert!(all.insert(d.clone()), "device {d:?} twice");
+        }
+    }
+    assert_eq!(all.len(), 8, "4 pods x 2 GPUs fill both nodes");
+}
+
+/// A group claim (from `spec.scheduling.resourceClaims`) on a node-local device: muster
+/// allocates it once, reserved for every pod, and admits the gang only on the node that
+/// reaches the device.
+#[tokio::test]
+async fn a_shared_group_claim_is_allocated_once_and_the_gang_placed_where_it_reaches() {
+    let _muster = muster().await;
+    let ns = namespace("dra-shared");
+    let nodes = TestNodes::add(&ns.name, 2, 4, 1).await;
+    let _slices = DraSlices::publish(&nodes.names).await;
+    template(&ns.name, "one-gpu", 1).await;
+    let mut job = claim_job("shared", 2, "unused", &nodes, json!({}));
+    job["spec"]["template"]["spec"]["resourceClaims"] = json!([]);
+    job["spec"]["template"]["spec"]["containers"][0]["resources"] = json!({"claims": [{"name": "shared"}]});
+    job["spec"]["scheduling"]["resourceClaims"] = json!([{"name": "shared", "resourceClaimTemplateName": "one-gpu"}]);
+    apply(&ns.name, &job);
+    let client = client().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let claims: Api<ResourceClaim> = Api::namespaced(client, &ns.name);
+    let bound = all_bound(&pods, "shared", 2).await;
+    let claim = claims.get("shared-shared").await.expect("the group claim");
+    let devices = allocated(&claim);
+    assert_eq!(devices.len(), 1, "{devices:?}");
+    for pod in &bound {
+        assert_eq!(node_of(pod), Some(devices[0].0.as_str()), "pod {} is where the device is", pod.name_any());
+    }
+    let reserved: BTreeSet<String> = reserved_for(&claim).into_iter().map(|(_, uid)| uid).collect();
+    let uids: BTreeSet<String> = bound.iter().filter_map(|p| p.uid()).collect();
+    assert_eq!(reserved, uids, "reserved for every pod of the gang");
+}
+
+/// A plan dropped before any pod was ungated frees the claims it allocated: muster is killed
+/// right after the first claim, the node's slice goes away (the plan no longer fits), and the
+/// next muster drops the plan and clears that claim's allocation and finalizer.
+#[tokio::test]
+async fn a_dropped_plan_frees_the_claims_it_allocated() {
+    let mut extra = extra_muster(&[], &[(FAULT_EXIT_ENV, "1")]).await;
+    let ns = namespace("dra-drop");
+    let nodes = TestNodes::add(&ns.name, 1, 4, 1).await;
+    let slices = DraSlices::publish(&nodes.names).await;
+    template(&ns.name, "two-gpus", 2).await;
+    let client = client().await;
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client, &ns.name);
+    apply(&ns.name, &claim_job("drop", 2, "two-gpus", &nodes, json!({})));
+    assert_eq!(extra.exited(LONG).await.code(), Some(3));
+    let list = claims.list(&Default::default()).await.unwrap().items;
+    let held: Vec<&ResourceClaim> = list.iter().filter(|c| !allocated(c).is_empty()).collect();
+    assert_eq!(held.len(), 1, "one claim allocated before the exit");
+    let held = held[0].name_any();
+    assert!(job_pods(&pods, "drop").await.iter().all(gated), "no pod ungated");
+
+    slices.remove().await;
+    extra.start(&[], &[]).await;
+    let freed = wait_for("the dropped plan's claim freed", LONG, || async {
+        let c = claims.get(&held).await.ok()?;
+        let free = allocated(&c).is_empty()
+            && reserved_for(&c).is_empty()
+            && !c.finalizers().iter().any(|f| f == "resource.kubernetes.io/delete-protection");
+        free.then_some(c)
+    })
+    .await;
+    assert!(freed.status.and_then(|s| s.allocation).is_none());
+    assert!(job_pods(&pods, "drop").await.iter().all(gated), "still gated: no GPUs published");
+
+    // GPUs published again: the gang is admitted afresh.
+    let _again = DraSlices::publish(&nodes.names).await;
+    for pod in all_bound(&pods, "drop", 2).await {
+        check_pod_claim(&claims, &pod).await;
+    }
 }
