@@ -556,25 +556,21 @@ impl<'a> Engine<'a> {
         let tolerates_unschedulable = shape.tolerates_unschedulable();
         let mut scan = Scan { candidates: Vec::new(), tally: Tally::default(), nodes: 0 };
         let facts = self.facts.of(shape);
-        let volumes = match facts.map(|f| &f.volumes) {
-            Some(Err(why)) => {
-                scan.nodes = u32::try_from(nodes.len()).unwrap_or(u32::MAX);
-                for _ in nodes {
-                    scan.tally.add(ReasonKey::Volume(why));
-                }
-                return scan;
+        // A claim (volume or DRA) that keeps the pod off every node: every node fails for it.
+        let off_everywhere = |mut scan: Scan<'a>, reason: ReasonKey<'a>| {
+            scan.nodes = u32::try_from(nodes.len()).unwrap_or(u32::MAX);
+            for _ in nodes {
+                scan.tally.add(reason);
             }
+            scan
+        };
+        let volumes = match facts.map(|f| &f.volumes) {
+            Some(Err(why)) => return off_everywhere(scan, ReasonKey::Volume(why)),
             Some(Ok(v)) => v.as_slice(),
             None => &[],
         };
         let resource_claims = match facts.map(|f| &f.resource_claims) {
-            Some(Err(why)) => {
-                scan.nodes = u32::try_from(nodes.len()).unwrap_or(u32::MAX);
-                for _ in nodes {
-                    scan.tally.add(ReasonKey::Claim(why));
-                }
-                return scan;
-            }
+            Some(Err(why)) => return off_everywhere(scan, ReasonKey::Claim(why)),
             Some(Ok(c)) => Some(c),
             None => None,
         };

@@ -131,7 +131,7 @@ fn selectors_supported_forms_evaluate_like_kube_scheduler() {
             "semver('1.10.0').isGreaterThan(semver('1.9.0')) && semver('1.0.0-rc.1').isLessThan(semver('1.0.0'))",
             &[0, 1, 2, 3, 4, 5, 6, 7],
         ),
-        ("semver parts", "device.attributes['gpu.nvidia.com'].driverVersion.major() == 570", &[0, 1, 2, 3, 4, 5, 6, 7]),
+        ("semver parts", "device.attributes['gpu.nvidia.com'].driverVersion.major() == 580", &[0, 1, 2, 3, 4, 5, 6, 7]),
         ("exists macro", "[2, 5].exists(i, device.attributes['gpu.nvidia.com'].index == i)", &[2, 5]),
     ];
     for (rule, expression, want) in table {
