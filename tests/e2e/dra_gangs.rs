@@ -241,7 +241,9 @@ async fn a_job_opted_into_gpu_claims_gets_its_gpus_allocated_through_claims() {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let claims: Api<ResourceClaim> = Api::namespaced(client, &ns.name);
     let mut all = BTreeSet::new();
-    for pod in all_bound(&pods, "opted", 4).await {
+    let bound = all_bound(&pods, "opted", 4).await;
+    let mut claim_names = Vec::new();
+    for pod in &bound {
         let name = pod
             .status
             .as_ref()
@@ -255,8 +257,20 @@ async fn a_job_opted_into_gpu_claims_gets_its_gpus_allocated_through_claims() {
         for d in allocated(&claim) {
             assert!(all.insert(d.clone()), "device {d:?} twice");
         }
+        claim_names.push(name);
     }
     assert_eq!(all.len(), 8, "4 pods x 2 GPUs fill both nodes");
+
+    // A pod that finishes gives its devices back: kube-controller-manager deletes the claim
+    // made for it (muster put the delete-protection finalizer on, so the allocation is
+    // cleared first).
+    let finish = json!({"metadata": {"annotations": {"sim.muster.dev/succeed-after": "0s"}}});
+    let first = bound[0].name_any();
+    pods.patch(&first, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&finish)).await.unwrap();
+    wait_for("the finished pod's claim gone", LONG, || async {
+        matches!(claims.get_opt(&claim_names[0]).await, Ok(None)).then_some(())
+    })
+    .await;
 }
 
 /// A group claim (from `spec.scheduling.resourceClaims`) on a node-local device: muster

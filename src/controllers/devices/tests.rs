@@ -337,3 +337,50 @@ fn gpus_wanted_counts_like_kubelet() {
     let none: Pod = serde_json::from_value(json!({"spec": {"containers": [{"name": "a"}]}})).expect("pod");
     assert_eq!(gpus_wanted(&none), 0);
 }
+
+#[test]
+fn a_pod_with_an_allocated_claim_holds_what_the_claim_names_and_its_annotation_is_corrected() {
+    use crate::devices::dra::{Inventory, NVIDIA_GPU_DRIVER, fixtures};
+    use k8s_openapi::api::resource::v1::ResourceClaim;
+    let nodes = [node("n1", 4)];
+    // The annotation says 0,1 (written by hand, or before the claim was allocated); the claim
+    // made from the pod's template holds gpu-2 and gpu-3 of n1.
+    let mut claimed = pod("ns", "claimed", 1, "n1", 0, Some("0,1"));
+    let spec = claimed.spec.as_mut().unwrap();
+    spec.resource_claims = Some(vec![
+        serde_json::from_value(serde_json::json!({"name": "gpus", "resourceClaimTemplateName": "t"})).unwrap(),
+    ]);
+    claimed.status.get_or_insert_default().resource_claim_statuses = Some(vec![
+        serde_json::from_value(serde_json::json!({"name": "gpus", "resourceClaimName": "claimed-gpus-x"})).unwrap(),
+    ]);
+    let counted = pod("ns", "counted", 2, "n1", 2, None);
+    let pods = [claimed, counted];
+    let claim: ResourceClaim = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "claimed-gpus-x", "namespace": "ns"},
+        "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}]}},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "gpus", "driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-2"},
+            {"request": "gpus", "driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-3"}]}},
+            "reservedFor": [{"resource": "pods", "name": "claimed", "uid": "claimed"}]}
+    }))
+    .unwrap();
+    let (mut snapshot, gpus) = world(&nodes, &pods);
+    let slice = fixtures::nvidia_slice("n1", &[(0, "GPU-0"), (1, "GPU-1"), (2, "GPU-2"), (3, "GPU-3")], 1);
+    let inventory = Inventory::new(
+        &[slice],
+        &[fixtures::nvidia_device_class()],
+        std::slice::from_ref(&claim),
+        NVIDIA_GPU_DRIVER,
+        &HashMap::new(),
+    );
+    snapshot.set_dra(crate::scheduler::Dra::new(inventory, &[], &[claim]));
+    let plan = plan(&pods, &snapshot, &gpus);
+    assert_eq!(plan.ledger.used_mask("n1"), set(&[0, 1, 2, 3]), "2,3 by the claim, two more for the counted pod");
+    let by_pod: Vec<(String, GpuSet)> = plan.assignments.iter().map(|a| (a.pod.name_any(), a.gpus)).collect();
+    assert_eq!(
+        by_pod,
+        vec![("claimed".to_string(), set(&[2, 3])), ("counted".to_string(), set(&[0, 1]))],
+        "the annotation states what the claim allocated; the counted pod gets the GPUs the claim left"
+    );
+    assert!(plan.reports.is_empty(), "{:?}", plan.reports);
+}

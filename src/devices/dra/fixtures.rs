@@ -7,7 +7,6 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-
 /// The selector of NVIDIA's `gpu.nvidia.com` DeviceClass: whole GPUs of the driver.
 pub const NVIDIA_GPU_SELECTOR: &str = crate::cli::dev::dra::DEVICE_CLASS_SELECTOR;
 
