@@ -253,7 +253,7 @@ async fn a_job_opted_into_gpu_claims_gets_its_gpus_allocated_through_claims() {
             .expect("the pod's GPU claim");
         let claim = claims.get(&name).await.unwrap();
         let devices: BTreeSet<String> = allocated(&claim).into_iter().map(|(_, d)| d).collect();
-        assert_eq!(devices, devices_of(indices_of(&pod).expect("indices")), "pod {}", pod.name_any());
+        assert_eq!(devices, devices_of(indices_of(pod).expect("indices")), "pod {}", pod.name_any());
         for d in allocated(&claim) {
             assert!(all.insert(d.clone()), "device {d:?} twice");
         }
