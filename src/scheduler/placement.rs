@@ -960,7 +960,8 @@ impl<'a> Engine<'a> {
             domains.retain(|value, _| value == only);
         }
 
-        let largest = leaves.iter().flat_map(|l| l.shapes.iter()).max_by(|a, b| self.size_key(a).cmp(&self.size_key(b)));
+        let largest =
+            leaves.iter().flat_map(|l| l.shapes.iter()).max_by(|a, b| self.size_key(a).cmp(&self.size_key(b)));
         let mut best: Option<(&'a str, u32, u64)> = None;
         let mut best_failure: Option<(&'a str, u32, Option<Explanation>)> = None;
         for (&value, members) in &domains {

@@ -215,11 +215,7 @@ fn a_dra_gang_goes_to_dra_nodes_only_and_gets_free_offered_gpus() {
     let d = run(&s, &gang(4, &pods(4, |n| dra_pod(n, "gpu4"))));
     assert!(!d.admitted);
     assert!(d.plan.is_empty());
-    assert!(
-        reasons(&d).contains(&ReasonCount { reason: FilterReason::ClaimDevices, nodes: 1 }),
-        "{}",
-        d.message()
-    );
+    assert!(reasons(&d).contains(&ReasonCount { reason: FilterReason::ClaimDevices, nodes: 1 }), "{}", d.message());
     assert!(d.message().contains("1 node(s) had no free devices matching the pod's GPU claim"), "{}", d.message());
 }
 
