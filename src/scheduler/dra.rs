@@ -269,6 +269,9 @@ impl Dra {
             return GpuSet::EMPTY;
         };
         let offered = inventory.offered_gpus(req, node);
+        if taken.is_empty() {
+            return offered;
+        }
         let shared = offered.iter().filter(|&i| inventory.gpu_device(node, i).is_some_and(|d| taken.contains(d)));
         offered.difference(GpuSet::from_indices(shared).unwrap_or_default())
     }

@@ -525,6 +525,15 @@ impl<'a> Engine<'a> {
         }
     }
 
+    /// A shape's size for ordering shapes largest first: its GPUs (`nvidia.com/gpu`, or what
+    /// its own DRA claim asks for), then cpu, then memory. A DRA pod requests no
+    /// `nvidia.com/gpu`, so [`PodShape::size_key`] alone would rank it as a CPU pod.
+    fn size_key(&self, shape: &PodShape) -> (u32, i64, i64) {
+        let (gpus, cpu, memory) = shape.size_key();
+        let claimed = self.facts.of(shape).and_then(|f| f.resource_claims.as_ref().ok()).map_or(0, |c| c.gpus());
+        (gpus.max(claimed), cpu, memory)
+    }
+
     /// What a shape asks of GPUs on node `i`: how many, and which indices may be given (all
     /// the node's for `nvidia.com/gpu`, those its own DRA claim allows otherwise); `None`
     /// when it asks for none.
@@ -776,7 +785,7 @@ impl<'a> Engine<'a> {
         }
         // Largest shapes first: big pods are the hardest to fit.
         let mut order: Vec<usize> = (0..by_shape.len()).filter(|&s| !by_shape[s].is_empty()).collect();
-        order.sort_by(|&a, &b| leaf.shapes[b].size_key().cmp(&leaf.shapes[a].size_key()).then(a.cmp(&b)));
+        order.sort_by(|&a, &b| self.size_key(&leaf.shapes[b]).cmp(&self.size_key(&leaf.shapes[a])).then(a.cmp(&b)));
         let gated: u32 = by_shape.iter().map(|p| u32::try_from(p.len()).unwrap_or(u32::MAX)).sum();
         let min_count = leaf.min_count();
         let gang = matches!(leaf.policy, LeafPolicy::Gang { .. });
@@ -947,7 +956,8 @@ impl<'a> Engine<'a> {
             domains.retain(|value, _| value == only);
         }
 
-        let largest = leaves.iter().flat_map(|l| l.shapes.iter()).max_by(|a, b| a.size_key().cmp(&b.size_key()));
+        let largest =
+            leaves.iter().flat_map(|l| l.shapes.iter()).max_by(|a, b| self.size_key(a).cmp(&self.size_key(b)));
         let mut best: Option<(&'a str, u32, u64)> = None;
         let mut best_failure: Option<(&'a str, u32, Option<Explanation>)> = None;
         for (&value, members) in &domains {
@@ -1017,3 +1027,6 @@ mod tests;
 
 #[cfg(test)]
 mod interpod_tests;
+
+#[cfg(test)]
+mod dra_tests;

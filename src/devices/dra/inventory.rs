@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use k8s_openapi::api::core::v1::NodeSelector as K8sNodeSelector;
 use k8s_openapi::api::resource::v1::{
@@ -73,9 +73,15 @@ pub struct Inventory {
     classes: HashMap<String, (Vec<DeviceSelector>, Vec<DeviceClassConfiguration>)>,
     problems: Vec<DraProblem>,
     cache: SelectorCache,
-    /// (selector, entry) -> result, so one selector runs once per device per inventory.
-    matches: Mutex<HashMap<(usize, usize), Result<bool, String>>>,
+    /// Per compiled selector (by address; the cache keeps it alive): its result on each entry,
+    /// so one selector runs once per device per inventory.
+    matches: Mutex<HashMap<usize, Results>>,
+    /// Per entry: usable and not held by any claim (fixed once the claims are read).
+    free: Vec<bool>,
 }
+
+/// One selector's result per entry, evaluated when first asked.
+type Results = Arc<[OnceLock<Result<bool, String>>]>;
 
 fn problem(object: impl Into<String>, why: impl Into<String>) -> DraProblem {
     DraProblem { object: object.into(), why: why.into() }
@@ -145,6 +151,7 @@ impl Inventory {
             problems: Vec::new(),
             cache: SelectorCache::default(),
             matches: Mutex::new(HashMap::new()),
+            free: Vec::new(),
         };
         inv.add_slices(slices, uuid_index);
         for class in classes {
@@ -162,6 +169,7 @@ impl Inventory {
             );
         }
         inv.add_claims(claims);
+        inv.free = inv.entries.iter().map(|e| e.blocked.is_none() && !inv.holders.contains_key(&e.id)).collect();
         inv
     }
 
@@ -393,22 +401,34 @@ impl Inventory {
         parse_spec(spec, &self.cache, |name| self.classes.get(name).map(|(s, c)| (s.as_slice(), c.as_slice())))
     }
 
+    /// Each selector's results table of `req`, in order (one lock for a whole scan of devices).
+    fn results(&self, req: &DeviceRequestSet) -> Vec<Results> {
+        let mut tables = self.lock_matches();
+        req.selectors
+            .iter()
+            .map(|s| {
+                let key = Arc::as_ptr(&s.selector) as usize;
+                tables.entry(key).or_insert_with(|| self.entries.iter().map(|_| OnceLock::new()).collect()).clone()
+            })
+            .collect()
+    }
+
     /// Whether every selector of `req` matches the device, in order (class first); the first
     /// false stops, a runtime error is an error (as `selectorsMatch` in `allocator_stable.go`).
-    fn device_matches(&self, req: &DeviceRequestSet, at: usize) -> Result<bool, ClaimError> {
+    /// `results` is [`Inventory::results`] of `req`.
+    fn device_matches(&self, req: &DeviceRequestSet, results: &[Results], at: usize) -> Result<bool, ClaimError> {
         let entry = &self.entries[at];
-        for s in &req.selectors {
-            let key = (std::sync::Arc::as_ptr(&s.selector) as usize, at);
-            let cached = self.lock_matches().get(&key).cloned();
-            let result = match cached {
-                Some(r) => r,
+        for (s, table) in req.selectors.iter().zip(results) {
+            let evaluate = || match &entry.cel {
+                Ok(device) => device.matches(&s.selector),
+                Err(why) => Err(why.clone()),
+            };
+            let uncached;
+            let result = match table.get(at) {
+                Some(slot) => slot.get_or_init(evaluate),
                 None => {
-                    let r = match &entry.cel {
-                        Ok(device) => device.matches(&s.selector),
-                        Err(why) => Err(why.clone()),
-                    };
-                    self.lock_matches().insert(key, r.clone());
-                    r
+                    uncached = evaluate();
+                    &uncached
                 }
             };
             match result {
@@ -419,7 +439,7 @@ impl Inventory {
                         field: s.field.clone(),
                         expression: s.expression.clone(),
                         device: entry.id.to_string(),
-                        why,
+                        why: why.clone(),
                     });
                 }
             }
@@ -427,7 +447,7 @@ impl Inventory {
         Ok(true)
     }
 
-    fn lock_matches(&self) -> std::sync::MutexGuard<'_, HashMap<(usize, usize), Result<bool, String>>> {
+    fn lock_matches(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Results>> {
         match self.matches.lock() {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
@@ -436,8 +456,7 @@ impl Inventory {
 
     /// Whether the device may be handed out now: usable and not held.
     fn free(&self, at: usize) -> bool {
-        let e = &self.entries[at];
-        e.blocked.is_none() && !self.holders.contains_key(&e.id)
+        self.free.get(at).copied().unwrap_or(false)
     }
 
     /// Whether the request is for GPU-driver GPUs. Rule: its selectors match at least one GPU
@@ -447,10 +466,11 @@ impl Inventory {
     /// way: muster allocates such claims only from devices the selectors match.
     pub fn is_gpu_request(&self, req: &DeviceRequestSet) -> bool {
         let mut any_gpu = false;
+        let results = self.results(req);
         for (at, e) in self.entries.iter().enumerate() {
             if e.gpu.is_some() {
                 any_gpu = true;
-                if matches!(self.device_matches(req, at), Ok(true)) {
+                if matches!(self.device_matches(req, &results, at), Ok(true)) {
                     return true;
                 }
             }
@@ -467,13 +487,15 @@ impl Inventory {
     /// consumesCounters, complete and valid pool). Err on a selector runtime error on any GPU
     /// of the node: kube-scheduler's allocator fails the claim then, so muster offers nothing.
     pub fn offer(&self, req: &DeviceRequestSet, node: &str) -> Result<GpuSet, ClaimError> {
-        let mut offered = Vec::new();
-        for (index, at) in self.gpus.get(node).into_iter().flatten() {
-            if self.free(*at) && self.device_matches(req, *at)? {
-                offered.push(*index);
+        let Some(gpus) = self.gpus.get(node) else { return Ok(GpuSet::EMPTY) };
+        let results = self.results(req);
+        let mut offered = GpuSet::EMPTY;
+        for (index, at) in gpus {
+            if self.free(*at) && self.device_matches(req, &results, *at)? {
+                offered = offered.with(*index).unwrap_or(offered);
             }
         }
-        Ok(GpuSet::from_indices(offered).unwrap_or_default())
+        Ok(offered)
     }
 
     /// [`Inventory::offer`], with a runtime error offering nothing.
@@ -533,8 +555,9 @@ impl Inventory {
     ) -> Result<Option<(Vec<DeviceId>, SharedReach)>, ClaimError> {
         let want = usize::try_from(req.total()).unwrap_or(usize::MAX);
         let mut candidates = Vec::new();
+        let results = self.results(req);
         for (at, e) in self.entries.iter().enumerate() {
-            if self.free(at) && !taken.contains(&e.id) && self.device_matches(req, at)? {
+            if self.free(at) && !taken.contains(&e.id) && self.device_matches(req, &results, at)? {
                 candidates.push(at);
             }
         }
