@@ -172,6 +172,10 @@ pub struct FakeGpuNodes {
     /// Taint the nodes kwok.x-k8s.io/node=fake:NoSchedule (pods then need a toleration).
     #[arg(long)]
     pub taint: bool,
+    /// GPUs only as DRA devices (`muster dev dra-slices`): no nvidia.com/gpu capacity, as on a
+    /// node whose GPUs NVIDIA's DRA driver publishes instead of the device plugin.
+    #[arg(long)]
+    pub dra_only: bool,
     /// CPU capacity of each node.
     #[arg(long, default_value = defaults::CPU)]
     pub cpu: String,
@@ -202,6 +206,7 @@ impl Default for FakeGpuNodes {
             gpu_product: defaults::GPU_PRODUCT.into(),
             topology: TopologyKind::Nvswitch,
             taint: false,
+            dra_only: false,
             cpu: defaults::CPU.into(),
             memory: defaults::MEMORY.into(),
             pods: defaults::PODS.into(),
@@ -252,7 +257,9 @@ pub fn fake_node(spec: &FakeGpuNodes, index: u32) -> Result<Node, ShapeError> {
         labels.insert(GPU_PRODUCT_LABEL.into(), spec.gpu_product.clone());
         labels.insert("nvidia.com/gpu.count".into(), spec.gpus.to_string());
         labels.insert("nvidia.com/gpu.memory".into(), spec.gpu_memory_mib.to_string());
-        resources.insert(GPU_RESOURCE.into(), Quantity(spec.gpus.to_string()));
+        if !spec.dra_only {
+            resources.insert(GPU_RESOURCE.into(), Quantity(spec.gpus.to_string()));
+        }
         let uuids: Vec<String> = (0..spec.gpus).map(|g| gpu_uuid(&spec.uuid_seed, &name, g)).collect();
         if let Some(t) = gpu_topology(spec.topology, &uuids, spec.gpu_memory_mib)? {
             annotations.insert(GPU_TOPOLOGY_ANNOTATION.into(), t.to_json());

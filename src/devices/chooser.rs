@@ -55,9 +55,23 @@ pub fn node_gpus(
     thresholds: &HealthThresholds,
     now: SystemTime,
 ) -> HashMap<String, NodeGpus> {
+    node_gpus_with(nodes, &HashMap::new(), metrics, thresholds, now)
+}
+
+/// [`node_gpus`], counting as a node's GPUs the larger of its `nvidia.com/gpu` allocatable and
+/// `published[node]`: the GPUs its DRA driver publishes as devices (a DRA node advertises no
+/// `nvidia.com/gpu`, and its topology annotation is checked against the devices instead).
+pub fn node_gpus_with(
+    nodes: &[Node],
+    published: &HashMap<String, u64>,
+    metrics: &MetricsCache,
+    thresholds: &HealthThresholds,
+    now: SystemTime,
+) -> HashMap<String, NodeGpus> {
     let mut out = HashMap::new();
     for node in nodes {
-        let gpus = allocatable_gpus(node);
+        let name = node.metadata.name.as_deref().unwrap_or_default();
+        let gpus = allocatable_gpus(node).max(published.get(name).copied().unwrap_or(0));
         let annotation =
             node.metadata.annotations.as_ref().and_then(|a| a.get(GPU_TOPOLOGY_ANNOTATION)).map(String::as_str);
         if gpus == 0 && annotation.is_none() {
@@ -254,6 +268,30 @@ mod tests {
         let next = chooser.choose(&info, 2, GpuSet::from_bits(0b1100)).expect("another pair");
         assert!(next.gpus.bits() == 0b11_0000 || next.gpus.bits() == 0b1100_0000, "{}", next.gpus);
         assert!(chooser.choose(&info, 8, GpuSet::EMPTY).is_none(), "only 7 healthy GPUs");
+    }
+
+    #[test]
+    fn a_dra_node_keeps_its_topology_annotation_when_its_slices_publish_as_many_gpus() {
+        use crate::devices::dra::{NVIDIA_GPU_DRIVER, fixtures, published_gpus};
+        let now = SystemTime::UNIX_EPOCH;
+        // No nvidia.com/gpu: the GPUs are published as DRA devices only.
+        let nodes = [node("dra", Some(&pcie()), 0), node("stale", Some(&pcie()), 0)];
+        let uuids: Vec<String> = (0..8).map(|i| format!("GPU-{i}")).collect();
+        let gpus: Vec<(usize, &str)> = uuids.iter().enumerate().map(|(i, u)| (i, u.as_str())).collect();
+        let old = fixtures::nvidia_slice("dra", &gpus[..4], 1);
+        let slices = [old, fixtures::nvidia_slice("dra", &gpus, 2), fixtures::nvidia_slice("stale", &gpus[..4], 1)];
+        let published = published_gpus(&slices, NVIDIA_GPU_DRIVER);
+        assert_eq!(
+            published,
+            HashMap::from([("dra".to_string(), 8), ("stale".to_string(), 4)]),
+            "newest generation only"
+        );
+        let map = node_gpus_with(&nodes, &published, &MetricsCache::default(), &HealthThresholds::default(), now);
+        assert!(map["dra"].topology.is_known() && map["dra"].topology_problem.is_none());
+        assert_eq!(map["dra"].topology.len(), 8);
+        assert!(!map["stale"].topology.is_known(), "8 annotated, 4 published: not trusted");
+        let without = node_gpus(&nodes, &MetricsCache::default(), &HealthThresholds::default(), now);
+        assert!(!without["dra"].topology.is_known(), "counted by nvidia.com/gpu alone the annotation looks stale");
     }
 
     proptest::proptest! {

@@ -491,8 +491,9 @@ impl<'a> Engine<'a> {
     }
 
     /// Resource score after one more pod: mean utilisation of cpu, memory and each extended
-    /// resource the pod requests (BinPack), or its complement (Spread).
-    fn resource_score(&self, node: u32, req: &Resources) -> u32 {
+    /// resource the pod requests, GPUs of its DRA claim (`claim_gpus`) counted like
+    /// `nvidia.com/gpu` (BinPack), or its complement (Spread).
+    fn resource_score(&self, node: u32, req: &Resources, claim_gpus: u32) -> u32 {
         let n = self.node(node);
         let d = self.delta(node).map(|d| &d.requested);
         let (mut sum, mut count) = (0u64, 0u64);
@@ -513,6 +514,11 @@ impl<'a> Engine<'a> {
         add(n.allocatable.memory, used(|r| r.memory), req.memory);
         if req.gpus > 0 {
             add(n.allocatable.gpus, used(|r| r.gpus), req.gpus);
+        }
+        if claim_gpus > 0 {
+            let all = n.gpus();
+            let taken = self.gpu_used(node).intersection(all).len();
+            add(all.len() as i64, taken as i64, i64::from(claim_gpus));
         }
         for (name, amount) in req.extended() {
             let used = n.requested.extended_amount(name).saturating_add(d.map_or(0, |d| d.extended_amount(name)));
@@ -646,7 +652,12 @@ impl<'a> Engine<'a> {
                 preference = pod.preference(node);
             }
             let mut gpu_score = 0;
+            // GPUs of a DRA claim count in the utilisation like `nvidia.com/gpu` does.
+            let mut claim_gpus = 0;
             if let Some((count, offered)) = self.gpu_need(shape, i) {
+                if shape.gpus == 0 {
+                    claim_gpus = count;
+                }
                 let gpu_fit = offered.difference(self.gpu_used(i)).len() as u32 / count;
                 fit = fit.min(u64::from(gpu_fit));
                 match self.choose_gpus(i, count, offered) {
@@ -658,7 +669,7 @@ impl<'a> Engine<'a> {
                     }
                 }
             }
-            let score = self.resource_score(i, &shape.requests) * self.options.resource_weight
+            let score = self.resource_score(i, &shape.requests, claim_gpus) * self.options.resource_weight
                 + gpu_score * self.options.gpu_weight;
             scan.candidates.push(Candidate { node: i, fit: u32::try_from(fit).unwrap_or(u32::MAX), score, preference });
         }

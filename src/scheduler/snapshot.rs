@@ -411,15 +411,15 @@ impl Snapshot {
     }
 
     /// Sets the cluster's DRA state. A node whose GPUs are published as devices of the GPU
-    /// driver has GPU indices up to its highest device index, and the devices allocated to any
-    /// claim are not on offer (added to what [`Snapshot::set_gpu_used`] sets later, which the
-    /// shell unions with [`Dra::inventory`]'s allocated GPUs).
+    /// driver has GPU indices up to its highest device index, and the GPUs whose devices any
+    /// claim holds are taken (now, and in what [`Snapshot::set_gpu_used`] sets later).
     pub fn set_dra(&mut self, dra: Dra) {
         if let Some(inventory) = dra.inventory() {
             for node in &mut self.nodes {
                 let devices = inventory.node_gpus(&node.name);
                 let count = devices.iter().max().map_or(0, |i| i as u32 + 1);
                 node.gpu_count = node.gpu_count.max(count);
+                node.gpu_used = node.gpu_used.union(inventory.allocated_gpus(&node.name));
             }
         }
         self.dra = std::sync::Arc::new(dra);
@@ -456,11 +456,12 @@ impl Snapshot {
     }
 
     /// Sets the GPU indices not on offer on a node (from the GPU ledger and health); returns
-    /// false when there is no such node.
+    /// false when there is no such node. GPUs whose devices a DRA claim holds stay taken.
     pub fn set_gpu_used(&mut self, node: &str, used: GpuSet) -> bool {
+        let allocated = self.dra.inventory().map_or(GpuSet::EMPTY, |i| i.allocated_gpus(node));
         match self.by_name.get(node).and_then(|&i| self.nodes.get_mut(i as usize)) {
             Some(n) => {
-                n.gpu_used = used;
+                n.gpu_used = used.union(allocated);
                 true
             }
             None => false,

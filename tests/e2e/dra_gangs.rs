@@ -343,3 +343,57 @@ async fn a_dropped_plan_frees_the_claims_it_allocated() {
         check_pod_claim(&claims, &pod).await;
     }
 }
+
+/// A DRA-only node (no `nvidia.com/gpu`; GPUs published as devices only) keeps its topology
+/// annotation: muster's chooser picks a pair behind one PCIe switch, not the lowest free
+/// indices, and allocates exactly those devices.
+#[tokio::test]
+async fn a_dra_only_node_gets_topology_aware_gpus_through_claims() {
+    let _muster = muster().await;
+    let ns = namespace("dra-topology");
+    let nodes = TestNodes::add_with(&ns.name, 1, 8, |s| {
+        s.dra_only = true;
+        s.topology = muster::cli::dev::TopologyKind::Pcie;
+    })
+    .await;
+    let _slices = DraSlices::publish(&nodes.names).await;
+    let client = client().await;
+    let node = kube::Api::<k8s_openapi::api::core::v1::Node>::all(client.clone()).get(&nodes.names[0]).await.unwrap();
+    let allocatable = node.status.and_then(|s| s.allocatable).unwrap_or_default();
+    assert!(!allocatable.contains_key("nvidia.com/gpu"), "GPUs only as DRA devices");
+    template(&ns.name, "two-gpus", 2).await;
+    let templates: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), &ns.name);
+    let first: ResourceClaimTemplate = serde_json::from_value(json!({
+        "metadata": {"name": "gpu-zero"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+            "deviceClassName": "gpu.nvidia.com", "count": 1,
+            "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].index == 0"}}]}}]}}},
+    }))
+    .unwrap();
+    templates.create(&PostParams::default(), &first).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let claims: Api<ResourceClaim> = Api::namespaced(client, &ns.name);
+    // GPU 0 goes to a plain pod (kube-scheduler allocates it): the lowest free pair would be
+    // 1,2, which sit behind different PCIe switches.
+    let mut plain = json!({
+        "metadata": {"name": "plain"},
+        "spec": {"restartPolicy": "Never",
+                 "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "gpu-zero"}],
+                 "containers": [{"name": "main", "image": "registry.invalid/none", "resources": {"claims": [{"name": "gpus"}]}}]},
+    });
+    merge(&mut plain["spec"], nodes.placement());
+    pods.create(&PostParams::default(), &serde_json::from_value(plain).unwrap()).await.unwrap();
+    wait_for("the plain pod bound", LONG, || async {
+        pods.get_opt("plain").await.ok().flatten().filter(|p| node_of(p).is_some())
+    })
+    .await;
+
+    apply(&ns.name, &claim_job("pair", 1, "two-gpus", &nodes, json!({})));
+    let pod = all_bound(&pods, "pair", 1).await.remove(0);
+    check_pod_claim(&claims, &pod).await;
+    let indices: Vec<u32> = indices_of(&pod).unwrap().split(',').map(|i| i.parse().unwrap()).collect();
+    assert!(
+        indices.len() == 2 && indices[0] % 2 == 0 && indices[1] == indices[0] + 1 && indices[0] != 0,
+        "a PIX pair other than 0-1: {indices:?}"
+    );
+}

@@ -43,6 +43,23 @@ impl TestNodes {
         Self { spec, names }
     }
 
+    /// Adds `count` nodes like [`TestNodes::add`] (one rack), changed by `change` (e.g. DRA only,
+    /// another topology).
+    pub async fn add_with(namespace: &str, count: u32, gpus: u32, change: impl FnOnce(&mut FakeGpuNodes)) -> Self {
+        let mut spec = FakeGpuNodes {
+            prefix: format!("{namespace}-"),
+            count,
+            gpus,
+            racks: 1,
+            taint: true,
+            labels: vec![(NODE_LABEL.into(), namespace.into())],
+            ..FakeGpuNodes::default()
+        };
+        change(&mut spec);
+        let names = add_gpu_nodes(&spec).await;
+        Self { spec, names }
+    }
+
     /// Adds `count` more nodes like the first ones; returns their names.
     pub async fn add_more(&mut self, count: u32) -> Vec<String> {
         let spec = FakeGpuNodes { start_index: self.names.len() as u32, count, ..self.spec.clone() };

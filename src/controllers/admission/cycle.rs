@@ -17,7 +17,7 @@ use crate::controllers::context::{Error, Result};
 use crate::controllers::metrics::ReasonLabels;
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{CompositePodGroup, PodGroup};
-use crate::devices::chooser::{NodeGpus, TopologyChooser, node_gpus};
+use crate::devices::chooser::{NodeGpus, TopologyChooser, node_gpus_with};
 use crate::devices::{GpuProblem, GpuProblemKind, GpuSet, HealthThresholds, SelectOptions};
 use crate::scheduler::{
     self, Admission, Decision, Group, GroupTree, PatchRefused, PlaceOptions, PodState, Scoring, Snapshot,
@@ -248,9 +248,8 @@ impl Admitter {
         snapshot.set_dra(self.dra_state(nodes, &mut gpus));
         let held = self.devices.pass(&self.ctx, pods, &snapshot, &gpus).await;
         for (node, g) in &gpus {
-            // Devices allocated to any claim (muster's, kube-scheduler's) are taken too.
-            let allocated = snapshot.dra().inventory().map_or(GpuSet::EMPTY, |i| i.allocated_gpus(node));
-            let used = held.get(node).copied().unwrap_or_default().union(g.unhealthy()).union(allocated);
+            // Devices allocated to any claim (muster's, kube-scheduler's) stay taken too.
+            let used = held.get(node).copied().unwrap_or_default().union(g.unhealthy());
             snapshot.set_gpu_used(node, used);
         }
         Ok((snapshot, gpus))
@@ -310,7 +309,11 @@ impl Admitter {
         {
             tracing::warn!(error = %e, "GPU metrics unavailable; scheduling on topology alone");
         }
-        let gpus = node_gpus(nodes, &self.gpu_metrics, &self.thresholds(), now);
+        // A DRA node's GPUs are the devices its slices publish (it advertises no nvidia.com/gpu).
+        let published = self.caches.dra.as_ref().map_or_else(HashMap::new, |d| {
+            crate::devices::dra::published_gpus(&state(&d.slices), crate::devices::dra::NVIDIA_GPU_DRIVER)
+        });
+        let gpus = node_gpus_with(nodes, &published, &self.gpu_metrics, &self.thresholds(), now);
         self.report_gpu_problems(nodes, &gpus).await;
         let unhealthy: BTreeMap<String, GpuSet> =
             gpus.iter().map(|(n, g)| (n.clone(), g.unhealthy())).filter(|(_, u)| !u.is_empty()).collect();

@@ -19,8 +19,10 @@ pub mod fixtures;
 #[cfg(test)]
 mod tests;
 
+use std::collections::HashMap;
+
 use k8s_openapi::api::core::v1::NodeSelector as K8sNodeSelector;
-use k8s_openapi::api::resource::v1::AllocationResult;
+use k8s_openapi::api::resource::v1::{AllocationResult, ResourceSlice};
 
 use crate::scheduler::{Labels, NodeSelectorTerm};
 
@@ -170,6 +172,30 @@ pub fn node_name_selector(node: &str) -> K8sNodeSelector {
 /// Node selector terms of a Kubernetes selector (an unknown operator is an error).
 pub(crate) fn terms_from_k8s(s: &K8sNodeSelector) -> Result<Vec<NodeSelectorTerm>, String> {
     crate::scheduler::terms_from_k8s(s).map_err(|e| e.to_string())
+}
+
+/// How many whole GPUs of `gpu_driver` each node's slices publish (the newest generation of
+/// each pool; devices whose `type` attribute is absent or `gpu`), before anything else is
+/// checked: what a node's topology annotation is compared with.
+pub fn published_gpus(slices: &[ResourceSlice], gpu_driver: &str) -> HashMap<String, u64> {
+    let mut newest: HashMap<(&str, &str), i64> = HashMap::new();
+    for s in slices.iter().filter(|s| s.spec.driver == gpu_driver) {
+        let g = newest.entry((s.spec.driver.as_str(), s.spec.pool.name.as_str())).or_insert(s.spec.pool.generation);
+        *g = (*g).max(s.spec.pool.generation);
+    }
+    let mut out: HashMap<String, u64> = HashMap::new();
+    for s in slices.iter().filter(|s| s.spec.driver == gpu_driver) {
+        let current = newest.get(&(s.spec.driver.as_str(), s.spec.pool.name.as_str())) == Some(&s.spec.pool.generation);
+        let Some(node) = s.spec.node_name.as_deref().filter(|_| current) else { continue };
+        let whole = s.spec.devices.iter().flatten().filter(|d| {
+            let kind = d.attributes.as_ref().and_then(|a| {
+                a.get("type").or_else(|| a.get(&format!("{gpu_driver}/type"))).and_then(|v| v.string.as_deref())
+            });
+            kind.is_none_or(|k| k == "gpu")
+        });
+        *out.entry(node.to_string()).or_default() += whole.count() as u64;
+    }
+    out
 }
 
 /// Devices named by an allocation, in result order.

@@ -471,9 +471,8 @@ proptest! {
         let dra_pods: Vec<Pod> =
             pod_gpus.iter().enumerate().map(|(j, k)| dra_pod(&format!("p{j}"), &format!("gpu{k}"))).collect();
         let count_pods: Vec<Pod> = pod_gpus.iter().enumerate().map(|(j, k)| count_pod(&format!("p{j}"), *k)).collect();
-        // Node ranking by cpu and memory alone: count-based pods also score nvidia.com/gpu
-        // utilisation, which DRA GPUs are not part of.
-        let options = PlaceOptions { resource_weight: 0, ..PlaceOptions::default() };
+        // The default ranking: GPUs of a DRA claim count in the utilisation as nvidia.com/gpu does.
+        let options = PlaceOptions::default();
         let gpus = chooser_nodes(&cases);
         let (d, c) = if topology {
             let chooser = TopologyChooser::new(gpus.clone(), SelectOptions::default());
