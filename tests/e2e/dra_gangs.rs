@@ -393,7 +393,7 @@ async fn a_dra_only_node_gets_topology_aware_gpus_through_claims() {
     check_pod_claim(&claims, &pod).await;
     let indices: Vec<u32> = indices_of(&pod).unwrap().split(',').map(|i| i.parse().unwrap()).collect();
     assert!(
-        indices.len() == 2 && indices[0] % 2 == 0 && indices[1] == indices[0] + 1 && indices[0] != 0,
+        indices.len() == 2 && indices[0].is_multiple_of(2) && indices[1] == indices[0] + 1 && indices[0] != 0,
         "a PIX pair other than 0-1: {indices:?}"
     );
 }
