@@ -13,6 +13,9 @@
 //! `Dra::new`, `Snapshot::set_dra`).
 //! `cargo bench --bench dra_admission` prints the times.
 
+mod common;
+use common::Sequence;
+
 use std::collections::{BTreeMap, HashMap};
 use std::hint::black_box;
 use std::time::SystemTime;
@@ -33,18 +36,6 @@ use serde_json::{Value, json};
 
 const NODES: usize = 1_000;
 const GPUS: usize = 8;
-
-/// A fixed pseudo-random sequence (xorshift), so every run measures the same cluster.
-struct Sequence(u64);
-
-impl Sequence {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
 
 fn from<T: serde::de::DeserializeOwned>(v: Value) -> T {
     serde_json::from_value(v).expect("bench object")

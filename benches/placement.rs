@@ -13,6 +13,9 @@
 //! others, as kube-scheduler does.
 //! `cargo bench --bench placement` prints the time per decision.
 
+mod common;
+use common::Sequence;
+
 use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::time::SystemTime;
@@ -35,18 +38,6 @@ const ZONE: &str = "topology.kubernetes.io/zone";
 
 fn quantities(pairs: &[(&str, String)]) -> BTreeMap<String, Quantity> {
     pairs.iter().map(|(k, v)| (k.to_string(), Quantity(v.clone()))).collect()
-}
-
-/// A fixed pseudo-random sequence (xorshift), so every run measures the same cluster.
-struct Sequence(u64);
-
-impl Sequence {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
 }
 
 /// 5,000 nodes in 125 racks of 40 and 5 zones; 1 in 50 tainted for infra. Each node runs
