@@ -22,9 +22,12 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim, ResourceClaimSpec, ResourceClaimTemplate};
 
+use super::placement::Decision;
 use super::snapshot::NodeInfo;
+use crate::crds::scheduling::PlannedPod;
 use crate::devices::GpuSet;
 use crate::devices::dra::{ClaimKey, DeviceId, DeviceRequestSet, Inventory, SharedReach, allocated_devices};
+use crate::devices::parse_indices;
 
 /// Where a pod-level claim entry takes its claim from.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -322,5 +325,229 @@ impl Dra {
             }
         }
         out
+    }
+}
+
+/// One claim write of a commit: the allocation to write (none when the claim is allocated
+/// already and only pods are to be added to `reservedFor`) and the pods it is reserved for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClaimWrite {
+    /// The claim's name.
+    pub name: String,
+    /// The allocation to write.
+    pub allocation: Option<AllocationResult>,
+    /// Its devices (the allocation's, or the claim's own when only pods are added).
+    pub devices: Vec<DeviceId>,
+    /// (name, uid) of the pods it is for.
+    pub pods: Vec<(String, String)>,
+}
+
+/// The claim writes a pod's own GPU claims need before the pod is ungated as `planned` says:
+/// the devices of its planned GPU indices. Empty when the claims are allocated that way already;
+/// an error (the gang waits or the plan is re-checked) when a claim is missing, not made yet or
+/// allocated otherwise.
+pub fn own_writes(ns: &str, planned: &PlannedPod, dra: &Dra) -> std::result::Result<Vec<ClaimWrite>, String> {
+    let Some(inventory) = dra.inventory() else { return Ok(Vec::new()) };
+    let gpus = planned.gpu_indices.as_deref().and_then(|v| parse_indices(v).ok()).unwrap_or_default();
+    let mut out = Vec::new();
+    for name in &planned.claims {
+        let Some(claim) = dra.claim(ns, name) else {
+            return Err(format!("ResourceClaim {ns}/{name} of pod {} is not in the cache yet", planned.name));
+        };
+        // Allocated already (by this plan, before a restart): only the same devices will do.
+        if let Some(a) = &claim.allocation {
+            let mut planned_devices: Vec<DeviceId> =
+                gpus.iter().filter_map(|i| inventory.gpu_device(&planned.node, i).cloned()).collect();
+            let mut now = allocated_devices(a);
+            planned_devices.sort();
+            now.sort();
+            if now != planned_devices || planned_devices.len() != gpus.len() {
+                return Err(format!(
+                    "ResourceClaim {ns}/{name} of pod {} is allocated other devices than planned",
+                    planned.name
+                ));
+            }
+            if !claim.reserved_for.contains(&planned.uid) {
+                out.push(ClaimWrite {
+                    name: name.clone(),
+                    allocation: None,
+                    devices: allocated_devices(a),
+                    pods: vec![(planned.name.clone(), planned.uid.clone())],
+                });
+            }
+            continue;
+        }
+        let request = inventory.request_of(&claim.spec).map_err(|e| format!("ResourceClaim {ns}/{name}: {e}"))?;
+        let allocation = inventory
+            .gpu_allocation(&request, &planned.node, gpus)
+            .map_err(|e| format!("ResourceClaim {ns}/{name} of pod {}: {e}", planned.name))?;
+        let devices = allocated_devices(&allocation);
+        let allocation = Some(allocation);
+        out.push(ClaimWrite {
+            name: name.clone(),
+            allocation,
+            devices,
+            pods: vec![(planned.name.clone(), planned.uid.clone())],
+        });
+    }
+    Ok(out)
+}
+
+/// The names of the claims a pod's own GPU claim entries got (in `status.resourceClaimStatuses`),
+/// for the plan; an error while the resource-claim controller has not made one yet.
+pub fn own_claim_names(pod: &Pod, dra: &Dra) -> std::result::Result<Vec<String>, String> {
+    let (Some(inventory), Some(spec)) = (dra.inventory(), pod.spec.as_ref()) else { return Ok(Vec::new()) };
+    let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+    let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
+    let mut out = Vec::new();
+    let statuses = pod.status.as_ref().and_then(|s| s.resource_claim_statuses.as_ref());
+    for entry in pod_claims(spec) {
+        let ClaimSource::Template(template) = &entry.source else { continue };
+        let gpu = dra
+            .template(ns, template)
+            .and_then(|t| inventory.request_of(t).ok())
+            .is_some_and(|r| inventory.is_gpu_request(&r));
+        if !gpu {
+            continue;
+        }
+        let made =
+            statuses.into_iter().flatten().find(|s| s.name == entry.name).and_then(|s| s.resource_claim_name.clone());
+        match made {
+            Some(name) if dra.claim(ns, &name).is_some() => out.push(name),
+            _ => {
+                return Err(format!(
+                    "waiting for kube-controller-manager's resource-claim controller to create the ResourceClaim of pod {pod_name} \
+                     (resourceClaims entry {:?}, template {template})",
+                    entry.name
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The writes of the named claims a decision allocates, each reserved for the planned pods
+/// that use it; and, for named claims allocated already, the planned pods to add to
+/// `reservedFor`.
+pub fn shared_writes(
+    ns: &str,
+    decision: &Decision,
+    planned: &[(&PlannedPod, &Pod)],
+    dra: &Dra,
+) -> std::result::Result<Vec<ClaimWrite>, String> {
+    let Some(inventory) = dra.inventory() else { return Ok(Vec::new()) };
+    let mut users: HashMap<String, Vec<(String, String)>> = HashMap::new();
+    for (p, pod) in planned {
+        for entry in pod.spec.as_ref().map(pod_claims).unwrap_or_default() {
+            if let ClaimSource::Claim(name) = entry.source {
+                users.entry(name).or_default().push((p.name.clone(), p.uid.clone()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut names: Vec<&String> = users.keys().collect();
+    names.sort();
+    for name in names {
+        let pods = &users[name];
+        let Some(claim) = dra.claim(ns, name) else {
+            return Err(format!("ResourceClaim {ns}/{name} does not exist"));
+        };
+        if claim.reserved_for.len() + pods.len() > MAX_RESERVED_FOR {
+            return Err(format!(
+                "ResourceClaim {ns}/{name} would be reserved for {} pods, more than the {MAX_RESERVED_FOR} a claim may serve",
+                claim.reserved_for.len() + pods.len()
+            ));
+        }
+        let choice = decision.shared_claims.iter().find(|c| c.claim.name == *name && c.claim.namespace == ns);
+        let (allocation, devices) = match (&claim.allocation, choice) {
+            (Some(a), _) => (None, allocated_devices(a)),
+            (None, Some(c)) => {
+                let request =
+                    inventory.request_of(&claim.spec).map_err(|e| format!("ResourceClaim {ns}/{name}: {e}"))?;
+                (Some(inventory.shared_allocation(&request, &c.devices, &c.reach)), c.devices.clone())
+            }
+            (None, None) => return Err(format!("ResourceClaim {ns}/{name} has no devices chosen")),
+        };
+        let missing: Vec<(String, String)> =
+            pods.iter().filter(|(_, uid)| !claim.reserved_for.contains(uid)).cloned().collect();
+        if allocation.is_none() && missing.is_empty() {
+            continue;
+        }
+        out.push(ClaimWrite { name: name.clone(), allocation, devices, pods: missing });
+    }
+    Ok(out)
+}
+
+/// The most consumers one claim may list in `status.reservedFor` (the API's limit).
+pub const MAX_RESERVED_FOR: usize = 256;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::dra::{NVIDIA_GPU_DRIVER, fixtures};
+    use serde_json::json;
+
+    fn claim(name: &str, devices: &[&str], reserved: &[&str]) -> ResourceClaim {
+        let results: Vec<serde_json::Value> = devices
+            .iter()
+            .map(|d| json!({"request": "gpus", "driver": "gpu.nvidia.com", "pool": "n1", "device": d}))
+            .collect();
+        let reserved: Vec<serde_json::Value> =
+            reserved.iter().map(|u| json!({"resource": "pods", "name": u, "uid": u})).collect();
+        let mut c = json!({
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}]}},
+        });
+        if !devices.is_empty() {
+            c["status"] = json!({"allocation": {"devices": {"results": results}}, "reservedFor": reserved});
+        }
+        serde_json::from_value(c).unwrap()
+    }
+
+    fn dra(claims: &[ResourceClaim]) -> Dra {
+        let gpus: Vec<(usize, String)> = (0..4).map(|i| (i, format!("GPU-{i}"))).collect();
+        let gpus: Vec<(usize, &str)> = gpus.iter().map(|(i, u)| (*i, u.as_str())).collect();
+        let slice = fixtures::nvidia_slice("n1", &gpus, 1);
+        let inventory =
+            Inventory::new(&[slice], &[fixtures::nvidia_device_class()], claims, NVIDIA_GPU_DRIVER, &HashMap::new());
+        Dra::new(inventory, &[], claims)
+    }
+
+    fn planned(claim: &str, indices: &str) -> PlannedPod {
+        PlannedPod {
+            name: "p".into(),
+            uid: "p".into(),
+            node: "n1".into(),
+            gpu_indices: Some(indices.into()),
+            claims: vec![claim.into()],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn own_claim_writes_allocate_once_and_never_over_other_devices() {
+        // Not allocated: the planned indices' devices, reserved for the pod.
+        let fresh = dra(&[claim("c", &[], &[])]);
+        let writes = own_writes("ns", &planned("c", "1,3"), &fresh).unwrap();
+        assert_eq!(writes.len(), 1);
+        let names: Vec<&str> = writes[0].devices.iter().map(|d| d.device.as_str()).collect();
+        assert_eq!(names, ["gpu-1", "gpu-3"]);
+        assert!(writes[0].allocation.is_some());
+        assert_eq!(writes[0].pods, [("p".to_string(), "p".to_string())]);
+
+        // Allocated as planned before a restart: nothing to write; not reserved yet: reserve only.
+        let done = dra(&[claim("c", &["gpu-3", "gpu-1"], &["p"])]);
+        assert_eq!(own_writes("ns", &planned("c", "1,3"), &done).unwrap(), vec![]);
+        let unreserved = dra(&[claim("c", &["gpu-1", "gpu-3"], &[])]);
+        let writes = own_writes("ns", &planned("c", "1,3"), &unreserved).unwrap();
+        assert_eq!((writes.len(), writes[0].allocation.is_none()), (1, true));
+
+        // Allocated other devices: never written over.
+        let other = dra(&[claim("c", &["gpu-0", "gpu-1"], &["p"])]);
+        let err = own_writes("ns", &planned("c", "1,3"), &other).unwrap_err();
+        assert!(err.contains("allocated other devices than planned"), "{err}");
+        // Gone: the plan cannot go on.
+        let err = own_writes("ns", &planned("gone", "1,3"), &fresh).unwrap_err();
+        assert!(err.contains("ResourceClaim ns/gone"), "{err}");
     }
 }

@@ -39,7 +39,10 @@ pub use commit::{
     Refusal, RemainingFits, RollBack, RollbackHistory, RollbackPolicy, StartRequirement, Step, disrupted, next_step,
     remaining_fits,
 };
-pub use dra::{ClaimInfo, ClaimSource, Dra, PodClaim, ShapeClaims, SharedChoice, own_claims, pod_claims};
+pub use dra::{
+    ClaimInfo, ClaimSource, ClaimWrite, Dra, MAX_RESERVED_FOR, PodClaim, ShapeClaims, SharedChoice, own_claim_names,
+    own_claims, own_writes, pod_claims, shared_writes,
+};
 pub use explain::{
     ChildrenUnplaced, DomainConflict, Explanation, ExplanationKind, FilterReason, PodsUnplaced, ReasonCount,
     TooFewPods, TopologyUnplaced,

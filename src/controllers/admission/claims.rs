@@ -10,169 +10,19 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Instant, SystemTime};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use super::commit::Patched;
 use super::{Admitter, World, state};
 use crate::controllers::context::{Error, Result, bounded};
-use crate::crds::scheduling::{AdmissionPlan, PlannedPod};
+use crate::crds::scheduling::AdmissionPlan;
 use crate::devices::chooser::NodeGpus;
-use crate::devices::dra::{DELETE_PROTECTION_FINALIZER, DeviceId, Inventory, NVIDIA_GPU_DRIVER, allocated_devices};
-use crate::devices::{GpuTopology, healthy_mask, parse_indices};
-use crate::scheduler::{ClaimSource, Decision, Dra, pod_claims};
-
-/// One claim write of a commit: the allocation to write (none when the claim is allocated
-/// already and only pods are to be added to `reservedFor`) and the pods it is reserved for.
-#[derive(Clone, Debug)]
-pub(super) struct ClaimWrite {
-    pub name: String,
-    pub allocation: Option<AllocationResult>,
-    pub devices: Vec<DeviceId>,
-    /// (name, uid) of the pods it is for.
-    pub pods: Vec<(String, String)>,
-}
-
-/// The claim writes a pod's own GPU claims need before the pod is ungated as `planned` says:
-/// the devices of its planned GPU indices. Empty when the claims are allocated that way already;
-/// an error (the gang waits or the plan is re-checked) when a claim is missing, not made yet or
-/// allocated otherwise.
-pub(super) fn own_writes(ns: &str, planned: &PlannedPod, dra: &Dra) -> std::result::Result<Vec<ClaimWrite>, String> {
-    let Some(inventory) = dra.inventory() else { return Ok(Vec::new()) };
-    let gpus = planned.gpu_indices.as_deref().and_then(|v| parse_indices(v).ok()).unwrap_or_default();
-    let mut out = Vec::new();
-    for name in &planned.claims {
-        let Some(claim) = dra.claim(ns, name) else {
-            return Err(format!("ResourceClaim {ns}/{name} of pod {} is not in the cache yet", planned.name));
-        };
-        // Allocated already (by this plan, before a restart): only the same devices will do.
-        if let Some(a) = &claim.allocation {
-            let mut planned_devices: Vec<DeviceId> =
-                gpus.iter().filter_map(|i| inventory.gpu_device(&planned.node, i).cloned()).collect();
-            let mut now = allocated_devices(a);
-            planned_devices.sort();
-            now.sort();
-            if now != planned_devices || planned_devices.len() != gpus.len() {
-                return Err(format!(
-                    "ResourceClaim {ns}/{name} of pod {} is allocated other devices than planned",
-                    planned.name
-                ));
-            }
-            if !claim.reserved_for.contains(&planned.uid) {
-                out.push(ClaimWrite {
-                    name: name.clone(),
-                    allocation: None,
-                    devices: allocated_devices(a),
-                    pods: vec![(planned.name.clone(), planned.uid.clone())],
-                });
-            }
-            continue;
-        }
-        let request = inventory.request_of(&claim.spec).map_err(|e| format!("ResourceClaim {ns}/{name}: {e}"))?;
-        let allocation = inventory
-            .gpu_allocation(&request, &planned.node, gpus)
-            .map_err(|e| format!("ResourceClaim {ns}/{name} of pod {}: {e}", planned.name))?;
-        let devices = allocated_devices(&allocation);
-        let allocation = Some(allocation);
-        out.push(ClaimWrite {
-            name: name.clone(),
-            allocation,
-            devices,
-            pods: vec![(planned.name.clone(), planned.uid.clone())],
-        });
-    }
-    Ok(out)
-}
-
-/// The names of the claims a pod's own GPU claim entries got (in `status.resourceClaimStatuses`),
-/// for the plan; an error while the resource-claim controller has not made one yet.
-pub(super) fn own_claim_names(pod: &Pod, dra: &Dra) -> std::result::Result<Vec<String>, String> {
-    let (Some(inventory), Some(spec)) = (dra.inventory(), pod.spec.as_ref()) else { return Ok(Vec::new()) };
-    let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
-    let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
-    let mut out = Vec::new();
-    let statuses = pod.status.as_ref().and_then(|s| s.resource_claim_statuses.as_ref());
-    for entry in pod_claims(spec) {
-        let ClaimSource::Template(template) = &entry.source else { continue };
-        let gpu = dra
-            .template(ns, template)
-            .and_then(|t| inventory.request_of(t).ok())
-            .is_some_and(|r| inventory.is_gpu_request(&r));
-        if !gpu {
-            continue;
-        }
-        let made =
-            statuses.into_iter().flatten().find(|s| s.name == entry.name).and_then(|s| s.resource_claim_name.clone());
-        match made {
-            Some(name) if dra.claim(ns, &name).is_some() => out.push(name),
-            _ => {
-                return Err(format!(
-                    "waiting for kube-controller-manager's resource-claim controller to create the ResourceClaim of pod {pod_name} \
-                     (resourceClaims entry {:?}, template {template})",
-                    entry.name
-                ));
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// The writes of the named claims a decision allocates, each reserved for the planned pods
-/// that use it; and, for named claims allocated already, the planned pods to add to
-/// `reservedFor`.
-pub(super) fn shared_writes(
-    ns: &str,
-    decision: &Decision,
-    planned: &[(&PlannedPod, &Pod)],
-    dra: &Dra,
-) -> std::result::Result<Vec<ClaimWrite>, String> {
-    let Some(inventory) = dra.inventory() else { return Ok(Vec::new()) };
-    let mut users: HashMap<String, Vec<(String, String)>> = HashMap::new();
-    for (p, pod) in planned {
-        for entry in pod.spec.as_ref().map(pod_claims).unwrap_or_default() {
-            if let ClaimSource::Claim(name) = entry.source {
-                users.entry(name).or_default().push((p.name.clone(), p.uid.clone()));
-            }
-        }
-    }
-    let mut out = Vec::new();
-    let mut names: Vec<&String> = users.keys().collect();
-    names.sort();
-    for name in names {
-        let pods = &users[name];
-        let Some(claim) = dra.claim(ns, name) else {
-            return Err(format!("ResourceClaim {ns}/{name} does not exist"));
-        };
-        if claim.reserved_for.len() + pods.len() > MAX_RESERVED_FOR {
-            return Err(format!(
-                "ResourceClaim {ns}/{name} would be reserved for {} pods, more than the {MAX_RESERVED_FOR} a claim may serve",
-                claim.reserved_for.len() + pods.len()
-            ));
-        }
-        let choice = decision.shared_claims.iter().find(|c| c.claim.name == *name && c.claim.namespace == ns);
-        let (allocation, devices) = match (&claim.allocation, choice) {
-            (Some(a), _) => (None, allocated_devices(a)),
-            (None, Some(c)) => {
-                let request =
-                    inventory.request_of(&claim.spec).map_err(|e| format!("ResourceClaim {ns}/{name}: {e}"))?;
-                (Some(inventory.shared_allocation(&request, &c.devices, &c.reach)), c.devices.clone())
-            }
-            (None, None) => return Err(format!("ResourceClaim {ns}/{name} has no devices chosen")),
-        };
-        let missing: Vec<(String, String)> =
-            pods.iter().filter(|(_, uid)| !claim.reserved_for.contains(uid)).cloned().collect();
-        if allocation.is_none() && missing.is_empty() {
-            continue;
-        }
-        out.push(ClaimWrite { name: name.clone(), allocation, devices, pods: missing });
-    }
-    Ok(out)
-}
-
-/// The most consumers one claim may list in `status.reservedFor` (the API's limit).
-pub(super) const MAX_RESERVED_FOR: usize = 256;
+use crate::devices::dra::{DELETE_PROTECTION_FINALIZER, Inventory, NVIDIA_GPU_DRIVER, allocated_devices};
+use crate::devices::{GpuTopology, healthy_mask};
+use crate::scheduler::{ClaimWrite, Dra};
 
 fn consumers(pods: &[(String, String)]) -> Vec<serde_json::Value> {
     pods.iter().map(|(name, uid)| json!({"resource": "pods", "name": name, "uid": uid})).collect()

@@ -15,7 +15,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::status::Outcome;
-use super::{Admitter, FAULT_EXIT_ENV, GroupRef, MIN_BACKOFF, RootKey, World, claims, error_backoff, is_gated};
+use super::{Admitter, FAULT_EXIT_ENV, GroupRef, MIN_BACKOFF, RootKey, World, error_backoff, is_gated};
 use crate::controllers::context::{Error, Result, bounded};
 use crate::controllers::metrics::ObjectErrorLabels;
 use crate::crds::blocks::DisruptionModeKind;
@@ -309,7 +309,7 @@ impl Admitter {
         for p in &mut plan.pods {
             let Some(pod) = by_uid.get(p.uid.as_str()) else { return Ok(Committed::Stale) };
             if p.gpu_indices.is_some() {
-                match claims::own_claim_names(pod, snapshot.dra()) {
+                match scheduler::own_claim_names(pod, snapshot.dra()) {
                     Ok(names) => p.claims = names,
                     Err(why) => return Ok(Committed::NotReady(why)),
                 }
@@ -325,13 +325,13 @@ impl Admitter {
             return Ok(Committed::Stale);
         }
         // Every claim write is worked out before anything is written.
-        let shared = match claims::shared_writes(&key.ns, decision, &planned, snapshot.dra()) {
+        let shared = match scheduler::shared_writes(&key.ns, decision, &planned, snapshot.dra()) {
             Ok(w) => w,
             Err(why) => return Ok(Committed::NotReady(why)),
         };
         let mut own = Vec::with_capacity(planned.len());
         for (p, _) in &planned {
-            match claims::own_writes(&key.ns, p, snapshot.dra()) {
+            match scheduler::own_writes(&key.ns, p, snapshot.dra()) {
                 Ok(w) => own.push(w),
                 Err(why) => return Ok(Committed::NotReady(why)),
             }
@@ -581,7 +581,7 @@ impl Admitter {
         for planned in plan.pods.iter().filter(|p| uids.contains(&p.uid)) {
             let Some(pod) = world.pods_by_uid.get(planned.uid.as_str()) else { continue };
             // Its own claims as planned (allocated already when the commit got that far).
-            let writes = match claims::own_writes(ns, planned, snapshot.dra()) {
+            let writes = match scheduler::own_writes(ns, planned, snapshot.dra()) {
                 Ok(w) => w,
                 Err(message) => return Ok(Committed::Refused(PatchRefused { uid: planned.uid.clone(), message })),
             };
