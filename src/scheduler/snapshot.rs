@@ -413,7 +413,8 @@ impl Snapshot {
     /// Sets the cluster's DRA state. A node whose GPUs are published as devices of the GPU
     /// driver has GPU indices up to its highest device index, and the GPUs whose devices any
     /// claim holds are taken (now, and in what [`Snapshot::set_gpu_used`] sets later).
-    pub fn set_dra(&mut self, dra: Dra) {
+    pub fn set_dra(&mut self, dra: impl Into<std::sync::Arc<Dra>>) {
+        let dra = dra.into();
         if let Some(inventory) = dra.inventory() {
             for node in &mut self.nodes {
                 let devices = inventory.node_gpus(&node.name);
@@ -422,7 +423,7 @@ impl Snapshot {
                 node.gpu_used = node.gpu_used.union(inventory.allocated_gpus(&node.name));
             }
         }
-        self.dra = std::sync::Arc::new(dra);
+        self.dra = dra;
     }
 
     /// The cluster's DRA state.

@@ -8,6 +8,8 @@
 //! as allocated the structured way) and deletes claims made for a pod that is gone.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::Node;
@@ -16,7 +18,7 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use super::commit::Patched;
-use super::{Admitter, World, state};
+use super::{Admitter, DraState, World, state};
 use crate::controllers::context::{Error, Result, bounded};
 use crate::crds::scheduling::AdmissionPlan;
 use crate::devices::chooser::NodeGpus;
@@ -32,12 +34,8 @@ impl Admitter {
     /// The cluster's DRA state for this cycle, from the caches. GPU nodes known only from their
     /// slices (no `nvidia.com/gpu`, no topology annotation) get an unknown topology of as many
     /// GPUs as their highest device index says, with health from the metrics.
-    pub(super) fn dra_state(&mut self, nodes: &[Node], gpus: &mut HashMap<String, NodeGpus>) -> Dra {
-        let Some(caches) = &self.caches.dra else { return Dra::default() };
-        let slices = state(&caches.slices);
-        let classes = state(&caches.device_classes);
-        let claims = state(&caches.claims);
-        let templates = state(&caches.templates);
+    pub(super) fn dra_state(&mut self, nodes: &[Node], gpus: &mut HashMap<String, NodeGpus>) -> Arc<Dra> {
+        let Some(caches) = &self.caches.dra else { return Arc::default() };
         let uuid_index: HashMap<String, HashMap<String, usize>> = gpus
             .iter()
             .map(|(node, g)| {
@@ -51,27 +49,45 @@ impl Admitter {
                 (node.clone(), by_uuid)
             })
             .collect();
-        let inventory = Inventory::new(&slices, &classes, &claims, NVIDIA_GPU_DRIVER, &uuid_index);
+        // Read before the stores: an event after this rebuilds the state next cycle.
+        let changes = caches.changes.load(Ordering::Relaxed);
+        let dra = match &self.dra_cache {
+            // Nothing DRA changed and the GPU models join the same: the state (and the CEL
+            // results it has worked out) serves this cycle too.
+            Some(c) if c.changes == changes && c.uuid_index == uuid_index => c.dra.clone(),
+            _ => {
+                let slices = state(&caches.slices);
+                let classes = state(&caches.device_classes);
+                let claims = state(&caches.claims);
+                let templates = state(&caches.templates);
+                let inventory = Inventory::new(&slices, &classes, &claims, NVIDIA_GPU_DRIVER, &uuid_index);
+                let problems: Vec<String> = inventory.problems().iter().map(ToString::to_string).collect();
+                if problems != self.dra_problems {
+                    for p in problems.iter().filter(|p| !self.dra_problems.contains(p)) {
+                        tracing::warn!(problem = %p, "DRA device not offered");
+                    }
+                    self.dra_problems = problems;
+                }
+                let dra = Arc::new(Dra::new(inventory, &templates, &claims));
+                self.dra_cache = Some(DraState { changes, uuid_index, dra: dra.clone() });
+                dra
+            }
+        };
         let thresholds = self.thresholds();
         let now = SystemTime::now();
-        for node in nodes {
-            let Some(name) = node.metadata.name.as_deref() else { continue };
-            let count = inventory.node_gpus(name).iter().max().map_or(0, |i| i + 1);
-            if count == 0 || gpus.get(name).is_some_and(|g| g.topology.len() >= count) {
-                continue;
+        if let Some(inventory) = dra.inventory() {
+            for node in nodes {
+                let Some(name) = node.metadata.name.as_deref() else { continue };
+                let count = inventory.node_gpus(name).iter().max().map_or(0, |i| i + 1);
+                if count == 0 || gpus.get(name).is_some_and(|g| g.topology.len() >= count) {
+                    continue;
+                }
+                let topology = GpuTopology::unknown(count);
+                let health = healthy_mask(&topology, self.gpu_metrics.node(name), &thresholds, now);
+                gpus.insert(name.to_string(), NodeGpus { topology, topology_problem: None, health });
             }
-            let topology = GpuTopology::unknown(count);
-            let health = healthy_mask(&topology, self.gpu_metrics.node(name), &thresholds, now);
-            gpus.insert(name.to_string(), NodeGpus { topology, topology_problem: None, health });
         }
-        let problems: Vec<String> = inventory.problems().iter().map(ToString::to_string).collect();
-        if problems != self.dra_problems {
-            for p in problems.iter().filter(|p| !self.dra_problems.contains(p)) {
-                tracing::warn!(problem = %p, "DRA device not offered");
-            }
-            self.dra_problems = problems;
-        }
-        Dra::new(inventory, &templates, &claims)
+        dra
     }
 
     /// Allocates (or reserves) one claim: its finalizer, then allocation and `reservedFor` in

@@ -134,6 +134,15 @@ struct DraCaches {
     device_classes: Store<k8s_openapi::api::resource::v1::DeviceClass>,
     claims: Store<k8s_openapi::api::resource::v1::ResourceClaim>,
     templates: Store<k8s_openapi::api::resource::v1::ResourceClaimTemplate>,
+    /// Bumped on every event of the four watches.
+    changes: Arc<AtomicU64>,
+}
+
+/// The DRA state of a cycle, kept while nothing it was built from changes.
+struct DraState {
+    changes: u64,
+    uuid_index: HashMap<String, HashMap<String, usize>>,
+    dra: Arc<crate::scheduler::Dra>,
 }
 
 struct Admitter {
@@ -162,6 +171,8 @@ struct Admitter {
     excluded_reported: HashSet<RootKey>,
     /// DRA problems (devices not offered) last logged.
     dra_problems: Vec<String>,
+    /// The last cycle's DRA state.
+    dra_cache: Option<DraState>,
 }
 
 /// Writes of this process that the watch caches have not shown yet.
@@ -214,6 +225,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         status_errors: HashMap::new(),
         excluded_reported: HashSet::new(),
         dra_problems: Vec::new(),
+        dra_cache: None,
     };
     tracing::info!("admission caches ready");
     loop {

@@ -90,10 +90,20 @@ pub(super) async fn dra_served(client: &Client) -> bool {
     }
 }
 
+/// [`changed`], counting every event in `changes` too.
+fn counted<K>(changes: &Arc<AtomicU64>) -> impl FnMut(&Event<K>) -> bool + Send + 'static {
+    let changes = changes.clone();
+    move |ev| {
+        changes.fetch_add(1, Ordering::Relaxed);
+        changed(ev)
+    }
+}
+
 /// Starts the watches of DRA objects: any change can change what fits (a slice published, a
 /// claim created, allocated or freed).
 fn watch_dra(client: &Client, notify: &Arc<Notify>, capacity: &Arc<AtomicU64>) -> DraCaches {
     let cfg = || watcher::Config::default().any_semantic();
+    let changes = Arc::new(AtomicU64::new(0));
     DraCaches {
         slices: spawn_watch(
             Api::<ResourceSlice>::all(client.clone()),
@@ -101,7 +111,7 @@ fn watch_dra(client: &Client, notify: &Arc<Notify>, capacity: &Arc<AtomicU64>) -
             trim::managed_fields::<ResourceSlice>,
             notify.clone(),
             capacity.clone(),
-            changed::<ResourceSlice>,
+            counted::<ResourceSlice>(&changes),
         ),
         device_classes: spawn_watch(
             Api::<DeviceClass>::all(client.clone()),
@@ -109,7 +119,7 @@ fn watch_dra(client: &Client, notify: &Arc<Notify>, capacity: &Arc<AtomicU64>) -
             trim::managed_fields::<DeviceClass>,
             notify.clone(),
             capacity.clone(),
-            changed::<DeviceClass>,
+            counted::<DeviceClass>(&changes),
         ),
         claims: spawn_watch(
             Api::<ResourceClaim>::all(client.clone()),
@@ -117,7 +127,7 @@ fn watch_dra(client: &Client, notify: &Arc<Notify>, capacity: &Arc<AtomicU64>) -
             trim::managed_fields::<ResourceClaim>,
             notify.clone(),
             capacity.clone(),
-            changed::<ResourceClaim>,
+            counted::<ResourceClaim>(&changes),
         ),
         templates: spawn_watch(
             Api::<ResourceClaimTemplate>::all(client.clone()),
@@ -125,8 +135,9 @@ fn watch_dra(client: &Client, notify: &Arc<Notify>, capacity: &Arc<AtomicU64>) -
             trim::managed_fields::<ResourceClaimTemplate>,
             notify.clone(),
             capacity.clone(),
-            changed::<ResourceClaimTemplate>,
+            counted::<ResourceClaimTemplate>(&changes),
         ),
+        changes,
     }
 }
 
