@@ -24,8 +24,8 @@ use crate::crds::{ADMISSION_GATE, GPU_INDICES_ANNOTATION, HOSTNAME_LABEL, ROLLED
 use crate::devices::parse_indices;
 use crate::pods::{Placement, PodClass};
 use crate::scheduler::{
-    self, CommitInput, Decision, Disrupted, Dra, FailureCause, GatedPin, GroupCount, PatchRefused, PinFailure,
-    PinState, PlannedPodNow, Refusal, RemainingFits, RollBack, RollbackHistory, RollbackPolicy, Snapshot,
+    self, ClaimWrite, CommitInput, Decision, Disrupted, Dra, FailureCause, GatedPin, GroupCount, PatchRefused,
+    PinFailure, PinState, PlannedPodNow, Refusal, RemainingFits, RollBack, RollbackHistory, RollbackPolicy, Snapshot,
     StartRequirement, Step,
 };
 
@@ -366,26 +366,12 @@ impl Admitter {
         // Shared claims first (every pod needs them), then per pod its own claims and its
         // patch: a pod is ungated only once its devices are allocated to it.
         let first = planned.first().map(|(p, _)| p.uid.clone()).unwrap_or_default();
-        for w in &shared {
-            match self.write_claim(&key.ns, w).await? {
-                Patched::Ok => {}
-                Patched::Stale => return Ok(Committed::Stale),
-                Patched::Refused(message) => {
-                    let message = format!("ResourceClaim {}: {message}", w.name);
-                    return Ok(Committed::Refused(PatchRefused { uid: first, message }));
-                }
-            }
+        if let Some(stopped) = self.write_claims(&key.ns, &shared, &first).await? {
+            return Ok(stopped);
         }
         for ((planned, pod), writes) in planned.iter().zip(&own) {
-            for w in writes {
-                match self.write_claim(&key.ns, w).await? {
-                    Patched::Ok => {}
-                    Patched::Stale => return Ok(Committed::Stale),
-                    Patched::Refused(message) => {
-                        let message = format!("ResourceClaim {}: {message}", w.name);
-                        return Ok(Committed::Refused(PatchRefused { uid: planned.uid.clone(), message }));
-                    }
-                }
+            if let Some(stopped) = self.write_claims(&key.ns, writes, &planned.uid).await? {
+                return Ok(stopped);
             }
             match self.patch_pod(&key.ns, pod, planned).await? {
                 Patched::Ok => reserve(snapshot, pod, planned),
@@ -416,6 +402,22 @@ impl Admitter {
         let note = format!("admitted {} pod(s): {message}", plan.pods.len());
         self.root_event(key, false, "Admitted", &note).await;
         Ok(Committed::Done)
+    }
+
+    /// Carries out claim writes in order; `Some` ends the commit: a claim changed meanwhile
+    /// (stale), or the API server refused a write (blamed on pod `uid`).
+    async fn write_claims(&mut self, ns: &str, writes: &[ClaimWrite], uid: &str) -> Result<Option<Committed>> {
+        for w in writes {
+            match self.write_claim(ns, w).await? {
+                Patched::Ok => {}
+                Patched::Stale => return Ok(Some(Committed::Stale)),
+                Patched::Refused(message) => {
+                    let message = format!("ResourceClaim {}: {message}", w.name);
+                    return Ok(Some(Committed::Refused(PatchRefused { uid: uid.to_string(), message })));
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// The patch that pins, annotates and ungates one pod: a merge patch fenced by the pod's
@@ -585,15 +587,8 @@ impl Admitter {
                 Ok(w) => w,
                 Err(message) => return Ok(Committed::Refused(PatchRefused { uid: planned.uid.clone(), message })),
             };
-            for w in &writes {
-                match self.write_claim(ns, w).await? {
-                    Patched::Ok => {}
-                    Patched::Stale => return Ok(Committed::Stale),
-                    Patched::Refused(message) => {
-                        let message = format!("ResourceClaim {}: {message}", w.name);
-                        return Ok(Committed::Refused(PatchRefused { uid: planned.uid.clone(), message }));
-                    }
-                }
+            if let Some(stopped) = self.write_claims(ns, &writes, &planned.uid).await? {
+                return Ok(stopped);
             }
             match self.patch_pod(ns, pod, planned).await? {
                 // The snapshot saw it gated: count it before other roots are planned.
