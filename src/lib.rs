@@ -4,6 +4,7 @@
 //! returns plain data; `controllers` and `webhook` are the thin imperative shell.
 #![forbid(unsafe_code)]
 
+pub mod agent;
 pub mod cli;
 pub mod controllers;
 pub mod crds;

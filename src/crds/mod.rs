@@ -26,6 +26,12 @@ pub const ADMISSION_GATE: &str = "scheduling.muster.dev/admission";
 pub const GPU_INDICES_ANNOTATION: &str = "gpu.muster.dev/indices";
 /// Node annotation describing the node's GPUs and their links.
 pub const GPU_TOPOLOGY_ANNOTATION: &str = "gpu.muster.dev/topology";
+/// Node annotation the node agent writes: per pod uid, the `nvidia.com/gpu` device IDs kubelet
+/// gave it (kubelet's PodResources API).
+pub const GPU_ASSIGNED_ANNOTATION: &str = "gpu.muster.dev/assigned";
+/// Node annotation the node agent writes: per GPU, temperature, free memory and utilization
+/// (NVML), with the time they were measured.
+pub const GPU_HEALTH_ANNOTATION: &str = "gpu.muster.dev/health";
 /// Child MusterJob annotation: the PodGroupTemplate of the parent's Workload it builds from.
 pub const GROUP_TEMPLATE_ANNOTATION: &str = "scheduling.muster.dev/group-template-name";
 /// Child MusterJob annotation: the CompositePodGroup its PodGroup belongs to.

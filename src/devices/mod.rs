@@ -14,6 +14,7 @@ pub mod health;
 pub mod ledger;
 pub mod nvidia_smi;
 pub mod problem;
+pub mod report;
 pub mod score;
 pub mod select;
 pub mod topology;

@@ -1,0 +1,1 @@
+//! fake kubelet (being written).

@@ -1,0 +1,1 @@
+//! NVML probe (being written).
