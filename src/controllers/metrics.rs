@@ -93,6 +93,9 @@ pub struct Metrics {
     pub object_errors: Family<ObjectErrorLabels, Counter>,
     /// GPU index conflicts seen (two live pods claiming one GPU).
     pub gpu_conflicts: Counter,
+    /// Pods whose GPU indices were corrected to what kubelet gave them (read back by the node
+    /// agent), muster having planned others.
+    pub gpu_index_corrections: Counter,
     /// GPUs allocated per node.
     pub gpus_allocated: Family<NodeLabels, Gauge>,
     /// GPUs per node.
@@ -142,6 +145,7 @@ impl Default for Metrics {
             gang_rollbacks: Counter::default(),
             object_errors: Family::default(),
             gpu_conflicts: Counter::default(),
+            gpu_index_corrections: Counter::default(),
             gpus_allocated: Family::default(),
             gpus_total: Family::default(),
             gpus_unhealthy: Family::default(),
@@ -184,6 +188,11 @@ impl Default for Metrics {
         );
         // Not prefixed twice: the GPU conflict metric is named as the GPU issue asks.
         registry.register("gpu_conflicts", "GPU indices claimed by two live pods", m.gpu_conflicts.clone());
+        registry.register(
+            "gpu_index_corrections",
+            "Pods whose gpu.muster.dev/indices were corrected to the GPUs kubelet gave them",
+            m.gpu_index_corrections.clone(),
+        );
         registry.register("gpus_allocated", "GPUs allocated per node", m.gpus_allocated.clone());
         registry.register("gpus", "GPUs per node", m.gpus_total.clone());
         registry.register("gpus_unhealthy", "GPUs not offered because of health, per node", m.gpus_unhealthy.clone());

@@ -11,7 +11,9 @@ use super::{
     Fit, GpuProblem, GpuSet, GpuTopology, HealthThresholds, MetricsCache, NodeHealth, SelectOptions, SelectionKey,
     TopologyProblem, fit, healthy_mask,
 };
-use crate::crds::{GPU_RESOURCE, GPU_TOPOLOGY_ANNOTATION};
+use super::problem::GpuProblemKind;
+use super::report::{self, AssignedAnnotation, HealthAnnotation};
+use crate::crds::{GPU_ASSIGNED_ANNOTATION, GPU_HEALTH_ANNOTATION, GPU_RESOURCE, GPU_TOPOLOGY_ANNOTATION};
 use crate::scheduler::{GpuChoice, GpuChooser, NodeInfo};
 
 /// One node's GPUs as admission sees them.
@@ -23,6 +25,13 @@ pub struct NodeGpus {
     pub topology_problem: Option<TopologyProblem>,
     /// Which GPUs are healthy enough to offer, and why others are not.
     pub health: NodeHealth,
+    /// What the node agent says kubelet gave the pods here (`gpu.muster.dev/assigned`).
+    pub assigned: Option<AssignedAnnotation>,
+    /// The node agent's annotations that could not be used, as an operator should read it.
+    pub report_problems: Vec<String>,
+    /// Whether the node agent publishes health for this node (then missing samples are a
+    /// problem worth hearing about, Prometheus or not).
+    pub agent_health: bool,
 }
 
 impl NodeGpus {
@@ -35,7 +44,16 @@ impl NodeGpus {
     /// the topology annotation first; at most one problem of each kind.
     pub fn problems(&self, metrics_expected: bool) -> Vec<GpuProblem> {
         let topology = self.topology_problem.iter().map(TopologyProblem::problem);
-        topology.chain(self.health.problems(metrics_expected)).collect()
+        let agent = (!self.report_problems.is_empty()).then(|| GpuProblem {
+            kind: GpuProblemKind::AgentReportInvalid,
+            message: self.report_problems.join("; "),
+        });
+        topology.chain(self.health.problems(metrics_expected || self.agent_health)).chain(agent).collect()
+    }
+
+    /// A node's GPUs known only from its model: no agent report.
+    pub fn from_model(topology: GpuTopology, topology_problem: Option<TopologyProblem>, health: NodeHealth) -> Self {
+        NodeGpus { topology, topology_problem, health, assigned: None, report_problems: Vec::new(), agent_health: false }
     }
 }
 
@@ -46,6 +64,10 @@ fn allocatable_gpus(node: &Node) -> u64 {
         .and_then(|a| a.get(GPU_RESOURCE))
         .and_then(|q| q.0.trim().parse::<u64>().ok())
         .unwrap_or(0)
+}
+
+fn node_annotation<'n>(node: &'n Node, key: &str) -> Option<&'n str> {
+    node.metadata.annotations.as_ref().and_then(|a| a.get(key)).map(String::as_str)
 }
 
 /// The GPU model and health of every node with GPUs.
@@ -72,15 +94,23 @@ pub fn node_gpus_with(
     for node in nodes {
         let name = node.metadata.name.as_deref().unwrap_or_default();
         let gpus = allocatable_gpus(node).max(published.get(name).copied().unwrap_or(0));
-        let annotation =
-            node.metadata.annotations.as_ref().and_then(|a| a.get(GPU_TOPOLOGY_ANNOTATION)).map(String::as_str);
+        let annotation = node_annotation(node, GPU_TOPOLOGY_ANNOTATION);
         if gpus == 0 && annotation.is_none() {
             continue;
         }
         let name = node.metadata.name.clone().unwrap_or_default();
         let (topology, topology_problem) = GpuTopology::from_node(annotation, gpus);
-        let health = healthy_mask(&topology, metrics.node(&name), thresholds, now);
-        out.insert(name, NodeGpus { topology, topology_problem, health });
+        let mut report_problems = Vec::new();
+        let agent = node_annotation(node, GPU_HEALTH_ANNOTATION).and_then(|v| {
+            HealthAnnotation::parse(v).map_err(|e| report_problems.push(e.to_string())).ok()
+        });
+        let merged = report::newest(agent.as_ref(), metrics.node(&name));
+        let health = healthy_mask(&topology, merged.as_ref(), thresholds, now);
+        let assigned = node_annotation(node, GPU_ASSIGNED_ANNOTATION).and_then(|v| {
+            AssignedAnnotation::parse(v).map_err(|e| report_problems.push(e.to_string())).ok()
+        });
+        let agent_health = agent.is_some();
+        out.insert(name, NodeGpus { topology, topology_problem, health, assigned, report_problems, agent_health });
     }
     out
 }
@@ -271,6 +301,42 @@ mod tests {
     }
 
     #[test]
+    fn the_agents_health_annotation_keeps_a_hot_gpu_off_offer_without_prometheus() {
+        use crate::devices::report::HealthAnnotation;
+        let now = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000);
+        let sample = |t: f64, free: f64, secs: u64| GpuMetrics {
+            temperature_c: t,
+            memory_free_fraction: free,
+            utilization: 0.0,
+            observed_at: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs),
+        };
+        let with_health = |n: Node, metrics: &NodeMetrics| {
+            let mut n = n;
+            let value = HealthAnnotation::from_metrics(metrics).to_json();
+            n.metadata.annotations.get_or_insert_default().insert(GPU_HEALTH_ANNOTATION.into(), value);
+            n
+        };
+        // GPU 1 is hot, GPU 2 short of memory; the rest are fine. The samples are fresh.
+        let fresh = NodeMetrics {
+            gpus: (0..8).map(|i| (i, sample(if i == 1 { 91.0 } else { 40.0 }, if i == 2 { 0.1 } else { 0.9 }, 990))).collect(),
+        };
+        // The same samples 100 s old are stale and ignored.
+        let old = NodeMetrics { gpus: fresh.gpus.iter().map(|(&i, m)| (i, GpuMetrics { observed_at: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(900), ..*m })).collect() };
+        let nodes = [with_health(node("n1", Some(&pcie()), 8), &fresh), with_health(node("n2", Some(&pcie()), 8), &old)];
+        let map = node_gpus(&nodes, &MetricsCache::default(), &HealthThresholds::default(), now);
+        assert_eq!(map["n1"].unhealthy(), GpuSet::from_bits(0b110));
+        assert!(map["n1"].agent_health && map["n1"].report_problems.is_empty());
+        assert_eq!(map["n2"].unhealthy(), GpuSet::EMPTY);
+        let kinds: Vec<GpuProblemKind> = map["n2"].problems(false).iter().map(|p| p.kind).collect();
+        assert_eq!(kinds, [GpuProblemKind::MetricsStale], "stale agent samples are worth hearing about");
+        // A fresher Prometheus sample of GPU 1 (cooled down) wins over the agent's.
+        let mut metrics = MetricsCache::default();
+        metrics.store(Ok([("n1".to_string(), NodeMetrics { gpus: [(1, sample(50.0, 0.9, 995))].into() })].into()), now);
+        let map = node_gpus(&nodes[..1], &metrics, &HealthThresholds::default(), now);
+        assert_eq!(map["n1"].unhealthy(), GpuSet::from_bits(0b100));
+    }
+
+    #[test]
     fn a_dra_node_keeps_its_topology_annotation_when_its_slices_publish_as_many_gpus() {
         use crate::devices::dra::{NVIDIA_GPU_DRIVER, fixtures, published_gpus};
         let now = SystemTime::UNIX_EPOCH;
@@ -322,7 +388,7 @@ mod tests {
                     )
                     .map(|s| GpuChoice { gpus: s.selection.gpus, score: s.score });
                     let name = format!("n{i}");
-                    map.insert(name.clone(), NodeGpus { topology: kinds[kind].clone(), topology_problem: None, health });
+                    map.insert(name.clone(), NodeGpus::from_model(kinds[kind].clone(), None, health));
                     expected.push((name, GpuSet::from_bits(used), alone));
                 }
                 let chooser = TopologyChooser::with_cache(map, SelectOptions::default(), cache.clone());

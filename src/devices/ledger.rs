@@ -165,6 +165,10 @@ pub struct PodRecord<'a> {
     pub terminating: bool,
     /// GPUs on the node, for the range check of `indices`.
     pub node_gpus: usize,
+    /// `indices` are what the node gave the pod (kubelet's PodResources read back, or an
+    /// allocated DRA claim), not a plan: in a conflict they outrank every plan, whatever the
+    /// pods' ages, because the containers hold those GPUs.
+    pub confirmed: bool,
 }
 
 impl PodRecord<'_> {
@@ -175,10 +179,10 @@ impl PodRecord<'_> {
         !self.phase.is_terminal() && (self.bound || !self.terminating)
     }
 
-    /// The order conflicts are resolved in: older pods first, then by uid; a pod without a
-    /// creation time (never one from the API) last.
-    fn seniority(&self) -> (bool, Option<Timestamp>, &str) {
-        (self.created.is_none(), self.created, self.uid)
+    /// The order conflicts are resolved in: what a node confirmed first, then older pods,
+    /// then by uid; a pod without a creation time (never one from the API) last.
+    fn seniority(&self) -> (bool, bool, Option<Timestamp>, &str) {
+        (!self.confirmed, self.created.is_none(), self.created, self.uid)
     }
 }
 
@@ -395,6 +399,7 @@ mod tests {
             bound: !node.is_empty(),
             terminating: false,
             node_gpus: 8,
+            confirmed: false,
         }
     }
 
@@ -541,6 +546,21 @@ mod tests {
         let unknown = PodRecord { created: None, ..record("n1", "0", Some("0"), PodPhase::Running) };
         for pods in [[twin, old, unknown], [unknown, twin, old], [old, unknown, twin]] {
             assert_eq!(Ledger::rebuild(pods).0.holder("n1", 0), Some("b"));
+        }
+    }
+
+    #[test]
+    fn what_a_node_confirmed_outranks_an_older_plan() {
+        // The older pod's plan names GPU 0, but kubelet gave GPU 0 to the younger one.
+        let planned = created(record("n1", "old", Some("0,1"), PodPhase::Pending), 100);
+        let given = PodRecord { confirmed: true, ..created(record("n1", "young", Some("0,2"), PodPhase::Running), 200) };
+        for pods in [[planned, given], [given, planned]] {
+            let (ledger, problems) = Ledger::rebuild(pods);
+            assert_eq!(ledger.holder("n1", 0), Some("young"));
+            assert_eq!(ledger.claim("old").map(|c| c.gpus), Some(set(&[1])));
+            assert!(
+                matches!(&problems[..], [LedgerProblem::Conflict(Conflict::IndexHeld { pod_uid, .. })] if pod_uid == "old")
+            );
         }
     }
 

@@ -25,11 +25,14 @@ pub enum GpuProblemKind {
     TooHot,
     /// GPUs with less free memory than allowed, not offered.
     MemoryFull,
+    /// A node agent's annotation (`gpu.muster.dev/assigned` or `gpu.muster.dev/health`) that
+    /// cannot be used, or that names GPUs the node does not have.
+    AgentReportInvalid,
 }
 
 impl GpuProblemKind {
     /// Every kind, in label order.
-    pub const ALL: [GpuProblemKind; 9] = [
+    pub const ALL: [GpuProblemKind; 10] = [
         GpuProblemKind::TopologyMissing,
         GpuProblemKind::TopologyMalformed,
         GpuProblemKind::TopologyMismatch,
@@ -39,6 +42,7 @@ impl GpuProblemKind {
         GpuProblemKind::MetricsUnknownGpu,
         GpuProblemKind::TooHot,
         GpuProblemKind::MemoryFull,
+        GpuProblemKind::AgentReportInvalid,
     ];
 
     /// The metric label value.
@@ -53,6 +57,7 @@ impl GpuProblemKind {
             GpuProblemKind::MetricsUnknownGpu => "metrics_unknown_gpu",
             GpuProblemKind::TooHot => "too_hot",
             GpuProblemKind::MemoryFull => "memory_full",
+            GpuProblemKind::AgentReportInvalid => "agent_report_invalid",
         }
     }
 }

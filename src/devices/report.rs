@@ -135,14 +135,23 @@ impl AssignedAnnotation {
 
     /// Parses an annotation value.
     pub fn parse(value: &str) -> Result<Self, ReportError> {
-        let annotation = crate::crds::GPU_ASSIGNED_ANNOTATION;
-        let v: Self =
-            serde_json::from_str(value).map_err(|e| ReportError::Malformed { annotation, reason: e.to_string() })?;
-        if v.version != REPORT_VERSION {
-            return Err(ReportError::Version { annotation, found: v.version });
-        }
-        Ok(v)
+        versioned(value, crate::crds::GPU_ASSIGNED_ANNOTATION)
     }
+}
+
+/// An annotation of a known version, parsed: the version is read first, so an annotation of
+/// a later shape says so rather than failing on a field this muster does not know.
+fn versioned<T: serde::de::DeserializeOwned>(value: &str, annotation: &'static str) -> Result<T, ReportError> {
+    let malformed = |reason: String| ReportError::Malformed { annotation, reason };
+    let v: serde_json::Value = serde_json::from_str(value).map_err(|e| malformed(e.to_string()))?;
+    match v.get("version").and_then(serde_json::Value::as_u64) {
+        Some(found) if found == u64::from(REPORT_VERSION) => {}
+        Some(found) => {
+            return Err(ReportError::Version { annotation, found: u32::try_from(found).unwrap_or(u32::MAX) });
+        }
+        None => return Err(malformed("no version".into())),
+    }
+    serde_json::from_value(v).map_err(|e| malformed(e.to_string()))
 }
 
 /// A device ID kubelet named that the node's GPU model does not have.
@@ -224,10 +233,7 @@ impl HealthAnnotation {
     pub fn parse(value: &str) -> Result<NodeMetrics, ReportError> {
         let annotation = crate::crds::GPU_HEALTH_ANNOTATION;
         let malformed = |reason: String| ReportError::Malformed { annotation, reason };
-        let v: Self = serde_json::from_str(value).map_err(|e| malformed(e.to_string()))?;
-        if v.version != REPORT_VERSION {
-            return Err(ReportError::Version { annotation, found: v.version });
-        }
+        let v: Self = versioned(value, annotation)?;
         let at: Timestamp =
             v.observed_at.parse().map_err(|e| malformed(format!("observedAt {:?}: {e}", v.observed_at)))?;
         let observed_at = SystemTime::from(at);
@@ -264,11 +270,13 @@ impl HealthAnnotation {
         if self.gpus.len() != last.gpus.len() {
             return true;
         }
+        // A hair under the step, so decimal inputs that differ by exactly one step count.
+        let moved = |a: f64, b: f64, step: f64| (a - b).abs() >= step - 1e-9;
         self.gpus.iter().zip(&last.gpus).any(|(a, b)| {
             a.index != b.index
-                || (a.temperature_c - b.temperature_c).abs() >= 2.0
-                || (a.memory_free_fraction - b.memory_free_fraction).abs() >= 0.05
-                || (a.utilization - b.utilization).abs() >= 0.05
+                || moved(a.temperature_c, b.temperature_c, 2.0)
+                || moved(a.memory_free_fraction, b.memory_free_fraction, 0.05)
+                || moved(a.utilization, b.utilization, 0.05)
         })
     }
 }
@@ -305,5 +313,141 @@ pub fn newest(a: Option<&NodeMetrics>, b: Option<&NodeMetrics>) -> Option<NodeMe
 impl fmt::Display for AssignedPod {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}: {}", self.namespace, self.name, self.devices.join(","))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::topology::GpuTopology;
+
+    fn devices(resource: &str, ids: &[&str]) -> ResourceDevices {
+        ResourceDevices { resource: resource.into(), ids: ids.iter().map(|s| (*s).to_string()).collect() }
+    }
+
+    fn pod(ns: &str, name: &str, containers: Vec<Vec<ResourceDevices>>) -> PodDevices {
+        let containers = containers
+            .into_iter()
+            .enumerate()
+            .map(|(i, devices)| ContainerDevices { name: format!("c{i}"), devices })
+            .collect();
+        PodDevices { namespace: ns.into(), name: name.into(), containers }
+    }
+
+    fn at(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn the_assigned_annotation_keeps_gpu_pods_the_api_knows() {
+        let pods = [
+            // Two containers share the pod's GPUs; another resource is left out.
+            pod("ns", "a", vec![
+                vec![devices("nvidia.com/gpu", &["GPU-2", "GPU-1"]), devices("example.com/nic", &["nic0"])],
+                vec![devices("nvidia.com/gpu", &["GPU-1"])],
+            ]),
+            pod("ns", "cpu-only", vec![vec![devices("example.com/nic", &["nic1"])]]),
+            pod("ns", "deleted", vec![vec![devices("nvidia.com/gpu", &["GPU-3"])]]),
+        ];
+        let uids: HashMap<(String, String), String> = [
+            (("ns".to_string(), "a".to_string()), "uid-a".to_string()),
+            (("ns".to_string(), "cpu-only".to_string()), "uid-c".to_string()),
+        ]
+        .into();
+        let report = AssignedAnnotation::from_pods(&pods, &uids, "nvidia.com/gpu");
+        assert_eq!(report.pods.keys().collect::<Vec<_>>(), ["uid-a"]);
+        assert_eq!(report.pods["uid-a"].devices, ["GPU-1", "GPU-2"]);
+        assert_eq!(AssignedAnnotation::parse(&report.to_json()), Ok(report));
+    }
+
+    #[test]
+    fn annotations_of_another_version_or_shape_are_refused_with_the_key() {
+        let cases = [
+            (r#"{"version": 2, "resource": "x", "pods": {}, "new": 1}"#, "gpu.muster.dev/assigned has version 2"),
+            (r#"{"resource": "x", "pods": {}}"#, "gpu.muster.dev/assigned is not valid: no version"),
+            (r#"{"version": 1, "pods": {}}"#, "gpu.muster.dev/assigned is not valid: missing field `resource`"),
+            ("[]", "gpu.muster.dev/assigned is not valid"),
+        ];
+        for (value, want) in cases {
+            let got = AssignedAnnotation::parse(value).map(|_| ()).map_err(|e| e.to_string());
+            assert!(got.as_ref().is_err_and(|e| e.starts_with(want)), "{value}: {got:?}");
+        }
+        let bad_time = r#"{"version": 1, "observedAt": "yesterday", "gpus": []}"#;
+        let got = HealthAnnotation::parse(bad_time).map_err(|e| e.to_string());
+        assert!(got.as_ref().is_err_and(|e| e.contains("observedAt \"yesterday\"")), "{got:?}");
+    }
+
+    #[test]
+    fn device_ids_map_to_indices_by_uuid_or_number() {
+        let value = serde_json::json!({"version": 1,
+            "gpus": [{"index": 0, "uuid": "GPU-a"}, {"index": 1, "uuid": "GPU-b"}, {"index": 2}],
+            "links": [["X", "NV1", "SYS"], ["NV1", "X", "SYS"], ["SYS", "SYS", "X"]]});
+        let (topology, problem) = GpuTopology::from_node(Some(&value.to_string()), 3);
+        assert_eq!(problem, None);
+        let ids = |v: &[&str]| v.iter().map(|s| (*s).to_string()).collect::<Vec<_>>();
+        let set = |v: &[usize]| GpuSet::from_indices(v.iter().copied());
+        assert_eq!(kubelet_indices(&ids(&["GPU-b", "GPU-a"]), &topology).ok(), set(&[0, 1]));
+        assert_eq!(kubelet_indices(&ids(&["2", "GPU-a::3"]), &topology).ok(), set(&[0, 2]));
+        assert_eq!(kubelet_indices(&[], &topology).ok(), set(&[]));
+        for bad in [&["GPU-z"][..], &["3"], &["-1"], &["MIG-1"]] {
+            let err = kubelet_indices(&ids(bad), &topology);
+            assert_eq!(err, Err(UnknownDevice { id: bad[0].to_string() }));
+        }
+    }
+
+    #[test]
+    fn health_round_trips_through_the_annotation() {
+        let sample = |t: f64, free: f64| GpuMetrics {
+            temperature_c: t,
+            memory_free_fraction: free,
+            utilization: 0.5,
+            observed_at: at(1_700_000_000),
+        };
+        let metrics = NodeMetrics { gpus: [(0, sample(40.0, 0.9)), (1, sample(85.5, 0.1))].into() };
+        let annotation = HealthAnnotation::from_metrics(&metrics);
+        assert_eq!(annotation.observed_at, "2023-11-14T22:13:20Z");
+        assert_eq!(HealthAnnotation::parse(&annotation.to_json()), Ok(metrics));
+    }
+
+    #[test]
+    fn health_is_written_again_on_real_change_or_before_it_goes_stale() {
+        let sample = |t: f64, free: f64, util: f64| HealthSample {
+            index: 0,
+            temperature_c: t,
+            memory_free_fraction: free,
+            utilization: util,
+        };
+        let annotation = |s: Vec<HealthSample>| HealthAnnotation { version: 1, observed_at: String::new(), gpus: s };
+        let last = (annotation(vec![sample(50.0, 0.5, 0.5)]), at(100));
+        let refresh = Duration::from_secs(30);
+        let cases = [
+            ("nothing published yet", None, vec![sample(50.0, 0.5, 0.5)], 101, true),
+            ("same values", Some(&last), vec![sample(51.0, 0.52, 0.53)], 101, false),
+            ("2 C warmer", Some(&last), vec![sample(52.0, 0.5, 0.5)], 101, true),
+            ("memory 5 points less", Some(&last), vec![sample(50.0, 0.45, 0.5)], 101, true),
+            ("utilization 5 points up", Some(&last), vec![sample(50.0, 0.5, 0.55)], 101, true),
+            ("a GPU more", Some(&last), vec![sample(50.0, 0.5, 0.5), HealthSample { index: 1, ..sample(50.0, 0.5, 0.5) }], 101, true),
+            ("refresh due", Some(&last), vec![sample(50.0, 0.5, 0.5)], 130, true),
+            ("clock went back", Some(&last), vec![sample(50.0, 0.5, 0.5)], 99, true),
+        ];
+        for (case, last, gpus, now, want) in cases {
+            assert_eq!(annotation(gpus).worth_publishing(last, at(now), refresh), want, "{case}");
+        }
+    }
+
+    #[test]
+    fn of_two_sources_the_newer_sample_of_each_gpu_wins() {
+        let m = |t: f64, secs: u64| GpuMetrics {
+            temperature_c: t,
+            memory_free_fraction: 1.0,
+            utilization: 0.0,
+            observed_at: at(secs),
+        };
+        let agent = NodeMetrics { gpus: [(0, m(90.0, 20)), (1, m(40.0, 10))].into() };
+        let prometheus = NodeMetrics { gpus: [(0, m(50.0, 15)), (1, m(45.0, 15)), (2, m(30.0, 1))].into() };
+        let merged = newest(Some(&agent), Some(&prometheus)).map(|n| n.gpus);
+        assert_eq!(merged, Some([(0, m(90.0, 20)), (1, m(45.0, 15)), (2, m(30.0, 1))].into()));
+        assert_eq!(newest(None, Some(&agent)), Some(agent.clone()));
+        assert_eq!(newest(None, None), None);
     }
 }

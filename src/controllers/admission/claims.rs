@@ -84,7 +84,7 @@ impl Admitter {
                 }
                 let topology = GpuTopology::unknown(count);
                 let health = healthy_mask(&topology, self.gpu_metrics.node(name), &thresholds, now);
-                gpus.insert(name.to_string(), NodeGpus { topology, topology_problem: None, health });
+                gpus.insert(name.to_string(), NodeGpus::from_model(topology, None, health));
             }
         }
         dra

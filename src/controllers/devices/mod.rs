@@ -22,6 +22,7 @@ use super::context::Context;
 use super::metrics::{NodeLabels, ReasonLabels};
 use crate::crds::{GPU_INDICES_ANNOTATION, GPU_RESOURCE};
 use crate::devices::chooser::NodeGpus;
+use crate::devices::report::kubelet_indices;
 use crate::devices::{GpuSet, Ledger, LedgerProblem, PodRecord, SelectOptions, format_indices, parse_indices, select};
 use crate::pods::is_finished;
 use crate::pods::{Placement, PodClass};
@@ -93,31 +94,109 @@ impl Report {
     }
 }
 
-/// Indices chosen for a GPU pod that has none; written onto the pod unless it is terminating.
+/// Where the indices of an [`Assignment`] come from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Source {
+    /// Chosen by this pass for a GPU pod bound without muster.
+    Chosen,
+    /// What the pod's allocated DRA claims name (the driver prepares exactly those).
+    Claim,
+    /// What kubelet gave the pod, read back by the node agent from PodResources.
+    Kubelet {
+        /// The indices the pod carried before (muster's plan), if any.
+        planned: Option<GpuSet>,
+        /// The device IDs kubelet named.
+        devices: Vec<String>,
+    },
+}
+
+/// Indices for a GPU pod whose annotation is missing or says otherwise than its node; written
+/// onto the pod unless it is terminating.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Assignment<'a> {
     /// The pod.
     pub pod: &'a Pod,
     /// Its node.
     pub node: String,
-    /// The GPUs chosen, held in the plan's ledger whether or not the write succeeds.
+    /// The GPUs, held in the plan's ledger whether or not the write succeeds.
     pub gpus: GpuSet,
     /// Whether to write them onto the pod (not for a terminating pod).
     pub write: bool,
+    /// Where they come from.
+    pub source: Source,
+}
+
+impl Assignment<'_> {
+    /// Whether writing this corrects indices muster had planned (kubelet chose otherwise).
+    pub fn is_correction(&self) -> bool {
+        matches!(&self.source, Source::Kubelet { planned: Some(p), .. } if *p != self.gpus)
+    }
+}
+
+/// What a pod's node says it holds: the truth, which outranks any plan.
+struct Held {
+    gpus: GpuSet,
+    source: Source,
+}
+
+/// What `pod`'s node gave it: its allocated own DRA claims, else what the node agent read from
+/// kubelet. A device kubelet names that the node's model lacks is reported, and the pod keeps
+/// its annotation.
+fn held_by_node(
+    pod: &Pod,
+    node: &str,
+    snapshot: &Snapshot,
+    gpus: &HashMap<String, NodeGpus>,
+    reports: &mut Vec<Report>,
+) -> Option<Held> {
+    if let Some((_, g)) = snapshot.dra().pod_gpus(pod).filter(|(n, _)| n == node) {
+        return Some(Held { gpus: g, source: Source::Claim });
+    }
+    let node_gpus = gpus.get(node)?;
+    let given = node_gpus.assigned.as_ref()?.pods.get(uid_of(pod))?;
+    match kubelet_indices(&given.devices, &node_gpus.topology) {
+        Ok(set) if !set.is_empty() => {
+            let planned = pod.annotations().get(GPU_INDICES_ANNOTATION).and_then(|v| parse_indices(v).ok());
+            Some(Held { gpus: set, source: Source::Kubelet { planned, devices: given.devices.clone() } })
+        }
+        Ok(_) => None,
+        Err(e) => {
+            let uid = uid_of(pod);
+            reports.push(Report {
+                key: format!("unknown-device/{uid}/{node}/{}", e.id),
+                uid: uid.to_string(),
+                reason: "UnknownGPUDevice",
+                message: format!(
+                    "kubelet gave pod {} {e} on node {node}; its GPU indices are not corrected",
+                    pod.name_any()
+                ),
+                conflict: false,
+            });
+            None
+        }
+    }
 }
 
 /// What one pass decides, before any API call.
 #[derive(Debug)]
 pub struct DevicePlan<'a> {
-    /// Every live pod's GPUs: the annotations, and the choices of [`Self::assignments`].
+    /// Every live pod's GPUs: what the nodes confirmed, the annotations, and the choices of
+    /// [`Self::assignments`].
     pub ledger: Ledger,
     /// Problems present now, each once.
     pub reports: Vec<Report>,
-    /// GPU pods bound without indices, in the order they were given GPUs (oldest first).
+    /// Annotations to write: what nodes confirmed where the pod says otherwise, then GPU pods
+    /// bound without indices, in the order they were given GPUs (oldest first).
     pub assignments: Vec<Assignment<'a>>,
 }
 
-/// The ledger of `pods`, and indices for every bound GPU pod that has none.
+/// The ledger of `pods`, and indices for every bound GPU pod whose annotation is missing or
+/// differs from what its node gave it.
+///
+/// What a node confirmed is the truth: an allocated DRA claim, or the devices kubelet gave the
+/// pod as the node agent read them from PodResources (on a device-plugin node kubelet picks
+/// the GPUs, so muster's plan is a wish until it is read back). The ledger holds those, and
+/// in a conflict they outrank any plan; the pod's annotation is corrected to them.
 ///
 /// The rule that keeps admission safe: a bound, live GPU pod always holds GPUs in the
 /// ledger. It runs on its node and kubelet gives it devices whatever muster writes, so the
@@ -129,31 +208,54 @@ pub struct DevicePlan<'a> {
 pub fn plan<'a>(pods: &'a [Pod], snapshot: &Snapshot, gpus: &HashMap<String, NodeGpus>) -> DevicePlan<'a> {
     // Terminating pods stay: in their grace period they still run on their GPUs.
     let located: Vec<(&Pod, String)> = pods.iter().filter_map(|p| node_of(p, snapshot).map(|n| (p, n))).collect();
-    // A pod whose own DRA claims are allocated holds what they name, whatever its annotation
-    // says: the node's driver prepares exactly those devices.
-    let allocated: Vec<Option<GpuSet>> =
-        located.iter().map(|(p, node)| snapshot.dra().pod_gpus(p).filter(|(n, _)| n == node).map(|(_, g)| g)).collect();
-    let allocated_text: Vec<Option<String>> = allocated.iter().map(|g| g.map(format_indices)).collect();
-    let records = located.iter().zip(&allocated_text).map(|((p, node), dra)| PodRecord {
+    let mut reports = Vec::new();
+    let held: Vec<Option<Held>> =
+        located.iter().map(|(p, node)| held_by_node(p, node, snapshot, gpus, &mut reports)).collect();
+    let held_text: Vec<Option<String>> = held.iter().map(|h| h.as_ref().map(|h| format_indices(h.gpus))).collect();
+    let records = located.iter().zip(&held_text).map(|((p, node), truth)| PodRecord {
         node,
         uid: uid_of(p),
         created: p.metadata.creation_timestamp.as_ref().map(|t| t.0),
-        indices: dra.as_deref().or_else(|| p.annotations().get(GPU_INDICES_ANNOTATION).map(String::as_str)),
+        indices: truth.as_deref().or_else(|| p.annotations().get(GPU_INDICES_ANNOTATION).map(String::as_str)),
         phase: crate::devices::PodPhase::from_status(p.status.as_ref().and_then(|s| s.phase.as_deref())),
         bound: is_bound(p),
         terminating: crate::pods::is_terminating(p),
         node_gpus: snapshot.node(node).map_or(0, |n| n.gpu_count as usize),
+        confirmed: truth.is_some(),
     });
     let (mut ledger, problems) = Ledger::rebuild(records);
-    let mut reports: Vec<Report> = problems.iter().map(Report::from_ledger).collect();
+    reports.extend(problems.iter().map(Report::from_ledger));
 
-    // GPU pods kube-scheduler bound without muster: give them indices right after binding.
+    // `gpu.muster.dev/indices` states what the node gave the pod.
+    let mut assignments: Vec<Assignment<'a>> = located
+        .iter()
+        .zip(held)
+        .filter_map(|((pod, node), held)| {
+            let held = held?;
+            let written = pod.annotations().get(GPU_INDICES_ANNOTATION).and_then(|v| parse_indices(v).ok());
+            (written != Some(held.gpus) && !is_finished(pod)).then(|| Assignment {
+                pod,
+                node: node.clone(),
+                gpus: held.gpus,
+                write: !crate::pods::is_terminating(pod),
+                source: held.source,
+            })
+        })
+        .collect();
+    let confirmed: HashSet<&str> =
+        located.iter().zip(&held_text).filter(|(_, t)| t.is_some()).map(|((p, _), _)| uid_of(p)).collect();
+
+    // GPU pods kube-scheduler bound without muster (and not read back yet): give them indices
+    // right after binding.
     let mut unassigned: Vec<&(&Pod, String)> = located
         .iter()
         .filter(|(p, _)| {
             let live = !crate::devices::PodPhase::from_status(p.status.as_ref().and_then(|s| s.phase.as_deref()))
                 .is_terminal();
-            live && is_bound(p) && gpus_wanted(p) > 0 && !p.annotations().contains_key(GPU_INDICES_ANNOTATION)
+            live && is_bound(p)
+                && gpus_wanted(p) > 0
+                && !p.annotations().contains_key(GPU_INDICES_ANNOTATION)
+                && !confirmed.contains(uid_of(p))
         })
         .collect();
     unassigned.sort_by(|(a, _), (b, _)| {
@@ -163,21 +265,6 @@ pub fn plan<'a>(pods: &'a [Pod], snapshot: &Snapshot, gpus: &HashMap<String, Nod
         };
         age(a).cmp(&age(b)).then_with(|| uid_of(a).cmp(uid_of(b)))
     });
-    // `gpu.muster.dev/indices` states what the claims allocated.
-    let mut assignments: Vec<Assignment<'a>> = located
-        .iter()
-        .zip(&allocated)
-        .filter_map(|((pod, node), gpus)| {
-            let gpus = (*gpus)?;
-            let written = pod.annotations().get(GPU_INDICES_ANNOTATION).and_then(|v| parse_indices(v).ok());
-            (written != Some(gpus) && !is_finished(pod)).then(|| Assignment {
-                pod,
-                node: node.clone(),
-                gpus,
-                write: !crate::pods::is_terminating(pod),
-            })
-        })
-        .collect();
     for (pod, node) in unassigned {
         let Some(node_gpus) = gpus.get(node) else { continue };
         let wanted = usize::try_from(gpus_wanted(pod)).unwrap_or(usize::MAX);
@@ -210,7 +297,13 @@ pub fn plan<'a>(pods: &'a [Pod], snapshot: &Snapshot, gpus: &HashMap<String, Nod
             continue;
         };
         if ledger.assign(node, uid, choice.gpus).is_ok() {
-            assignments.push(Assignment { pod, node: node.clone(), gpus: choice.gpus, write: !terminating });
+            assignments.push(Assignment {
+                pod,
+                node: node.clone(),
+                gpus: choice.gpus,
+                write: !terminating,
+                source: Source::Chosen,
+            });
         }
     }
     DevicePlan { ledger, reports, assignments }
@@ -392,9 +485,32 @@ impl DeviceReconciler {
         match outcome {
             Written::Done => {
                 self.backoff.forget(uid);
-                tracing::info!(pod = %name, node, indices, "assigned GPU indices to a pod bound without muster");
-                let note = format!("GPU indices {indices} on node {node}");
-                ctx.event(&pod_ref(pod), false, "GPUsAssigned", "AssignGPUs", note).await;
+                let (reason, note) = match &a.source {
+                    Source::Kubelet { planned: Some(planned), devices } if a.is_correction() => {
+                        ctx.metrics.gpu_index_corrections.inc();
+                        let planned = format_indices(*planned);
+                        tracing::info!(pod = %name, node, indices, planned, "GPU indices corrected to what kubelet gave");
+                        let note = format!(
+                            "kubelet gave this pod GPUs {indices} ({}) on node {node}, not the {planned} muster \
+                             planned: {GPU_INDICES_ANNOTATION} now says what its containers hold",
+                            devices.join(",")
+                        );
+                        ("GPUIndicesCorrected", note)
+                    }
+                    Source::Kubelet { .. } => {
+                        tracing::info!(pod = %name, node, indices, "GPU indices as kubelet gave them");
+                        ("GPUsAssigned", format!("GPU indices {indices} on node {node}, as kubelet gave them"))
+                    }
+                    Source::Claim => {
+                        tracing::info!(pod = %name, node, indices, "GPU indices as the pod's claims allocate them");
+                        ("GPUsAssigned", format!("GPU indices {indices} on node {node}, as its claims allocate them"))
+                    }
+                    Source::Chosen => {
+                        tracing::info!(pod = %name, node, indices, "assigned GPU indices to a pod bound without muster");
+                        ("GPUsAssigned", format!("GPU indices {indices} on node {node}"))
+                    }
+                };
+                ctx.event(&pod_ref(pod), false, reason, "AssignGPUs", note).await;
             }
             Written::Gone(message) => {
                 self.backoff.forget(uid);

@@ -384,3 +384,126 @@ fn a_pod_with_an_allocated_claim_holds_what_the_claim_names_and_its_annotation_i
     );
     assert!(plan.reports.is_empty(), "{:?}", plan.reports);
 }
+
+/// A node with a topology naming GPU uuids `GPU-<node>-<i>`, and the agent's report of what
+/// kubelet gave each `(pod uid, device IDs)`.
+fn reported_node(name: &str, gpus: u32, assigned: &[(&str, &[&str])]) -> Node {
+    let mut n = node(name, gpus);
+    let entries: Vec<serde_json::Value> = (0..gpus)
+        .map(|i| json!({"index": i, "uuid": format!("GPU-{name}-{i}"), "numa": 0, "memoryMiB": 81920}))
+        .collect();
+    let links: Vec<Vec<&str>> =
+        (0..gpus).map(|i| (0..gpus).map(|j| if i == j { "X" } else { "NV1" }).collect()).collect();
+    let topology = json!({"version": 1, "gpus": entries, "links": links}).to_string();
+    let pods: serde_json::Map<String, serde_json::Value> = assigned
+        .iter()
+        .map(|(uid, ids)| ((*uid).to_string(), json!({"namespace": "ns", "name": uid, "devices": ids})))
+        .collect();
+    let report = json!({"version": 1, "resource": "nvidia.com/gpu", "pods": pods}).to_string();
+    n.metadata.annotations = Some(
+        [
+            (crate::crds::GPU_TOPOLOGY_ANNOTATION.to_string(), topology),
+            (crate::crds::GPU_ASSIGNED_ANNOTATION.to_string(), report),
+        ]
+        .into(),
+    );
+    n
+}
+
+#[test]
+fn what_kubelet_gave_is_the_ledger_and_the_annotation_is_corrected() {
+    // muster planned 0,1 for `a`; kubelet gave it GPUs 2 and 3.
+    let nodes = [reported_node("n1", 4, &[("uid-a", &["GPU-n1-3", "GPU-n1-2"])])];
+    let pods = [pod("ns", "a", 1, "n1", 2, Some("0,1"))];
+    let (snapshot, gpus) = world(&nodes, &pods);
+    let plan = plan(&pods, &snapshot, &gpus);
+    assert_eq!(plan.ledger.used_mask("n1"), set(&[2, 3]));
+    assert!(plan.reports.is_empty(), "{:?}", plan.reports);
+    let [a] = &plan.assignments[..] else { panic!("{:?}", plan.assignments) };
+    assert_eq!((a.gpus, a.write, a.is_correction()), (set(&[2, 3]), true, true));
+    assert!(matches!(&a.source, Source::Kubelet { planned: Some(p), .. } if *p == set(&[0, 1])));
+}
+
+#[test]
+fn kubelet_reports_table() {
+    // (case, node GPUs, report, pod annotation, ledger after, assignment written, correction)
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a [&'a str])], Option<&'a str>, &'a [usize], Option<&'a [usize]>, bool);
+    let cases: &[Case<'_>] = &[
+        ("agrees with the plan", &[("uid-a", &["GPU-n1-0", "GPU-n1-1"])], Some("0,1"), &[0, 1], None, false),
+        ("bound without muster", &[("uid-a", &["GPU-n1-1", "GPU-n1-2"])], None, &[1, 2], Some(&[1, 2]), false),
+        ("index ID strategy", &[("uid-a", &["3", "0"])], Some("0,1"), &[0, 3], Some(&[0, 3]), true),
+        ("time-slicing replica", &[("uid-a", &["GPU-n1-2::1"])], Some("0"), &[2], Some(&[2]), true),
+        ("no report for the pod", &[("uid-other", &["GPU-n1-3"])], Some("0,1"), &[0, 1], None, false),
+        ("unknown device: the plan stays", &[("uid-a", &["GPU-elsewhere"])], Some("0,1"), &[0, 1], None, false),
+    ];
+    for &(case, report, annotation, ledger, written, correction) in cases {
+        let nodes = [reported_node("n1", 4, report)];
+        let wanted = annotation.map_or(2, |a| a.split(',').count() as u32);
+        let pods = [pod("ns", "a", 1, "n1", wanted, annotation)];
+        let (snapshot, gpus) = world(&nodes, &pods);
+        let decided = plan(&pods, &snapshot, &gpus);
+        assert_eq!(decided.ledger.used_mask("n1"), set(ledger), "{case}");
+        let got: Vec<(GpuSet, bool)> = decided.assignments.iter().map(|a| (a.gpus, a.is_correction())).collect();
+        let want: Vec<(GpuSet, bool)> = written.iter().map(|w| (set(w), correction)).collect();
+        assert_eq!(got, want, "{case}");
+        let unknown = decided.reports.iter().any(|r| r.reason == "UnknownGPUDevice");
+        assert_eq!(unknown, case.starts_with("unknown device"), "{case}: {:?}", decided.reports);
+    }
+}
+
+#[test]
+fn the_next_pod_avoids_what_kubelet_really_gave() {
+    // `old` was planned onto 0,1 but kubelet gave it 0,2; `young` (planned 2,3 on the stale
+    // ledger) now conflicts on GPU 2: the truth keeps it, and the ledger says so.
+    let nodes = [reported_node("n1", 4, &[("uid-old", &["GPU-n1-0", "GPU-n1-2"])])];
+    let pods = [pod("ns", "old", 1, "n1", 2, Some("0,1")), pod("ns", "young", 2, "n1", 2, Some("2,3"))];
+    let (snapshot, gpus) = world(&nodes, &pods);
+    let first = plan(&pods, &snapshot, &gpus);
+    assert_eq!(first.ledger.holder("n1", 2), Some("uid-old"));
+    assert_eq!(first.ledger.claim("uid-young").map(|c| c.gpus), Some(set(&[3])));
+    assert!(first.reports.iter().any(|r| r.reason == "GPUConflict" && r.uid == "uid-young"), "{:?}", first.reports);
+    // A bound pod without indices is given GPUs around the truth: only GPU 1 and 3 are free.
+    let pods = [pod("ns", "old", 1, "n1", 2, Some("0,1")), pod("ns", "plain", 2, "n1", 2, None)];
+    let (snapshot, gpus) = world(&nodes, &pods);
+    let second = plan(&pods, &snapshot, &gpus);
+    let chosen: Vec<GpuSet> =
+        second.assignments.iter().filter(|a| a.source == Source::Chosen).map(|a| a.gpus).collect();
+    assert_eq!(chosen, vec![set(&[1, 3])]);
+}
+
+#[test]
+fn a_malformed_report_is_a_node_problem_not_a_failure() {
+    let mut n = node("n1", 4);
+    n.metadata.annotations = Some(
+        [
+            (crate::crds::GPU_ASSIGNED_ANNOTATION.to_string(), "{not json".to_string()),
+            (crate::crds::GPU_HEALTH_ANNOTATION.to_string(), json!({"version": 9}).to_string()),
+        ]
+        .into(),
+    );
+    let pods = [pod("ns", "a", 1, "n1", 2, Some("0,1"))];
+    let (snapshot, gpus) = world(&[n], &pods);
+    let plan = plan(&pods, &snapshot, &gpus);
+    assert_eq!(plan.ledger.used_mask("n1"), set(&[0, 1]));
+    let problems = gpus["n1"].problems(false);
+    let agent: Vec<&crate::devices::GpuProblem> =
+        problems.iter().filter(|p| p.kind == crate::devices::GpuProblemKind::AgentReportInvalid).collect();
+    let [p] = &agent[..] else { panic!("{problems:?}") };
+    assert!(p.message.contains("gpu.muster.dev/assigned is not valid"), "{}", p.message);
+    assert!(p.message.contains("gpu.muster.dev/health has version 9"), "{}", p.message);
+}
+
+#[tokio::test]
+async fn a_correction_is_written_with_an_event_and_counted() {
+    let api = FakeApi::start().await;
+    let nodes = [reported_node("n1", 4, &[("uid-a", &["GPU-n1-2", "GPU-n1-3"])])];
+    let pods = [pod("ns", "a", 1, "n1", 2, Some("0,1"))];
+    let (snapshot, gpus) = world(&nodes, &pods);
+    let mut devices = DeviceReconciler::default();
+    let held = devices.pass(&api.ctx, &pods, &snapshot, &gpus).await;
+    assert_eq!(held.get("n1"), Some(&set(&[2, 3])));
+    let patches = api.patches("ns", "a");
+    assert_eq!(patches.iter().map(|b| written(b)).collect::<Vec<_>>(), vec![set(&[2, 3])]);
+    assert_eq!(api.events("GPUIndicesCorrected", "a"), 1);
+    assert_eq!(api.ctx.metrics.gpu_index_corrections.get(), 1);
+}
