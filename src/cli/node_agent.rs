@@ -1,25 +1,58 @@
-//! `muster node-agent`: runs nvidia-smi (or reads its captured output), builds the node's
-//! `gpu.muster.dev/topology` annotation, and prints it or merge-patches it onto the node.
-//! Parsing lives in `devices::nvidia_smi`; this file only runs commands and talks to the API.
+//! `muster node-agent`: runs on a GPU node (the chart's DaemonSet) and publishes, as
+//! annotations on its own Node, what only the node knows:
+//!
+//! - `gpu.muster.dev/topology`: the GPUs and their links, from NVML (the host driver's
+//!   `libnvidia-ml.so.1` under `--driver-root`) or, without it, from nvidia-smi's text;
+//! - `gpu.muster.dev/assigned`: per pod, the `nvidia.com/gpu` devices kubelet really gave it,
+//!   from kubelet's PodResources API (muster corrects its ledger and the pod's
+//!   `gpu.muster.dev/indices` to them);
+//! - `gpu.muster.dev/health`: per GPU temperature, free memory and utilization, from NVML, so
+//!   health rules work without a DCGM exporter and Prometheus.
+//!
+//! Each round builds the values (pure: `devices::nvidia_smi`, `devices::probe`,
+//! `devices::report`) and writes the ones that changed in one merge patch. A source that fails
+//! costs only its own annotation that round; the others are still published.
 
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, bail};
-use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 
-use crate::crds::GPU_TOPOLOGY_ANNOTATION;
+use super::run::{LogFormat, init_tracing};
+use crate::agent::kubelet::{POD_RESOURCES_SOCKET, PodResourcesClient};
+use crate::agent::nvml::{NvmlProbe, find_nvidia_smi};
+use crate::crds::{GPU_ASSIGNED_ANNOTATION, GPU_HEALTH_ANNOTATION, GPU_RESOURCE, GPU_TOPOLOGY_ANNOTATION};
 use crate::devices::nvidia_smi::{build_annotation, parse_query, parse_topo};
+use crate::devices::probe::{GpuProbe, Probe, ProbeError, node_metrics, topology_annotation};
+use crate::devices::report::{AssignedAnnotation, HealthAnnotation, kubelet_indices};
+use crate::devices::{GpuTopology, NodeMetrics};
 
 /// Field manager of the agent's patches.
 const FIELD_MANAGER: &str = "muster-node-agent";
+/// How long one kubelet or API call may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Whether to read the GPUs through NVML.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum NvmlMode {
+    /// NVML when its library loads, else nvidia-smi.
+    Auto,
+    /// NVML only: a round fails without it.
+    On,
+    /// nvidia-smi only (no health published).
+    Off,
+}
 
 /// Arguments of `muster node-agent`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Print the annotation value instead of patching the node.
+    /// Print the topology annotation value instead of patching the node.
     #[arg(long)]
     print: bool,
     /// Node to annotate (in a DaemonSet, from the downward API).
@@ -28,15 +61,44 @@ pub struct Args {
     /// Repeat every INTERVAL (`90`, `90s`, `5m`, `1h`); once when absent.
     #[arg(long, value_parser = parse_interval)]
     interval: Option<Duration>,
-    /// Read `nvidia-smi topo -m` output from this file instead of running nvidia-smi.
+    /// Read `nvidia-smi topo -m` output from this file instead of asking the driver.
     #[arg(long)]
     topo_file: Option<PathBuf>,
     /// Read `nvidia-smi --query-gpu=index,uuid,memory.total --format=csv` output from this file.
     #[arg(long)]
     query_file: Option<PathBuf>,
-    /// The nvidia-smi binary to run.
-    #[arg(long, default_value = "nvidia-smi")]
-    nvidia_smi: PathBuf,
+    /// The nvidia-smi binary to run (default: the one under --driver-root, else on $PATH).
+    #[arg(long)]
+    nvidia_smi: Option<PathBuf>,
+    /// Where the host's NVIDIA driver is mounted (the chart mounts it at /driver-root); NVML
+    /// and nvidia-smi are looked up under it.
+    #[arg(long, env = "MUSTER_DRIVER_ROOT", default_value = "/")]
+    driver_root: PathBuf,
+    /// Whether to use NVML.
+    #[arg(long, value_enum, default_value = "auto")]
+    nvml: NvmlMode,
+    /// kubelet's PodResources socket.
+    #[arg(long, default_value = POD_RESOURCES_SOCKET)]
+    pod_resources_socket: PathBuf,
+    /// Do not read kubelet's PodResources (no `gpu.muster.dev/assigned`).
+    #[arg(long)]
+    no_pod_resources: bool,
+    /// Do not publish `gpu.muster.dev/health`.
+    #[arg(long)]
+    no_health: bool,
+    /// Write health again at least this often, changed or not (muster ignores samples older
+    /// than 60 s).
+    #[arg(long, value_parser = parse_interval, default_value = "30s")]
+    health_refresh: Duration,
+    /// Serve /healthz and /readyz here (off when absent).
+    #[arg(long)]
+    probe_bind_address: Option<SocketAddr>,
+    /// Log level filter (tracing EnvFilter syntax).
+    #[arg(long, env = "MUSTER_LOG", default_value = "info")]
+    log_level: String,
+    /// Log format.
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
@@ -54,7 +116,7 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
     }
 }
 
-/// Runs the subcommand; exit 1 when the annotation could not be built or written, 2 on bad usage.
+/// Runs the subcommand; exit 1 when the annotations could not be built or written, 2 on bad usage.
 pub fn run(args: Args) -> ExitCode {
     if !args.print && args.node_name.is_none() {
         eprintln!("error: --node-name (or $NODE_NAME) is required unless --print is given");
@@ -64,50 +126,72 @@ pub fn run(args: Args) -> ExitCode {
 }
 
 async fn run_async(args: Args) -> ExitCode {
-    let target = match (&args.node_name, args.print) {
-        (Some(node), false) => match client().await {
-            Ok(client) => Some((Api::<Node>::all(client), node.clone())),
+    if args.print {
+        let mut gpus = Gpus::new(&args);
+        return match gpus.read(&args).await {
+            Ok(read) => {
+                println!("{}", read.topology);
+                ExitCode::SUCCESS
+            }
             Err(e) => {
                 eprintln!("error: {e:#}");
-                return ExitCode::from(1);
+                ExitCode::from(1)
             }
-        },
-        _ => None,
-    };
-    // Patch only when the value changes, so a long-running agent does not write every interval.
-    let mut written: Option<String> = None;
-    loop {
-        let result = match produce(&args).await {
-            Ok(value) => match &target {
-                None => {
-                    println!("{value}");
-                    Ok(())
-                }
-                Some(_) if written.as_deref() == Some(value.as_str()) => Ok(()),
-                Some((api, node)) => patch(api, node, &value).await.map(|()| {
-                    eprintln!("annotated node {node} with {GPU_TOPOLOGY_ANNOTATION}");
-                    written = Some(value);
-                }),
-            },
-            Err(e) => Err(e),
         };
+    }
+    init_tracing(&args.log_level, args.log_format);
+    let node = args.node_name.clone().unwrap_or_default();
+    let client = match client().await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "cannot start");
+            return ExitCode::from(1);
+        }
+    };
+    let probes = Probes::default();
+    if let Some(addr) = args.probe_bind_address {
+        let stale_after = args.interval.map_or(Duration::from_secs(60), |i| (i * 3).max(Duration::from_secs(30)));
+        if let Err(e) = probes.serve(addr, stale_after).await {
+            tracing::error!(error = format!("{e:#}"), %addr, "cannot serve probes");
+            return ExitCode::from(1);
+        }
+    }
+    let mut agent = Agent::new(&args, client, node);
+    loop {
+        let result = agent.round(&args).await;
+        probes.record(result.is_ok());
         let Some(interval) = args.interval else {
             return match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("error: {e:#}");
+                    tracing::error!(error = format!("{e:#}"), "round failed");
                     ExitCode::from(1)
                 }
             };
         };
         if let Err(e) = result {
-            eprintln!("error (retrying in {}s): {e:#}", interval.as_secs());
+            tracing::warn!(error = format!("{e:#}"), retry_in_s = interval.as_secs(), "round failed");
         }
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
-            _ = tokio::signal::ctrl_c() => return ExitCode::SUCCESS,
+            _ = shutdown() => return ExitCode::SUCCESS,
         }
     }
+}
+
+/// SIGTERM (a DaemonSet pod being stopped) or Ctrl-C.
+async fn shutdown() {
+    #[cfg(unix)]
+    {
+        if let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
 }
 
 async fn client() -> anyhow::Result<kube::Client> {
@@ -116,15 +200,75 @@ async fn client() -> anyhow::Result<kube::Client> {
     kube::Client::try_default().await.context("cannot reach the Kubernetes API")
 }
 
-/// The annotation value from nvidia-smi or the given files.
-async fn produce(args: &Args) -> anyhow::Result<String> {
+/// What one read of the GPUs gives.
+struct GpuRead {
+    /// The topology annotation value.
+    topology: String,
+    /// Its model, to map kubelet's device IDs to indices.
+    model: GpuTopology,
+    /// Health samples, when the source measures them (NVML).
+    metrics: Option<NodeMetrics>,
+}
+
+/// Where GPU facts come from: NVML once loaded, else nvidia-smi (or its captured output).
+struct Gpus {
+    nvml: Option<NvmlProbe>,
+    /// Why NVML is not used (logged once).
+    nvml_missing: Option<String>,
+}
+
+impl Gpus {
+    fn new(args: &Args) -> Self {
+        let files = args.topo_file.is_some() || args.query_file.is_some();
+        if args.nvml == NvmlMode::Off || (files && args.nvml == NvmlMode::Auto) {
+            return Gpus { nvml: None, nvml_missing: Some("NVML is off".into()) };
+        }
+        match NvmlProbe::load(&args.driver_root) {
+            Ok(p) => Gpus { nvml: Some(p), nvml_missing: None },
+            Err(e) => Gpus { nvml: None, nvml_missing: Some(e.to_string()) },
+        }
+    }
+
+    async fn read(&mut self, args: &Args) -> anyhow::Result<GpuRead> {
+        if let Some(nvml) = &self.nvml {
+            match nvml.probe() {
+                Ok(probe) => return from_probe(&probe),
+                Err(ProbeError::Unavailable(e)) if args.nvml == NvmlMode::Auto => {
+                    tracing::warn!(error = %e, "NVML unavailable; using nvidia-smi");
+                }
+                Err(e) => bail!("NVML: {e}"),
+            }
+        } else if args.nvml == NvmlMode::On {
+            bail!("NVML: {}", self.nvml_missing.as_deref().unwrap_or("not loaded"));
+        }
+        let topology = from_nvidia_smi(args).await?;
+        let model = GpuTopology::from_node(Some(&topology), 0).0;
+        Ok(GpuRead { topology, model, metrics: None })
+    }
+}
+
+fn from_probe(probe: &Probe) -> anyhow::Result<GpuRead> {
+    let topology = topology_annotation(probe).context("NVML's answers do not make a topology")?.to_json();
+    let model = GpuTopology::from_node(Some(&topology), 0).0;
+    Ok(GpuRead { topology, model, metrics: Some(node_metrics(probe, SystemTime::now())) })
+}
+
+/// The topology annotation value from nvidia-smi or the given files.
+async fn from_nvidia_smi(args: &Args) -> anyhow::Result<String> {
+    let (bin, libs) = match &args.nvidia_smi {
+        Some(bin) => (bin.clone(), None),
+        None => find_nvidia_smi(&args.driver_root).unwrap_or_else(|| (PathBuf::from("nvidia-smi"), None)),
+    };
     let topo = match &args.topo_file {
         Some(path) => read(path).await?,
-        None => nvidia_smi(&args.nvidia_smi, &["topo", "-m"]).await?,
+        None => nvidia_smi(&bin, libs.as_deref(), &["topo", "-m"]).await?,
     };
     let query = match &args.query_file {
         Some(path) => read(path).await?,
-        None => nvidia_smi(&args.nvidia_smi, &["--query-gpu=index,uuid,memory.total", "--format=csv"]).await?,
+        None => {
+            let query = ["--query-gpu=index,uuid,memory.total", "--format=csv"];
+            nvidia_smi(&bin, libs.as_deref(), &query).await?
+        }
     };
     let annotation = build_annotation(&parse_topo(&topo)?, &parse_query(&query)?)?;
     Ok(annotation.to_json())
@@ -134,27 +278,223 @@ async fn read(path: &Path) -> anyhow::Result<String> {
     tokio::fs::read_to_string(path).await.with_context(|| format!("cannot read {}", path.display()))
 }
 
-async fn nvidia_smi(bin: &Path, args: &[&str]) -> anyhow::Result<String> {
+async fn nvidia_smi(bin: &Path, libs: Option<&Path>, args: &[&str]) -> anyhow::Result<String> {
     let shown = format!("{} {}", bin.display(), args.join(" "));
-    let out =
-        tokio::process::Command::new(bin).args(args).output().await.with_context(|| format!("cannot run {shown}"))?;
+    let mut command = tokio::process::Command::new(bin);
+    command.args(args);
+    if let Some(libs) = libs {
+        command.env("LD_LIBRARY_PATH", libs);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(30), command.output())
+        .await
+        .with_context(|| format!("{shown} did not finish within 30s"))?
+        .with_context(|| format!("cannot run {shown}"))?;
     if !out.status.success() {
         bail!("{shown} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-async fn patch(api: &Api<Node>, node: &str, value: &str) -> anyhow::Result<()> {
-    let body = serde_json::json!({ "metadata": { "annotations": { GPU_TOPOLOGY_ANNOTATION: value } } });
-    let params = PatchParams { field_manager: Some(FIELD_MANAGER.to_string()), ..PatchParams::default() };
-    api.patch(node, &params, &Patch::Merge(&body)).await.with_context(|| format!("cannot annotate node {node}"))?;
-    Ok(())
+/// The agent between rounds: its sources, and what it last wrote.
+struct Agent {
+    node: String,
+    nodes: Api<Node>,
+    pods: Api<Pod>,
+    gpus: Gpus,
+    kubelet: Option<PodResourcesClient>,
+    written: BTreeMap<&'static str, String>,
+    health: Option<(HealthAnnotation, SystemTime)>,
+}
+
+impl Agent {
+    fn new(args: &Args, client: kube::Client, node: String) -> Self {
+        let gpus = Gpus::new(args);
+        if let Some(why) = &gpus.nvml_missing {
+            tracing::info!(reason = %why, "GPUs are read with nvidia-smi; no health is published");
+        }
+        Agent {
+            node,
+            nodes: Api::all(client.clone()),
+            pods: Api::all(client),
+            gpus,
+            kubelet: None,
+            written: BTreeMap::new(),
+            health: None,
+        }
+    }
+
+    /// One round: read every source, write what changed. Fails when nothing could be read or
+    /// the write failed; a source that failed alone is logged and skipped.
+    async fn round(&mut self, args: &Args) -> anyhow::Result<()> {
+        let mut values: BTreeMap<&'static str, String> = BTreeMap::new();
+        let mut failures = Vec::new();
+        let gpus = match self.gpus.read(args).await {
+            Ok(read) => Some(read),
+            Err(e) => {
+                failures.push(format!("topology: {e:#}"));
+                None
+            }
+        };
+        if let Some(read) = &gpus {
+            values.insert(GPU_TOPOLOGY_ANNOTATION, read.topology.clone());
+        }
+        if !args.no_pod_resources {
+            match self.assigned(args, gpus.as_ref().map(|g| &g.model)).await {
+                Ok(value) => {
+                    values.insert(GPU_ASSIGNED_ANNOTATION, value);
+                }
+                Err(e) => failures.push(format!("PodResources: {e:#}")),
+            }
+        }
+        let now = SystemTime::now();
+        let health = match gpus.as_ref().and_then(|g| g.metrics.as_ref()) {
+            Some(metrics) if !args.no_health => {
+                let annotation = HealthAnnotation::from_metrics(metrics);
+                annotation.worth_publishing(self.health.as_ref(), now, args.health_refresh).then_some(annotation)
+            }
+            _ => None,
+        };
+        if let Some(h) = &health {
+            values.insert(GPU_HEALTH_ANNOTATION, h.to_json());
+        }
+        values.retain(|k, v| self.written.get(k) != Some(v));
+        if !values.is_empty() {
+            self.patch(&values).await?;
+            tracing::info!(node = %self.node, annotations = ?values.keys().collect::<Vec<_>>(), "node annotated");
+            if let Some(h) = health {
+                self.health = Some((h, now));
+            }
+            self.written.extend(values.into_iter().map(|(k, v)| (k, v)));
+        }
+        match (failures.is_empty(), gpus.is_some()) {
+            (true, _) => Ok(()),
+            (false, true) => {
+                tracing::warn!(failures = ?failures, "some sources failed; the others were published");
+                Ok(())
+            }
+            (false, false) => bail!("{}", failures.join("; ")),
+        }
+    }
+
+    /// The `gpu.muster.dev/assigned` value: what kubelet says the pods here hold, keyed by the
+    /// uid of the API's pod of that name on this node. A broken connection is dropped and made
+    /// again next round.
+    async fn assigned(&mut self, args: &Args, model: Option<&GpuTopology>) -> anyhow::Result<String> {
+        if self.kubelet.is_none() {
+            let mut client = PodResourcesClient::connect(&args.pod_resources_socket, CALL_TIMEOUT).await?;
+            check_allocatable(&mut client, model).await;
+            self.kubelet = Some(client);
+        }
+        let Some(client) = self.kubelet.as_mut() else { bail!("no PodResources connection") };
+        let listed = match client.list().await {
+            Ok(pods) => pods,
+            Err(e) => {
+                self.kubelet = None;
+                return Err(e.into());
+            }
+        };
+        let with_gpus = listed.iter().any(|p| !p.ids_of(GPU_RESOURCE).is_empty());
+        let uids = if with_gpus { self.uids().await? } else { HashMap::new() };
+        Ok(AssignedAnnotation::from_pods(&listed, &uids, GPU_RESOURCE).to_json())
+    }
+
+    /// `(namespace, name) -> uid` of the pods the API has on this node.
+    async fn uids(&self) -> anyhow::Result<HashMap<(String, String), String>> {
+        let params = ListParams::default().fields(&format!("spec.nodeName={}", self.node));
+        let list = tokio::time::timeout(CALL_TIMEOUT, self.pods.list_metadata(&params))
+            .await
+            .context("listing the pods on this node timed out")?
+            .context("cannot list the pods on this node")?;
+        Ok(list
+            .items
+            .into_iter()
+            .filter_map(|p| {
+                let m = p.metadata;
+                Some(((m.namespace?, m.name?), m.uid?))
+            })
+            .collect())
+    }
+
+    async fn patch(&self, values: &BTreeMap<&'static str, String>) -> anyhow::Result<()> {
+        let body = serde_json::json!({ "metadata": { "annotations": values } });
+        let params = PatchParams { field_manager: Some(FIELD_MANAGER.to_string()), ..PatchParams::default() };
+        tokio::time::timeout(CALL_TIMEOUT, self.nodes.patch(&self.node, &params, &Patch::Merge(&body)))
+            .await
+            .with_context(|| format!("annotating node {} timed out", self.node))?
+            .with_context(|| format!("cannot annotate node {}", self.node))?;
+        Ok(())
+    }
+}
+
+/// Warns when the device plugin's device IDs are not GPUs of the topology model: then muster
+/// cannot map what kubelet assigns to indices (and says so per pod).
+async fn check_allocatable(client: &mut PodResourcesClient, model: Option<&GpuTopology>) {
+    let Some(model) = model else { return };
+    match client.allocatable().await {
+        Ok(devices) => {
+            let ids: Vec<String> =
+                devices.into_iter().filter(|d| d.resource == GPU_RESOURCE).flat_map(|d| d.ids).collect();
+            if let Err(e) = kubelet_indices(&ids, model) {
+                tracing::warn!(error = %e, "kubelet's allocatable nvidia.com/gpu devices do not match the topology");
+            }
+        }
+        Err(e) => tracing::debug!(error = %e, "GetAllocatableResources failed"),
+    }
+}
+
+/// What /healthz and /readyz answer from.
+#[derive(Clone, Default)]
+struct Probes {
+    state: Arc<Mutex<ProbeState>>,
+}
+
+#[derive(Default)]
+struct ProbeState {
+    /// When the last round ended, and when one last succeeded.
+    last_round: Option<Instant>,
+    last_ok: Option<Instant>,
+}
+
+impl Probes {
+    fn record(&self, ok: bool) {
+        let mut s = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = Instant::now();
+        s.last_round = Some(now);
+        if ok {
+            s.last_ok = Some(now);
+        }
+    }
+
+    /// (live, ready): live while rounds keep ending (or before the first one ends); ready once
+    /// a round succeeded, and while one keeps succeeding within `stale_after`.
+    fn status(&self, started: Instant, stale_after: Duration) -> (bool, bool) {
+        let s = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let recent = |t: Instant| t.elapsed() <= stale_after;
+        let live = s.last_round.map_or_else(|| recent(started), recent);
+        (live, s.last_ok.is_some_and(recent))
+    }
+
+    async fn serve(&self, addr: SocketAddr, stale_after: Duration) -> anyhow::Result<()> {
+        use axum::http::StatusCode;
+        let started = Instant::now();
+        let answer = |ok: bool| if ok { (StatusCode::OK, "ok") } else { (StatusCode::SERVICE_UNAVAILABLE, "not ok") };
+        let (live, ready) = (self.clone(), self.clone());
+        let app = axum::Router::new()
+            .route("/healthz", axum::routing::get(move || async move { answer(live.status(started, stale_after).0) }))
+            .route("/readyz", axum::routing::get(move || async move { answer(ready.status(started, stale_after).1) }));
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot bind {addr}"))?;
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::error!(error = %e, "probe server stopped");
+            }
+        });
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devices::GpuTopology;
     use clap::Parser;
 
     fn fixture(name: &str) -> PathBuf {
@@ -198,17 +538,28 @@ mod tests {
             &fixture("dgx1-v100-query.csv").to_string_lossy(),
         ]);
         let a = a.unwrap_or_else(|e| panic!("{e}"));
-        let value = block_on(produce(&a)).unwrap_or_else(|e| panic!("{e:#}"));
-        let (model, reason) = GpuTopology::from_node(Some(&value), 8);
+        let read = block_on(Gpus::new(&a).read(&a)).unwrap_or_else(|e| panic!("{e:#}"));
+        let (model, reason) = GpuTopology::from_node(Some(&read.topology), 8);
         assert_eq!(reason, None);
-        assert!(model.is_known());
+        assert!(model.is_known() && read.model.is_known());
+        assert_eq!(read.metrics, None, "nvidia-smi's text gives no health");
     }
 
     #[test]
     fn a_missing_nvidia_smi_is_an_error_not_a_panic() {
-        let a = args(&["--print", "--nvidia-smi", "/nonexistent/nvidia-smi"]).unwrap_or_else(|e| panic!("{e}"));
-        let err = block_on(produce(&a)).err().map(|e| format!("{e:#}"));
+        let a = args(&["--print", "--nvml", "off", "--nvidia-smi", "/nonexistent/nvidia-smi"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let err = block_on(Gpus::new(&a).read(&a)).err().map(|e| format!("{e:#}"));
         assert!(err.is_some_and(|e| e.contains("cannot run /nonexistent/nvidia-smi topo -m")));
+    }
+
+    #[test]
+    fn nvml_on_without_the_library_fails_the_read() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let a = args(&["--print", "--nvml", "on", "--driver-root", &dir.path().to_string_lossy()])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let err = block_on(Gpus::new(&a).read(&a)).err().map(|e| format!("{e:#}"));
+        assert!(err.as_deref().is_some_and(|e| e.starts_with("NVML: ")), "{err:?}");
     }
 
     #[test]
@@ -217,5 +568,19 @@ mod tests {
         if std::env::var_os("NODE_NAME").is_none() {
             assert_eq!(run(a), ExitCode::from(2));
         }
+    }
+
+    #[test]
+    fn probes_are_live_until_rounds_stop_and_ready_after_a_success() {
+        let probes = Probes::default();
+        let started = Instant::now();
+        let window = Duration::from_secs(60);
+        assert_eq!(probes.status(started, window), (true, false));
+        probes.record(false);
+        assert_eq!(probes.status(started, window), (true, false));
+        probes.record(true);
+        assert_eq!(probes.status(started, window), (true, true));
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(!probes.status(started, Duration::from_millis(1)).1, "a success older than the window");
     }
 }

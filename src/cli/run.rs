@@ -117,7 +117,7 @@ fn device_class(s: &str) -> Result<String, String> {
     }
 }
 
-fn init_tracing(level: &str, format: LogFormat) {
+pub(super) fn init_tracing(level: &str, format: LogFormat) {
     let filter =
         tracing_subscriber::EnvFilter::try_new(level).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);

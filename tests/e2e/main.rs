@@ -17,6 +17,7 @@ mod gpus;
 mod harness;
 mod isolation;
 mod jobs;
+mod node_agent;
 mod placement_diff;
 mod rollback;
 mod webhook;

@@ -207,8 +207,9 @@ impl Admitter {
         // Forget roots that are gone.
         let live: HashSet<RootKey> = forest.trees.iter().map(|t| RootKey::of(&t.namespace, &t.root)).collect();
         self.roots.retain(|k, _| live.contains(k) || busy.contains(k));
-        if self.metrics_source.is_some() {
-            // GPU health changes arrive by polling, not by watch events.
+        if self.metrics_source.is_some() || self.agent_health {
+            // GPU health changes arrive by polling, not by watch events (the node agent's
+            // samples do not wake a cycle: see trim::NodeFingerprints).
             soonest(Instant::now() + self.ctx.config.gpu_metrics_ttl);
         }
         Ok(wake)
@@ -314,6 +315,7 @@ impl Admitter {
             crate::devices::dra::published_gpus(&state(&d.slices), crate::devices::dra::NVIDIA_GPU_DRIVER)
         });
         let gpus = node_gpus_with(nodes, &published, &self.gpu_metrics, &self.thresholds(), now);
+        self.agent_health = gpus.values().any(|g| g.agent_health);
         self.report_gpu_problems(nodes, &gpus).await;
         let unhealthy: BTreeMap<String, GpuSet> =
             gpus.iter().map(|(n, g)| (n.clone(), g.unhealthy())).filter(|(_, u)| !u.is_empty()).collect();

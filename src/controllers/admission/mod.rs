@@ -161,6 +161,8 @@ struct Admitter {
     unseen: Unseen,
     /// Unhealthy GPUs per node at the last cycle: a GPU cooling down frees capacity.
     unhealthy: BTreeMap<String, crate::devices::GpuSet>,
+    /// Whether some node agent publishes GPU health (then it is polled like metrics).
+    agent_health: bool,
     /// GPU choices by node kind and occupancy, kept across cycles.
     fits: Arc<FitCache>,
     /// GPU problems per node last reported (topology annotation, metrics, health).
@@ -220,6 +222,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         gpu_metrics,
         unseen: Unseen::default(),
         unhealthy: BTreeMap::new(),
+        agent_health: false,
         fits: Arc::default(),
         gpu_problems: BTreeMap::new(),
         status_errors: HashMap::new(),

@@ -13,7 +13,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher::Event;
 
 use crate::crds::{
-    COMPLETION_INDEX_ANNOTATION, GPU_INDICES_ANNOTATION, GPU_TOPOLOGY_ANNOTATION, ROLLED_BACK_ANNOTATION,
+    COMPLETION_INDEX_ANNOTATION, GPU_ASSIGNED_ANNOTATION, GPU_HEALTH_ANNOTATION, GPU_INDICES_ANNOTATION,
+    GPU_TOPOLOGY_ANNOTATION, ROLLED_BACK_ANNOTATION,
 };
 
 fn keep_annotations(a: &mut Option<BTreeMap<String, String>>, keys: &[&str]) {
@@ -114,7 +115,12 @@ pub struct NodeFingerprints(HashMap<String, u64>);
 impl NodeFingerprints {
     fn of(n: &Node) -> u64 {
         let mut h = DefaultHasher::new();
-        let parts = (&n.metadata.labels, &n.metadata.annotations, &n.spec, &n.status);
+        // The node agent's health samples change every refresh; they are polled like metrics
+        // (see the cycle), and a change of what is offered bumps capacity there.
+        let annotations = n.metadata.annotations.as_ref().map(|a| {
+            a.iter().filter(|(k, _)| k.as_str() != GPU_HEALTH_ANNOTATION).collect::<Vec<_>>()
+        });
+        let parts = (&n.metadata.labels, annotations, &n.spec, &n.status);
         // Serializing cannot fail for these types; an empty body then still hashes the same.
         serde_json::to_vec(&parts).unwrap_or_default().hash(&mut h);
         h.finish()
@@ -181,7 +187,7 @@ pub fn storage_class(c: &mut StorageClass) {
 
 /// Keeps what placement reads of a node.
 pub fn node(n: &mut Node) {
-    trim_meta(&mut n.metadata, &[GPU_TOPOLOGY_ANNOTATION]);
+    trim_meta(&mut n.metadata, &[GPU_TOPOLOGY_ANNOTATION, GPU_ASSIGNED_ANNOTATION, GPU_HEALTH_ANNOTATION]);
     if let Some(spec) = n.spec.take() {
         n.spec = Some(NodeSpec { taints: spec.taints, unschedulable: spec.unschedulable, ..Default::default() });
     }
@@ -221,6 +227,18 @@ mod tests {
         let mut bigger = relabelled.clone();
         bigger.status.as_mut().expect("status").allocatable =
             Some([("nvidia.com/gpu".to_string(), Quantity("16".into()))].into());
+        assert!(seen.changed(&Event::Apply(bigger.clone())));
+        // The agent's annotations are kept; what kubelet gave wakes a cycle, a health sample not.
+        let annotated = |key: &str, value: &str| {
+            let mut n = bigger.clone();
+            n.metadata.annotations.get_or_insert_default().insert(key.to_string(), value.to_string());
+            node(&mut n);
+            n
+        };
+        let sampled = annotated(GPU_HEALTH_ANNOTATION, "{}");
+        assert!(sampled.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(GPU_HEALTH_ANNOTATION)));
+        assert!(!seen.changed(&Event::Apply(sampled)));
+        assert!(seen.changed(&Event::Apply(annotated(GPU_ASSIGNED_ANNOTATION, "{}"))));
         assert!(seen.changed(&Event::Apply(bigger.clone())));
         assert!(seen.changed(&Event::Delete(bigger.clone())));
         assert!(seen.changed(&Event::Apply(bigger)), "a node seen again after its deletion is new");

@@ -1,4 +1,6 @@
-//! The device-annotation reconciler: keeps the GPU ledger true. It gives concrete indices to
+//! The device-annotation reconciler: keeps the GPU ledger true. It states on each pod what its
+//! node gave it (allocated DRA claims; kubelet's assignment as the node agent reads it back,
+//! correcting muster's plan where kubelet chose otherwise), gives concrete indices to
 //! GPU pods that were bound without muster's admission, forgets the indices of finished and
 //! deleted pods at once (the ledger is rebuilt from live pods), reports a GPU claimed by two
 //! live pods as a conflict (event + `muster_gpu_conflicts`), and exports per-node GPU gauges.

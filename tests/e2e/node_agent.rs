@@ -1,0 +1,190 @@
+//! The node agent end to end: `muster node-agent` (the real binary) reads a fake kubelet that
+//! serves the real PodResources gRPC service on a unix socket and annotates its kwok Node;
+//! muster reads the annotation back, corrects a pod's `gpu.muster.dev/indices` and its ledger
+//! to what kubelet gave it (event, metric), and plans the next gang around those GPUs.
+
+use std::path::Path;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::ResourceExt;
+use kube::api::Api;
+use muster::agent::fake_kubelet::FakeKubelet;
+use muster::crds::{GPU_ASSIGNED_ANNOTATION, GPU_TOPOLOGY_ANNOTATION};
+use muster::devices::report::{AssignedAnnotation, ContainerDevices, PodDevices, ResourceDevices};
+use serde_json::json;
+
+use crate::gangs::{LONG, TestNodes, all_bound, apply, events_of, gang, gpu_job, indices_of};
+use crate::harness::manager::muster;
+use crate::harness::{client, cluster, metric, namespace, wait_for};
+
+/// `nvidia-smi topo -m` and `--query-gpu` text for a node's GPUs (as its topology annotation
+/// names them): pairs 0-1 and 2-3 on NVLink, the rest across the host bridge.
+fn nvidia_smi_text(uuids: &[String]) -> (String, String) {
+    let n = uuids.len();
+    let header: Vec<String> = (0..n).map(|i| format!("GPU{i}")).collect();
+    let mut topo = format!("\t{}\tCPU Affinity\tNUMA Affinity\n", header.join("\t"));
+    for i in 0..n {
+        let cells: Vec<&str> =
+            (0..n).map(|j| if i == j { " X " } else if i / 2 == j / 2 { "NV2" } else { "PHB" }).collect();
+        topo.push_str(&format!("GPU{i}\t{}\t0-15\t0\n", cells.join("\t")));
+    }
+    topo.push_str("\nLegend:\n\n  X    = Self\n");
+    let mut query = "index, uuid, memory.total [MiB]\n".to_string();
+    for (i, u) in uuids.iter().enumerate() {
+        query.push_str(&format!("{i}, {u}, 81920 MiB\n"));
+    }
+    (topo, query)
+}
+
+fn uuids_of(node: &Node) -> Vec<String> {
+    let value = node.annotations().get(GPU_TOPOLOGY_ANNOTATION).cloned().unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(&value).unwrap_or_else(|e| panic!("topology: {e}"));
+    let gpus = v["gpus"].as_array().cloned().unwrap_or_default();
+    gpus.iter().map(|g| g["uuid"].as_str().unwrap_or_default().to_string()).collect()
+}
+
+fn gpu_pod(pod: &Pod, ids: &[&str]) -> PodDevices {
+    PodDevices {
+        namespace: pod.namespace().unwrap_or_default(),
+        name: pod.name_any(),
+        containers: vec![ContainerDevices {
+            name: "main".into(),
+            devices: vec![ResourceDevices {
+                resource: "nvidia.com/gpu".into(),
+                ids: ids.iter().map(|s| (*s).to_string()).collect(),
+            }],
+        }],
+    }
+}
+
+/// The agent as the DaemonSet runs it, against the test's kubelet socket and nvidia-smi text.
+fn start_agent(node: &str, dir: &Path, socket: &Path) -> tokio::process::Child {
+    let log = std::fs::File::create(dir.join("agent.log")).unwrap_or_else(|e| panic!("agent log: {e}"));
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_muster"))
+        .args(["node-agent", "--node-name", node, "--interval", "1s", "--no-health", "--nvml", "off"])
+        .arg("--topo-file")
+        .arg(dir.join("topo.txt"))
+        .arg("--query-file")
+        .arg(dir.join("query.csv"))
+        .arg("--pod-resources-socket")
+        .arg(socket)
+        .env("KUBECONFIG", &cluster().kubeconfig)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start the node agent: {e}"))
+}
+
+#[tokio::test]
+async fn indices_follow_what_kubelet_gave_and_the_next_gang_avoids_those_gpus() {
+    let muster = muster().await;
+    let ns = namespace("node-agent");
+    let nodes = TestNodes::add(&ns.name, 1, 4, 1).await;
+    let node_name = nodes.names[0].clone();
+    let node_api: Api<Node> = Api::all(client().await);
+    let uuids = uuids_of(&node_api.get(&node_name).await.unwrap_or_else(|e| panic!("node: {e}")));
+    assert_eq!(uuids.len(), 4);
+
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let (topo, query) = nvidia_smi_text(&uuids);
+    std::fs::write(dir.path().join("topo.txt"), topo).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.path().join("query.csv"), query).unwrap_or_else(|e| panic!("{e}"));
+    let socket = dir.path().join("pod-resources/kubelet.sock");
+    let kubelet = FakeKubelet::start(&socket).await.unwrap_or_else(|e| panic!("fake kubelet: {e:#}"));
+    let _agent = start_agent(&node_name, dir.path(), &socket);
+
+    // muster plans the first pod onto two of the idle node's four GPUs.
+    apply(&ns.name, &gpu_job("first", 1, 2, &nodes, gang(1), json!({})));
+    let pods: Api<Pod> = Api::namespaced(client().await, &ns.name);
+    let first = all_bound(&pods, "first", 1).await.remove(0);
+    let planned = indices_of(&first).map(str::to_string).unwrap_or_default();
+    let planned_set: Vec<usize> = planned.split(',').filter_map(|i| i.parse().ok()).collect();
+    assert_eq!(planned_set.len(), 2, "{planned}");
+    // kubelet (with the device plugin's own preference) gave it the other two.
+    let other: Vec<usize> = (0..4).filter(|i| !planned_set.contains(i)).collect();
+    let given = format!("{},{}", other[0], other[1]);
+    let (given, free) = (given.as_str(), planned.as_str());
+    let given_ids: Vec<&str> = other.iter().map(|&i| uuids[i].as_str()).collect();
+    kubelet.set_pods(vec![gpu_pod(&first, &given_ids)]);
+
+    // The agent reports it on the Node, keyed by the pod's uid.
+    let uid = first.uid().unwrap_or_default();
+    let report = wait_for("the agent to report what kubelet gave", LONG, || async {
+        let node = node_api.get(&node_name).await.ok()?;
+        let value = node.annotations().get(GPU_ASSIGNED_ANNOTATION)?.clone();
+        let report = AssignedAnnotation::parse(&value).ok()?;
+        report.pods.contains_key(&uid).then_some(report)
+    })
+    .await;
+    let mut want_ids: Vec<String> = given_ids.iter().map(|s| (*s).to_string()).collect();
+    want_ids.sort();
+    assert_eq!(report.pods[&uid].devices, want_ids);
+
+    // muster corrects the pod's indices, says so on the pod and counts it.
+    let name = first.name_any();
+    wait_for("the indices to be corrected", LONG, || async {
+        let pod = pods.get(&name).await.ok()?;
+        (indices_of(&pod) == Some(given)).then_some(())
+    })
+    .await;
+    let events = events_of(&ns.name, &name).await;
+    let corrected = events.iter().find(|(_, reason, _)| reason == "GPUIndicesCorrected");
+    let (_, _, message) = corrected.unwrap_or_else(|| panic!("no GPUIndicesCorrected event: {events:?}"));
+    assert!(message.contains(&format!("not the {planned} muster planned")), "{message}");
+    let corrections = metric(&muster.metrics().await, "muster_gpu_index_corrections_total", &[]);
+    assert!(corrections >= 1.0, "muster_gpu_index_corrections_total = {corrections}");
+
+    // The next gang is planned around the GPUs the container really holds.
+    apply(&ns.name, &gpu_job("second", 1, 2, &nodes, gang(1), json!({})));
+    let second = all_bound(&pods, "second", 1).await.remove(0);
+    assert_eq!(indices_of(&second), Some(free), "the GPUs kubelet did not give");
+    // And it agrees with kubelet's view once both run: no correction for the second pod.
+    let free_ids: Vec<&str> = free.split(',').map(|i| uuids[i.parse::<usize>().unwrap_or(0)].as_str()).collect();
+    kubelet.set_pods(vec![gpu_pod(&first, &given_ids), gpu_pod(&second, &free_ids)]);
+    let second_uid = second.uid().unwrap_or_default();
+    wait_for("the agent to report the second pod", LONG, || async {
+        let node = node_api.get(&node_name).await.ok()?;
+        let report = AssignedAnnotation::parse(node.annotations().get(GPU_ASSIGNED_ANNOTATION)?).ok()?;
+        report.pods.contains_key(&second_uid).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let second_events = events_of(&ns.name, &second.name_any()).await;
+    assert!(!second_events.iter().any(|(_, r, _)| r == "GPUIndicesCorrected"), "{second_events:?}");
+    assert!(kubelet.calls().list >= 2, "the agent lists every round");
+}
+
+#[tokio::test]
+async fn the_agent_keeps_publishing_the_topology_while_kubelet_is_down() {
+    let _muster = muster().await;
+    let ns = namespace("node-agent-down");
+    let nodes = TestNodes::add(&ns.name, 1, 2, 1).await;
+    let node_name = nodes.names[0].clone();
+    let node_api: Api<Node> = Api::all(client().await);
+    let uuids = uuids_of(&node_api.get(&node_name).await.unwrap_or_else(|e| panic!("node: {e}")));
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    // The agent's text names other uuids: seeing them on the Node proves it wrote.
+    let other: Vec<String> = uuids.iter().map(|u| format!("{u}-agent")).collect();
+    let (topo, query) = nvidia_smi_text(&other);
+    std::fs::write(dir.path().join("topo.txt"), topo).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.path().join("query.csv"), query).unwrap_or_else(|e| panic!("{e}"));
+    // No kubelet at this socket until later.
+    let socket = dir.path().join("pod-resources/kubelet.sock");
+    let _agent = start_agent(&node_name, dir.path(), &socket);
+    wait_for("the topology from the agent", LONG, || async {
+        let node = node_api.get(&node_name).await.ok()?;
+        node.annotations().get(GPU_TOPOLOGY_ANNOTATION)?.contains(&other[0]).then_some(())
+    })
+    .await;
+    let node = node_api.get(&node_name).await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(!node.annotations().contains_key(GPU_ASSIGNED_ANNOTATION), "nothing from a kubelet that is not there");
+    // kubelet comes up: the agent connects on a later round.
+    let _kubelet = FakeKubelet::start(&socket).await.unwrap_or_else(|e| panic!("fake kubelet: {e:#}"));
+    wait_for("an (empty) report once kubelet answers", LONG, || async {
+        let node = node_api.get(&node_name).await.ok()?;
+        let report = AssignedAnnotation::parse(node.annotations().get(GPU_ASSIGNED_ANNOTATION)?).ok()?;
+        report.pods.is_empty().then_some(())
+    })
+    .await;
+}
