@@ -31,7 +31,7 @@ use crate::crds::{GPU_ASSIGNED_ANNOTATION, GPU_HEALTH_ANNOTATION, GPU_RESOURCE, 
 use crate::devices::nvidia_smi::{build_annotation, parse_query, parse_topo};
 use crate::devices::probe::{GpuProbe, Probe, ProbeError, node_metrics, topology_annotation};
 use crate::devices::report::{AssignedAnnotation, HealthAnnotation, kubelet_indices};
-use crate::devices::{GpuTopology, NodeMetrics};
+use crate::devices::{GpuTopology, NodeMetrics, TopologyAnnotation};
 
 /// Field manager of the agent's patches.
 const FIELD_MANAGER: &str = "muster-node-agent";
@@ -241,20 +241,24 @@ impl Gpus {
         } else if args.nvml == NvmlMode::On {
             bail!("NVML: {}", self.nvml_missing.as_deref().unwrap_or("not loaded"));
         }
-        let topology = from_nvidia_smi(args).await?;
-        let model = GpuTopology::from_node(Some(&topology), 0).0;
-        Ok(GpuRead { topology, model, metrics: None })
+        let annotation = from_nvidia_smi(args).await?;
+        Ok(GpuRead { model: model_of(&annotation), topology: annotation.to_json(), metrics: None })
     }
 }
 
 fn from_probe(probe: &Probe) -> anyhow::Result<GpuRead> {
-    let topology = topology_annotation(probe).context("NVML's answers do not make a topology")?.to_json();
-    let model = GpuTopology::from_node(Some(&topology), 0).0;
-    Ok(GpuRead { topology, model, metrics: Some(node_metrics(probe, SystemTime::now())) })
+    let annotation = topology_annotation(probe).context("NVML's answers do not make a topology")?;
+    let metrics = Some(node_metrics(probe, SystemTime::now()));
+    Ok(GpuRead { model: model_of(&annotation), topology: annotation.to_json(), metrics })
 }
 
-/// The topology annotation value from nvidia-smi or the given files.
-async fn from_nvidia_smi(args: &Args) -> anyhow::Result<String> {
+/// The model muster will read from `annotation` (as many GPUs as it describes).
+fn model_of(annotation: &TopologyAnnotation) -> GpuTopology {
+    GpuTopology::from_node(Some(&annotation.to_json()), annotation.gpus.len() as u64).0
+}
+
+/// The topology annotation from nvidia-smi or the given files.
+async fn from_nvidia_smi(args: &Args) -> anyhow::Result<TopologyAnnotation> {
     let (bin, libs) = match &args.nvidia_smi {
         Some(bin) => (bin.clone(), None),
         None => find_nvidia_smi(&args.driver_root).unwrap_or_else(|| (PathBuf::from("nvidia-smi"), None)),
@@ -270,8 +274,7 @@ async fn from_nvidia_smi(args: &Args) -> anyhow::Result<String> {
             nvidia_smi(&bin, libs.as_deref(), &query).await?
         }
     };
-    let annotation = build_annotation(&parse_topo(&topo)?, &parse_query(&query)?)?;
-    Ok(annotation.to_json())
+    Ok(build_annotation(&parse_topo(&topo)?, &parse_query(&query)?)?)
 }
 
 async fn read(path: &Path) -> anyhow::Result<String> {

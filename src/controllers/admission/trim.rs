@@ -117,9 +117,8 @@ impl NodeFingerprints {
         let mut h = DefaultHasher::new();
         // The node agent's health samples change every refresh; they are polled like metrics
         // (see the cycle), and a change of what is offered bumps capacity there.
-        let annotations = n.metadata.annotations.as_ref().map(|a| {
-            a.iter().filter(|(k, _)| k.as_str() != GPU_HEALTH_ANNOTATION).collect::<Vec<_>>()
-        });
+        let annotations: Vec<_> =
+            n.metadata.annotations.iter().flatten().filter(|(k, _)| k.as_str() != GPU_HEALTH_ANNOTATION).collect();
         let parts = (&n.metadata.labels, annotations, &n.spec, &n.status);
         // Serializing cannot fail for these types; an empty body then still hashes the same.
         serde_json::to_vec(&parts).unwrap_or_default().hash(&mut h);
