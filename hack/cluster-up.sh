@@ -262,6 +262,10 @@ start kube-scheduler "$bin/kube-scheduler" --config="$dir/scheduler.yaml" --secu
 controllers=garbage-collector-controller,namespace-controller,job-controller,ttl-after-finished-controller,statefulset-controller,replicaset-controller,deployment-controller
 controllers+=,serviceaccount-controller,serviceaccount-token-controller,root-ca-certificate-publisher-controller
 controllers+=,pod-garbage-collector-controller
+# The chart's node agent is a DaemonSet (charts/muster, nodeAgent.enabled): its pods on kwok
+# nodes. Its ValidatingAdmissionPolicy gets status.typeChecking (CEL type warnings) from the
+# status controller.
+controllers+=,daemonset-controller,validatingadmissionpolicy-status-controller
 # DRA: creates the ResourceClaims of pods' ResourceClaimTemplates (gated pods too), takes pods
 # that are gone or done out of a claim's reservedFor, deallocates a claim whose last consumer
 # went (claims with the resource.kubernetes.io/delete-protection finalizer) and deletes claims

@@ -41,7 +41,12 @@ fn rendered_manifests_pass_a_server_side_dry_run() {
     let _ = cluster().kubectl(&["create", "namespace", ns]);
     let chart = chart_dir();
     let full = chart.join("ci/full-values.yaml");
-    for extra in [vec![], vec!["-f", path_str(&full)], vec!["--set", "webhook.url=https://127.0.0.1:9443"]] {
+    for extra in [
+        vec![],
+        vec!["-f", path_str(&full)],
+        vec!["--set", "webhook.url=https://127.0.0.1:9443"],
+        vec!["--set", "nodeAgent.enabled=true"],
+    ] {
         let mut args = vec!["template", RELEASE, path_str(&chart), "--namespace", ns];
         args.extend_from_slice(&extra);
         let rendered = helm(&args).unwrap_or_else(|e| panic!("{e}"));

@@ -9,6 +9,7 @@
 mod harness;
 
 mod install;
+mod node_agent;
 mod rbac;
 mod render;
 mod support;

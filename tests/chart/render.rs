@@ -24,6 +24,7 @@ fn renderings() -> Vec<(&'static str, Vec<Value>)> {
         ("full-values", render(NS, &["-f", &full])),
         ("webhook url", render(NS, &["--set", "webhook.url=https://127.0.0.1:9443"])),
         ("webhook off", render(NS, &["--set", "webhook.enabled=false", "--set", "replicaCount=1"])),
+        ("node agent", render(NS, &["--set", "nodeAgent.enabled=true"])),
     ]
 }
 
@@ -51,6 +52,11 @@ fn schema_rejects_typos_and_wrong_types() {
         ("resources.requsts.cpu=1", "additional properties 'requsts' not allowed"),
         ("securityContext.runAsNonroot=true", "additional properties 'runAsNonroot' not allowed"),
         ("podSecurityContext.fsgroup=10001", "additional properties 'fsgroup' not allowed"),
+        ("nodeAgent.enable=true", "additional properties 'enable' not allowed"),
+        ("nodeAgent.health.refresh=5", "additional properties 'refresh' not allowed"),
+        ("nodeAgent.driverRoot=run/nvidia/driver", "does not match pattern"),
+        ("nodeAgent.updateStrategy.type=Recreate", "value must be one of"),
+        ("nodeAgent.probePort=0", "minimum"),
     ];
     for (set, expected) in cases {
         let err = helm(&["template", RELEASE, path_str(&chart), "--set", set]).expect_err(set);
@@ -205,9 +211,14 @@ fn strings(v: &Value) -> Vec<&str> {
 #[test]
 fn rbac_has_no_wildcards_and_names_what_is_musters_alone() {
     for (name, docs) in renderings() {
-        let cluster_rules = rules(&docs, "ClusterRole");
+        // The controller manager's ClusterRole; the node agent's has a test of its own.
+        let cluster_rules: Vec<Value> = of_kind(&docs, "ClusterRole")
+            .into_iter()
+            .filter(|r| r["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("-controller")))
+            .flat_map(|r| r["rules"].as_array().cloned().unwrap_or_default())
+            .collect();
         let role_rules = rules(&docs, "Role");
-        for rule in cluster_rules.iter().chain(&role_rules) {
+        for rule in rules(&docs, "ClusterRole").iter().chain(&role_rules) {
             for field in ["apiGroups", "resources", "verbs", "resourceNames"] {
                 assert!(!strings(&rule[field]).contains(&"*"), "{name}: wildcard in {rule}");
             }

@@ -92,6 +92,13 @@ pub fn kubectl_as(kubeconfig: &Path, args: &[&str]) -> Result<String, String> {
     run(cmd, None)
 }
 
+/// Like [`kubectl_as`], with `input` on stdin.
+pub fn kubectl_as_stdin(kubeconfig: &Path, args: &[&str], input: &str) -> Result<String, String> {
+    let mut cmd = Command::new(cluster().bin.join("kubectl"));
+    cmd.arg("--kubeconfig").arg(kubeconfig).args(args);
+    run(cmd, Some(input))
+}
+
 /// kubectl (admin) with `input` on stdin.
 pub fn kubectl_stdin(args: &[&str], input: &str) -> Result<String, String> {
     cluster().kubectl_stdin(args, Some(input))
@@ -203,25 +210,31 @@ impl Release {
         let token = cluster()
             .kubectl(&["create", "token", SERVICE_ACCOUNT, "-n", &self.namespace, "--duration=2h"])
             .unwrap_or_else(|e| panic!("{e}"));
-        let view = |path: &str| {
-            cluster()
-                .kubectl(&["config", "view", "--raw", "--minify", "-o", &format!("jsonpath={{{path}}}")])
-                .unwrap_or_else(|e| panic!("{e}"))
-        };
-        let server = view(".clusters[0].cluster.server");
-        let ca = view(".clusters[0].cluster.certificate-authority-data");
-        let kubeconfig = serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "muster", "cluster": {"server": server, "certificate-authority-data": ca}}],
-            "users": [{"name": SERVICE_ACCOUNT, "user": {"token": token.trim()}}],
-            "contexts": [{"name": "sa", "context": {"cluster": "muster", "user": SERVICE_ACCOUNT}}],
-            "current-context": "sa",
-        });
-        let path = cluster().dir.join(format!("{}-sa.kubeconfig", self.namespace));
-        std::fs::write(&path, kubeconfig.to_string()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        path
+        token_kubeconfig(&format!("{}-sa", self.namespace), SERVICE_ACCOUNT, &token)
     }
+}
+
+/// A kubeconfig `<name>.kubeconfig` in the cluster's folder that authenticates with `token`
+/// (as `user`, a name for humans) against the tests' cluster.
+pub fn token_kubeconfig(name: &str, user: &str, token: &str) -> PathBuf {
+    let view = |path: &str| {
+        cluster()
+            .kubectl(&["config", "view", "--raw", "--minify", "-o", &format!("jsonpath={{{path}}}")])
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let server = view(".clusters[0].cluster.server");
+    let ca = view(".clusters[0].cluster.certificate-authority-data");
+    let kubeconfig = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "muster", "cluster": {"server": server, "certificate-authority-data": ca}}],
+        "users": [{"name": user, "user": {"token": token.trim()}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "muster", "user": user}}],
+        "current-context": "sa",
+    });
+    let path = cluster().dir.join(format!("{name}.kubeconfig"));
+    std::fs::write(&path, kubeconfig.to_string()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    path
 }
 
 impl Drop for Release {

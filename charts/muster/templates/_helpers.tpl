@@ -23,11 +23,43 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
 {{- define "muster.labels" -}}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+helm.sh/chart: {{ include "muster.chartLabel" . }}
 {{ include "muster.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/component: controller-manager
+{{- end }}
+
+{{- define "muster.chartLabel" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The node agent's objects and pods. Its pods carry their own `app.kubernetes.io/name`, so that
+nothing selecting the controller manager's pods (the Deployment, its PodDisruptionBudget,
+Services, NetworkPolicy and anti-affinity all select `muster.selectorLabels`) ever selects them.
+*/}}
+{{- define "muster.nodeAgentName" -}}
+{{- printf "%s-node-agent" (include "muster.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "muster.nodeAgentSelectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-node-agent" (include "muster.name" .) | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: node-agent
+{{- end }}
+
+{{- define "muster.nodeAgentLabels" -}}
+helm.sh/chart: {{ include "muster.chartLabel" . }}
+{{ include "muster.nodeAgentSelectorLabels" . }}
+app.kubernetes.io/part-of: {{ include "muster.name" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* The node agent's ServiceAccount as the apiserver names it (the admission policy matches it). */}}
+{{- define "muster.nodeAgentUser" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "muster.nodeAgentName" .) }}
 {{- end }}
 
 {{- define "muster.serviceAccountName" -}}
