@@ -263,12 +263,8 @@ fn node_agent_rbac_and_admission_policy() {
     assert_eq!(of_kind(&no_rbac, "ValidatingAdmissionPolicy").len(), 1);
 }
 
-/// `muster node-agent`'s command line is being extended elsewhere (`--driver-root`,
-/// `--pod-resources-socket`, `--no-pod-resources`, `--no-health`, `--health-refresh`,
-/// `--probe-bind-address`, `--log-level`, `--log-format`): once it has them, every rendering must
-/// parse with it.
+/// Every rendering of the DaemonSet's arguments parses with `muster node-agent`'s command line.
 #[test]
-#[ignore = "muster node-agent does not have the DaemonSet's flags on this branch yet"]
 fn node_agent_arguments_parse_with_musters_command_line() {
     use clap::Parser;
     let full = chart_dir().join("ci/full-values.yaml").display().to_string();
@@ -517,15 +513,17 @@ fn node_agent_runs_on_gpu_nodes_and_may_change_only_its_own_node() {
     let fixtures = repo().join("tests/fixtures/nvidia-smi");
     let topo = fixtures.join("dgx1-v100-topo.txt").display().to_string();
     let query = fixtures.join("dgx1-v100-query.csv").display().to_string();
-    let mut files = vec!["--topo-file", topo.as_str(), "--query-file", query.as_str()];
-    // Flags the agent takes once it reads kubelet and NVML (added elsewhere): off here, where
-    // there is neither.
-    let (_, help, _) = agent(None, &["--help"]);
-    for flag in ["--no-pod-resources", "--no-health"] {
-        if help.contains(flag) {
-            files.push(flag);
-        }
-    }
+    // No kubelet and no NVML here: the agent reads the nvidia-smi text only.
+    let files = vec![
+        "--topo-file",
+        topo.as_str(),
+        "--query-file",
+        query.as_str(),
+        "--no-pod-resources",
+        "--no-health",
+        "--nvml",
+        "off",
+    ];
     let mut print = vec!["--print"];
     print.extend_from_slice(&files);
     let (ok, expected, err) = agent(None, &print);
