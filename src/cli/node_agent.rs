@@ -223,8 +223,18 @@ impl Gpus {
         if args.nvml == NvmlMode::Off || (files && args.nvml == NvmlMode::Auto) {
             return Gpus { nvml: None, nvml_missing: Some("NVML is off".into()) };
         }
-        match NvmlProbe::load(&args.driver_root) {
-            Ok(p) => Gpus { nvml: Some(p), nvml_missing: None },
+        // The host's driver under --driver-root, else what the NVIDIA container toolkit
+        // injected into the container's own root (NVIDIA_DRIVER_CAPABILITIES=utility).
+        match NvmlProbe::load(&args.driver_root).or_else(|e| match e {
+            ProbeError::Unavailable(_) if args.driver_root != Path::new("/") => {
+                NvmlProbe::load(Path::new("/")).map_err(|_| e)
+            }
+            e => Err(e),
+        }) {
+            Ok(p) => {
+                tracing::info!(library = %p.library().display(), "GPUs are read with NVML");
+                Gpus { nvml: Some(p), nvml_missing: None }
+            }
             Err(e) => Gpus { nvml: None, nvml_missing: Some(e.to_string()) },
         }
     }
@@ -261,7 +271,9 @@ fn model_of(annotation: &TopologyAnnotation) -> GpuTopology {
 async fn from_nvidia_smi(args: &Args) -> anyhow::Result<TopologyAnnotation> {
     let (bin, libs) = match &args.nvidia_smi {
         Some(bin) => (bin.clone(), None),
-        None => find_nvidia_smi(&args.driver_root).unwrap_or_else(|| (PathBuf::from("nvidia-smi"), None)),
+        None => find_nvidia_smi(&args.driver_root)
+            .or_else(|| find_nvidia_smi(Path::new("/")))
+            .unwrap_or_else(|| (PathBuf::from("nvidia-smi"), None)),
     };
     let topo = match &args.topo_file {
         Some(path) => read(path).await?,
@@ -367,7 +379,7 @@ impl Agent {
             if let Some(h) = health {
                 self.health = Some((h, now));
             }
-            self.written.extend(values.into_iter().map(|(k, v)| (k, v)));
+            self.written.extend(values);
         }
         match (failures.is_empty(), gpus.is_some()) {
             (true, _) => Ok(()),
