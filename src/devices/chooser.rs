@@ -7,12 +7,12 @@ use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::Node;
 
+use super::problem::GpuProblemKind;
+use super::report::{self, AssignedAnnotation, HealthAnnotation};
 use super::{
     Fit, GpuProblem, GpuSet, GpuTopology, HealthThresholds, MetricsCache, NodeHealth, SelectOptions, SelectionKey,
     TopologyProblem, fit, healthy_mask,
 };
-use super::problem::GpuProblemKind;
-use super::report::{self, AssignedAnnotation, HealthAnnotation};
 use crate::crds::{GPU_ASSIGNED_ANNOTATION, GPU_HEALTH_ANNOTATION, GPU_RESOURCE, GPU_TOPOLOGY_ANNOTATION};
 use crate::scheduler::{GpuChoice, GpuChooser, NodeInfo};
 
@@ -44,16 +44,21 @@ impl NodeGpus {
     /// the topology annotation first; at most one problem of each kind.
     pub fn problems(&self, metrics_expected: bool) -> Vec<GpuProblem> {
         let topology = self.topology_problem.iter().map(TopologyProblem::problem);
-        let agent = (!self.report_problems.is_empty()).then(|| GpuProblem {
-            kind: GpuProblemKind::AgentReportInvalid,
-            message: self.report_problems.join("; "),
-        });
+        let agent = (!self.report_problems.is_empty())
+            .then(|| GpuProblem { kind: GpuProblemKind::AgentReportInvalid, message: self.report_problems.join("; ") });
         topology.chain(self.health.problems(metrics_expected || self.agent_health)).chain(agent).collect()
     }
 
     /// A node's GPUs known only from its model: no agent report.
     pub fn from_model(topology: GpuTopology, topology_problem: Option<TopologyProblem>, health: NodeHealth) -> Self {
-        NodeGpus { topology, topology_problem, health, assigned: None, report_problems: Vec::new(), agent_health: false }
+        NodeGpus {
+            topology,
+            topology_problem,
+            health,
+            assigned: None,
+            report_problems: Vec::new(),
+            agent_health: false,
+        }
     }
 }
 
@@ -101,14 +106,12 @@ pub fn node_gpus_with(
         let name = node.metadata.name.clone().unwrap_or_default();
         let (topology, topology_problem) = GpuTopology::from_node(annotation, gpus);
         let mut report_problems = Vec::new();
-        let agent = node_annotation(node, GPU_HEALTH_ANNOTATION).and_then(|v| {
-            HealthAnnotation::parse(v).map_err(|e| report_problems.push(e.to_string())).ok()
-        });
+        let agent = node_annotation(node, GPU_HEALTH_ANNOTATION)
+            .and_then(|v| HealthAnnotation::parse(v).map_err(|e| report_problems.push(e.to_string())).ok());
         let merged = report::newest(agent.as_ref(), metrics.node(&name));
         let health = healthy_mask(&topology, merged.as_ref(), thresholds, now);
-        let assigned = node_annotation(node, GPU_ASSIGNED_ANNOTATION).and_then(|v| {
-            AssignedAnnotation::parse(v).map_err(|e| report_problems.push(e.to_string())).ok()
-        });
+        let assigned = node_annotation(node, GPU_ASSIGNED_ANNOTATION)
+            .and_then(|v| AssignedAnnotation::parse(v).map_err(|e| report_problems.push(e.to_string())).ok());
         let agent_health = agent.is_some();
         out.insert(name, NodeGpus { topology, topology_problem, health, assigned, report_problems, agent_health });
     }
@@ -318,11 +321,22 @@ mod tests {
         };
         // GPU 1 is hot, GPU 2 short of memory; the rest are fine. The samples are fresh.
         let fresh = NodeMetrics {
-            gpus: (0..8).map(|i| (i, sample(if i == 1 { 91.0 } else { 40.0 }, if i == 2 { 0.1 } else { 0.9 }, 990))).collect(),
+            gpus: (0..8)
+                .map(|i| (i, sample(if i == 1 { 91.0 } else { 40.0 }, if i == 2 { 0.1 } else { 0.9 }, 990)))
+                .collect(),
         };
         // The same samples 100 s old are stale and ignored.
-        let old = NodeMetrics { gpus: fresh.gpus.iter().map(|(&i, m)| (i, GpuMetrics { observed_at: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(900), ..*m })).collect() };
-        let nodes = [with_health(node("n1", Some(&pcie()), 8), &fresh), with_health(node("n2", Some(&pcie()), 8), &old)];
+        let old = NodeMetrics {
+            gpus: fresh
+                .gpus
+                .iter()
+                .map(|(&i, m)| {
+                    (i, GpuMetrics { observed_at: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(900), ..*m })
+                })
+                .collect(),
+        };
+        let nodes =
+            [with_health(node("n1", Some(&pcie()), 8), &fresh), with_health(node("n2", Some(&pcie()), 8), &old)];
         let map = node_gpus(&nodes, &MetricsCache::default(), &HealthThresholds::default(), now);
         assert_eq!(map["n1"].unhealthy(), GpuSet::from_bits(0b110));
         assert!(map["n1"].agent_health && map["n1"].report_problems.is_empty());

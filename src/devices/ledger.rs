@@ -553,7 +553,8 @@ mod tests {
     fn what_a_node_confirmed_outranks_an_older_plan() {
         // The older pod's plan names GPU 0, but kubelet gave GPU 0 to the younger one.
         let planned = created(record("n1", "old", Some("0,1"), PodPhase::Pending), 100);
-        let given = PodRecord { confirmed: true, ..created(record("n1", "young", Some("0,2"), PodPhase::Running), 200) };
+        let given =
+            PodRecord { confirmed: true, ..created(record("n1", "young", Some("0,2"), PodPhase::Running), 200) };
         for pods in [[planned, given], [given, planned]] {
             let (ledger, problems) = Ledger::rebuild(pods);
             assert_eq!(ledger.holder("n1", 0), Some("young"));

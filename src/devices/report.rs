@@ -342,10 +342,14 @@ mod tests {
     fn the_assigned_annotation_keeps_gpu_pods_the_api_knows() {
         let pods = [
             // Two containers share the pod's GPUs; another resource is left out.
-            pod("ns", "a", vec![
-                vec![devices("nvidia.com/gpu", &["GPU-2", "GPU-1"]), devices("example.com/nic", &["nic0"])],
-                vec![devices("nvidia.com/gpu", &["GPU-1"])],
-            ]),
+            pod(
+                "ns",
+                "a",
+                vec![
+                    vec![devices("nvidia.com/gpu", &["GPU-2", "GPU-1"]), devices("example.com/nic", &["nic0"])],
+                    vec![devices("nvidia.com/gpu", &["GPU-1"])],
+                ],
+            ),
             pod("ns", "cpu-only", vec![vec![devices("example.com/nic", &["nic1"])]]),
             pod("ns", "deleted", vec![vec![devices("nvidia.com/gpu", &["GPU-3"])]]),
         ];
@@ -426,7 +430,13 @@ mod tests {
             ("2 C warmer", Some(&last), vec![sample(52.0, 0.5, 0.5)], 101, true),
             ("memory 5 points less", Some(&last), vec![sample(50.0, 0.45, 0.5)], 101, true),
             ("utilization 5 points up", Some(&last), vec![sample(50.0, 0.5, 0.55)], 101, true),
-            ("a GPU more", Some(&last), vec![sample(50.0, 0.5, 0.5), HealthSample { index: 1, ..sample(50.0, 0.5, 0.5) }], 101, true),
+            (
+                "a GPU more",
+                Some(&last),
+                vec![sample(50.0, 0.5, 0.5), HealthSample { index: 1, ..sample(50.0, 0.5, 0.5) }],
+                101,
+                true,
+            ),
             ("refresh due", Some(&last), vec![sample(50.0, 0.5, 0.5)], 130, true),
             ("clock went back", Some(&last), vec![sample(50.0, 0.5, 0.5)], 99, true),
         ];

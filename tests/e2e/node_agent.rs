@@ -25,8 +25,17 @@ fn nvidia_smi_text(uuids: &[String]) -> (String, String) {
     let header: Vec<String> = (0..n).map(|i| format!("GPU{i}")).collect();
     let mut topo = format!("\t{}\tCPU Affinity\tNUMA Affinity\n", header.join("\t"));
     for i in 0..n {
-        let cells: Vec<&str> =
-            (0..n).map(|j| if i == j { " X " } else if i / 2 == j / 2 { "NV2" } else { "PHB" }).collect();
+        let cells: Vec<&str> = (0..n)
+            .map(|j| {
+                if i == j {
+                    " X "
+                } else if i / 2 == j / 2 {
+                    "NV2"
+                } else {
+                    "PHB"
+                }
+            })
+            .collect();
         topo.push_str(&format!("GPU{i}\t{}\t0-15\t0\n", cells.join("\t")));
     }
     topo.push_str("\nLegend:\n\n  X    = Self\n");
