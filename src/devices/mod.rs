@@ -25,6 +25,10 @@ pub mod topology;
 #[doc(hidden)]
 pub mod fixtures;
 
+/// NVIDIA's best-effort GPU choice on muster's link model: a baseline for benchmarks, not muster's policy.
+#[doc(hidden)]
+pub mod nvidia_policy;
+
 pub use gpuset::{GpuSet, MAX_GPUS};
 pub use health::{
     ClusterMetrics, GpuMetrics, HealthReason, HealthThresholds, MetricsCache, MetricsError, MetricsSource, NodeHealth,
