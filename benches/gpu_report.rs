@@ -1,11 +1,14 @@
 //! Placement quality report: replays one seeded arrival/departure trace of 1-, 2-, 4- and
-//! 8-GPU pods on 64 nodes of each fixture topology, for muster and for the seed document's
-//! baseline, and prints set cost against the brute-force optimum, NUMA and NVLink locality
-//! and placement success. Prints numbers only; `cargo bench --bench gpu_report`.
+//! 8-GPU pods on 64 nodes of each fixture topology, for muster, for the seed document's
+//! baseline and for what kubelet does with NVIDIA's device plugin (its best-effort GPU choice,
+//! under muster's node choice or kube-scheduler's), and prints set cost against the
+//! brute-force optimum, NUMA and NVLink locality and placement success. Prints numbers only;
+//! `cargo bench --bench gpu_report`.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use muster::devices::nvidia_policy::best_effort;
 use muster::devices::{GpuSet, GpuTopology, SelectOptions, fixtures, node_score, select, select_brute_force, set_cost};
 
 const NODES: usize = 64;
@@ -72,6 +75,15 @@ enum Nodes {
     /// The seed's Filter (free count; k free GPUs on one NUMA node when k fits in one) and
     /// Score (40 x mean free-memory fraction + 50 x (1 - pods / GPUs)).
     Seed,
+    /// kube-scheduler's defaults, as simply as is honest: NodeResourcesFit filters nodes with
+    /// k free GPUs, and its LeastAllocated score ranks them. That score reads cpu and memory
+    /// only by default, not nvidia.com/gpu; pods of GPU jobs typically ask for CPU and memory
+    /// in proportion to their GPUs, so it is modelled on the GPU count, (free - k) x 100 /
+    /// GPUs, integer as upstream computes it. Balanced allocation is then indifferent and the
+    /// other default scores are equal on identical nodes. Upstream picks at random among the
+    /// best-scoring nodes: a seeded draw here. All 64 nodes are scored (upstream samples only
+    /// above 100 nodes).
+    LeastAllocated,
 }
 
 #[derive(Clone, Copy)]
@@ -82,6 +94,9 @@ enum Gpus {
     /// `jitter`, free memory varies by up to 2 GiB per GPU and tick (driver reservations,
     /// leftovers of the previous pod); without, all are equal and the order is by index.
     FreeMemory { jitter: bool },
+    /// NVIDIA's device plugin answering kubelet's GetPreferredAllocation with go-gpuallocator's
+    /// best-effort policy (`nvidia_policy::best_effort`).
+    NvidiaBestEffort,
 }
 
 struct Policy {
@@ -90,8 +105,16 @@ struct Policy {
     gpus: Gpus,
 }
 
-const POLICIES: [Policy; 4] = [
+const POLICIES: [Policy; 6] = [
     Policy { name: "muster", nodes: Nodes::Muster, gpus: Gpus::Muster },
+    // A device-plugin node: muster picks the node, kubelet and NVIDIA's plugin the GPUs.
+    Policy { name: "muster nodes + NVIDIA best-effort GPUs", nodes: Nodes::Muster, gpus: Gpus::NvidiaBestEffort },
+    // kubelet on its own: the default scheduler and NVIDIA's plugin.
+    Policy {
+        name: "kube-scheduler nodes (least-allocated) + NVIDIA best-effort GPUs",
+        nodes: Nodes::LeastAllocated,
+        gpus: Gpus::NvidiaBestEffort,
+    },
     Policy { name: "seed baseline", nodes: Nodes::Seed, gpus: Gpus::FreeMemory { jitter: true } },
     Policy { name: "seed baseline, equal free mem", nodes: Nodes::Seed, gpus: Gpus::FreeMemory { jitter: false } },
     Policy { name: "seed nodes + muster GPUs", nodes: Nodes::Seed, gpus: Gpus::Muster },
@@ -156,7 +179,37 @@ fn seed_filter(t: &GpuTopology, free: GpuSet, k: usize, numa_max: usize) -> bool
     k == 1 || k > numa_max || t.numa_groups().iter().any(|(_, g)| g.intersection(free).len() >= k)
 }
 
+/// kube-scheduler's LeastAllocated score for a pod of `k` GPUs on a node with `free` of `gpus`.
+fn least_allocated_score(free: usize, k: usize, gpus: usize) -> usize {
+    free.saturating_sub(k) * 100 / gpus.max(1)
+}
+
+/// One of the nodes with the highest LeastAllocated score, drawn uniformly like upstream's
+/// selectHost (reservoir sampling over ties).
+fn least_allocated_node(t: &GpuTopology, free: &[GpuSet], k: usize, rng: &mut Rng) -> Option<usize> {
+    let mut best: Option<(usize, usize)> = None;
+    let mut ties = 0u64;
+    for n in (0..NODES).filter(|&n| free[n].len() >= k) {
+        let score = least_allocated_score(free[n].len(), k, t.len());
+        match best {
+            Some((b, _)) if score < b => {}
+            Some((b, _)) if score == b => {
+                ties += 1;
+                if rng.below(ties) == 0 {
+                    best = Some((score, n));
+                }
+            }
+            _ => {
+                best = Some((score, n));
+                ties = 1;
+            }
+        }
+    }
+    best.map(|(_, n)| n)
+}
+
 fn simulate(t: &GpuTopology, pods: &[Pod], policy: &Policy, shape: &Shape) -> Stats {
+    let mut rng = Rng(SEED ^ 0x6b75_6265);
     let mut free = vec![t.all(); NODES];
     let mut pods_on = vec![0usize; NODES];
     let mut departures: BinaryHeap<Reverse<(usize, usize, u64)>> = BinaryHeap::new();
@@ -182,6 +235,7 @@ fn simulate(t: &GpuTopology, pods: &[Pod], policy: &Policy, shape: &Shape) -> St
             Nodes::Seed => (0..NODES)
                 .filter(|&n| seed_filter(t, free[n], k, shape.numa_max))
                 .max_by_key(|&n| (seed_node_score(t, free[n], pods_on[n], tick, n, jitter), Reverse(n))),
+            Nodes::LeastAllocated => least_allocated_node(t, &free, k, &mut rng),
         };
         let chosen = node.and_then(|n| {
             let gpus = match policy.gpus {
@@ -191,6 +245,7 @@ fn simulate(t: &GpuTopology, pods: &[Pod], policy: &Policy, shape: &Shape) -> St
                     order.sort_by_key(|&g| Reverse(free_mib(n, g, tick, jitter, 81920)));
                     GpuSet::from_indices(order.into_iter().take(k))?
                 }
+                Gpus::NvidiaBestEffort => best_effort(t, free[n], k)?,
             };
             Some((n, gpus))
         });
@@ -243,13 +298,14 @@ fn main() {
     println!("cost/opt: mean set cost of multi-GPU pods over the brute-force optimum for the same free GPUs");
     println!("1-NUMA: pods of 2+ GPUs that fit one NUMA node and were kept on one");
     println!("1-NVLink: pods of 2+ GPUs that fit an NVLink clique and got GPUs all NVLinked to each other");
+    let w = POLICIES.iter().map(|p| p.name.len()).max().unwrap_or(0);
     for (name, about, t) in fixtures::named() {
         let shape = shape(&t);
         let pods = trace(SEED, t.len());
         println!();
         println!("== {name}: {about}");
         println!(
-            "{:<30} {:>7} {:>7} {:>7} {:>7} {:>7} {:>9} {:>7} {:>7} {:>9}",
+            "{:<w$} {:>7} {:>7} {:>7} {:>7} {:>7} {:>9} {:>7} {:>7} {:>9}",
             "policy", "placed", "1-GPU", "2-GPU", "4-GPU", "8-GPU", "cost/opt", "at-opt", "1-NUMA", "1-NVLink"
         );
         for policy in &POLICIES {
@@ -257,7 +313,7 @@ fn main() {
             let ratio =
                 if s.optimum == 0 { "n/a".to_string() } else { format!("{:.3}", s.cost as f64 / s.optimum as f64) };
             println!(
-                "{:<30} {:>7} {:>7} {:>7} {:>7} {:>7} {:>9} {:>7} {:>7} {:>9}",
+                "{:<w$} {:>7} {:>7} {:>7} {:>7} {:>7} {:>9} {:>7} {:>7} {:>9}",
                 policy.name,
                 pct(s.placed.iter().sum(), s.arrivals.iter().sum()),
                 pct(s.placed[0], s.arrivals[0]),

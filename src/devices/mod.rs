@@ -1,6 +1,7 @@
 //! PURE GPU logic: the node GPU topology model, index selection, health, node scoring, the
-//! GPU ledger and the nvidia-smi parsers behind `muster node-agent`. Plain data in, plain data
-//! out: no Kubernetes client, no clock and no randomness here (callers pass `now`).
+//! GPU ledger, and the nvidia-smi parsers and driver probe results behind `muster node-agent`.
+//! Plain data in, plain data out: no Kubernetes client, no clock and no randomness here
+//! (callers pass `now`).
 //!
 //! A gang scheduler uses it in this order, per node and pod:
 //! [`GpuTopology::from_node`] -> [`healthy_mask`] -> [`available`] (healthy minus
@@ -13,6 +14,7 @@ pub mod gpuset;
 pub mod health;
 pub mod ledger;
 pub mod nvidia_smi;
+pub mod probe;
 pub mod problem;
 pub mod report;
 pub mod score;
@@ -22,6 +24,10 @@ pub mod topology;
 /// The nvidia-smi fixture topologies, for tests and benchmarks (not part of muster's API).
 #[doc(hidden)]
 pub mod fixtures;
+
+/// NVIDIA's best-effort GPU choice on muster's link model: a baseline for benchmarks, not muster's policy.
+#[doc(hidden)]
+pub mod nvidia_policy;
 
 pub use gpuset::{GpuSet, MAX_GPUS};
 pub use health::{
