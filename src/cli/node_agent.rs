@@ -67,6 +67,10 @@ pub struct Args {
     /// Read `nvidia-smi --query-gpu=index,uuid,memory.total --format=csv` output from this file.
     #[arg(long)]
     query_file: Option<PathBuf>,
+    /// Replay NVML's answers recorded as JSON in this file (a `devices::probe::Probe`, read
+    /// again every round) instead of asking the driver: for tests and bug reports.
+    #[arg(long, conflicts_with_all = ["topo_file", "query_file"])]
+    probe_file: Option<PathBuf>,
     /// The nvidia-smi binary to run (default: the one under --driver-root, else on $PATH).
     #[arg(long)]
     nvidia_smi: Option<PathBuf>,
@@ -212,13 +216,16 @@ struct GpuRead {
 
 /// Where GPU facts come from: NVML once loaded, else nvidia-smi (or its captured output).
 struct Gpus {
-    nvml: Option<NvmlProbe>,
+    nvml: Option<Box<dyn GpuProbe>>,
     /// Why NVML is not used (logged once).
     nvml_missing: Option<String>,
 }
 
 impl Gpus {
     fn new(args: &Args) -> Self {
+        if let Some(path) = &args.probe_file {
+            return Gpus { nvml: Some(Box::new(Recorded(path.clone()))), nvml_missing: None };
+        }
         let files = args.topo_file.is_some() || args.query_file.is_some();
         if args.nvml == NvmlMode::Off || (files && args.nvml == NvmlMode::Auto) {
             return Gpus { nvml: None, nvml_missing: Some("NVML is off".into()) };
@@ -233,7 +240,7 @@ impl Gpus {
         }) {
             Ok(p) => {
                 tracing::info!(library = %p.library().display(), "GPUs are read with NVML");
-                Gpus { nvml: Some(p), nvml_missing: None }
+                Gpus { nvml: Some(Box::new(p)), nvml_missing: None }
             }
             Err(e) => Gpus { nvml: None, nvml_missing: Some(e.to_string()) },
         }
@@ -253,6 +260,17 @@ impl Gpus {
         }
         let annotation = from_nvidia_smi(args).await?;
         Ok(GpuRead { model: model_of(&annotation), topology: annotation.to_json(), metrics: None })
+    }
+}
+
+/// NVML's answers recorded as JSON (a [`Probe`]), read again at every probe.
+struct Recorded(PathBuf);
+
+impl GpuProbe for Recorded {
+    fn probe(&self) -> Result<Probe, ProbeError> {
+        let failed = |e: String| ProbeError::Failed(format!("{}: {e}", self.0.display()));
+        let text = std::fs::read_to_string(&self.0).map_err(|e| failed(e.to_string()))?;
+        serde_json::from_str(&text).map_err(|e| failed(e.to_string()))
     }
 }
 
@@ -558,6 +576,30 @@ mod tests {
         assert_eq!(reason, None);
         assert!(model.is_known() && read.model.is_known());
         assert_eq!(read.metrics, None, "nvidia-smi's text gives no health");
+    }
+
+    #[test]
+    fn a_recorded_probe_gives_topology_and_health() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("probe.json");
+        let gpu = |index: u32, temperature: f64| {
+            serde_json::json!({"index": index, "uuid": format!("GPU-{index}"), "numa": 0, "memoryTotalMib": 81920,
+                "memoryFreeMib": 40960, "temperatureC": temperature, "utilization": 0.25})
+        };
+        let probe = serde_json::json!({"gpus": [gpu(0, 41.0), gpu(1, 88.0)], "links": [["X", "NV4"], ["NV4", "X"]]});
+        std::fs::write(&path, probe.to_string()).unwrap_or_else(|e| panic!("{e}"));
+        let a = args(&["--print", "--probe-file", &path.to_string_lossy()]).unwrap_or_else(|e| panic!("{e}"));
+        let mut gpus = Gpus::new(&a);
+        let read = block_on(gpus.read(&a)).unwrap_or_else(|e| panic!("{e:#}"));
+        assert!(read.model.is_known() && read.model.len() == 2);
+        let metrics = read.metrics.unwrap_or_else(|| panic!("a probe measures health"));
+        let temperatures: Vec<f64> = metrics.gpus.values().map(|m| m.temperature_c).collect();
+        assert_eq!(temperatures, [41.0, 88.0]);
+        assert!(metrics.gpus.values().all(|m| (m.memory_free_fraction - 0.5).abs() < 1e-9));
+        // A broken recording fails the read with the file named, never a panic.
+        std::fs::write(&path, "{").unwrap_or_else(|e| panic!("{e}"));
+        let err = block_on(gpus.read(&a)).err().map(|e| format!("{e:#}"));
+        assert!(err.as_deref().is_some_and(|e| e.contains("probe.json")), "{err:?}");
     }
 
     #[test]

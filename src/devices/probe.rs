@@ -9,7 +9,8 @@ use super::health::{GpuMetrics, NodeMetrics};
 use super::topology::{GpuEntry, GpuTopology, Link, TOPOLOGY_VERSION, TopologyAnnotation, TopologyError};
 
 /// One GPU as the driver describes it.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ProbedGpu {
     /// Device index, as nvidia-smi and the device plugin number it.
     pub index: u32,
@@ -28,8 +29,10 @@ pub struct ProbedGpu {
 }
 
 /// A node's GPUs and the link between every pair: `links[i][j]` is how `gpus[i]` reaches
-/// `gpus[j]`, in nvidia-smi terms, with [`Link::SelfLink`] on the diagonal.
-#[derive(Clone, Debug, PartialEq)]
+/// `gpus[j]`, in nvidia-smi terms, with [`Link::SelfLink`] on the diagonal. Serialized (JSON,
+/// links as nvidia-smi spells them) it is a recorded probe `muster node-agent --probe-file`
+/// replays.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Probe {
     /// The GPUs, in any order.
     pub gpus: Vec<ProbedGpu>,

@@ -13,8 +13,9 @@ use super::problem::{GpuProblem, GpuProblemKind};
 /// The only annotation version this parser understands.
 pub const TOPOLOGY_VERSION: u32 = 1;
 
-/// How two GPUs are connected, as `nvidia-smi topo -m` prints it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// How two GPUs are connected, as `nvidia-smi topo -m` prints it (and serialized so).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(into = "String", try_from = "String")]
 pub enum Link {
     /// `X`: the GPU itself (the diagonal of the matrix).
     SelfLink,
@@ -92,6 +93,20 @@ impl FromStr for Link {
             }
         };
         Ok(link)
+    }
+}
+
+impl TryFrom<String> for Link {
+    type Error = UnknownLink;
+
+    fn try_from(s: String) -> Result<Self, UnknownLink> {
+        s.parse()
+    }
+}
+
+impl From<Link> for String {
+    fn from(link: Link) -> String {
+        link.to_string()
     }
 }
 

@@ -1,7 +1,8 @@
 //! The node agent end to end: `muster node-agent` (the real binary) reads a fake kubelet that
 //! serves the real PodResources gRPC service on a unix socket and annotates its kwok Node;
 //! muster reads the annotation back, corrects a pod's `gpu.muster.dev/indices` and its ledger
-//! to what kubelet gave it (event, metric), and plans the next gang around those GPUs.
+//! to what kubelet gave it (event, metric), and plans the next gang around those GPUs; and
+//! health the agent measures (NVML answers replayed) keeps hot GPUs off offer without Prometheus.
 
 use std::path::Path;
 use std::time::Duration;
@@ -10,7 +11,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 use kube::api::Api;
 use muster::agent::fake_kubelet::FakeKubelet;
-use muster::crds::{GPU_ASSIGNED_ANNOTATION, GPU_TOPOLOGY_ANNOTATION};
+use muster::crds::{GPU_ASSIGNED_ANNOTATION, GPU_HEALTH_ANNOTATION, GPU_TOPOLOGY_ANNOTATION};
 use muster::devices::report::{AssignedAnnotation, ContainerDevices, PodDevices, ResourceDevices};
 use serde_json::json;
 
@@ -196,4 +197,82 @@ async fn the_agent_keeps_publishing_the_topology_while_kubelet_is_down() {
         report.pods.is_empty().then_some(())
     })
     .await;
+}
+
+/// NVML's answers for a node's GPUs, as `muster node-agent --probe-file` replays them: all on
+/// NVLink, 80 GiB each, with these temperatures and free MiB.
+fn recorded_probe(uuids: &[String], readings: &[(f64, u64)]) -> String {
+    let n = uuids.len();
+    let gpus: Vec<serde_json::Value> = uuids
+        .iter()
+        .zip(readings)
+        .enumerate()
+        .map(|(i, (uuid, (temperature, free)))| {
+            json!({"index": i, "uuid": uuid, "numa": 0, "memoryTotalMib": 81920, "memoryFreeMib": free,
+                "temperatureC": temperature, "utilization": 0.0})
+        })
+        .collect();
+    let links: Vec<Vec<&str>> = (0..n).map(|i| (0..n).map(|j| if i == j { "X" } else { "NV4" }).collect()).collect();
+    json!({"gpus": gpus, "links": links}).to_string()
+}
+
+/// GPU 1 hot and GPU 2 short of memory as the node agent measures them (NVML, replayed), no
+/// Prometheus anywhere: a gang gets GPUs 0 and 3; a third pod waits until GPU 1 cools down.
+#[tokio::test]
+async fn health_from_the_node_agent_keeps_hot_gpus_off_offer_without_prometheus() {
+    let _muster = muster().await;
+    let ns = namespace("node-agent-health");
+    let nodes = TestNodes::add(&ns.name, 1, 4, 1).await;
+    let node_name = nodes.names[0].clone();
+    let node_api: Api<Node> = Api::all(client().await);
+    let uuids = uuids_of(&node_api.get(&node_name).await.unwrap_or_else(|e| panic!("node: {e}")));
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let probe = dir.path().join("probe.json");
+    let write = |readings: &[(f64, u64)]| {
+        std::fs::write(&probe, recorded_probe(&uuids, readings)).unwrap_or_else(|e| panic!("{e}"));
+    };
+    write(&[(40.0, 80000), (90.0, 80000), (40.0, 2000), (40.0, 80000)]);
+    let log = std::fs::File::create(dir.path().join("agent.log")).unwrap_or_else(|e| panic!("agent log: {e}"));
+    let _agent = tokio::process::Command::new(env!("CARGO_BIN_EXE_muster"))
+        .args(["node-agent", "--node-name", &node_name, "--interval", "1s", "--no-pod-resources"])
+        .arg("--probe-file")
+        .arg(&probe)
+        .env("KUBECONFIG", &cluster().kubeconfig)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start the node agent: {e}"));
+    wait_for("the agent's health annotation", LONG, || async {
+        let node = node_api.get(&node_name).await.ok()?;
+        node.annotations().contains_key(GPU_HEALTH_ANNOTATION).then_some(())
+    })
+    .await;
+    // Operators hear why, on the Node (cluster-scoped objects' events live in `default`).
+    let warned = wait_for("a GPUProblems event on the node", LONG, || async {
+        let events = events_of("default", &node_name).await;
+        events.into_iter().find(|(t, r, m)| t == "Warning" && r == "GPUProblems" && m.contains("too hot")).map(|e| e.2)
+    })
+    .await;
+    assert!(warned.contains("too hot, not offered: GPU 1"), "{warned}");
+    assert!(warned.contains("too little free memory, not offered: GPU 2"), "{warned}");
+
+    apply(&ns.name, &gpu_job("pair", 2, 1, &nodes, gang(2), json!({})));
+    let pods: Api<Pod> = Api::namespaced(client().await, &ns.name);
+    let pair = all_bound(&pods, "pair", 2).await;
+    let mut taken: Vec<&str> = pair.iter().filter_map(indices_of).collect();
+    taken.sort();
+    assert_eq!(taken, ["0", "3"], "GPUs 1 (90 C) and 2 (2000 of 81920 MiB free) are not offered");
+
+    apply(&ns.name, &gpu_job("third", 1, 1, &nodes, gang(1), json!({})));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(all_gated(&pods, "third").await, "third waits: the free GPUs are unhealthy");
+    // GPU 1 cools down: the agent publishes it, muster polls it and admits the third pod there.
+    write(&[(40.0, 80000), (45.0, 80000), (40.0, 2000), (40.0, 80000)]);
+    let third = all_bound(&pods, "third", 1).await.remove(0);
+    assert_eq!(indices_of(&third), Some("1"));
+}
+
+async fn all_gated(pods: &Api<Pod>, job: &str) -> bool {
+    let live = crate::gangs::job_pods(pods, job).await;
+    !live.is_empty() && live.iter().all(crate::gangs::gated)
 }
