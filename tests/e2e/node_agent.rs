@@ -68,17 +68,14 @@ fn gpu_pod(pod: &Pod, ids: &[&str]) -> PodDevices {
     }
 }
 
-/// The agent as the DaemonSet runs it, against the test's kubelet socket and nvidia-smi text.
-fn start_agent(node: &str, dir: &Path, socket: &Path) -> tokio::process::Child {
+/// The agent as the DaemonSet runs it (every second), reading its GPUs from `source` (recorded
+/// nvidia-smi text or NVML answers) with `more` flags; its log in `dir`.
+fn start_agent(node: &str, dir: &Path, source: &[String], more: &[&str]) -> tokio::process::Child {
     let log = std::fs::File::create(dir.join("agent.log")).unwrap_or_else(|e| panic!("agent log: {e}"));
     tokio::process::Command::new(env!("CARGO_BIN_EXE_muster"))
-        .args(["node-agent", "--node-name", node, "--interval", "1s", "--no-health", "--nvml", "off"])
-        .arg("--topo-file")
-        .arg(dir.join("topo.txt"))
-        .arg("--query-file")
-        .arg(dir.join("query.csv"))
-        .arg("--pod-resources-socket")
-        .arg(socket)
+        .args(["node-agent", "--node-name", node, "--interval", "1s"])
+        .args(source)
+        .args(more)
         .env("KUBECONFIG", &cluster().kubeconfig)
         .stderr(log)
         .kill_on_drop(true)
@@ -86,27 +83,88 @@ fn start_agent(node: &str, dir: &Path, socket: &Path) -> tokio::process::Child {
         .unwrap_or_else(|e| panic!("cannot start the node agent: {e}"))
 }
 
+/// One fresh kwok GPU node of a test, its GPUs' uuids, and a folder for the agent's files.
+struct AgentNode {
+    ns: crate::harness::TestNamespace,
+    nodes: TestNodes,
+    name: String,
+    api: Api<Node>,
+    uuids: Vec<String>,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for AgentNode {
+    /// A failed test shows what the agent said.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default();
+            eprintln!("--- node agent log ({}):\n{log}", self.name);
+        }
+    }
+}
+
+impl AgentNode {
+    async fn add(prefix: &str, gpus: u32) -> Self {
+        let ns = namespace(prefix);
+        let nodes = TestNodes::add(&ns.name, 1, gpus, 1).await;
+        let name = nodes.names[0].clone();
+        let api: Api<Node> = Api::all(client().await);
+        let uuids = uuids_of(&api.get(&name).await.unwrap_or_else(|e| panic!("node: {e}")));
+        assert_eq!(uuids.len(), gpus as usize);
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        AgentNode { ns, nodes, name, api, uuids, dir }
+    }
+
+    /// The agent flags reading the nvidia-smi text of [`AgentNode::write_nvidia_smi`].
+    fn nvidia_smi_flags(&self) -> Vec<String> {
+        let topo = self.dir.path().join("topo.txt").display().to_string();
+        let query = self.dir.path().join("query.csv").display().to_string();
+        ["--topo-file", &topo, "--query-file", &query, "--nvml", "off"].map(String::from).to_vec()
+    }
+
+    /// Writes `file` in the agent's folder.
+    fn write(&self, file: &str, text: &str) {
+        std::fs::write(self.dir.path().join(file), text).unwrap_or_else(|e| panic!("{file}: {e}"));
+    }
+
+    /// Writes the nvidia-smi text files for GPUs with these uuids.
+    fn write_nvidia_smi(&self, uuids: &[String]) {
+        let (topo, query) = nvidia_smi_text(uuids);
+        self.write("topo.txt", &topo);
+        self.write("query.csv", &query);
+    }
+
+    /// The node's annotation `key`, parsed by `parse`, once `ready` holds for it.
+    async fn annotation<T>(
+        &self,
+        what: &str,
+        key: &str,
+        parse: impl Fn(&str) -> Option<T>,
+        ready: impl Fn(&T) -> bool,
+    ) -> T {
+        wait_for(what, LONG, || async {
+            let node = self.api.get(&self.name).await.ok()?;
+            parse(node.annotations().get(key)?).filter(|v| ready(v))
+        })
+        .await
+    }
+}
+
 #[tokio::test]
 async fn indices_follow_what_kubelet_gave_and_the_next_gang_avoids_those_gpus() {
     let muster = muster().await;
-    let ns = namespace("node-agent");
-    let nodes = TestNodes::add(&ns.name, 1, 4, 1).await;
-    let node_name = nodes.names[0].clone();
-    let node_api: Api<Node> = Api::all(client().await);
-    let uuids = uuids_of(&node_api.get(&node_name).await.unwrap_or_else(|e| panic!("node: {e}")));
-    assert_eq!(uuids.len(), 4);
-
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
-    let (topo, query) = nvidia_smi_text(&uuids);
-    std::fs::write(dir.path().join("topo.txt"), topo).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(dir.path().join("query.csv"), query).unwrap_or_else(|e| panic!("{e}"));
-    let socket = dir.path().join("pod-resources/kubelet.sock");
+    let node = AgentNode::add("node-agent", 4).await;
+    let (ns, nodes, uuids) = (&node.ns.name, &node.nodes, &node.uuids);
+    node.write_nvidia_smi(uuids);
+    let socket = node.dir.path().join("pod-resources/kubelet.sock");
     let kubelet = FakeKubelet::start(&socket).await.unwrap_or_else(|e| panic!("fake kubelet: {e:#}"));
-    let _agent = start_agent(&node_name, dir.path(), &socket);
+    let socket_flag = socket.display().to_string();
+    let more = ["--no-health", "--pod-resources-socket", socket_flag.as_str()];
+    let _agent = start_agent(&node.name, node.dir.path(), &node.nvidia_smi_flags(), &more);
 
     // muster plans the first pod onto two of the idle node's four GPUs.
-    apply(&ns.name, &gpu_job("first", 1, 2, &nodes, gang(1), json!({})));
-    let pods: Api<Pod> = Api::namespaced(client().await, &ns.name);
+    apply(ns, &gpu_job("first", 1, 2, nodes, gang(1), json!({})));
+    let pods: Api<Pod> = Api::namespaced(client().await, ns);
     let first = all_bound(&pods, "first", 1).await.remove(0);
     let planned = indices_of(&first).map(str::to_string).unwrap_or_default();
     let planned_set: Vec<usize> = planned.split(',').filter_map(|i| i.parse().ok()).collect();
@@ -120,13 +178,12 @@ async fn indices_follow_what_kubelet_gave_and_the_next_gang_avoids_those_gpus() 
 
     // The agent reports it on the Node, keyed by the pod's uid.
     let uid = first.uid().unwrap_or_default();
-    let report = wait_for("the agent to report what kubelet gave", LONG, || async {
-        let node = node_api.get(&node_name).await.ok()?;
-        let value = node.annotations().get(GPU_ASSIGNED_ANNOTATION)?.clone();
-        let report = AssignedAnnotation::parse(&value).ok()?;
-        report.pods.contains_key(&uid).then_some(report)
-    })
-    .await;
+    let parse = |v: &str| AssignedAnnotation::parse(v).ok();
+    let report = node
+        .annotation("the agent to report what kubelet gave", GPU_ASSIGNED_ANNOTATION, parse, |r| {
+            r.pods.contains_key(&uid)
+        })
+        .await;
     let mut want_ids: Vec<String> = given_ids.iter().map(|s| (*s).to_string()).collect();
     want_ids.sort();
     assert_eq!(report.pods[&uid].devices, want_ids);
@@ -138,7 +195,7 @@ async fn indices_follow_what_kubelet_gave_and_the_next_gang_avoids_those_gpus() 
         (indices_of(&pod) == Some(given)).then_some(())
     })
     .await;
-    let events = events_of(&ns.name, &name).await;
+    let events = events_of(ns, &name).await;
     let corrected = events.iter().find(|(_, reason, _)| reason == "GPUIndicesCorrected");
     let (_, _, message) = corrected.unwrap_or_else(|| panic!("no GPUIndicesCorrected event: {events:?}"));
     assert!(message.contains(&format!("not the {planned} muster planned")), "{message}");
@@ -146,21 +203,19 @@ async fn indices_follow_what_kubelet_gave_and_the_next_gang_avoids_those_gpus() 
     assert!(corrections >= 1.0, "muster_gpu_index_corrections_total = {corrections}");
 
     // The next gang is planned around the GPUs the container really holds.
-    apply(&ns.name, &gpu_job("second", 1, 2, &nodes, gang(1), json!({})));
+    apply(ns, &gpu_job("second", 1, 2, nodes, gang(1), json!({})));
     let second = all_bound(&pods, "second", 1).await.remove(0);
     assert_eq!(indices_of(&second), Some(free), "the GPUs kubelet did not give");
     // And it agrees with kubelet's view once both run: no correction for the second pod.
     let free_ids: Vec<&str> = free.split(',').map(|i| uuids[i.parse::<usize>().unwrap_or(0)].as_str()).collect();
     kubelet.set_pods(vec![gpu_pod(&first, &given_ids), gpu_pod(&second, &free_ids)]);
     let second_uid = second.uid().unwrap_or_default();
-    wait_for("the agent to report the second pod", LONG, || async {
-        let node = node_api.get(&node_name).await.ok()?;
-        let report = AssignedAnnotation::parse(node.annotations().get(GPU_ASSIGNED_ANNOTATION)?).ok()?;
-        report.pods.contains_key(&second_uid).then_some(())
+    node.annotation("the agent to report the second pod", GPU_ASSIGNED_ANNOTATION, parse, |r| {
+        r.pods.contains_key(&second_uid)
     })
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let second_events = events_of(&ns.name, &second.name_any()).await;
+    let second_events = events_of(ns, &second.name_any()).await;
     assert!(!second_events.iter().any(|(_, r, _)| r == "GPUIndicesCorrected"), "{second_events:?}");
     assert!(kubelet.calls().list >= 2, "the agent lists every round");
 }
@@ -168,35 +223,24 @@ async fn indices_follow_what_kubelet_gave_and_the_next_gang_avoids_those_gpus() 
 #[tokio::test]
 async fn the_agent_keeps_publishing_the_topology_while_kubelet_is_down() {
     let _muster = muster().await;
-    let ns = namespace("node-agent-down");
-    let nodes = TestNodes::add(&ns.name, 1, 2, 1).await;
-    let node_name = nodes.names[0].clone();
-    let node_api: Api<Node> = Api::all(client().await);
-    let uuids = uuids_of(&node_api.get(&node_name).await.unwrap_or_else(|e| panic!("node: {e}")));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let node = AgentNode::add("node-agent-down", 2).await;
     // The agent's text names other uuids: seeing them on the Node proves it wrote.
-    let other: Vec<String> = uuids.iter().map(|u| format!("{u}-agent")).collect();
-    let (topo, query) = nvidia_smi_text(&other);
-    std::fs::write(dir.path().join("topo.txt"), topo).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(dir.path().join("query.csv"), query).unwrap_or_else(|e| panic!("{e}"));
+    let other: Vec<String> = node.uuids.iter().map(|u| format!("{u}-agent")).collect();
+    node.write_nvidia_smi(&other);
     // No kubelet at this socket until later.
-    let socket = dir.path().join("pod-resources/kubelet.sock");
-    let _agent = start_agent(&node_name, dir.path(), &socket);
-    wait_for("the topology from the agent", LONG, || async {
-        let node = node_api.get(&node_name).await.ok()?;
-        node.annotations().get(GPU_TOPOLOGY_ANNOTATION)?.contains(&other[0]).then_some(())
-    })
-    .await;
-    let node = node_api.get(&node_name).await.unwrap_or_else(|e| panic!("{e}"));
-    assert!(!node.annotations().contains_key(GPU_ASSIGNED_ANNOTATION), "nothing from a kubelet that is not there");
+    let socket = node.dir.path().join("pod-resources/kubelet.sock");
+    let socket_flag = socket.display().to_string();
+    let more = ["--no-health", "--pod-resources-socket", socket_flag.as_str()];
+    let _agent = start_agent(&node.name, node.dir.path(), &node.nvidia_smi_flags(), &more);
+    let topology = |v: &str| Some(v.to_string());
+    node.annotation("the topology from the agent", GPU_TOPOLOGY_ANNOTATION, topology, |v| v.contains(&other[0])).await;
+    let now = node.api.get(&node.name).await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(!now.annotations().contains_key(GPU_ASSIGNED_ANNOTATION), "nothing from a kubelet that is not there");
     // kubelet comes up: the agent connects on a later round.
     let _kubelet = FakeKubelet::start(&socket).await.unwrap_or_else(|e| panic!("fake kubelet: {e:#}"));
-    wait_for("an (empty) report once kubelet answers", LONG, || async {
-        let node = node_api.get(&node_name).await.ok()?;
-        let report = AssignedAnnotation::parse(node.annotations().get(GPU_ASSIGNED_ANNOTATION)?).ok()?;
-        report.pods.is_empty().then_some(())
-    })
-    .await;
+    let parse = |v: &str| AssignedAnnotation::parse(v).ok();
+    node.annotation("an (empty) report once kubelet answers", GPU_ASSIGNED_ANNOTATION, parse, |r| r.pods.is_empty())
+        .await;
 }
 
 /// NVML's answers for a node's GPUs, as `muster node-agent --probe-file` replays them: all on
@@ -220,50 +264,34 @@ fn recorded_probe(uuids: &[String], readings: &[(f64, u64)]) -> String {
 /// Prometheus anywhere: a gang gets GPUs 0 and 3; a third pod waits until GPU 1 cools down.
 #[tokio::test]
 async fn health_from_the_node_agent_keeps_hot_gpus_off_offer_without_prometheus() {
-    let _muster = muster().await;
-    let ns = namespace("node-agent-health");
-    let nodes = TestNodes::add(&ns.name, 1, 4, 1).await;
-    let node_name = nodes.names[0].clone();
-    let node_api: Api<Node> = Api::all(client().await);
-    let uuids = uuids_of(&node_api.get(&node_name).await.unwrap_or_else(|e| panic!("node: {e}")));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
-    let probe = dir.path().join("probe.json");
-    let write = |readings: &[(f64, u64)]| {
-        std::fs::write(&probe, recorded_probe(&uuids, readings)).unwrap_or_else(|e| panic!("{e}"));
-    };
+    let muster = muster().await;
+    let node = AgentNode::add("node-agent-health", 4).await;
+    let (ns, nodes, node_name) = (&node.ns.name, &node.nodes, &node.name);
+    let write = |readings: &[(f64, u64)]| node.write("probe.json", &recorded_probe(&node.uuids, readings));
     write(&[(40.0, 80000), (90.0, 80000), (40.0, 2000), (40.0, 80000)]);
-    let log = std::fs::File::create(dir.path().join("agent.log")).unwrap_or_else(|e| panic!("agent log: {e}"));
-    let _agent = tokio::process::Command::new(env!("CARGO_BIN_EXE_muster"))
-        .args(["node-agent", "--node-name", &node_name, "--interval", "1s", "--no-pod-resources"])
-        .arg("--probe-file")
-        .arg(&probe)
-        .env("KUBECONFIG", &cluster().kubeconfig)
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start the node agent: {e}"));
-    wait_for("the agent's health annotation", LONG, || async {
-        let node = node_api.get(&node_name).await.ok()?;
-        node.annotations().contains_key(GPU_HEALTH_ANNOTATION).then_some(())
-    })
-    .await;
-    // Operators hear why, on the Node (cluster-scoped objects' events live in `default`).
-    let warned = wait_for("a GPUProblems event on the node", LONG, || async {
-        let events = events_of("default", &node_name).await;
-        events.into_iter().find(|(t, r, m)| t == "Warning" && r == "GPUProblems" && m.contains("too hot")).map(|e| e.2)
-    })
-    .await;
-    assert!(warned.contains("too hot, not offered: GPU 1"), "{warned}");
-    assert!(warned.contains("too little free memory, not offered: GPU 2"), "{warned}");
+    let probe = ["--probe-file".to_string(), node.dir.path().join("probe.json").display().to_string()];
+    let _agent = start_agent(node_name, node.dir.path(), &probe, &["--no-pod-resources"]);
+    let sampled = |v: &str| Some(v.to_string());
+    node.annotation("the agent's health annotation", GPU_HEALTH_ANNOTATION, sampled, |_| true).await;
+    // Operators hear why. (Not from the Node's event text here: a node added with its topology
+    // before its allocatable has a GPUProblems event already, and kube-rs's event recorder folds
+    // a repeat of the same reason into that event's series, keeping its first note.)
+    for kind in ["too_hot", "memory_full"] {
+        wait_for(&format!("muster_gpu_node_problems{{kind={kind}}}"), LONG, || async {
+            let labels = [("node", node_name.as_str()), ("kind", kind)];
+            (metric(&muster.metrics().await, "muster_gpu_node_problems", &labels) == 1.0).then_some(())
+        })
+        .await;
+    }
 
-    apply(&ns.name, &gpu_job("pair", 2, 1, &nodes, gang(2), json!({})));
-    let pods: Api<Pod> = Api::namespaced(client().await, &ns.name);
+    apply(ns, &gpu_job("pair", 2, 1, nodes, gang(2), json!({})));
+    let pods: Api<Pod> = Api::namespaced(client().await, ns);
     let pair = all_bound(&pods, "pair", 2).await;
     let mut taken: Vec<&str> = pair.iter().filter_map(indices_of).collect();
     taken.sort();
     assert_eq!(taken, ["0", "3"], "GPUs 1 (90 C) and 2 (2000 of 81920 MiB free) are not offered");
 
-    apply(&ns.name, &gpu_job("third", 1, 1, &nodes, gang(1), json!({})));
+    apply(ns, &gpu_job("third", 1, 1, nodes, gang(1), json!({})));
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(all_gated(&pods, "third").await, "third waits: the free GPUs are unhealthy");
     // GPU 1 cools down: the agent publishes it, muster polls it and admits the third pod there.
