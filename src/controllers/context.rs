@@ -1,6 +1,7 @@
 //! What every reconciler shares: the client, the event recorder, metrics, configuration, and
 //! the one error type of the shell.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -69,19 +70,57 @@ impl Default for Config {
 pub struct Context {
     /// The API client.
     pub client: Client,
-    /// Events (deduplicated by the recorder).
-    pub recorder: Recorder,
+    /// Events (repeats folded into a series by kube-rs's recorder).
+    events: Events,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Settings.
     pub config: Config,
 }
 
+/// What identifies an event to kube-rs's recorder: the object, reason, action and type. The
+/// recorder folds a repeat into the first event's series and keeps that event's note.
+type EventKey = (String, String, String, String, bool);
+
+/// The recorder, and the last note published per event key: a repeat whose note changed (a
+/// GPU problem that is another problem now) starts a fresh recorder, so it is a new event with
+/// its own note instead of a count on the old one.
+struct Events {
+    client: Client,
+    reporter: Reporter,
+    state: std::sync::Mutex<(Recorder, HashMap<EventKey, String>)>,
+}
+
+impl Events {
+    /// Keys remembered before starting over (the recorder itself forgets after 6 minutes).
+    const LIMIT: usize = 10_000;
+
+    fn new(client: Client, reporter: Reporter) -> Self {
+        let recorder = Recorder::new(client.clone(), reporter.clone());
+        Events { client, reporter, state: std::sync::Mutex::new((recorder, HashMap::new())) }
+    }
+
+    /// The recorder to publish `note` under `key` with.
+    fn recorder(&self, key: EventKey, note: &str) -> Recorder {
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (recorder, notes) = &mut *state;
+        let changed = notes.get(&key).is_some_and(|last| last != note);
+        if changed || notes.len() >= Self::LIMIT {
+            *recorder = Recorder::new(self.client.clone(), self.reporter.clone());
+            if !changed {
+                notes.clear();
+            }
+        }
+        notes.insert(key, note.to_string());
+        recorder.clone()
+    }
+}
+
 impl Context {
     /// A context for `client`.
     pub fn new(client: Client, metrics: Arc<Metrics>, config: Config) -> Self {
         let reporter = Reporter { controller: "muster".into(), instance: Some(config.identity.clone()) };
-        Self { recorder: Recorder::new(client.clone(), reporter), client, metrics, config }
+        Self { events: Events::new(client.clone(), reporter), client, metrics, config }
     }
 
     /// Publishes an event about `object`; failures are logged, never fatal.
@@ -109,7 +148,15 @@ impl Context {
             action: action.into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&ev, object).await {
+        let key = (
+            object.kind.clone().unwrap_or_default(),
+            object.namespace.clone().unwrap_or_default(),
+            object.name.clone().unwrap_or_default(),
+            format!("{}/{}", ev.reason, ev.action),
+            warning,
+        );
+        let recorder = self.events.recorder(key, ev.note.as_deref().unwrap_or_default());
+        if let Err(e) = recorder.publish(&ev, object).await {
             tracing::warn!(error = %e, reason, "could not publish event");
         }
     }

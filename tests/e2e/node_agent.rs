@@ -273,9 +273,16 @@ async fn health_from_the_node_agent_keeps_hot_gpus_off_offer_without_prometheus(
     let _agent = start_agent(node_name, node.dir.path(), &probe, &["--no-pod-resources"]);
     let sampled = |v: &str| Some(v.to_string());
     node.annotation("the agent's health annotation", GPU_HEALTH_ANNOTATION, sampled, |_| true).await;
-    // Operators hear why. (Not from the Node's event text here: a node added with its topology
-    // before its allocatable has a GPUProblems event already, and kube-rs's event recorder folds
-    // a repeat of the same reason into that event's series, keeping its first note.)
+    // Operators hear why: on the Node (cluster-scoped objects' events live in `default`), as a
+    // new event although the node had a GPUProblems event already (its topology arrived before
+    // its allocatable), and in muster_gpu_node_problems.
+    let warned = wait_for("a GPUProblems event on the node", LONG, || async {
+        let events = events_of("default", node_name).await;
+        events.into_iter().find(|(t, r, m)| t == "Warning" && r == "GPUProblems" && m.contains("too hot")).map(|e| e.2)
+    })
+    .await;
+    assert!(warned.contains("too hot, not offered: GPU 1"), "{warned}");
+    assert!(warned.contains("too little free memory, not offered: GPU 2"), "{warned}");
     for kind in ["too_hot", "memory_full"] {
         wait_for(&format!("muster_gpu_node_problems{{kind={kind}}}"), LONG, || async {
             let labels = [("node", node_name.as_str()), ("kind", kind)];

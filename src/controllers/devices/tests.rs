@@ -507,3 +507,20 @@ async fn a_correction_is_written_with_an_event_and_counted() {
     assert_eq!(api.events("GPUIndicesCorrected", "a"), 1);
     assert_eq!(api.ctx.metrics.gpu_index_corrections.get(), 1);
 }
+
+#[tokio::test]
+async fn a_repeated_event_keeps_its_series_until_its_note_changes() {
+    let api = FakeApi::start().await;
+    let pod = pod("ns", "a", 1, "n1", 1, None);
+    for note in ["one", "one", "two", "two"] {
+        api.ctx.event(&pod_ref(&pod), true, "GPUConflict", "AssignGPUs", note).await;
+    }
+    let requests = api.requests.lock().unwrap();
+    let events: Vec<(&str, bool)> = requests
+        .iter()
+        .filter(|(_, p, _)| p.starts_with("/apis/events.k8s.io/"))
+        .map(|(m, _, b)| (m.as_str(), b.contains("\"note\":\"two\"")))
+        .collect();
+    // kube-rs's recorder alone would PATCH the first event for all three repeats, note "one".
+    assert_eq!(events, [("POST", false), ("PATCH", false), ("POST", true), ("PATCH", true)]);
+}
