@@ -9,7 +9,6 @@
 //! topology model, so the ledger can be corrected to what the containers hold.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::jiff::Timestamp;
@@ -307,12 +306,6 @@ pub fn newest(a: Option<&NodeMetrics>, b: Option<&NodeMetrics>) -> Option<NodeMe
             }
             Some(NodeMetrics { gpus })
         }
-    }
-}
-
-impl fmt::Display for AssignedPod {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}: {}", self.namespace, self.name, self.devices.join(","))
     }
 }
 

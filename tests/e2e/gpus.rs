@@ -133,6 +133,16 @@ async fn gpu_gauges_and_conflicts_are_on_metrics() {
     assert_eq!(warned.len(), 1, "one of the two claims is reported: {warned:?}");
 }
 
+/// The note of the Warning `GPUProblems` event on `node` that names a GPU too hot (events of
+/// cluster-scoped objects live in `default`), once there is one.
+pub async fn too_hot_warning(node: &str) -> String {
+    wait_for("a GPUProblems event on the node", LONG, || async {
+        let events = events_of("default", node).await;
+        events.into_iter().find(|(t, r, m)| t == "Warning" && r == "GPUProblems" && m.contains("too hot")).map(|e| e.2)
+    })
+    .await
+}
+
 /// GPU 1 is hot and GPU 2 short of memory (as DCGM reports them through Prometheus): a gang
 /// gets GPUs 0 and 3; a third pod waits until GPU 1 cools down, then gets it.
 #[tokio::test]
@@ -155,12 +165,8 @@ async fn hot_and_memory_starved_gpus_are_not_offered() {
         (metric(&extra.metrics().await, "muster_gpus_unhealthy", &[("node", node)]) == 2.0).then_some(())
     })
     .await;
-    // Operators hear why, on the Node (cluster-scoped objects' events live in `default`).
-    let warned = wait_for("a GPUProblems event on the node", LONG, || async {
-        let events = events_of("default", node).await;
-        events.into_iter().find(|(t, r, m)| t == "Warning" && r == "GPUProblems" && m.contains("too hot")).map(|e| e.2)
-    })
-    .await;
+    // Operators hear why, on the Node.
+    let warned = too_hot_warning(node).await;
     assert!(warned.contains("too hot, not offered: GPU 1"), "{warned}");
     assert!(warned.contains("too little free memory, not offered: GPU 2"), "{warned}");
     assert!(metric(&extra.metrics().await, "muster_gpu_node_problems", &[("node", node)]) >= 2.0);

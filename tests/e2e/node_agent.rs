@@ -276,11 +276,7 @@ async fn health_from_the_node_agent_keeps_hot_gpus_off_offer_without_prometheus(
     // Operators hear why: on the Node (cluster-scoped objects' events live in `default`), as a
     // new event although the node had a GPUProblems event already (its topology arrived before
     // its allocatable), and in muster_gpu_node_problems.
-    let warned = wait_for("a GPUProblems event on the node", LONG, || async {
-        let events = events_of("default", node_name).await;
-        events.into_iter().find(|(t, r, m)| t == "Warning" && r == "GPUProblems" && m.contains("too hot")).map(|e| e.2)
-    })
-    .await;
+    let warned = crate::gpus::too_hot_warning(node_name).await;
     assert!(warned.contains("too hot, not offered: GPU 1"), "{warned}");
     assert!(warned.contains("too little free memory, not offered: GPU 2"), "{warned}");
     for kind in ["too_hot", "memory_full"] {

@@ -244,20 +244,17 @@ pub fn plan<'a>(pods: &'a [Pod], snapshot: &Snapshot, gpus: &HashMap<String, Nod
             })
         })
         .collect();
-    let confirmed: HashSet<&str> =
-        located.iter().zip(&held_text).filter(|(_, t)| t.is_some()).map(|((p, _), _)| uid_of(p)).collect();
-
     // GPU pods kube-scheduler bound without muster (and not read back yet): give them indices
     // right after binding.
     let mut unassigned: Vec<&(&Pod, String)> = located
         .iter()
+        .zip(&held_text)
+        .filter(|(_, confirmed)| confirmed.is_none())
+        .map(|(located, _)| located)
         .filter(|(p, _)| {
             let live = !crate::devices::PodPhase::from_status(p.status.as_ref().and_then(|s| s.phase.as_deref()))
                 .is_terminal();
-            live && is_bound(p)
-                && gpus_wanted(p) > 0
-                && !p.annotations().contains_key(GPU_INDICES_ANNOTATION)
-                && !confirmed.contains(uid_of(p))
+            live && is_bound(p) && gpus_wanted(p) > 0 && !p.annotations().contains_key(GPU_INDICES_ANNOTATION)
         })
         .collect();
     unassigned.sort_by(|(a, _), (b, _)| {

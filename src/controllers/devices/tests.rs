@@ -515,7 +515,7 @@ async fn a_repeated_event_keeps_its_series_until_its_note_changes() {
     for note in ["one", "one", "two", "two"] {
         api.ctx.event(&pod_ref(&pod), true, "GPUConflict", "AssignGPUs", note).await;
     }
-    let requests = api.requests.lock().unwrap();
+    let requests = api.requests.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let events: Vec<(&str, bool)> = requests
         .iter()
         .filter(|(_, p, _)| p.starts_with("/apis/events.k8s.io/"))
