@@ -79,6 +79,8 @@ pub struct Metrics {
     pub gangs_pending: Gauge,
     /// Gangs admitted since start.
     pub gangs_admitted: Counter,
+    /// Admission wake-ups with nothing to do (no event changed anything, no timer due).
+    pub idle_cycles: Counter,
     /// Seconds from quorum to the last pod ungated.
     pub admission_latency: Histogram,
     /// Seconds one placement decision took.
@@ -138,6 +140,7 @@ impl Default for Metrics {
             reconcile_duration: Family::new_with_constructor(histogram_seconds),
             gangs_pending: Gauge::default(),
             gangs_admitted: Counter::default(),
+            idle_cycles: Counter::default(),
             admission_latency: histogram_seconds(),
             placement_duration: histogram_seconds(),
             unschedulable_attempts: Family::default(),
@@ -160,6 +163,11 @@ impl Default for Metrics {
         registry.register("reconcile_duration_seconds", "Reconcile duration", m.reconcile_duration.clone());
         registry.register("gangs_pending", "Quorate gangs waiting for admission", m.gangs_pending.clone());
         registry.register("gangs_admitted", "Gangs admitted", m.gangs_admitted.clone());
+        registry.register(
+            "admission_idle_wakeups",
+            "Admission wake-ups skipped: no event changed anything and no timer was due",
+            m.idle_cycles.clone(),
+        );
         registry.register(
             "admission_latency_seconds",
             "Seconds from quorum to the whole gang ungated",

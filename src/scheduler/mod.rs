@@ -14,6 +14,7 @@
 //! 4. per recorded plan, [`next_step`] (the commit protocol: resume, wait for binds, roll a
 //!    failed attempt back), and [`RollbackHistory`] for the nodes the next plans avoid.
 
+mod cluster;
 mod commit;
 mod dra;
 mod explain;
@@ -34,6 +35,7 @@ mod interpod_properties;
 #[cfg(test)]
 mod properties;
 
+pub use cluster::{ClusterState, Quiet, pod_key};
 pub use commit::{
     CommitInput, Disrupted, FailureCause, GatedPin, GroupCount, PatchRefused, PinFailure, PinState, PlannedPodNow,
     Refusal, RemainingFits, RollBack, RollbackHistory, RollbackPolicy, StartRequirement, Step, disrupted, next_step,
@@ -60,7 +62,7 @@ pub use shape::{
     NodeSelectorTerm, Operator, PodShape, Requirement, ShapeError, Taint, TaintEffect, Toleration,
     UNSCHEDULABLE_TAINT_KEY,
 };
-pub use snapshot::{Labels, NodeInfo, NodePod, Snapshot, SnapshotError, Unusable};
+pub use snapshot::{Labels, NodeInfo, NodePod, PodUsage, Snapshot, SnapshotError, Target, Unusable};
 pub use tree::{
     CompositeGroup, CompositePolicy, Forest, Group, GroupPod, GroupTree, LeafGroup, LeafPolicy, PodState, Unresolved,
     UnresolvedReason, build_forest, sort_for_admission,

@@ -237,6 +237,76 @@ fn pod_key(pod: &Pod) -> String {
     )
 }
 
+/// Where a pod's usage counts: the node it is bound to, or the hostname muster pinned it to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Target {
+    /// Bound (`spec.nodeName`).
+    Node(String),
+    /// Admitted by muster, not bound yet (pinned by the hostname label).
+    Hostname(String),
+}
+
+/// What one pod adds to a snapshot, read from the pod once (when its watch event arrives), so
+/// a snapshot can be assembled without reading pod objects again. `None` from [`PodUsage::of`]
+/// for pods that use nothing: gated, unpinned, finished, or pinned by something other than
+/// muster's admission.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodUsage {
+    /// namespace/name, for problems.
+    pub key: Box<str>,
+    /// Where it counts.
+    pub target: Target,
+    /// Its requests (`None` without a spec), or why they cannot be read.
+    pub requests: Option<Result<Resources, ResourceError>>,
+    /// Namespace.
+    pub namespace: Box<str>,
+    /// Labels.
+    pub labels: Labels,
+    /// Required anti-affinity terms, or why they cannot be read.
+    pub anti_affinity: Result<Vec<PodTerm>, ShapeError>,
+    /// Host ports it binds.
+    pub host_ports: Vec<HostPort>,
+    /// Being deleted.
+    pub terminating: bool,
+}
+
+impl PodUsage {
+    /// What `pod` uses, if it uses anything.
+    pub fn of(pod: &Pod) -> Option<Self> {
+        let class = PodClass::of(pod);
+        let target = match class.placement {
+            _ if class.finished() => return None,
+            Placement::Bound(node) => Target::Node(node),
+            Placement::Admitted(hostname)
+                if !class.terminating
+                    && pod.metadata.labels.as_ref().is_some_and(|l| l.contains_key(POD_GROUP_LABEL)) =>
+            {
+                Target::Hostname(hostname)
+            }
+            _ => return None,
+        };
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let labels: Labels = pod.metadata.labels.iter().flatten().collect();
+        let spec = pod.spec.as_ref();
+        let anti = spec
+            .and_then(|s| s.affinity.as_ref())
+            .and_then(|a| a.pod_anti_affinity.as_ref())
+            .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref());
+        let anti_affinity =
+            anti.into_iter().flatten().map(|t| PodTerm::from_k8s(t, namespace, &labels)).collect::<Result<Vec<_>, _>>();
+        Some(Self {
+            key: pod_key(pod).into(),
+            target,
+            requests: spec.map(pod_requests),
+            namespace: namespace.into(),
+            labels,
+            anti_affinity,
+            host_ports: spec.map(host_ports).unwrap_or_default(),
+            terminating: crate::pods::is_terminating(pod),
+        })
+    }
+}
+
 /// Nodes sorted by name, with indexes by name and by hostname label.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
@@ -310,6 +380,13 @@ impl Snapshot {
         }
     }
 
+    /// A snapshot of these nodes, with the problems met reading the node objects first.
+    pub(crate) fn with_problems(nodes: Vec<NodeInfo>, problems: Vec<SnapshotError>) -> Self {
+        let mut snapshot = Snapshot::new(nodes);
+        snapshot.problems.splice(0..0, problems);
+        snapshot
+    }
+
     /// A snapshot from the cluster's node and pod lists: usage from pods bound to a node and
     /// from pods muster admitted (pinned by hostname, not yet bound). Objects that cannot be
     /// read are listed in [`Snapshot::problems`]; a node whose usage cannot be read is not
@@ -317,8 +394,7 @@ impl Snapshot {
     pub fn from_cluster(nodes: &[Node], pods: &[Pod]) -> Self {
         let mut problems = Vec::new();
         let infos = nodes.iter().filter_map(|n| NodeInfo::from_node(n).map_err(|e| problems.push(e)).ok()).collect();
-        let mut snapshot = Snapshot::new(infos);
-        snapshot.problems.splice(0..0, problems);
+        let mut snapshot = Snapshot::with_problems(infos, problems);
         for pod in pods {
             snapshot.add_pod(pod);
         }
@@ -328,30 +404,37 @@ impl Snapshot {
     /// Counts a pod's requests on the node it is bound to or admitted onto; returns whether it
     /// was counted. Gated, unpinned and finished pods use nothing.
     pub fn add_pod(&mut self, pod: &Pod) -> bool {
-        let class = PodClass::of(pod);
-        let index = match class.placement {
-            _ if class.finished() => None,
-            Placement::Bound(node) => self.by_name.get(&node).copied(),
-            Placement::Admitted(hostname)
-                if !class.terminating
-                    && pod.metadata.labels.as_ref().is_some_and(|l| l.contains_key(POD_GROUP_LABEL)) =>
-            {
-                let index = self.by_hostname.get(&hostname).copied();
+        PodUsage::of(pod).is_some_and(|usage| self.add_usage(&usage))
+    }
+
+    /// Counts what a pod uses (read once by [`PodUsage::of`]) on its node; returns whether it
+    /// was counted (false when its node is not in the snapshot).
+    pub fn add_usage(&mut self, usage: &PodUsage) -> bool {
+        let index = match &usage.target {
+            Target::Node(node) => self.by_name.get(node).copied(),
+            Target::Hostname(hostname) => {
+                let index = self.by_hostname.get(hostname).copied();
                 if index.is_none() {
-                    self.problems.push(SnapshotError::UnknownHostname { pod: pod_key(pod), hostname });
+                    self.problems.push(SnapshotError::UnknownHostname {
+                        pod: usage.key.to_string(),
+                        hostname: hostname.clone(),
+                    });
                 }
                 index
             }
-            _ => None,
         };
         let Some(i) = index.filter(|&i| (i as usize) < self.nodes.len()) else { return false };
-        self.add_node_pod(pod, i);
+        self.add_node_pod(usage, i);
         let node = &mut self.nodes[i as usize];
-        match pod.spec.as_ref().map(pod_requests) {
-            Some(Ok(requests)) => node.requested.add(&requests),
+        match &usage.requests {
+            Some(Ok(requests)) => node.requested.add(requests),
             Some(Err(source)) => {
                 node.unusable = Some(Unusable::UnreadableUsage);
-                self.problems.push(SnapshotError::PodRequests { pod: pod_key(pod), node: node.name.clone(), source });
+                self.problems.push(SnapshotError::PodRequests {
+                    pod: usage.key.to_string(),
+                    node: node.name.clone(),
+                    source: source.clone(),
+                });
             }
             None => {}
         }
@@ -359,23 +442,11 @@ impl Snapshot {
     }
 
     /// Records what inter-pod rules read of a pod counted on node `i`.
-    fn add_node_pod(&mut self, pod: &Pod, i: u32) {
-        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
-        let labels: Labels = pod.metadata.labels.iter().flatten().collect();
-        let spec = pod.spec.as_ref();
-        let anti = spec
-            .and_then(|s| s.affinity.as_ref())
-            .and_then(|a| a.pod_anti_affinity.as_ref())
-            .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref());
-        let anti_affinity = match anti
-            .into_iter()
-            .flatten()
-            .map(|t| PodTerm::from_k8s(t, namespace, &labels))
-            .collect::<Result<Vec<_>, _>>()
-        {
-            Ok(terms) => terms,
+    fn add_node_pod(&mut self, usage: &PodUsage, i: u32) {
+        let anti_affinity = match &usage.anti_affinity {
+            Ok(terms) => terms.clone(),
             Err(source) => {
-                self.problems.push(SnapshotError::PodTerms { pod: pod_key(pod), source });
+                self.problems.push(SnapshotError::PodTerms { pod: usage.key.to_string(), source: source.clone() });
                 Vec::new()
             }
         };
@@ -385,14 +456,14 @@ impl Snapshot {
         }
         self.pods.push(NodePod {
             node: i,
-            namespace: namespace.into(),
-            labels,
+            namespace: usage.namespace.clone(),
+            labels: usage.labels.clone(),
             anti_affinity,
-            host_ports: spec.map(host_ports).unwrap_or_default(),
-            terminating: crate::pods::is_terminating(pod),
+            host_ports: usage.host_ports.clone(),
+            terminating: usage.terminating,
         });
         self.pods_by_node[i as usize].push(index);
-        self.by_namespace.entry(namespace.into()).or_default().push(index);
+        self.by_namespace.entry(usage.namespace.clone()).or_default().push(index);
     }
 
     /// The pods bound or admitted in one namespace.

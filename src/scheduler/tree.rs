@@ -406,9 +406,13 @@ pub struct Forest {
 /// `spec.parentCompositePodGroupName`, so a missing child is simply absent (as upstream's
 /// hierarchy tracker counts it: not ready); a missing parent leaves its subtree unresolved.
 /// Children are sorted by name. Pods join through the `scheduling.muster.dev/pod-group` label.
-pub fn build_forest(pod_groups: &[PodGroup], composites: &[CompositePodGroup], pods: &[Pod]) -> Forest {
+pub fn build_forest<P: std::borrow::Borrow<Pod>>(
+    pod_groups: &[PodGroup],
+    composites: &[CompositePodGroup],
+    pods: &[P],
+) -> Forest {
     let mut pods_by_group: HashMap<(String, String), Vec<&Pod>> = HashMap::new();
-    for pod in pods {
+    for pod in pods.iter().map(std::borrow::Borrow::borrow) {
         let Some(group) = pod.metadata.labels.as_ref().and_then(|l| l.get(POD_GROUP_LABEL)) else { continue };
         let namespace = pod.metadata.namespace.clone().unwrap_or_default();
         pods_by_group.entry((namespace, group.clone())).or_default().push(pod);

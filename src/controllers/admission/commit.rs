@@ -291,7 +291,7 @@ impl Admitter {
         version: Option<String>,
         decision: &Decision,
         snapshot: &mut Snapshot,
-        pods: &[Pod],
+        pods: &[std::sync::Arc<Pod>],
     ) -> Result<Committed> {
         let now = Timestamp::now();
         let mut plan = AdmissionPlan {
@@ -303,7 +303,7 @@ impl Admitter {
             shared_claims: Vec::new(),
         };
         let by_uid: HashMap<&str, &Pod> =
-            pods.iter().filter_map(|p| p.metadata.uid.as_deref().map(|u| (u, p))).collect();
+            pods.iter().filter_map(|p| p.metadata.uid.as_deref().map(|u| (u, &**p))).collect();
         // The pods' own GPU claims (made by the resource-claim controller) and the shared
         // claims to allocate are named in the plan, so a restart finds them.
         for p in &mut plan.pods {
@@ -358,29 +358,57 @@ impl Admitter {
                 Patched::Refused(message) => return Ok(Committed::Refused(PatchRefused { uid, message })),
             }
         }
-        let Some(version) = self.write_plan(key, version, Some(&plan)).await? else { return Ok(Committed::Stale) };
+        // The plan is recorded `Committing` in one write: `Planned` and `Committing` are resumed
+        // alike (see `scheduler::next_step`), and nothing is written between the two.
         plan.state = PlanState::Committing;
-        let Some(version) = self.write_plan(key, Some(version), Some(&plan)).await? else {
-            return Ok(Committed::Stale);
-        };
+        let Some(version) = self.write_plan(key, version, Some(&plan)).await? else { return Ok(Committed::Stale) };
         // Shared claims first (every pod needs them), then per pod its own claims and its
-        // patch: a pod is ungated only once its devices are allocated to it.
+        // patch: a pod is ungated only once its devices are allocated to it. Pods without
+        // claims of their own are patched concurrently (any subset of them patched is a plan
+        // cut short, which the next cycle resumes), one at a time under the crash test hook,
+        // so it stops after exactly its count.
         let first = planned.first().map(|(p, _)| p.uid.clone()).unwrap_or_default();
         if let Some(stopped) = self.write_claims(&key.ns, &shared, &first).await? {
             return Ok(stopped);
         }
-        for ((planned, pod), writes) in planned.iter().zip(&own) {
+        let (with_claims, without): (Vec<_>, Vec<_>) =
+            planned.iter().zip(&own).partition(|(_, writes)| !writes.is_empty());
+        for ((planned, pod), writes) in with_claims {
             if let Some(stopped) = self.write_claims(&key.ns, writes, &planned.uid).await? {
                 return Ok(stopped);
             }
-            match self.patch_pod(&key.ns, pod, planned).await? {
-                Patched::Ok => reserve(snapshot, pod, planned),
-                // The plan stays `Committing`: the next cycle resumes it, re-checked.
-                Patched::Stale => return Ok(Committed::Stale),
-                Patched::Refused(message) => {
-                    return Ok(Committed::Refused(PatchRefused { uid: planned.uid.clone(), message }));
-                }
+            let result = self.patch_pod(&key.ns, pod, planned).await;
+            if let Some(stopped) = self.pod_patched(snapshot, pod, planned, result)? {
+                return Ok(stopped);
             }
+        }
+        let concurrency = if self.fault_exit_after.is_some() { 1 } else { POD_PATCH_CONCURRENCY };
+        let api = Api::<Pod>::namespaced(self.ctx.client.clone(), &key.ns);
+        let pins: Vec<(&PlannedPod, &Pod)> = without.into_iter().map(|((planned, pod), _)| (*planned, *pod)).collect();
+        // Owned requests: the stream's futures borrow nothing of this cycle.
+        let requests: Vec<(usize, Option<(String, serde_json::Value)>)> = pins
+            .iter()
+            .enumerate()
+            .map(|(i, (planned, pod))| {
+                (i, is_gated(pod).then(|| (planned.name.clone(), Self::pod_patch(pod, planned))))
+            })
+            .collect();
+        let mut results = futures::stream::iter(requests.into_iter().map(|(i, request)| {
+            let api = api.clone();
+            async move { (i, send_pod_patch(&api, request).await) }
+        }))
+        .buffer_unordered(concurrency);
+        let mut stopped = None;
+        while let Some((i, result)) = results.next().await {
+            let (planned, pod) = pins[i];
+            let outcome = self.pod_patch_done(planned, result);
+            // The first refusal (or stale pod) ends the commit; patches in flight finish.
+            if let Some(s) = self.pod_patched(snapshot, pod, planned, outcome)? {
+                stopped.get_or_insert(s);
+            }
+        }
+        if let Some(stopped) = stopped {
+            return Ok(stopped);
         }
         plan.state = PlanState::Admitted;
         plan.admitted_at = Some(Time(Timestamp::now()));
@@ -400,7 +428,13 @@ impl Admitter {
         self.ctx.metrics.gangs_admitted.inc();
         tracing::info!(namespace = %key.ns, root = %key.name, pods = plan.pods.len(), "admitted");
         let note = format!("admitted {} pod(s): {message}", plan.pods.len());
-        self.root_event(key, false, "Admitted", &note).await;
+        // Off the commit path: the next root's decision does not wait for the event.
+        let (ctx, refs) = (self.ctx.clone(), self.root_refs(key));
+        tokio::spawn(async move {
+            for r in refs {
+                ctx.event(&r, false, "Admitted", "Admit", note.clone()).await;
+            }
+        });
         Ok(Committed::Done)
     }
 
@@ -442,14 +476,36 @@ impl Admitter {
 
     /// Pins, annotates and ungates one pod in a single fenced patch.
     async fn patch_pod(&mut self, ns: &str, pod: &Pod, planned: &PlannedPod) -> Result<Patched> {
-        if !is_gated(pod) {
-            // Ungated by someone else since: never overwrite its pin or GPU indices.
-            return Ok(Patched::Stale);
-        }
         let api = Api::<Pod>::namespaced(self.ctx.client.clone(), ns);
-        let patch = Self::pod_patch(pod, planned);
-        let result =
-            bounded(api.patch(&planned.name, &PatchParams::default(), &Patch::Merge(&patch))).await.map(|_| ());
+        let request = is_gated(pod).then(|| (planned.name.clone(), Self::pod_patch(pod, planned)));
+        let result = send_pod_patch(&api, request).await;
+        self.pod_patch_done(planned, result)
+    }
+
+    /// What a planned pod's patch came to, for the commit: counted in the snapshot when done,
+    /// `Some` when it ends the commit.
+    fn pod_patched(
+        &self,
+        snapshot: &mut Snapshot,
+        pod: &Pod,
+        planned: &PlannedPod,
+        outcome: Result<Patched>,
+    ) -> Result<Option<Committed>> {
+        Ok(match outcome? {
+            Patched::Ok => {
+                reserve(snapshot, pod, planned);
+                None
+            }
+            // The plan stays `Committing`: the next cycle resumes it, re-checked.
+            Patched::Stale => Some(Committed::Stale),
+            Patched::Refused(message) => Some(Committed::Refused(PatchRefused { uid: planned.uid.clone(), message })),
+        })
+    }
+
+    /// Books a planned pod's patch sent by [`send_pod_patch`]: the pod awaited in the cache,
+    /// refusals logged and counted, the write counted for the crash test hook.
+    fn pod_patch_done(&mut self, planned: &PlannedPod, result: Option<Result<()>>) -> Result<Patched> {
+        let Some(result) = result else { return Ok(Patched::Stale) };
         let outcome = patched(result);
         match &outcome {
             Ok(Patched::Ok) => {
@@ -852,6 +908,16 @@ impl Admitter {
 
 /// Dry runs in flight at once for one commit.
 const DRY_RUN_CONCURRENCY: usize = 16;
+/// How many pod patches of one commit are in flight at once.
+const POD_PATCH_CONCURRENCY: usize = 16;
+
+/// Sends a planned pod's patch (pin, GPU indices, gate removal): its name and body, `None`
+/// when the pod is no longer gated (ungated by someone else since: its pin and GPU indices are
+/// never overwritten), which comes back as `None`.
+async fn send_pod_patch(api: &Api<Pod>, request: Option<(String, serde_json::Value)>) -> Option<Result<()>> {
+    let (name, patch) = request?;
+    Some(bounded(api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))).await.map(|_| ()))
+}
 
 /// Labels of [`crate::controllers::metrics::Metrics::object_errors`].
 pub(super) fn object_labels(kind: &str, reason: &str) -> ObjectErrorLabels {

@@ -2,6 +2,7 @@
 //! decide per root (quorum, placement) and commit or explain; last, write the statuses.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -40,7 +41,8 @@ impl Admitter {
         let _timer = self.ctx.metrics.reconcile(CONTROLLER);
         let all_pgs = state(&self.caches.pod_groups);
         let all_cpgs = state(&self.caches.composites);
-        let pods = state(&self.caches.pods);
+        // The caches' objects are shared, never copied: a cycle holds `Arc`s.
+        let pods = self.caches.pods.state();
         let nodes = state(&self.caches.nodes);
         if !self.caches_caught_up(&all_pgs, &all_cpgs, &pods) {
             return Ok(Some(Instant::now() + Duration::from_millis(100)));
@@ -53,7 +55,7 @@ impl Admitter {
         let (cpgs, unmanaged_cpgs): (Vec<CompositePodGroup>, Vec<CompositePodGroup>) =
             all_cpgs.into_iter().partition(|g| managed(g.namespace()));
         // Pods in excluded namespaces are rare: copy the list only when there are some.
-        let managed_pods: std::borrow::Cow<'_, [Pod]> = if pods.iter().all(|p| managed(p.namespace())) {
+        let managed_pods: std::borrow::Cow<'_, [Arc<Pod>]> = if pods.iter().all(|p| managed(p.namespace())) {
             std::borrow::Cow::Borrowed(&pods)
         } else {
             std::borrow::Cow::Owned(pods.iter().filter(|p| managed(p.namespace())).cloned().collect())
@@ -61,7 +63,7 @@ impl Admitter {
         let (mut snapshot, gpus) = self.snapshot(&nodes, &pods).await?;
         let by_group = group_pods(&managed_pods);
         let world = World {
-            pods_by_uid: managed_pods.iter().filter_map(|p| p.metadata.uid.as_deref().map(|u| (u, p))).collect(),
+            pods_by_uid: managed_pods.iter().filter_map(|p| p.metadata.uid.as_deref().map(|u| (u, &**p))).collect(),
             pod_groups: &pgs,
             by_group: &by_group,
             nodes: nodes.iter().filter_map(|n| n.metadata.name.as_deref()).collect(),
@@ -232,8 +234,8 @@ impl Admitter {
     /// The snapshot admission decides on: nodes and the pods on them, then GPUs: topology and
     /// health per node, and the ledger (the device pass first gives indices to GPU pods bound
     /// without muster, so admission plans around them). Returns the GPUs per node too.
-    async fn snapshot(&mut self, nodes: &[Node], pods: &[Pod]) -> Result<(Snapshot, HashMap<String, NodeGpus>)> {
-        let mut snapshot = Snapshot::from_cluster(nodes, pods);
+    async fn snapshot(&mut self, nodes: &[Node], pods: &[Arc<Pod>]) -> Result<(Snapshot, HashMap<String, NodeGpus>)> {
+        let mut snapshot = super::watches::lock(&self.caches.cluster).snapshot();
         snapshot.set_namespaces(
             self.caches
                 .namespaces

@@ -25,7 +25,6 @@ use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVo
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
-use tokio::sync::Notify;
 
 use super::context::Context;
 use super::devices::DeviceReconciler;
@@ -34,7 +33,7 @@ use crate::crds::POD_GROUP_LABEL;
 use crate::crds::scheduling::{AdmissionPlan, CompositePodGroup, PlanState, PodGroup};
 use crate::devices::MetricsCache;
 use crate::devices::chooser::FitCache;
-use crate::scheduler::{Group, PatchRefused};
+use crate::scheduler::{Group, PatchRefused, Quiet};
 use status::Outcome;
 
 /// Name of this controller in metrics and logs.
@@ -46,6 +45,8 @@ pub const FIELD_MANAGER: &str = "muster-admission";
 pub const FAULT_EXIT_ENV: &str = "MUSTER_FAULT_EXIT_AFTER_POD_PATCHES";
 const MIN_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// The longest admission sleeps with no event and no timer: a cycle then runs anyway.
+const IDLE_WAKE: Duration = Duration::from_secs(30);
 
 /// A group's identity: its kind too, so a PodGroup and a CompositePodGroup of the same name
 /// never share backoff, plan tracking or status.
@@ -115,6 +116,8 @@ fn error_backoff(errors: u32) -> Duration {
 /// The caches admission decides on.
 #[derive(Clone)]
 struct Caches {
+    /// Nodes and pod usage, kept up to date by the node and pod watches.
+    cluster: Arc<std::sync::Mutex<crate::scheduler::ClusterState>>,
     pod_groups: Store<PodGroup>,
     composites: Store<CompositePodGroup>,
     pods: Store<Pod>,
@@ -175,6 +178,8 @@ struct Admitter {
     dra_problems: Vec<String>,
     /// The last cycle's DRA state.
     dra_cache: Option<DraState>,
+    /// What the last cycle saw, to skip a cycle that has nothing to do.
+    quiet: Quiet,
 }
 
 /// Writes of this process that the watch caches have not shown yet.
@@ -191,7 +196,7 @@ struct Unseen {
 /// Runs admission until `shutdown` resolves.
 pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 'static) {
     let client = ctx.client.clone();
-    let notify = Arc::new(Notify::new());
+    let notify = Arc::new(watches::Signal::default());
     let capacity = Arc::new(AtomicU64::new(0));
     let dra = watches::dra_served(&client).await;
     let caches = watches::watch_caches(&client, &notify, &capacity, dra);
@@ -229,11 +234,24 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         excluded_reported: HashSet::new(),
         dra_problems: Vec::new(),
         dra_cache: None,
+        quiet: Quiet::default(),
     };
     tracing::info!("admission caches ready");
     loop {
         // Leadership lost (or a stop) ends the cycle at its next await: no decision is made,
         // nor write sent, after that (a commit cut short is resumed by the next leader).
+        // Nothing changed since the last cycle and no timer of it is due: its conclusions stand.
+        let (events, generation) = (notify.events(), watches::lock(&admitter.caches.cluster).generation());
+        if admitter.quiet.nothing_to_do(events, generation, Instant::now()) {
+            let sleep = admitter.quiet.wake().map_or(IDLE_WAKE, |w| w.saturating_duration_since(Instant::now()));
+            admitter.ctx.metrics.idle_cycles.inc();
+            tokio::select! {
+                _ = notify.notify.notified() => {}
+                _ = tokio::time::sleep(sleep) => {}
+                _ = &mut shutdown => return,
+            }
+            continue;
+        }
         let result = tokio::select! {
             r = admitter.cycle() => r,
             _ = &mut shutdown => {
@@ -242,16 +260,21 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
             }
         };
         let wake = match result {
-            Ok(wake) => wake,
+            Ok(wake) => {
+                // A cycle runs at least every IDLE_WAKE, events or not.
+                admitter.quiet.cycled(events, generation, Some(wake.unwrap_or_else(|| Instant::now() + IDLE_WAKE)));
+                wake
+            }
             Err(e) => {
+                admitter.quiet = Quiet::default();
                 admitter.ctx.metrics.reconcile_error(CONTROLLER, e.metric_label());
                 tracing::warn!(error = %e, "admission cycle failed");
                 Some(Instant::now() + MIN_BACKOFF)
             }
         };
-        let sleep = wake.map(|w| w.saturating_duration_since(Instant::now())).unwrap_or(Duration::from_secs(30));
+        let sleep = wake.map(|w| w.saturating_duration_since(Instant::now())).unwrap_or(IDLE_WAKE);
         tokio::select! {
-            _ = notify.notified() => {
+            _ = notify.notify.notified() => {
                 // Let a burst of events (a job creating its pods) settle into one cycle.
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -269,9 +292,9 @@ where
     store.state().iter().map(|o| (**o).clone()).collect()
 }
 
-fn group_pods(pods: &[Pod]) -> HashMap<RootKey, Vec<&Pod>> {
+fn group_pods(pods: &[Arc<Pod>]) -> HashMap<RootKey, Vec<&Pod>> {
     let mut out: HashMap<RootKey, Vec<&Pod>> = HashMap::new();
-    for pod in pods {
+    for pod in pods.iter().map(|p| &**p) {
         if let Some(g) = pod.labels().get(POD_GROUP_LABEL) {
             out.entry(RootKey::leaf(&pod.namespace().unwrap_or_default(), g)).or_default().push(pod);
         }

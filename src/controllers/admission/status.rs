@@ -567,7 +567,12 @@ impl Admitter {
     /// Groups in the namespaces muster's webhooks skip: their pods are never gated, so muster
     /// does not admit them (it would count pods kube-scheduler places alone). Says so on each
     /// group's status, and in one Warning event per group.
-    pub(super) async fn report_unmanaged(&mut self, pgs: &[PodGroup], cpgs: &[CompositePodGroup], pods: &[Pod]) {
+    pub(super) async fn report_unmanaged(
+        &mut self,
+        pgs: &[PodGroup],
+        cpgs: &[CompositePodGroup],
+        pods: &[std::sync::Arc<Pod>],
+    ) {
         if pgs.is_empty() && cpgs.is_empty() {
             self.excluded_reported.clear();
             return;

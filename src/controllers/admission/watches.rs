@@ -4,8 +4,8 @@
 //! caches show this process's own writes before a cycle decides on them.
 
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -21,6 +21,7 @@ use tokio::sync::Notify;
 
 use super::{Admitter, Caches, DraCaches, RootKey, is_gated, trim};
 use crate::crds::scheduling::{AdmissionPlan, CompositePodGroup, PlanState, PodGroup};
+use crate::scheduler::{ClusterState, pod_key};
 
 /// How long to wait for the caches to show a write before deciding anyway.
 pub(super) const CACHE_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
@@ -29,9 +30,9 @@ fn spawn_watch<K>(
     api: Api<K>,
     config: watcher::Config,
     trim: fn(&mut K),
-    notify: Arc<Notify>,
+    notify: Arc<Signal>,
     capacity: Arc<AtomicU64>,
-    mut frees: impl FnMut(&Event<K>) -> bool + Send + 'static,
+    mut seen: impl FnMut(&Event<K>) -> Wake + Send + 'static,
 ) -> Store<K>
 where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
@@ -43,17 +44,68 @@ where
         let mut stream = std::pin::pin!(stream);
         while let Some(ev) = stream.next().await {
             match ev {
-                Ok(ev) => {
-                    if frees(&ev) {
+                Ok(ev) => match seen(&ev) {
+                    Wake::No => {}
+                    Wake::Cycle => notify.wake(),
+                    Wake::Frees => {
                         capacity.fetch_add(1, Ordering::Relaxed);
+                        notify.wake();
                     }
-                    notify.notify_one();
-                }
+                },
                 Err(e) => tracing::warn!(error = %e, "admission watch"),
             }
         }
     });
     store
+}
+
+/// How the watches wake admission: a notification, and a count of the events that woke it
+/// (equal counts across two cycles: no event in between asked for one).
+#[derive(Default)]
+pub(super) struct Signal {
+    pub notify: Notify,
+    pub events: AtomicU64,
+}
+
+impl Signal {
+    fn wake(&self) {
+        self.events.fetch_add(1, Ordering::SeqCst);
+        self.notify.notify_one();
+    }
+
+    /// The events that woke admission so far.
+    pub fn events(&self) -> u64 {
+        self.events.load(Ordering::SeqCst)
+    }
+}
+
+/// What a watch event asks of admission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Wake {
+    /// Nothing a decision or a status reads changed (a node heartbeat, a plain pod's status).
+    No,
+    /// A cycle.
+    Cycle,
+    /// A cycle, and roots waiting in backoff are retried: capacity may have freed.
+    Frees,
+}
+
+impl Wake {
+    fn from_frees(frees: bool) -> Self {
+        if frees { Wake::Frees } else { Wake::Cycle }
+    }
+}
+
+/// A pod event wakes admission when the pod is muster's (its group's status reads it), or
+/// when what it uses changed (a pod bound, finished, deleted): a status update of another
+/// workload's running pod changes nothing admission reads.
+fn pod_wakes(ev: &Event<Pod>, usage_changed: bool) -> Wake {
+    let ours = |p: &Pod| p.labels().contains_key(crate::crds::POD_GROUP_LABEL);
+    match ev {
+        Event::Apply(p) if !usage_changed && !ours(p) => Wake::No,
+        Event::InitApply(_) => Wake::No,
+        _ => Wake::from_frees(pod_frees(ev)),
+    }
 }
 
 fn pod_frees(ev: &Event<Pod>) -> bool {
@@ -64,18 +116,69 @@ fn pod_frees(ev: &Event<Pod>) -> bool {
     }
 }
 
+/// Locks the kept cluster state (a panic elsewhere while holding it leaves a state that is
+/// still whole: every change is one map write).
+pub(super) fn lock(cluster: &Mutex<ClusterState>) -> MutexGuard<'_, ClusterState> {
+    cluster.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Keeps the cluster state's pods up to date from the pod watch's events, each pod read once.
+/// A relist upserts what it lists and, at its end, drops what it did not.
+/// Returns whether what the pods use changed.
+fn feed_pods(cluster: Arc<Mutex<ClusterState>>) -> impl FnMut(&Event<Pod>) -> bool + Send + 'static {
+    let mut listed: Option<HashSet<String>> = None;
+    move |ev| match ev {
+        Event::Apply(p) => lock(&cluster).apply_pod(p),
+        Event::Delete(p) => lock(&cluster).delete_pod(&p.namespace().unwrap_or_default(), &p.name_any()),
+        Event::Init => {
+            listed = Some(HashSet::new());
+            false
+        }
+        Event::InitApply(p) => {
+            listed.get_or_insert_default().insert(pod_key(&p.namespace().unwrap_or_default(), &p.name_any()));
+            lock(&cluster).apply_pod(p)
+        }
+        Event::InitDone => {
+            let listed = listed.take().unwrap_or_default();
+            lock(&cluster).retain_pods(|k| listed.contains(k))
+        }
+    }
+}
+
+/// [`feed_pods`] for nodes.
+fn feed_nodes(cluster: Arc<Mutex<ClusterState>>) -> impl FnMut(&Event<Node>) + Send + 'static {
+    let mut listed: Option<HashSet<String>> = None;
+    move |ev| match ev {
+        Event::Apply(n) => {
+            lock(&cluster).apply_node(n);
+        }
+        Event::Delete(n) => {
+            lock(&cluster).delete_node(&n.name_any());
+        }
+        Event::Init => listed = Some(HashSet::new()),
+        Event::InitApply(n) => {
+            listed.get_or_insert_default().insert(n.name_any());
+            lock(&cluster).apply_node(n);
+        }
+        Event::InitDone => {
+            let listed = listed.take().unwrap_or_default();
+            lock(&cluster).retain_nodes(|n| listed.contains(n));
+        }
+    }
+}
+
 /// A namespace, claim, volume or class added, changed or removed can change what fits (a
 /// claim created or bound, a label a namespace selector reads).
-fn changed<K>(ev: &Event<K>) -> bool {
-    matches!(ev, Event::Apply(_) | Event::Delete(_) | Event::InitDone)
+fn changed<K>(ev: &Event<K>) -> Wake {
+    Wake::from_frees(matches!(ev, Event::Apply(_) | Event::Delete(_) | Event::InitDone))
 }
 
-fn never(_: &Event<PodGroup>) -> bool {
-    false
+fn never(_: &Event<PodGroup>) -> Wake {
+    Wake::Cycle
 }
 
-fn never_cpg(_: &Event<CompositePodGroup>) -> bool {
-    false
+fn never_cpg(_: &Event<CompositePodGroup>) -> Wake {
+    Wake::Cycle
 }
 
 /// Whether the cluster serves `resource.k8s.io/v1` (DRA, GA in 1.34): its objects are watched
@@ -91,7 +194,7 @@ pub(super) async fn dra_served(client: &Client) -> bool {
 }
 
 /// [`changed`], counting every event in `changes` too.
-fn counted<K>(changes: &Arc<AtomicU64>) -> impl FnMut(&Event<K>) -> bool + Send + 'static {
+fn counted<K>(changes: &Arc<AtomicU64>) -> impl FnMut(&Event<K>) -> Wake + Send + 'static {
     let changes = changes.clone();
     move |ev| {
         changes.fetch_add(1, Ordering::Relaxed);
@@ -101,7 +204,7 @@ fn counted<K>(changes: &Arc<AtomicU64>) -> impl FnMut(&Event<K>) -> bool + Send 
 
 /// Starts the watches of DRA objects: any change can change what fits (a slice published, a
 /// claim created, allocated or freed).
-fn watch_dra(client: &Client, notify: &Arc<Notify>, capacity: &Arc<AtomicU64>) -> DraCaches {
+fn watch_dra(client: &Client, notify: &Arc<Signal>, capacity: &Arc<AtomicU64>) -> DraCaches {
     let cfg = || watcher::Config::default().any_semantic();
     let changes = Arc::new(AtomicU64::new(0));
     DraCaches {
@@ -143,9 +246,11 @@ fn watch_dra(client: &Client, notify: &Arc<Notify>, capacity: &Arc<AtomicU64>) -
 
 /// Starts the watches admission decides on; each event wakes `notify`, and the events that can
 /// free capacity bump `capacity`.
-pub(super) fn watch_caches(client: &Client, notify: &Arc<Notify>, capacity: &Arc<AtomicU64>, dra: bool) -> Caches {
+pub(super) fn watch_caches(client: &Client, notify: &Arc<Signal>, capacity: &Arc<AtomicU64>, dra: bool) -> Caches {
     let cfg = || watcher::Config::default().any_semantic();
+    let cluster = Arc::new(Mutex::new(ClusterState::default()));
     Caches {
+        cluster: cluster.clone(),
         dra: dra.then(|| watch_dra(client, notify, capacity)),
         pod_groups: spawn_watch(
             Api::<PodGroup>::all(client.clone()),
@@ -164,17 +269,21 @@ pub(super) fn watch_caches(client: &Client, notify: &Arc<Notify>, capacity: &Arc
             never_cpg,
         ),
         // Every pod: usage counts pods of all workloads, not only muster's.
-        pods: spawn_watch(
-            Api::<Pod>::all(client.clone()),
-            cfg(),
-            trim::pod,
-            notify.clone(),
-            capacity.clone(),
-            pod_frees,
-        ),
+        pods: spawn_watch(Api::<Pod>::all(client.clone()), cfg(), trim::pod, notify.clone(), capacity.clone(), {
+            let mut feed = feed_pods(cluster.clone());
+            move |ev: &Event<Pod>| {
+                let usage_changed = feed(ev);
+                pod_wakes(ev, usage_changed)
+            }
+        }),
         nodes: spawn_watch(Api::<Node>::all(client.clone()), cfg(), trim::node, notify.clone(), capacity.clone(), {
             let mut seen = trim::NodeFingerprints::default();
-            move |ev: &Event<Node>| seen.changed(ev)
+            let mut feed = feed_nodes(cluster);
+            move |ev: &Event<Node>| {
+                feed(ev);
+                // A node event that changes nothing placement reads (a heartbeat) wakes nothing.
+                if seen.changed(ev) { Wake::Frees } else { Wake::No }
+            }
         }),
         // What placement models beside nodes and pods: namespace labels (namespace selectors
         // of pod affinity terms), and claims, volumes and classes (VolumeBinding, VolumeZone).
@@ -237,7 +346,7 @@ pub(super) async fn ready(caches: &Caches) {
 
 impl Admitter {
     /// True when every write of ours shows in the caches (or waited long enough).
-    pub(super) fn caches_caught_up(&mut self, pgs: &[PodGroup], cpgs: &[CompositePodGroup], pods: &[Pod]) -> bool {
+    pub(super) fn caches_caught_up(&mut self, pgs: &[PodGroup], cpgs: &[CompositePodGroup], pods: &[Arc<Pod>]) -> bool {
         let now = Instant::now();
         // `None`: the group is gone (nothing to wait for); `Some(plan)`: its plan as cached.
         let plan_of = |key: &RootKey| -> Option<Option<(String, PlanState)>> {

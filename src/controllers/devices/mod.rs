@@ -13,6 +13,7 @@
 pub mod prometheus;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
@@ -207,9 +208,14 @@ pub struct DevicePlan<'a> {
 /// next admission would plan another pod onto them. Choices are made oldest pod first on the
 /// ledger of the annotations, so a pod whose write keeps failing gets the same GPUs each pass
 /// while nothing else changes.
-pub fn plan<'a>(pods: &'a [Pod], snapshot: &Snapshot, gpus: &HashMap<String, NodeGpus>) -> DevicePlan<'a> {
+pub fn plan<'a, P: std::borrow::Borrow<Pod>>(
+    pods: &'a [P],
+    snapshot: &Snapshot,
+    gpus: &HashMap<String, NodeGpus>,
+) -> DevicePlan<'a> {
     // Terminating pods stay: in their grace period they still run on their GPUs.
-    let located: Vec<(&Pod, String)> = pods.iter().filter_map(|p| node_of(p, snapshot).map(|n| (p, n))).collect();
+    let located: Vec<(&Pod, String)> =
+        pods.iter().map(std::borrow::Borrow::borrow).filter_map(|p| node_of(p, snapshot).map(|n| (p, n))).collect();
     let mut reports = Vec::new();
     let held: Vec<Option<Held>> =
         located.iter().map(|(p, node)| held_by_node(p, node, snapshot, gpus, &mut reports)).collect();
@@ -435,12 +441,12 @@ impl DeviceReconciler {
     pub async fn pass(
         &mut self,
         ctx: &Context,
-        pods: &[Pod],
+        pods: &[Arc<Pod>],
         snapshot: &Snapshot,
         gpus: &HashMap<String, NodeGpus>,
     ) -> HashMap<String, GpuSet> {
         let plan = plan(pods, snapshot, gpus);
-        let by_uid: HashMap<&str, &Pod> = pods.iter().map(|p| (uid_of(p), p)).collect();
+        let by_uid: HashMap<&str, &Pod> = pods.iter().map(|p| (uid_of(p), &**p)).collect();
         for report in self.reported.fresh(&plan.reports) {
             if report.conflict {
                 ctx.metrics.gpu_conflicts.inc();
