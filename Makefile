@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BIN_DIR = $(shell bash tools/k8s/bindir.sh)
 
-.PHONY: all build release host-deps host-deps-demo test unit e2e e2e-placement chaos e2e-rbac e2e-service chart-lint chart-test crds crds-check fmt clippy bench controlplane cluster-up cluster-down run demo demo-down demo-check
+.PHONY: all build release host-deps host-deps-demo test unit e2e e2e-placement chaos e2e-rbac e2e-service chart-lint chart-test crds crds-check fmt clippy bench bench-e2e controlplane cluster-up cluster-down run demo demo-down demo-check
 
 all: build
 
@@ -122,6 +122,20 @@ clippy:
 
 bench:
 	$(CARGO) bench
+
+## The side-by-side scale benchmark (hack/bench-e2e.sh; not part of `make test`): muster in
+## release against a control plane of its own, kwok GPU nodes, then the same gangs as plain Jobs,
+## upstream gang Jobs and MusterJobs; prints pods bound/s, admission latency, muster's RSS and
+## CPU, and writes them to BENCH_OUT. Defaults: 1,000 nodes / 200 gangs of 3;
+## `make bench-e2e BENCH_NODES=5000 BENCH_GANGS=1000` for the large run.
+BENCH_NODES ?= 1000
+BENCH_GANGS ?= 200
+BENCH_SIZE ?= 3
+BENCH_PATHS ?= plain,gang,muster
+BENCH_OUT ?= target/bench-e2e.json
+bench-e2e: controlplane
+	BENCH_NODES=$(BENCH_NODES) BENCH_GANGS=$(BENCH_GANGS) BENCH_SIZE=$(BENCH_SIZE) BENCH_PATHS=$(BENCH_PATHS) \
+	  BENCH_OUT=$(BENCH_OUT) MUSTER_K8S_BIN=$(BIN_DIR) bash hack/bench-e2e.sh
 
 ## Build the control plane binaries into the cache (does nothing when present).
 controlplane:

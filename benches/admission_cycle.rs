@@ -53,7 +53,7 @@ fn node(i: usize, rack: usize) -> Node {
 }
 
 fn pod(i: usize, p: usize, bound: bool) -> Pod {
-    let ours = (i + p) % 3 == 0;
+    let ours = (i + p).is_multiple_of(3);
     let mut labels = BTreeMap::from([("app".to_string(), format!("job-{}", i / 3))]);
     if ours {
         labels.insert(POD_GROUP_LABEL.to_string(), format!("job-{}", i / 3));

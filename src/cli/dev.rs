@@ -4,6 +4,7 @@
 //! talks to the cluster. `muster dev fake-dcgm-exporter` ([`dcgm`]) reports their GPU health;
 //! `muster dev dra-slices` ([`dra`]) publishes their GPUs as NVIDIA DRA ResourceSlices.
 
+mod bench;
 pub mod dcgm;
 pub mod demo;
 pub mod dra;
@@ -79,6 +80,9 @@ enum DevCommand {
     /// Check what `make demo` promises (gangs admitted, the oversize one explained, GPU
     /// indices disjoint); exit 0 only when all of it holds.
     DemoCheck(DemoCheckArgs),
+    /// Scale benchmark (`make bench-e2e`): the same gangs as plain Jobs, upstream gang Jobs and
+    /// MusterJobs on kwok GPU nodes, with pods bound per second, admission latency and muster's cost.
+    Bench(bench::Args),
 }
 
 /// Arguments of `muster dev demo-check`.
@@ -364,6 +368,7 @@ async fn run_demo_check(args: DemoCheckArgs) -> ExitCode {
 pub fn run(args: Args) -> ExitCode {
     let args = match args.command {
         DevCommand::AddNodes(args) => args,
+        DevCommand::Bench(args) => return bench::run(args),
         DevCommand::DemoCheck(args) => return super::block_on(run_demo_check(args)),
         DevCommand::FakeDcgmExporter(args) => return dcgm::run(args),
         DevCommand::DraSlices(args) => return super::block_on(run_dra_slices(args)),

@@ -745,7 +745,7 @@ mod tests {
 
     #[test]
     fn missing_parents_and_cycles_are_unresolved() {
-        let forest = build_forest(
+        let forest = build_forest::<Pod>(
             &[pod_group("orphan", PodGroupSchedulingPolicy::basic(), Some("gone"))],
             &[
                 composite("a", CompositePodGroupSchedulingPolicy::basic(), Some("b")),
@@ -767,7 +767,7 @@ mod tests {
 
     #[test]
     fn trees_deeper_than_four_levels_are_refused() {
-        let forest = build_forest(
+        let forest = build_forest::<Pod>(
             &[pod_group("leaf", PodGroupSchedulingPolicy::basic(), Some("c4"))],
             &[
                 composite("c1", CompositePodGroupSchedulingPolicy::basic(), None),

@@ -13,7 +13,6 @@
 pub mod prometheus;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
@@ -441,12 +440,13 @@ impl DeviceReconciler {
     pub async fn pass(
         &mut self,
         ctx: &Context,
-        pods: &[Arc<Pod>],
+        pods: &[impl std::borrow::Borrow<Pod> + Sync],
         snapshot: &Snapshot,
         gpus: &HashMap<String, NodeGpus>,
     ) -> HashMap<String, GpuSet> {
         let plan = plan(pods, snapshot, gpus);
-        let by_uid: HashMap<&str, &Pod> = pods.iter().map(|p| (uid_of(p), &**p)).collect();
+        let by_uid: HashMap<&str, &Pod> =
+            pods.iter().map(std::borrow::Borrow::borrow).map(|p: &Pod| (uid_of(p), p)).collect();
         for report in self.reported.fresh(&plan.reports) {
             if report.conflict {
                 ctx.metrics.gpu_conflicts.inc();

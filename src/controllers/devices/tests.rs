@@ -264,7 +264,7 @@ async fn gauges_of_a_node_that_is_gone_are_removed() {
     assert!(text.contains("muster_gpus{node=\"n2\"} 4"), "{text}");
     assert!(text.contains("muster_gpus_allocated{node=\"n2\"} 1"), "{text}");
     let (snapshot, gpus) = world(&[node("n1", 8)], &[]);
-    devices.pass(&api.ctx, &[], &snapshot, &gpus).await;
+    devices.pass(&api.ctx, &[] as &[Pod], &snapshot, &gpus).await;
     let text = api.ctx.metrics.encode();
     assert!(!text.contains("node=\"n2\""), "{text}");
     assert!(text.contains("muster_gpus{node=\"n1\"} 8"), "{text}");

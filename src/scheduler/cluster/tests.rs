@@ -61,7 +61,7 @@ fn node(i: u8, variant: u8) -> Node {
 }
 
 fn pod(j: u8, node: u8, variant: u8) -> Pod {
-    let ns = if j % 2 == 0 { "a" } else { "b" };
+    let ns = if j.is_multiple_of(2) { "a" } else { "b" };
     let mut labels = BTreeMap::from([("app".to_string(), format!("app{}", variant % 3))]);
     if variant % 4 != 3 {
         labels.insert(POD_GROUP_LABEL.to_string(), "g".into());
@@ -115,7 +115,7 @@ fn pod(j: u8, node: u8, variant: u8) -> Pod {
             name: Some(format!("p{j}")),
             namespace: Some(ns.into()),
             labels: Some(labels),
-            deletion_timestamp: (variant % 13 == 12).then(|| Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)),
+            deletion_timestamp: (variant % 13 == 12).then_some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)),
             ..Default::default()
         },
         spec: Some(spec),
@@ -170,7 +170,7 @@ proptest! {
                 }
                 Ev::DeletePod(j) => {
                     let p = pods.remove(&j);
-                    let ns = if j % 2 == 0 { "a" } else { "b" };
+                    let ns = if j.is_multiple_of(2) { "a" } else { "b" };
                     let gone = state.delete_pod(ns, &format!("p{j}"));
                     prop_assert!(!gone || p.is_some());
                     gone
