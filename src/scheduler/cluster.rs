@@ -4,27 +4,100 @@
 //! [`Snapshot::from_cluster`] on the same objects (a property test holds it to that); what
 //! changes is the cost: an event costs one object's reading, a cycle no parsing at all.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 
 use super::snapshot::{NodeInfo, PodUsage, Snapshot, SnapshotError};
 
+/// One watch event, as the kept state reads it: an object added or changed, or deleted, and a
+/// relist (its start, each object it lists, its end, which drops what it did not list).
+#[derive(Clone, Copy, Debug)]
+pub enum Change<'a, K> {
+    /// Added or changed.
+    Applied(&'a K),
+    /// Deleted.
+    Deleted(&'a K),
+    /// A relist starts.
+    RelistStarted,
+    /// An object of the relist.
+    Relisted(&'a K),
+    /// The relist is complete: what it did not list is gone.
+    RelistDone,
+}
+
+/// What is kept of one kind, by object key, and the keys the relist in progress has listed.
+#[derive(Clone, Debug)]
+struct Kept<V> {
+    by_key: HashMap<String, V>,
+    listed: Option<HashSet<String>>,
+}
+
+impl<V> Default for Kept<V> {
+    fn default() -> Self {
+        Self { by_key: HashMap::new(), listed: None }
+    }
+}
+
+impl<V: PartialEq> Kept<V> {
+    /// Applies one event, objects keyed by `key` and read by `read` (`None`: nothing to keep);
+    /// returns whether what is kept changed.
+    fn change<K>(&mut self, change: Change<'_, K>, key: impl Fn(&K) -> String, read: impl Fn(&K) -> Option<V>) -> bool {
+        match change {
+            Change::Applied(o) => self.upsert(key(o), read(o)),
+            Change::Deleted(o) => self.by_key.remove(&key(o)).is_some(),
+            Change::RelistStarted => {
+                self.listed = Some(HashSet::new());
+                false
+            }
+            Change::Relisted(o) => {
+                let k = key(o);
+                self.listed.get_or_insert_default().insert(k.clone());
+                self.upsert(k, read(o))
+            }
+            Change::RelistDone => {
+                let listed = self.listed.take().unwrap_or_default();
+                let before = self.by_key.len();
+                self.by_key.retain(|k, _| listed.contains(k));
+                self.by_key.len() != before
+            }
+        }
+    }
+
+    fn upsert(&mut self, key: String, value: Option<V>) -> bool {
+        match value {
+            Some(v) if self.by_key.get(&key) == Some(&v) => false,
+            Some(v) => {
+                self.by_key.insert(key, v);
+                true
+            }
+            None => self.by_key.remove(&key).is_some(),
+        }
+    }
+}
+
 /// Nodes and pod usage as the watches last showed them.
 #[derive(Clone, Debug, Default)]
 pub struct ClusterState {
     /// By node name: the node as read, or why it cannot be offered.
-    nodes: BTreeMap<String, Result<NodeInfo, SnapshotError>>,
+    nodes: Kept<Result<NodeInfo, SnapshotError>>,
     /// By namespace/name: what each pod that uses something uses.
-    pods: HashMap<String, PodUsage>,
+    pods: Kept<PodUsage>,
     /// Bumped by every change that alters what a snapshot would hold.
     generation: u64,
 }
 
-/// The key a pod is kept by: `namespace/name`.
-pub fn pod_key(namespace: &str, name: &str) -> String {
-    format!("{namespace}/{name}")
+fn node_key(node: &Node) -> String {
+    node.metadata.name.clone().unwrap_or_default()
+}
+
+fn pod_key(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    )
 }
 
 impl ClusterState {
@@ -40,66 +113,28 @@ impl ClusterState {
         state
     }
 
-    /// A node added or changed; returns whether what a snapshot holds changed.
+    /// A node watch event; returns whether what a snapshot holds changed.
+    pub fn node_changed(&mut self, change: Change<'_, Node>) -> bool {
+        let changed = self.nodes.change(change, node_key, |n| Some(NodeInfo::from_node(n)));
+        self.generation += u64::from(changed);
+        changed
+    }
+
+    /// A pod watch event; returns whether what the pods use changed.
+    pub fn pod_changed(&mut self, change: Change<'_, Pod>) -> bool {
+        let changed = self.pods.change(change, pod_key, PodUsage::of);
+        self.generation += u64::from(changed);
+        changed
+    }
+
+    /// A node added or changed: [`Change::Applied`].
     pub fn apply_node(&mut self, node: &Node) -> bool {
-        let name = node.metadata.name.clone().unwrap_or_default();
-        let info = NodeInfo::from_node(node);
-        if self.nodes.get(&name) == Some(&info) {
-            return false;
-        }
-        self.nodes.insert(name, info);
-        self.generation += 1;
-        true
+        self.node_changed(Change::Applied(node))
     }
 
-    /// A node deleted; returns whether it was there.
-    pub fn delete_node(&mut self, name: &str) -> bool {
-        let gone = self.nodes.remove(name).is_some();
-        self.generation += u64::from(gone);
-        gone
-    }
-
-    /// A pod added or changed; returns whether what it uses changed.
+    /// A pod added or changed: [`Change::Applied`].
     pub fn apply_pod(&mut self, pod: &Pod) -> bool {
-        let key = pod_key(
-            pod.metadata.namespace.as_deref().unwrap_or_default(),
-            pod.metadata.name.as_deref().unwrap_or_default(),
-        );
-        let changed = match PodUsage::of(pod) {
-            Some(usage) if self.pods.get(&key) == Some(&usage) => false,
-            Some(usage) => {
-                self.pods.insert(key, usage);
-                true
-            }
-            None => self.pods.remove(&key).is_some(),
-        };
-        self.generation += u64::from(changed);
-        changed
-    }
-
-    /// A pod deleted; returns whether it used anything.
-    pub fn delete_pod(&mut self, namespace: &str, name: &str) -> bool {
-        let gone = self.pods.remove(&pod_key(namespace, name)).is_some();
-        self.generation += u64::from(gone);
-        gone
-    }
-
-    /// Keeps the nodes (by name) `keep` says to: the end of a relist drops what it did not list.
-    pub fn retain_nodes(&mut self, mut keep: impl FnMut(&str) -> bool) -> bool {
-        let before = self.nodes.len();
-        self.nodes.retain(|name, _| keep(name));
-        let changed = self.nodes.len() != before;
-        self.generation += u64::from(changed);
-        changed
-    }
-
-    /// Keeps the pods (by [`pod_key`]) `keep` says to.
-    pub fn retain_pods(&mut self, mut keep: impl FnMut(&str) -> bool) -> bool {
-        let before = self.pods.len();
-        self.pods.retain(|key, _| keep(key));
-        let changed = self.pods.len() != before;
-        self.generation += u64::from(changed);
-        changed
+        self.pod_changed(Change::Applied(pod))
     }
 
     /// Bumped by every change: equal generations, equal snapshots.
@@ -109,12 +144,7 @@ impl ClusterState {
 
     /// How many nodes, and how many pods using something.
     pub fn len(&self) -> (usize, usize) {
-        (self.nodes.len(), self.pods.len())
-    }
-
-    /// Whether no node and no pod is known.
-    pub fn is_empty(&self) -> bool {
-        self.nodes.is_empty() && self.pods.is_empty()
+        (self.nodes.by_key.len(), self.pods.by_key.len())
     }
 
     /// The snapshot of the state: [`Snapshot::from_cluster`] of the objects applied last,
@@ -123,11 +153,12 @@ impl ClusterState {
         let mut problems = Vec::new();
         let infos = self
             .nodes
+            .by_key
             .values()
             .filter_map(|n| n.as_ref().map_err(|e| problems.push(e.clone())).ok().cloned())
             .collect();
         let mut snapshot = Snapshot::with_problems(infos, problems);
-        for usage in self.pods.values() {
+        for usage in self.pods.by_key.values() {
             snapshot.add_usage(usage);
         }
         snapshot

@@ -35,7 +35,7 @@ mod interpod_properties;
 #[cfg(test)]
 mod properties;
 
-pub use cluster::{ClusterState, Quiet, pod_key};
+pub use cluster::{Change, ClusterState, Quiet};
 pub use commit::{
     CommitInput, Disrupted, FailureCause, GatedPin, GroupCount, PatchRefused, PinFailure, PinState, PlannedPodNow,
     Refusal, RemainingFits, RollBack, RollbackHistory, RollbackPolicy, StartRequirement, Step, disrupted, next_step,

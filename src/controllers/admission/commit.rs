@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod};
+use k8s_openapi::api::core::v1::{Event as CoreEvent, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
@@ -16,7 +16,7 @@ use serde_json::json;
 
 use super::status::Outcome;
 use super::{Admitter, FAULT_EXIT_ENV, GroupRef, MIN_BACKOFF, RootKey, World, error_backoff, is_gated};
-use crate::controllers::context::{Error, Result, bounded};
+use crate::controllers::context::{Context, Error, Result, bounded};
 use crate::controllers::metrics::ObjectErrorLabels;
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{AdmissionPlan, AvoidedNode, CompositePodGroup, PlanState, PlannedPod, PodGroup};
@@ -429,12 +429,7 @@ impl Admitter {
         tracing::info!(namespace = %key.ns, root = %key.name, pods = plan.pods.len(), "admitted");
         let note = format!("admitted {} pod(s): {message}", plan.pods.len());
         // Off the commit path: the next root's decision does not wait for the event.
-        let (ctx, refs) = (self.ctx.clone(), self.root_refs(key));
-        tokio::spawn(async move {
-            for r in refs {
-                ctx.event(&r, false, "Admitted", "Admit", note.clone()).await;
-            }
-        });
+        self.root_event_detached(key, false, "Admitted", note);
         Ok(Committed::Done)
     }
 
@@ -855,9 +850,13 @@ impl Admitter {
 
     /// Events on a root group and its owner.
     pub(super) async fn root_event(&self, key: &RootKey, warning: bool, reason: &str, message: &str) {
-        for r in self.root_refs(key) {
-            self.ctx.event(&r, warning, reason, "Admit", message.to_string()).await;
-        }
+        root_events(&self.ctx, self.root_refs(key), warning, reason, message).await;
+    }
+
+    /// [`Self::root_event`] sent in the background: the caller does not wait for the API server.
+    fn root_event_detached(&self, key: &RootKey, warning: bool, reason: &'static str, message: String) {
+        let (ctx, refs) = (self.ctx.clone(), self.root_refs(key));
+        tokio::spawn(async move { root_events(&ctx, refs, warning, reason, &message).await });
     }
 
     /// One merge patch of a root group's status subresource, fenced by `version` (the group's
@@ -917,6 +916,13 @@ const POD_PATCH_CONCURRENCY: usize = 16;
 async fn send_pod_patch(api: &Api<Pod>, request: Option<(String, serde_json::Value)>) -> Option<Result<()>> {
     let (name, patch) = request?;
     Some(bounded(api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))).await.map(|_| ()))
+}
+
+/// The same event on each of a root's objects (the group and its controller owner).
+async fn root_events(ctx: &Context, refs: Vec<ObjectReference>, warning: bool, reason: &str, message: &str) {
+    for r in refs {
+        ctx.event(&r, warning, reason, "Admit", message.to_string()).await;
+    }
 }
 
 /// Labels of [`crate::controllers::metrics::Metrics::object_errors`].

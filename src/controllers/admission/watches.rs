@@ -21,7 +21,7 @@ use tokio::sync::Notify;
 
 use super::{Admitter, Caches, DraCaches, RootKey, is_gated, trim};
 use crate::crds::scheduling::{AdmissionPlan, CompositePodGroup, PlanState, PodGroup};
-use crate::scheduler::{ClusterState, pod_key};
+use crate::scheduler::{Change, ClusterState};
 
 /// How long to wait for the caches to show a write before deciding anyway.
 pub(super) const CACHE_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
@@ -122,48 +122,22 @@ pub(super) fn lock(cluster: &Mutex<ClusterState>) -> MutexGuard<'_, ClusterState
     cluster.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Keeps the cluster state's pods up to date from the pod watch's events, each pod read once.
-/// A relist upserts what it lists and, at its end, drops what it did not.
-/// Returns whether what the pods use changed.
-fn feed_pods(cluster: Arc<Mutex<ClusterState>>) -> impl FnMut(&Event<Pod>) -> bool + Send + 'static {
-    let mut listed: Option<HashSet<String>> = None;
-    move |ev| match ev {
-        Event::Apply(p) => lock(&cluster).apply_pod(p),
-        Event::Delete(p) => lock(&cluster).delete_pod(&p.namespace().unwrap_or_default(), &p.name_any()),
-        Event::Init => {
-            listed = Some(HashSet::new());
-            false
-        }
-        Event::InitApply(p) => {
-            listed.get_or_insert_default().insert(pod_key(&p.namespace().unwrap_or_default(), &p.name_any()));
-            lock(&cluster).apply_pod(p)
-        }
-        Event::InitDone => {
-            let listed = listed.take().unwrap_or_default();
-            lock(&cluster).retain_pods(|k| listed.contains(k))
-        }
-    }
-}
-
-/// [`feed_pods`] for nodes.
-fn feed_nodes(cluster: Arc<Mutex<ClusterState>>) -> impl FnMut(&Event<Node>) + Send + 'static {
-    let mut listed: Option<HashSet<String>> = None;
-    move |ev| match ev {
-        Event::Apply(n) => {
-            lock(&cluster).apply_node(n);
-        }
-        Event::Delete(n) => {
-            lock(&cluster).delete_node(&n.name_any());
-        }
-        Event::Init => listed = Some(HashSet::new()),
-        Event::InitApply(n) => {
-            listed.get_or_insert_default().insert(n.name_any());
-            lock(&cluster).apply_node(n);
-        }
-        Event::InitDone => {
-            let listed = listed.take().unwrap_or_default();
-            lock(&cluster).retain_nodes(|n| listed.contains(n));
-        }
+/// Keeps the cluster state up to date from one watch's events, each object read once
+/// (`on`: [`ClusterState::node_changed`] or [`ClusterState::pod_changed`]); returns whether
+/// what the state holds changed.
+fn feed<K: 'static>(
+    cluster: Arc<Mutex<ClusterState>>,
+    on: fn(&mut ClusterState, Change<'_, K>) -> bool,
+) -> impl FnMut(&Event<K>) -> bool + Send + 'static {
+    move |ev| {
+        let change = match ev {
+            Event::Apply(o) => Change::Applied(o),
+            Event::Delete(o) => Change::Deleted(o),
+            Event::Init => Change::RelistStarted,
+            Event::InitApply(o) => Change::Relisted(o),
+            Event::InitDone => Change::RelistDone,
+        };
+        on(&mut lock(&cluster), change)
     }
 }
 
@@ -173,11 +147,8 @@ fn changed<K>(ev: &Event<K>) -> Wake {
     Wake::from_frees(matches!(ev, Event::Apply(_) | Event::Delete(_) | Event::InitDone))
 }
 
-fn never(_: &Event<PodGroup>) -> Wake {
-    Wake::Cycle
-}
-
-fn never_cpg(_: &Event<CompositePodGroup>) -> Wake {
+/// Any event of a group wakes a cycle (a group's own changes never free capacity).
+fn wakes<K>(_: &Event<K>) -> Wake {
     Wake::Cycle
 }
 
@@ -258,7 +229,7 @@ pub(super) fn watch_caches(client: &Client, notify: &Arc<Signal>, capacity: &Arc
             trim::managed_fields::<PodGroup>,
             notify.clone(),
             capacity.clone(),
-            never,
+            wakes::<PodGroup>,
         ),
         composites: spawn_watch(
             Api::<CompositePodGroup>::all(client.clone()),
@@ -266,11 +237,11 @@ pub(super) fn watch_caches(client: &Client, notify: &Arc<Signal>, capacity: &Arc
             trim::managed_fields::<CompositePodGroup>,
             notify.clone(),
             capacity.clone(),
-            never_cpg,
+            wakes::<CompositePodGroup>,
         ),
         // Every pod: usage counts pods of all workloads, not only muster's.
         pods: spawn_watch(Api::<Pod>::all(client.clone()), cfg(), trim::pod, notify.clone(), capacity.clone(), {
-            let mut feed = feed_pods(cluster.clone());
+            let mut feed = feed(cluster.clone(), ClusterState::pod_changed);
             move |ev: &Event<Pod>| {
                 let usage_changed = feed(ev);
                 pod_wakes(ev, usage_changed)
@@ -278,7 +249,7 @@ pub(super) fn watch_caches(client: &Client, notify: &Arc<Signal>, capacity: &Arc
         }),
         nodes: spawn_watch(Api::<Node>::all(client.clone()), cfg(), trim::node, notify.clone(), capacity.clone(), {
             let mut seen = trim::NodeFingerprints::default();
-            let mut feed = feed_nodes(cluster);
+            let mut feed = feed(cluster, ClusterState::node_changed);
             move |ev: &Event<Node>| {
                 feed(ev);
                 // A node event that changes nothing placement reads (a heartbeat) wakes nothing.

@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
 use proptest::prelude::*;
 
-use super::ClusterState;
+use super::{Change, ClusterState};
 use crate::crds::{ADMISSION_GATE, GPU_RESOURCE, HOSTNAME_LABEL, POD_GROUP_LABEL};
 use crate::scheduler::Snapshot;
 
@@ -123,13 +123,16 @@ fn pod(j: u8, node: u8, variant: u8) -> Pod {
     }
 }
 
-/// One watch event over a small universe of nodes and pods.
+/// One watch event over a small universe of nodes and pods; a relist lists the objects given
+/// (the rest are gone).
 #[derive(Clone, Debug)]
 enum Ev {
     ApplyNode(u8, u8),
     DeleteNode(u8),
     ApplyPod(u8, u8, u8),
     DeletePod(u8),
+    RelistNodes(Vec<(u8, u8)>),
+    RelistPods(Vec<(u8, u8, u8)>),
 }
 
 fn event() -> impl Strategy<Value = Ev> {
@@ -138,14 +141,26 @@ fn event() -> impl Strategy<Value = Ev> {
         1 => (0u8..5).prop_map(Ev::DeleteNode),
         6 => (0u8..12, 0u8..6, any::<u8>()).prop_map(|(j, n, v)| Ev::ApplyPod(j, n, v)),
         2 => (0u8..12).prop_map(Ev::DeletePod),
+        1 => proptest::collection::vec((0u8..5, any::<u8>()), 0..5).prop_map(Ev::RelistNodes),
+        1 => proptest::collection::vec((0u8..12, 0u8..6, any::<u8>()), 0..12).prop_map(Ev::RelistPods),
     ]
+}
+
+/// A relist as the watch delivers it: start, each object, done.
+fn relist<K>(objects: &[K], mut on: impl FnMut(Change<'_, K>) -> bool) -> bool {
+    let mut changed = on(Change::RelistStarted);
+    for o in objects {
+        changed |= on(Change::Relisted(o));
+    }
+    on(Change::RelistDone) | changed
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
-    /// After every event, the kept state's snapshot equals a rebuild from the objects as the
-    /// watches last showed them; a change reported as none leaves the generation as it was.
+    /// After every event, relists included, the kept state's snapshot equals a rebuild from
+    /// the objects as the watches last showed them; a change reported as none leaves the
+    /// generation as it was.
     #[test]
     fn kept_state_equals_rebuild(events in proptest::collection::vec(event(), 1..60)) {
         let mut state = ClusterState::default();
@@ -159,10 +174,10 @@ proptest! {
                     nodes.insert(i, n.clone());
                     state.apply_node(&n)
                 }
-                Ev::DeleteNode(i) => {
-                    nodes.remove(&i);
-                    state.delete_node(&format!("n{i}"))
-                }
+                Ev::DeleteNode(i) => match nodes.remove(&i) {
+                    Some(n) => state.node_changed(Change::Deleted(&n)),
+                    None => state.node_changed(Change::Deleted(&node(i, 0))),
+                },
                 Ev::ApplyPod(j, n, v) => {
                     let p = pod(j, n, v);
                     pods.insert(j, p.clone());
@@ -170,10 +185,19 @@ proptest! {
                 }
                 Ev::DeletePod(j) => {
                     let p = pods.remove(&j);
-                    let ns = if j.is_multiple_of(2) { "a" } else { "b" };
-                    let gone = state.delete_pod(ns, &format!("p{j}"));
+                    let gone = state.pod_changed(Change::Deleted(&p.clone().unwrap_or_else(|| pod(j, 0, 0))));
                     prop_assert!(!gone || p.is_some());
                     gone
+                }
+                Ev::RelistNodes(list) => {
+                    nodes = list.into_iter().map(|(i, v)| (i, node(i, v))).collect();
+                    let listed: Vec<Node> = nodes.values().cloned().collect();
+                    relist(&listed, |c| state.node_changed(c))
+                }
+                Ev::RelistPods(list) => {
+                    pods = list.into_iter().map(|(j, n, v)| (j, pod(j, n, v))).collect();
+                    let listed: Vec<Pod> = pods.values().cloned().collect();
+                    relist(&listed, |c| state.pod_changed(c))
                 }
             };
             prop_assert_eq!(state.generation() != before, changed);
@@ -200,7 +224,7 @@ fn unchanged_objects_are_not_changes() {
     // Gated pods use nothing: the gated version of the pod removes its usage.
     assert!(state.apply_pod(&pod(0, 1, 0)));
     assert_eq!(state.len(), (1, 0));
-    assert!(!state.delete_pod("a", "p0"));
+    assert!(!state.pod_changed(Change::Deleted(&pod(0, 1, 0))));
     let snapshot = state.snapshot();
     assert_eq!(snapshot.nodes().len(), 1);
     assert!(snapshot.node_pods().is_empty());
@@ -211,9 +235,9 @@ fn a_relist_drops_what_it_did_not_list() {
     let mut state = ClusterState::from_lists(&[node(1, 0), node(2, 0)], &[pod(0, 1, 2), pod(1, 2, 2)]);
     assert_eq!(state.len(), (2, 2));
     let g = state.generation();
-    assert!(!state.retain_nodes(|_| true));
-    assert!(state.retain_nodes(|n| n == "n1"));
-    assert!(state.retain_pods(|k| k == super::pod_key("a", "p0")));
+    assert!(!relist(&[node(1, 0), node(2, 0)], |c| state.node_changed(c)), "the same nodes again");
+    assert!(relist(&[node(1, 0)], |c| state.node_changed(c)));
+    assert!(relist(&[pod(0, 1, 2)], |c| state.pod_changed(c)));
     assert_eq!(state.len(), (1, 1));
     assert_eq!(state.generation(), g + 2);
     assert_eq!(digest(&state.snapshot()), digest(&Snapshot::from_cluster(&[node(1, 0)], &[pod(0, 1, 2)])));
