@@ -60,11 +60,7 @@ for g in GenericWorkload WorkloadWithJob; do
     || log "WARNING: gate $g is not on: the gang path's Jobs will not be gang scheduled"
 done
 
-read -r metrics_port webhook_port <<< "$(python3 -c '
-import socket
-s = [socket.socket() for _ in range(2)]
-for x in s: x.bind(("127.0.0.1", 0))
-print(" ".join(str(x.getsockname()[1]) for x in s))')"
+read -r metrics_port webhook_port <<< "$(bash "$root/hack/free-ports.sh" 2)"
 kc create namespace muster-system --dry-run=client -o yaml | kc apply -f - > /dev/null
 mkdir -p "$dir/logs" "$dir/pids"
 # MUSTER_CLUSTER_DIR in its environment marks it as this cluster's for cluster-down.

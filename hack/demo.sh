@@ -88,11 +88,7 @@ step "16 kwok GPU nodes: 8 NVSwitch + 8 PCIe, 8 GPUs each, two racks"
 
 step "muster: controllers (leader election on) and admission webhooks"
 stop_muster
-read -r metrics_port webhook_port <<< "$(python3 -c '
-import socket
-s = [socket.socket() for _ in range(2)]
-for x in s: x.bind(("127.0.0.1", 0))
-print(" ".join(str(x.getsockname()[1]) for x in s))')"
+read -r metrics_port webhook_port <<< "$(bash "$root/hack/free-ports.sh" 2)"
 kc create namespace muster-system --dry-run=client -o yaml | kc apply -f - > /dev/null
 mkdir -p "$dir/logs"
 setsid "$muster" run --kubeconfig "$dir/kubeconfig" --namespace muster-system --leader-elect=true \
