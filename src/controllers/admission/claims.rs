@@ -18,7 +18,7 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use super::commit::Patched;
-use super::{Admitter, DraState, World, state};
+use super::{Admitter, DraState, World, Writer, state};
 use crate::controllers::context::{Error, Result, bounded};
 use crate::crds::scheduling::AdmissionPlan;
 use crate::devices::chooser::NodeGpus;
@@ -89,11 +89,13 @@ impl Admitter {
         }
         dra
     }
+}
 
+impl Writer {
     /// Allocates (or reserves) one claim: its finalizer, then allocation and `reservedFor` in
     /// one status write, each fenced by the claim's resourceVersion. A claim allocated
     /// meanwhile with other devices, changed or gone is stale: the caller decides again.
-    pub(super) async fn write_claim(&mut self, ns: &str, w: &ClaimWrite) -> Result<Patched> {
+    pub(super) async fn write_claim(&self, ns: &str, w: &ClaimWrite) -> Result<Patched> {
         let api = Api::<ResourceClaim>::namespaced(self.ctx.client.clone(), ns);
         let claim = match bounded(api.get(&w.name)).await {
             Ok(c) => c,
@@ -131,13 +133,15 @@ impl Admitter {
         let result = bounded(api.patch_status(&w.name, &PatchParams::default(), &Patch::Merge(&body))).await;
         let outcome = super::commit::patched(result.map(|_| ()))?;
         if matches!(outcome, Patched::Ok) {
-            self.unseen.claims.insert((ns.to_string(), w.name.clone()), (true, Instant::now()));
+            self.unseen().claims.insert((ns.to_string(), w.name.clone()), (true, Instant::now()));
             tracing::info!(namespace = %ns, claim = %w.name, devices = w.devices.len(), pods = w.pods.len(), "claim allocated");
             self.count_write();
         }
         Ok(outcome)
     }
+}
 
+impl Admitter {
     /// Frees the claims a plan allocated whose pods never started (the plan is dropped): the
     /// allocation and `reservedFor` cleared, then the finalizer removed. A claim some pod
     /// outside the plan (or an ungated one) is reserved for is left alone.
@@ -169,7 +173,7 @@ impl Admitter {
                     }
                 }
             };
-            self.unseen.claims.insert((ns.to_string(), name.clone()), (false, Instant::now()));
+            self.writer.unseen().claims.insert((ns.to_string(), name.clone()), (false, Instant::now()));
             let finalizers: Vec<String> = freed
                 .metadata
                 .finalizers

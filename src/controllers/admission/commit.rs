@@ -4,6 +4,8 @@
 //! [`scheduler::next_step`]; this file gathers its inputs and carries the step out.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -15,7 +17,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::status::Outcome;
-use super::{Admitter, FAULT_EXIT_ENV, GroupRef, MIN_BACKOFF, RootKey, World, error_backoff, is_gated};
+use super::{Admitter, FAULT_EXIT_ENV, GroupRef, MIN_BACKOFF, RootKey, World, Writer, error_backoff, is_gated};
 use crate::controllers::context::{Context, Error, Result, bounded};
 use crate::controllers::metrics::ObjectErrorLabels;
 use crate::crds::blocks::DisruptionModeKind;
@@ -280,67 +282,85 @@ fn remaining_of(
     (pins, groups)
 }
 
-impl Admitter {
+/// A decided commit, ready to go out on a task of its own: everything it writes, owned.
+pub(super) struct CommitJob {
+    pub key: RootKey,
+    /// The root's resourceVersion the decision was made on (fences the plan write).
+    version: Option<String>,
+    plan: AdmissionPlan,
+    /// The planned pods as decided on, in plan order.
+    pods: Vec<Arc<Pod>>,
+    /// Shared claims to allocate before the first pod.
+    shared: Vec<ClaimWrite>,
+    /// Per planned pod, its own claims to allocate before its patch.
+    own: Vec<Vec<ClaimWrite>>,
+    /// The decision's message, for the status and the `Admitted` event.
+    pub message: String,
+}
+
+/// Gets a decided commit ready: the plan, the claims it names and every claim write are worked
+/// out, then its pods are counted in the snapshot (resources and GPU indices), so the roots
+/// decided after it in the same cycle see the capacity taken while its writes are in flight.
+/// `Err` says why it cannot go out; nothing was written or counted then.
+pub(super) fn prepare_commit(
+    key: &RootKey,
+    version: Option<String>,
+    decision: &Decision,
+    snapshot: &mut Snapshot,
+    by_uid: &HashMap<&str, &Arc<Pod>>,
+) -> std::result::Result<CommitJob, Committed> {
+    let now = Timestamp::now();
+    let mut plan = AdmissionPlan {
+        id: format!("{}-{}", key.name, now.as_millisecond()),
+        state: PlanState::Planned,
+        created_at: Some(Time(now)),
+        admitted_at: None,
+        pods: decision.plan.iter().map(PlannedPod::from).collect(),
+        shared_claims: Vec::new(),
+    };
+    let mut pods = Vec::with_capacity(plan.pods.len());
+    // The pods' own GPU claims (made by the resource-claim controller) and the shared claims
+    // to allocate are named in the plan, so a restart finds them.
+    for p in &mut plan.pods {
+        let Some(pod) = by_uid.get(p.uid.as_str()) else { return Err(Committed::Stale) };
+        if p.gpu_indices.is_some() {
+            p.claims = scheduler::own_claim_names(pod, snapshot.dra()).map_err(Committed::NotReady)?;
+        }
+        pods.push(Arc::clone(pod));
+    }
+    plan.shared_claims = decision.shared_claims.iter().map(|c| c.claim.name.clone()).collect();
+    if let Some(why) = too_large(&plan) {
+        return Err(Committed::TooLarge(why));
+    }
+    // Every claim write is worked out before anything is written.
+    let planned: Vec<(&PlannedPod, &Pod)> = plan.pods.iter().zip(pods.iter().map(|p| &**p)).collect();
+    let shared = scheduler::shared_writes(&key.ns, decision, &planned, snapshot.dra()).map_err(Committed::NotReady)?;
+    let own = planned
+        .iter()
+        .map(|(p, _)| scheduler::own_writes(&key.ns, p, snapshot.dra()))
+        .collect::<std::result::Result<Vec<_>, String>>()
+        .map_err(Committed::NotReady)?;
+    for (p, pod) in &planned {
+        reserve(snapshot, pod, p);
+    }
+    Ok(CommitJob { key: key.clone(), version, plan, pods, shared, own, message: decision.message() })
+}
+
+impl Writer {
     /// The commit protocol: check every patch (dry run), record the plan, pin/annotate/ungate
     /// each pod once, record it admitted. Every write is fenced: the plan writes by the
     /// group's resourceVersion the decision was made on, each pod patch by the pod's, so a
-    /// stale cache or a second leader never writes over a newer state.
-    pub(super) async fn commit(
-        &mut self,
-        key: &RootKey,
-        version: Option<String>,
-        decision: &Decision,
-        snapshot: &mut Snapshot,
-        pods: &[std::sync::Arc<Pod>],
-    ) -> Result<Committed> {
-        let now = Timestamp::now();
-        let mut plan = AdmissionPlan {
-            id: format!("{}-{}", key.name, now.as_millisecond()),
-            state: PlanState::Planned,
-            created_at: Some(Time(now)),
-            admitted_at: None,
-            pods: decision.plan.iter().map(PlannedPod::from).collect(),
-            shared_claims: Vec::new(),
-        };
-        let by_uid: HashMap<&str, &Pod> =
-            pods.iter().filter_map(|p| p.metadata.uid.as_deref().map(|u| (u, &**p))).collect();
-        // The pods' own GPU claims (made by the resource-claim controller) and the shared
-        // claims to allocate are named in the plan, so a restart finds them.
-        for p in &mut plan.pods {
-            let Some(pod) = by_uid.get(p.uid.as_str()) else { return Ok(Committed::Stale) };
-            if p.gpu_indices.is_some() {
-                match scheduler::own_claim_names(pod, snapshot.dra()) {
-                    Ok(names) => p.claims = names,
-                    Err(why) => return Ok(Committed::NotReady(why)),
-                }
-            }
-        }
-        plan.shared_claims = decision.shared_claims.iter().map(|c| c.claim.name.clone()).collect();
-        if let Some(why) = too_large(&plan) {
-            return Ok(Committed::TooLarge(why));
-        }
-        let planned: Vec<(&PlannedPod, &Pod)> =
-            plan.pods.iter().filter_map(|p| by_uid.get(p.uid.as_str()).map(|pod| (p, *pod))).collect();
-        if planned.len() < plan.pods.len() {
-            return Ok(Committed::Stale);
-        }
-        // Every claim write is worked out before anything is written.
-        let shared = match scheduler::shared_writes(&key.ns, decision, &planned, snapshot.dra()) {
-            Ok(w) => w,
-            Err(why) => return Ok(Committed::NotReady(why)),
-        };
-        let mut own = Vec::with_capacity(planned.len());
-        for (p, _) in &planned {
-            match scheduler::own_writes(&key.ns, p, snapshot.dra()) {
-                Ok(w) => own.push(w),
-                Err(why) => return Ok(Committed::NotReady(why)),
-            }
-        }
+    /// stale cache or a second leader never writes over a newer state. It borrows nothing of
+    /// the cycle: the commits of one cycle go out concurrently.
+    pub(super) async fn commit(&self, job: &CommitJob) -> Result<Committed> {
+        let key = &job.key;
+        let mut plan = job.plan.clone();
+        let planned: Vec<(&PlannedPod, &Pod)> = job.plan.pods.iter().zip(job.pods.iter().map(|p| &**p)).collect();
         // Every patch is tried first as a dry run (webhooks and policies judge it, nothing is
         // stored), so a refusal stops the gang before any of its pods is ungated.
         let api = Api::<Pod>::namespaced(self.ctx.client.clone(), &key.ns);
         let requests: Vec<(String, String, serde_json::Value)> =
-            planned.iter().map(|(p, pod)| (p.uid.clone(), p.name.clone(), Self::pod_patch(pod, p))).collect();
+            planned.iter().map(|(p, pod)| (p.uid.clone(), p.name.clone(), pod_patch(pod, p))).collect();
         let checks = futures::stream::iter(requests.into_iter().map(move |(uid, name, patch)| {
             let api = api.clone();
             async move {
@@ -361,53 +381,46 @@ impl Admitter {
         // The plan is recorded `Committing` in one write: `Planned` and `Committing` are resumed
         // alike (see `scheduler::next_step`), and nothing is written between the two.
         plan.state = PlanState::Committing;
-        let Some(version) = self.write_plan(key, version, Some(&plan)).await? else { return Ok(Committed::Stale) };
+        let Some(version) = self.write_plan(key, job.version.clone(), Some(&plan)).await? else {
+            return Ok(Committed::Stale);
+        };
         // Shared claims first (every pod needs them), then per pod its own claims and its
         // patch: a pod is ungated only once its devices are allocated to it. Pods without
         // claims of their own are patched concurrently (any subset of them patched is a plan
         // cut short, which the next cycle resumes), one at a time under the crash test hook,
         // so it stops after exactly its count.
         let first = planned.first().map(|(p, _)| p.uid.clone()).unwrap_or_default();
-        if let Some(stopped) = self.write_claims(&key.ns, &shared, &first).await? {
+        if let Some(stopped) = self.write_claims(&key.ns, &job.shared, &first).await? {
             return Ok(stopped);
         }
         let (with_claims, without): (Vec<_>, Vec<_>) =
-            planned.iter().zip(&own).partition(|(_, writes)| !writes.is_empty());
+            planned.iter().zip(&job.own).partition(|(_, writes)| !writes.is_empty());
         for ((planned, pod), writes) in with_claims {
             if let Some(stopped) = self.write_claims(&key.ns, writes, &planned.uid).await? {
                 return Ok(stopped);
             }
-            let result = self.patch_pod(&key.ns, pod, planned).await;
-            if let Some(stopped) = self.pod_patched(snapshot, pod, planned, result)? {
+            if let Some(stopped) = stopped(planned, self.patch_pod(&key.ns, pod, planned).await)? {
                 return Ok(stopped);
             }
         }
-        let concurrency = if self.fault_exit_after.is_some() { 1 } else { POD_PATCH_CONCURRENCY };
         let api = Api::<Pod>::namespaced(self.ctx.client.clone(), &key.ns);
-        let pins: Vec<(&PlannedPod, &Pod)> = without.into_iter().map(|((planned, pod), _)| (*planned, *pod)).collect();
-        // Owned requests: the stream's futures borrow nothing of this cycle.
-        let requests: Vec<(usize, Option<(String, serde_json::Value)>)> = pins
-            .iter()
-            .enumerate()
-            .map(|(i, (planned, pod))| {
-                (i, is_gated(pod).then(|| (planned.name.clone(), Self::pod_patch(pod, planned))))
-            })
-            .collect();
+        let pins: Vec<&PlannedPod> = without.into_iter().map(|((planned, _), _)| *planned).collect();
+        // Owned requests: the stream's futures borrow nothing of the job.
+        let requests: Vec<(usize, Option<(String, serde_json::Value)>)> = without_requests(&planned, &job.own);
         let mut results = futures::stream::iter(requests.into_iter().map(|(i, request)| {
             let api = api.clone();
             async move { (i, send_pod_patch(&api, request).await) }
         }))
-        .buffer_unordered(concurrency);
-        let mut stopped = None;
+        .buffer_unordered(self.concurrency(POD_PATCH_CONCURRENCY));
+        let mut first_stop = None;
         while let Some((i, result)) = results.next().await {
-            let (planned, pod) = pins[i];
-            let outcome = self.pod_patch_done(planned, result);
+            let planned = pins[i];
             // The first refusal (or stale pod) ends the commit; patches in flight finish.
-            if let Some(s) = self.pod_patched(snapshot, pod, planned, outcome)? {
-                stopped.get_or_insert(s);
+            if let Some(s) = stopped(planned, self.pod_patch_done(planned, result))? {
+                first_stop.get_or_insert(s);
             }
         }
-        if let Some(stopped) = stopped {
+        if let Some(stopped) = first_stop {
             return Ok(stopped);
         }
         plan.state = PlanState::Admitted;
@@ -416,26 +429,18 @@ impl Admitter {
             // Changed since the pods were ungated: the next cycle resumes the plan, re-checked.
             return Ok(Committed::Stale);
         }
-        let message = decision.message();
-        let memory = self.roots.entry(key.clone()).or_default();
-        memory.failures = 0;
-        memory.next_attempt = None;
-        memory.outcome = Some(Outcome::Admitted(message.clone()));
-        memory.last_event = None;
-        if let Some(since) = memory.quorate_since.take() {
-            self.ctx.metrics.admission_latency.observe(since.elapsed().as_secs_f64());
-        }
-        self.ctx.metrics.gangs_admitted.inc();
-        tracing::info!(namespace = %key.ns, root = %key.name, pods = plan.pods.len(), "admitted");
-        let note = format!("admitted {} pod(s): {message}", plan.pods.len());
-        // Off the commit path: the next root's decision does not wait for the event.
-        self.root_event_detached(key, false, "Admitted", note);
         Ok(Committed::Done)
+    }
+
+    /// How many writes go out at once: `wanted`, or one under the crash test hook (so it
+    /// exits after exactly its count).
+    pub(super) fn concurrency(&self, wanted: usize) -> usize {
+        if self.fault_exit_after.is_some() { 1 } else { wanted }
     }
 
     /// Carries out claim writes in order; `Some` ends the commit: a claim changed meanwhile
     /// (stale), or the API server refused a write (blamed on pod `uid`).
-    async fn write_claims(&mut self, ns: &str, writes: &[ClaimWrite], uid: &str) -> Result<Option<Committed>> {
+    async fn write_claims(&self, ns: &str, writes: &[ClaimWrite], uid: &str) -> Result<Option<Committed>> {
         for w in writes {
             match self.write_claim(ns, w).await? {
                 Patched::Ok => {}
@@ -449,62 +454,22 @@ impl Admitter {
         Ok(None)
     }
 
-    /// The patch that pins, annotates and ungates one pod: a merge patch fenced by the pod's
-    /// UID and resourceVersion as cached, so it applies only to the pod as decided on (still
-    /// gated, its GPU annotation not given meanwhile).
-    fn pod_patch(pod: &Pod, planned: &PlannedPod) -> serde_json::Value {
-        let remaining: Vec<serde_json::Value> = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.scheduling_gates.as_ref())
-            .map(|g| g.iter().filter(|g| g.name != ADMISSION_GATE).map(|g| json!({"name": g.name})).collect())
-            .unwrap_or_default();
-        let mut patch = json!({
-            "metadata": {"uid": planned.uid, "resourceVersion": pod.metadata.resource_version},
-            "spec": {"nodeSelector": {HOSTNAME_LABEL: planned.pin_hostname()}, "schedulingGates": remaining},
-        });
-        if let Some(indices) = &planned.gpu_indices {
-            patch["metadata"]["annotations"] = json!({GPU_INDICES_ANNOTATION: indices});
-        }
-        patch
-    }
-
     /// Pins, annotates and ungates one pod in a single fenced patch.
-    async fn patch_pod(&mut self, ns: &str, pod: &Pod, planned: &PlannedPod) -> Result<Patched> {
+    async fn patch_pod(&self, ns: &str, pod: &Pod, planned: &PlannedPod) -> Result<Patched> {
         let api = Api::<Pod>::namespaced(self.ctx.client.clone(), ns);
-        let request = is_gated(pod).then(|| (planned.name.clone(), Self::pod_patch(pod, planned)));
+        let request = is_gated(pod).then(|| (planned.name.clone(), pod_patch(pod, planned)));
         let result = send_pod_patch(&api, request).await;
         self.pod_patch_done(planned, result)
     }
 
-    /// What a planned pod's patch came to, for the commit: counted in the snapshot when done,
-    /// `Some` when it ends the commit.
-    fn pod_patched(
-        &self,
-        snapshot: &mut Snapshot,
-        pod: &Pod,
-        planned: &PlannedPod,
-        outcome: Result<Patched>,
-    ) -> Result<Option<Committed>> {
-        Ok(match outcome? {
-            Patched::Ok => {
-                reserve(snapshot, pod, planned);
-                None
-            }
-            // The plan stays `Committing`: the next cycle resumes it, re-checked.
-            Patched::Stale => Some(Committed::Stale),
-            Patched::Refused(message) => Some(Committed::Refused(PatchRefused { uid: planned.uid.clone(), message })),
-        })
-    }
-
     /// Books a planned pod's patch sent by [`send_pod_patch`]: the pod awaited in the cache,
     /// refusals logged and counted, the write counted for the crash test hook.
-    fn pod_patch_done(&mut self, planned: &PlannedPod, result: Option<Result<()>>) -> Result<Patched> {
+    fn pod_patch_done(&self, planned: &PlannedPod, result: Option<Result<()>>) -> Result<Patched> {
         let Some(result) = result else { return Ok(Patched::Stale) };
         let outcome = patched(result);
         match &outcome {
             Ok(Patched::Ok) => {
-                self.unseen.ungated.insert(planned.uid.clone(), Instant::now());
+                self.unseen().ungated.insert(planned.uid.clone(), Instant::now());
             }
             Ok(Patched::Stale) => {
                 tracing::info!(pod = %planned.name, "planned pod changed or is gone since the decision");
@@ -521,18 +486,18 @@ impl Admitter {
 
     /// Counts one commit write (a pod patch or a claim allocation) for the test hook that
     /// exits mid-commit ([`FAULT_EXIT_ENV`]).
-    pub(super) fn count_write(&mut self) {
-        self.patches += 1;
-        if self.fault_exit_after.is_some_and(|n| self.patches >= n) {
-            tracing::error!(patches = self.patches, "{FAULT_EXIT_ENV} reached: exiting now (test hook)");
+    pub(super) fn count_write(&self) {
+        let writes = self.writes.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.fault_exit_after.is_some_and(|n| writes >= n) {
+            tracing::error!(patches = writes, "{FAULT_EXIT_ENV} reached: exiting now (test hook)");
             std::process::exit(3);
         }
     }
 
     /// Writes (or clears) a root's plan, fenced by the group's resourceVersion when given.
     /// Returns the group's new resourceVersion, `None` when the group is gone or changed since.
-    async fn write_plan(
-        &mut self,
+    pub(super) async fn write_plan(
+        &self,
         key: &RootKey,
         version: Option<String>,
         plan: Option<&AdmissionPlan>,
@@ -541,11 +506,108 @@ impl Admitter {
         match self.merge_group_status(key, version, json!({"plan": plan})).await? {
             Some(v) => {
                 let want = plan.map(|p| (p.id.clone(), p.state));
-                self.unseen.plans.insert(key.clone(), (want, Instant::now()));
+                self.unseen().plans.insert(key.clone(), (want, Instant::now()));
                 Ok(Some(v))
             }
             None => Ok(None),
         }
+    }
+
+    /// One merge patch of a root group's status subresource, fenced by `version` (the group's
+    /// resourceVersion the decision was made on) when given. Returns the group's new
+    /// resourceVersion, or `None` when it is gone (404) or changed since `version` (409).
+    async fn merge_group_status(
+        &self,
+        key: &RootKey,
+        version: Option<String>,
+        status: serde_json::Value,
+    ) -> Result<Option<String>> {
+        let kind = if key.composite { "CompositePodGroup" } else { "PodGroup" };
+        let mut body = json!({"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": kind, "status": status});
+        if let Some(v) = version {
+            body["metadata"] = json!({"resourceVersion": v});
+        }
+        let params = PatchParams::default();
+        let result = if key.composite {
+            let api = Api::<CompositePodGroup>::namespaced(self.ctx.client.clone(), &key.ns);
+            bounded(api.patch_status(&key.name, &params, &Patch::Merge(&body))).await.map(|g| g.resource_version())
+        } else {
+            let api = Api::<PodGroup>::namespaced(self.ctx.client.clone(), &key.ns);
+            bounded(api.patch_status(&key.name, &params, &Patch::Merge(&body))).await.map(|g| g.resource_version())
+        };
+        match result {
+            Ok(v) => Ok(Some(v.unwrap_or_default())),
+            Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 || e.code == 409 => {
+                tracing::debug!(group = %key, error = %e.message, "group gone or changed since the decision");
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The requests for the planned pods without claims of their own, by index among them: name
+/// and patch, `None` for a pod no longer gated.
+fn without_requests(
+    planned: &[(&PlannedPod, &Pod)],
+    own: &[Vec<ClaimWrite>],
+) -> Vec<(usize, Option<(String, serde_json::Value)>)> {
+    planned
+        .iter()
+        .zip(own)
+        .filter(|(_, writes)| writes.is_empty())
+        .enumerate()
+        .map(|(i, ((planned, pod), _))| (i, is_gated(pod).then(|| (planned.name.clone(), pod_patch(pod, planned)))))
+        .collect()
+}
+
+/// The patch that pins, annotates and ungates one pod: a merge patch fenced by the pod's UID
+/// and resourceVersion as cached, so it applies only to the pod as decided on (still gated,
+/// its GPU annotation not given meanwhile).
+fn pod_patch(pod: &Pod, planned: &PlannedPod) -> serde_json::Value {
+    let remaining: Vec<serde_json::Value> = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.scheduling_gates.as_ref())
+        .map(|g| g.iter().filter(|g| g.name != ADMISSION_GATE).map(|g| json!({"name": g.name})).collect())
+        .unwrap_or_default();
+    let mut patch = json!({
+        "metadata": {"uid": planned.uid, "resourceVersion": pod.metadata.resource_version},
+        "spec": {"nodeSelector": {HOSTNAME_LABEL: planned.pin_hostname()}, "schedulingGates": remaining},
+    });
+    if let Some(indices) = &planned.gpu_indices {
+        patch["metadata"]["annotations"] = json!({GPU_INDICES_ANNOTATION: indices});
+    }
+    patch
+}
+
+/// What a planned pod's patch came to, for the commit: `Some` when it ends the commit.
+fn stopped(planned: &PlannedPod, outcome: Result<Patched>) -> Result<Option<Committed>> {
+    Ok(match outcome? {
+        Patched::Ok => None,
+        // The plan stays `Committing`: the next cycle resumes it, re-checked.
+        Patched::Stale => Some(Committed::Stale),
+        Patched::Refused(message) => Some(Committed::Refused(PatchRefused { uid: planned.uid.clone(), message })),
+    })
+}
+
+impl Admitter {
+    /// Books a commit that went through: the root's memory, the metrics, the `Admitted` event
+    /// (sent in the background).
+    pub(super) fn admitted(&mut self, job: &CommitJob) {
+        let key = &job.key;
+        let memory = self.roots.entry(key.clone()).or_default();
+        memory.failures = 0;
+        memory.next_attempt = None;
+        memory.outcome = Some(Outcome::Admitted(job.message.clone()));
+        memory.last_event = None;
+        if let Some(since) = memory.quorate_since.take() {
+            self.ctx.metrics.admission_latency.observe(since.elapsed().as_secs_f64());
+        }
+        self.ctx.metrics.gangs_admitted.inc();
+        tracing::info!(namespace = %key.ns, root = %key.name, pods = job.plan.pods.len(), "admitted");
+        let note = format!("admitted {} pod(s): {}", job.plan.pods.len(), job.message);
+        self.root_event_detached(key, false, "Admitted", note);
     }
 
     /// Follows a recorded plan: gathers the plan's pods as they are now, asks the core's commit
@@ -589,7 +651,7 @@ impl Admitter {
                 tracing::info!(namespace = %ns, root = %root, "dropping a plan no pod saw; planning afresh");
                 // Its claims first: devices held for pods that did not start are freed.
                 self.free_claims(ns, plan, world).await?;
-                self.write_plan(key, version, None).await?;
+                self.writer.write_plan(key, version, None).await?;
                 Ok(Some(Instant::now()))
             }
             Step::Patch(uids) => {
@@ -608,7 +670,7 @@ impl Admitter {
             }
             Step::Done => {
                 // Every pod bound (or gone): the plan has served its purpose.
-                self.write_plan(key, version, None).await?;
+                self.writer.write_plan(key, version, None).await?;
                 Ok(None)
             }
             Step::RollBack(rollback) => Ok(Some(self.roll_back(key, group, plan, rollback, world).await?)),
@@ -638,10 +700,10 @@ impl Admitter {
                 Ok(w) => w,
                 Err(message) => return Ok(Committed::Refused(PatchRefused { uid: planned.uid.clone(), message })),
             };
-            if let Some(stopped) = self.write_claims(ns, &writes, &planned.uid).await? {
+            if let Some(stopped) = self.writer.write_claims(ns, &writes, &planned.uid).await? {
                 return Ok(stopped);
             }
-            match self.patch_pod(ns, pod, planned).await? {
+            match self.writer.patch_pod(ns, pod, planned).await? {
                 // The snapshot saw it gated: count it before other roots are planned.
                 Patched::Ok => reserve(snapshot, pod, planned),
                 Patched::Stale => return Ok(Committed::Stale),
@@ -654,7 +716,7 @@ impl Admitter {
         done.state = PlanState::Admitted;
         // The pods just ungated get the whole bind timeout, however long muster was down.
         done.admitted_at = Some(Time(Timestamp::now()));
-        if self.write_plan(key, version, Some(&done)).await?.is_none() {
+        if self.writer.write_plan(key, version, Some(&done)).await?.is_none() {
             return Ok(Committed::Stale);
         }
         self.roots.entry(key.clone()).or_default().outcome =
@@ -689,7 +751,7 @@ impl Admitter {
         let mut version = group.version();
         if !recorded {
             history.record(&rollback.avoid_nodes, Timestamp::now(), &ROLLBACK_POLICY);
-            match self.merge_group_status(key, version, history_status(&history)).await? {
+            match self.writer.merge_group_status(key, version, history_status(&history)).await? {
                 Some(v) => version = Some(v),
                 // Changed since (or gone): decide again on the fresh state.
                 None => return Ok(Instant::now() + Duration::from_millis(100)),
@@ -710,7 +772,7 @@ impl Admitter {
         if !all_deleted {
             return Ok(Instant::now() + MIN_BACKOFF);
         }
-        self.write_plan(key, version, None).await?;
+        self.writer.write_plan(key, version, None).await?;
         let avoided = rollback.avoid_nodes.iter().cloned().collect::<Vec<_>>().join(", ");
         let avoid = if avoided.is_empty() { String::new() } else { format!("; the next plans avoid {avoided}") };
         let message = format!(
@@ -801,7 +863,7 @@ impl Admitter {
                 Err(e) => return Err(e.into()),
             }
         }
-        self.write_plan(key, version, None).await?;
+        self.writer.write_plan(key, version, None).await?;
         let outcome_msg = if delete.is_empty() {
             message
         } else {
@@ -857,38 +919,6 @@ impl Admitter {
     fn root_event_detached(&self, key: &RootKey, warning: bool, reason: &'static str, message: String) {
         let (ctx, refs) = (self.ctx.clone(), self.root_refs(key));
         tokio::spawn(async move { root_events(&ctx, refs, warning, reason, &message).await });
-    }
-
-    /// One merge patch of a root group's status subresource, fenced by `version` (the group's
-    /// resourceVersion the decision was made on) when given. Returns the group's new
-    /// resourceVersion, or `None` when it is gone (404) or changed since `version` (409).
-    async fn merge_group_status(
-        &self,
-        key: &RootKey,
-        version: Option<String>,
-        status: serde_json::Value,
-    ) -> Result<Option<String>> {
-        let kind = if key.composite { "CompositePodGroup" } else { "PodGroup" };
-        let mut body = json!({"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": kind, "status": status});
-        if let Some(v) = version {
-            body["metadata"] = json!({"resourceVersion": v});
-        }
-        let params = PatchParams::default();
-        let result = if key.composite {
-            let api = Api::<CompositePodGroup>::namespaced(self.ctx.client.clone(), &key.ns);
-            bounded(api.patch_status(&key.name, &params, &Patch::Merge(&body))).await.map(|g| g.resource_version())
-        } else {
-            let api = Api::<PodGroup>::namespaced(self.ctx.client.clone(), &key.ns);
-            bounded(api.patch_status(&key.name, &params, &Patch::Merge(&body))).await.map(|g| g.resource_version())
-        };
-        match result {
-            Ok(v) => Ok(Some(v.unwrap_or_default())),
-            Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 || e.code == 409 => {
-                tracing::debug!(group = %key, error = %e.message, "group gone or changed since the decision");
-                Ok(None)
-            }
-            Err(e) => Err(e),
-        }
     }
 
     /// The newest scheduler event explaining why a pod is not bound.
@@ -1011,7 +1041,7 @@ mod tests {
         }))
         .expect("pod");
         let planned = PlannedPod { gpu_indices: Some("2,3".into()), ..planned("u1", "g", "n1") };
-        let patch = Admitter::pod_patch(&gated, &planned);
+        let patch = pod_patch(&gated, &planned);
         assert_eq!(patch["metadata"]["resourceVersion"], "42", "stale caches get a 409, not a write");
         assert_eq!(patch["metadata"]["uid"], "u1");
         assert_eq!(patch["spec"]["schedulingGates"], json!([{"name": "other"}]), "other gates stay");

@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
+use tokio::task::JoinSet;
 
-use super::commit::{Committed, ROLLBACK_POLICY, object_labels};
+use super::commit::{CommitJob, Committed, ROLLBACK_POLICY, object_labels, prepare_commit};
 use super::status::Outcome;
 use super::{Admitter, CONTROLLER, GroupRef, RootKey, World, error_backoff, group_pods, state};
 use crate::controllers::PlacementStrategy;
@@ -103,6 +104,12 @@ impl Admitter {
         let capacity = self.capacity.load(Ordering::Relaxed);
         let wall = Timestamp::now();
         let mut pending = 0;
+        let by_uid: HashMap<&str, &Arc<Pod>> =
+            managed_pods.iter().filter_map(|p| p.metadata.uid.as_deref().map(|u| (u, p))).collect();
+        let mut commits: JoinSet<(CommitJob, Result<Committed>)> = JoinSet::new();
+        let limit = self.writer.concurrency(COMMIT_CONCURRENCY);
+        let mut decided: HashMap<RootKey, Decision> = HashMap::new();
+        let mut ended: Vec<(CommitJob, Result<Committed>)> = Vec::new();
         for tree in &mut forest.trees {
             let key = RootKey::of(&tree.namespace, &tree.root);
             if busy.contains(&key) {
@@ -165,22 +172,27 @@ impl Admitter {
                     memory.quorate_since.get_or_insert(started);
                     if decision.admitted && !decision.plan.is_empty() {
                         let version = root.and_then(|r| r.version());
-                        match self.commit(&key, version, &decision, &mut snapshot, &pods).await {
-                            Ok(Committed::Done) => self.error_cleared(&key),
-                            Ok(Committed::Stale) => soonest(Instant::now() + Duration::from_millis(100)),
-                            Ok(Committed::Refused(r)) => {
-                                pending += 1;
-                                soonest(self.refused(&key, tree, &decision, &r).await);
+                        match prepare_commit(&key, version, &decision, &mut snapshot, &by_uid) {
+                            Ok(job) => {
+                                // Its writes go out on a task of their own while the next roots
+                                // are decided (their snapshot counts this one's pods already).
+                                while commits.len() >= limit {
+                                    ended.extend(joined(commits.join_next().await));
+                                }
+                                let writer = self.writer.clone();
+                                commits.spawn(async move {
+                                    let result = writer.commit(&job).await;
+                                    (job, result)
+                                });
+                                decided.insert(key, decision);
                             }
-                            Ok(Committed::TooLarge(why)) => {
-                                pending += 1;
-                                soonest(self.not_admitted(&key, tree, why, "PlanTooLarge", capacity).await);
+                            Err(stop) => {
+                                if let Some(at) =
+                                    self.commit_stopped(&key, tree, &decision, Ok(stop), capacity, &mut pending).await
+                                {
+                                    soonest(at);
+                                }
                             }
-                            Ok(Committed::NotReady(why)) => {
-                                pending += 1;
-                                soonest(self.not_admitted(&key, tree, why, "ClaimsPending", capacity).await);
-                            }
-                            Err(e) => soonest(self.root_error(&key, "commit its plan", &e).await),
                         }
                     } else if decision.admitted && gated_count(tree) > 0 {
                         // Admitted before, but gated pods beyond what started do not fit (the
@@ -195,6 +207,25 @@ impl Admitter {
                         let retry = self.unschedulable(&key, tree, &decision, capacity).await;
                         soonest(retry);
                     }
+                }
+            }
+        }
+        // Every commit of the cycle ends before its statuses are written.
+        while !commits.is_empty() {
+            ended.extend(joined(commits.join_next().await));
+        }
+        if !ended.is_empty() {
+            let trees: HashMap<RootKey, &GroupTree> =
+                forest.trees.iter().map(|t| (RootKey::of(&t.namespace, &t.root), t)).collect();
+            for (job, result) in ended {
+                if matches!(result, Ok(Committed::Done)) {
+                    self.admitted(&job);
+                    self.error_cleared(&job.key);
+                    continue;
+                }
+                let (Some(tree), Some(decision)) = (trees.get(&job.key), decided.get(&job.key)) else { continue };
+                if let Some(at) = self.commit_stopped(&job.key, tree, decision, result, capacity, &mut pending).await {
+                    soonest(at);
                 }
             }
         }
@@ -215,6 +246,32 @@ impl Admitter {
             soonest(Instant::now() + self.ctx.config.gpu_metrics_ttl);
         }
         Ok(wake)
+    }
+
+    /// A commit that did not go through (or could not go out): the root waits, backs off or is
+    /// decided again. Returns when to look again; counts the root pending when it waits.
+    async fn commit_stopped(
+        &mut self,
+        key: &RootKey,
+        tree: &GroupTree,
+        decision: &Decision,
+        result: Result<Committed>,
+        capacity: u64,
+        pending: &mut i64,
+    ) -> Option<Instant> {
+        let (reason, why) = match result {
+            Ok(Committed::Done) => return None,
+            Ok(Committed::Stale) => return Some(Instant::now() + Duration::from_millis(100)),
+            Err(e) => return Some(self.root_error(key, "commit its plan", &e).await),
+            Ok(Committed::Refused(r)) => {
+                *pending += 1;
+                return Some(self.refused(key, tree, decision, &r).await);
+            }
+            Ok(Committed::TooLarge(why)) => ("PlanTooLarge", why),
+            Ok(Committed::NotReady(why)) => ("ClaimsPending", why),
+        };
+        *pending += 1;
+        Some(self.not_admitted(key, tree, why, reason, capacity).await)
     }
 
     /// When a root backing off after errors may be tried again (`None`: now).
@@ -434,6 +491,23 @@ impl Admitter {
         memory.next_attempt = Some(at);
         memory.capacity_seen = capacity;
         at
+    }
+}
+
+/// How many roots' commits are in flight at once.
+const COMMIT_CONCURRENCY: usize = 8;
+
+/// A commit task's end; a task that panicked is logged (its plan, if written, is resumed by
+/// the next cycle).
+fn joined(
+    r: Option<std::result::Result<(CommitJob, Result<Committed>), tokio::task::JoinError>>,
+) -> Option<(CommitJob, Result<Committed>)> {
+    match r? {
+        Ok(ended) => Some(ended),
+        Err(e) => {
+            tracing::error!(error = %e, "a commit task failed; its plan is resumed next cycle");
+            None
+        }
     }
 }
 

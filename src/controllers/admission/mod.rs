@@ -154,14 +154,11 @@ struct Admitter {
     /// Bumped on changes that can free capacity (node added/changed, pod finished/deleted).
     capacity: Arc<AtomicU64>,
     roots: HashMap<RootKey, RootMemory>,
-    patches: u64,
-    fault_exit_after: Option<u64>,
+    /// What commits write with (the commits of a cycle go out concurrently).
+    writer: Writer,
     devices: DeviceReconciler,
     metrics_source: Option<PrometheusSource>,
     gpu_metrics: MetricsCache,
-    /// Writes not yet seen in the watch caches: a decision on a stale cache could plan a
-    /// gang twice or drop a plan it just wrote, so cycles wait until the caches catch up.
-    unseen: Unseen,
     /// Unhealthy GPUs per node at the last cycle: a GPU cooling down frees capacity.
     unhealthy: BTreeMap<String, crate::devices::GpuSet>,
     /// Whether some node agent publishes GPU health (then it is polled like metrics).
@@ -180,6 +177,26 @@ struct Admitter {
     dra_cache: Option<DraState>,
     /// What the last cycle saw, to skip a cycle that has nothing to do.
     quiet: Quiet,
+}
+
+/// The writes of the commit protocol, by commits in flight at once (cheap to clone: each
+/// commit of a cycle runs as its own task with one).
+#[derive(Clone)]
+struct Writer {
+    ctx: Arc<Context>,
+    /// Writes not yet seen in the watch caches: a decision on a stale cache could plan a
+    /// gang twice or drop a plan it just wrote, so cycles wait until the caches catch up.
+    unseen: Arc<std::sync::Mutex<Unseen>>,
+    /// Commit writes so far (pod patches and claim allocations), for [`FAULT_EXIT_ENV`].
+    writes: Arc<AtomicU64>,
+    fault_exit_after: Option<u64>,
+}
+
+impl Writer {
+    /// The writes not yet seen (a poisoned lock is taken as is: its maps stay consistent).
+    fn unseen(&self) -> std::sync::MutexGuard<'_, Unseen> {
+        self.unseen.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// Writes of this process that the watch caches have not shown yet.
@@ -215,17 +232,16 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         }
     });
     let gpu_metrics = MetricsCache::new(ctx.config.gpu_metrics_ttl);
+    let writer = Writer { ctx: ctx.clone(), unseen: Arc::default(), writes: Arc::default(), fault_exit_after };
     let mut admitter = Admitter {
         ctx,
         caches,
         capacity,
         roots: HashMap::new(),
-        patches: 0,
-        fault_exit_after,
+        writer,
         devices: DeviceReconciler::default(),
         metrics_source,
         gpu_metrics,
-        unseen: Unseen::default(),
         unhealthy: BTreeMap::new(),
         agent_health: false,
         fits: Arc::default(),

@@ -333,19 +333,18 @@ impl Admitter {
                     .map(|g| plan(g.status.as_ref().and_then(|s| s.plan.as_ref())))
             }
         };
-        self.unseen.plans.retain(|key, (want, at)| {
+        let mut unseen = self.writer.unseen();
+        unseen.plans.retain(|key, (want, at)| {
             now.duration_since(*at) < CACHE_SYNC_TIMEOUT && plan_of(key).is_some_and(|cached| cached != *want)
         });
         let gated: HashSet<&str> =
             pods.iter().filter(|p| is_gated(p)).filter_map(|p| p.metadata.uid.as_deref()).collect();
-        self.unseen
-            .ungated
-            .retain(|uid, at| now.duration_since(*at) < CACHE_SYNC_TIMEOUT && gated.contains(uid.as_str()));
+        unseen.ungated.retain(|uid, at| now.duration_since(*at) < CACHE_SYNC_TIMEOUT && gated.contains(uid.as_str()));
         // Claims allocated (or freed) by a commit: a decision on a cache without the
         // allocation could give its devices again.
         if let Some(dra) = &self.caches.dra {
             let claims = &dra.claims;
-            self.unseen.claims.retain(|(ns, name), (allocated, at)| {
+            unseen.claims.retain(|(ns, name), (allocated, at)| {
                 let cached = claims
                     .state()
                     .iter()
@@ -356,6 +355,6 @@ impl Admitter {
                 now.duration_since(*at) < CACHE_SYNC_TIMEOUT && cached.is_some_and(|c| c != *allocated)
             });
         }
-        self.unseen.plans.is_empty() && self.unseen.ungated.is_empty() && self.unseen.claims.is_empty()
+        unseen.plans.is_empty() && unseen.ungated.is_empty() && unseen.claims.is_empty()
     }
 }

@@ -15,6 +15,8 @@ pub mod prometheus;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
+
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
@@ -382,6 +384,16 @@ pub use crate::controllers::context::api_error_reason as patch_error_reason;
 /// How long one annotation write may take, retries of the client included: a pod the API
 /// keeps answering 503 (or never answers) costs the pass this much at most, once.
 pub const PATCH_TIMEOUT: Duration = Duration::from_secs(5);
+/// How many GPU-index writes (and events) of one pass are in flight at once.
+pub const WRITE_CONCURRENCY: usize = 16;
+
+/// An event a pass sends on a pod once its writes are done.
+struct PodEvent {
+    pod: ObjectReference,
+    warning: bool,
+    reason: &'static str,
+    note: String,
+}
 
 /// How writing one pod's indices ended.
 enum Written {
@@ -435,8 +447,10 @@ async fn write(ctx: &Context, a: &Assignment<'_>, timeout: Duration) -> Written 
 impl DeviceReconciler {
     /// One pass over every pod. Returns the GPU indices held per node afterwards (including
     /// what this pass chose, written or not), for admission to plan around. Errors are per
-    /// pod and never fail the pass; the writes go out together, so a slow pod delays the
-    /// pass by [`PATCH_TIMEOUT`] at most.
+    /// pod and never fail the pass. The writes go out [`WRITE_CONCURRENCY`] at a time (a
+    /// thousand pods bound at once by kube-scheduler never flood the API server), and their
+    /// events after them, as many at a time: a slow pod delays its slot by [`PATCH_TIMEOUT`]
+    /// at most.
     pub async fn pass(
         &mut self,
         ctx: &Context,
@@ -461,10 +475,15 @@ impl DeviceReconciler {
         let now = Instant::now();
         let due: Vec<&Assignment<'_>> =
             plan.assignments.iter().filter(|a| a.write && self.backoff.ready(uid_of(a.pod), now)).collect();
-        let outcomes = futures::future::join_all(due.iter().map(|a| write(ctx, a, self.patch_timeout))).await;
-        for (a, outcome) in due.into_iter().zip(outcomes) {
-            self.written(ctx, a, outcome, now).await;
-        }
+        let timeout = self.patch_timeout;
+        // Futures collected first: a stream over a borrowing closure is not `Send` (rust#102211).
+        let writes: Vec<_> = due.iter().map(|a| write(ctx, a, timeout)).collect();
+        let outcomes: Vec<Written> = futures::stream::iter(writes).buffered(WRITE_CONCURRENCY).collect().await;
+        let events: Vec<PodEvent> =
+            due.into_iter().zip(outcomes).filter_map(|(a, outcome)| self.written(ctx, a, outcome, now)).collect();
+        let sends: Vec<_> =
+            events.iter().map(|e| ctx.event(&e.pod, e.warning, e.reason, "AssignGPUs", e.note.clone())).collect();
+        futures::stream::iter(sends).buffer_unordered(WRITE_CONCURRENCY).collect::<Vec<()>>().await;
 
         let mut held = HashMap::new();
         for (node, g) in gpus {
@@ -483,8 +502,9 @@ impl DeviceReconciler {
     }
 
     /// Reports how a write ended; a failure is reported on the pod (once per change), counted
-    /// and backed off. The GPUs stay held either way (see [`plan`]).
-    async fn written(&mut self, ctx: &Context, a: &Assignment<'_>, outcome: Written, now: Instant) {
+    /// and backed off. The GPUs stay held either way (see [`plan`]). Returns the event to send
+    /// on the pod, if any.
+    fn written(&mut self, ctx: &Context, a: &Assignment<'_>, outcome: Written, now: Instant) -> Option<PodEvent> {
         let (pod, node, uid) = (a.pod, a.node.as_str(), uid_of(a.pod));
         let (name, indices) = (pod.name_any(), format_indices(a.gpus));
         match outcome {
@@ -515,11 +535,12 @@ impl DeviceReconciler {
                         ("GPUsAssigned", format!("GPU indices {indices} on node {node}"))
                     }
                 };
-                ctx.event(&pod_ref(pod), false, reason, "AssignGPUs", note).await;
+                Some(PodEvent { pod: pod_ref(pod), warning: false, reason, note })
             }
             Written::Gone(message) => {
                 self.backoff.forget(uid);
                 tracing::debug!(pod = %name, error = %message, "pod changed or gone; GPU indices not written");
+                None
             }
             Written::Failed { reason, error } => {
                 ctx.metrics.device_patch_errors.get_or_create(&ReasonLabels { reason: reason.into() }).inc();
@@ -528,13 +549,15 @@ impl DeviceReconciler {
                     pod = %name, namespace = ?pod.namespace(), node, indices, reason, error = %error,
                     retry_in_s = delay.as_secs(), "could not write GPU indices; they stay held for the pod"
                 );
-                if changed {
-                    let note = format!(
+                changed.then(|| PodEvent {
+                    pod: pod_ref(pod),
+                    warning: true,
+                    reason: "GPUIndicesNotWritten",
+                    note: format!(
                         "could not write {GPU_INDICES_ANNOTATION}={indices} (node {node}): {error}; \
                          muster keeps those GPUs held for this pod and retries"
-                    );
-                    ctx.event(&pod_ref(pod), true, "GPUIndicesNotWritten", "AssignGPUs", note).await;
-                }
+                    ),
+                })
             }
         }
     }
