@@ -611,7 +611,9 @@ impl Admitter {
     }
 
     /// Follows a recorded plan: gathers the plan's pods as they are now, asks the core's commit
-    /// state machine for the next step and carries it out. Returns when to look again.
+    /// state machine for the next step and carries it out. Returns when to look again. A plan
+    /// that has served its purpose is not cleared here but added to `done` (root, version), for
+    /// [`Self::clear_plans`] to clear with the others.
     pub(super) async fn follow_plan(
         &mut self,
         key: &RootKey,
@@ -619,6 +621,7 @@ impl Admitter {
         plan: &AdmissionPlan,
         world: &World<'_>,
         snapshot: &mut Snapshot,
+        done: &mut Vec<(RootKey, Option<String>)>,
     ) -> Result<Option<Instant>> {
         let (ns, root) = (&key.ns, &key.name);
         let pods = pods_now(plan, root, world);
@@ -670,7 +673,7 @@ impl Admitter {
             }
             Step::Done => {
                 // Every pod bound (or gone): the plan has served its purpose.
-                self.writer.write_plan(key, version, None).await?;
+                done.push((key.clone(), version));
                 Ok(None)
             }
             Step::RollBack(rollback) => Ok(Some(self.roll_back(key, group, plan, rollback, world).await?)),
@@ -679,6 +682,32 @@ impl Admitter {
                 Ok(Some(Instant::now()))
             }
         }
+    }
+
+    /// Clears the plans of roots whose pods are all bound (or gone), [`PLAN_CLEAR_CONCURRENCY`]
+    /// at a time: a cycle after a burst of binds clears hundreds. An error is that root's.
+    pub(super) async fn clear_plans(&mut self, done: Vec<(RootKey, Option<String>)>) -> Option<Instant> {
+        let writer = &self.writer;
+        // Futures collected first: a stream over a borrowing closure is not `Send` (rust#102211).
+        let clears: Vec<_> = done
+            .into_iter()
+            .map(|(key, version)| async move {
+                let result = writer.write_plan(&key, version, None).await;
+                (key, result)
+            })
+            .collect();
+        let results: Vec<_> = futures::stream::iter(clears).buffer_unordered(PLAN_CLEAR_CONCURRENCY).collect().await;
+        let mut retry: Option<Instant> = None;
+        for (key, result) in results {
+            match result {
+                Ok(_) => {}
+                Err(e) => {
+                    let at = self.root_error(&key, "clear its plan", &e).await;
+                    retry = Some(retry.map_or(at, |r| r.min(at)));
+                }
+            }
+        }
+        retry
     }
 
     /// Resumes a commit cut short: patches the still-gated pods, then records the plan admitted.
@@ -937,6 +966,8 @@ impl Admitter {
 
 /// Dry runs in flight at once for one commit.
 const DRY_RUN_CONCURRENCY: usize = 16;
+/// How many plans of roots done are cleared at once.
+const PLAN_CLEAR_CONCURRENCY: usize = 16;
 /// How many pod patches of one commit are in flight at once.
 const POD_PATCH_CONCURRENCY: usize = 16;
 

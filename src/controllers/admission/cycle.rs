@@ -75,6 +75,7 @@ impl Admitter {
 
         // Plans in flight first: finish (or drop) them, watch binds, roll failed attempts back.
         let mut busy: HashSet<RootKey> = HashSet::new();
+        let mut done = Vec::new();
         let roots = pgs.iter().map(GroupRef::Leaf).chain(cpgs.iter().map(GroupRef::Composite));
         for group in roots {
             let Some(plan) = group.plan() else { continue };
@@ -84,7 +85,7 @@ impl Admitter {
                 soonest(at);
                 continue;
             }
-            match self.follow_plan(&key, group, plan, &world, &mut snapshot).await {
+            match self.follow_plan(&key, group, plan, &world, &mut snapshot, &mut done).await {
                 Ok(t) => {
                     self.error_cleared(&key);
                     if let Some(t) = t {
@@ -93,6 +94,9 @@ impl Admitter {
                 }
                 Err(e) => soonest(self.root_error(&key, "follow its plan", &e).await),
             }
+        }
+        if let Some(at) = self.clear_plans(done).await {
+            soonest(at);
         }
 
         let mut forest = scheduler::build_forest(&pgs, &cpgs, &managed_pods);
@@ -318,7 +322,7 @@ impl Admitter {
     /// Reports an error met on one root (log, metric by reason, a Warning event on the group
     /// once per distinct error) and backs the root off alone, doubling per error in a row.
     /// Returns when to try it again; the cycle goes on with the other roots.
-    async fn root_error(&mut self, key: &RootKey, what: &str, e: &Error) -> Instant {
+    pub(super) async fn root_error(&mut self, key: &RootKey, what: &str, e: &Error) -> Instant {
         let kind = if key.composite { "CompositePodGroup" } else { "PodGroup" };
         self.ctx.metrics.reconcile_error(CONTROLLER, e.metric_label());
         self.ctx.metrics.object_errors.get_or_create(&object_labels(kind, e.reason())).inc();

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
+use futures::StreamExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector;
 use kube::{Resource, ResourceExt};
@@ -525,21 +526,35 @@ impl Admitter {
         self.apply_statuses(writes).await
     }
 
-    /// Applies each status, skipping groups backing off after a failed write. Returns when the
-    /// first of those may be tried again.
+    /// Applies each status, [`STATUS_CONCURRENCY`] at a time, skipping groups backing off after
+    /// a failed write. Returns when the first of those may be tried again.
     async fn apply_statuses(&mut self, writes: Vec<(RootKey, serde_json::Value)>) -> Option<Instant> {
         let now = Instant::now();
         let mut retry: Option<Instant> = None;
+        let mut due = Vec::with_capacity(writes.len());
         for (key, status) in writes {
             if let Some((_, until, _)) = self.status_errors.get(&key).filter(|(_, until, _)| *until > now) {
                 retry = Some(retry.map_or(*until, |r| r.min(*until)));
                 continue;
             }
-            let result = if key.composite {
-                self.apply_status::<CompositePodGroup>(&key, "CompositePodGroup", status).await
-            } else {
-                self.apply_status::<PodGroup>(&key, "PodGroup", status).await
-            };
+            due.push((key, status));
+        }
+        // Futures collected first: a stream over a borrowing closure is not `Send` (rust#102211).
+        let this = &*self;
+        let sends: Vec<_> = due
+            .into_iter()
+            .map(|(key, status)| async move {
+                let result = if key.composite {
+                    this.apply_status::<CompositePodGroup>(&key, "CompositePodGroup", status).await
+                } else {
+                    this.apply_status::<PodGroup>(&key, "PodGroup", status).await
+                };
+                (key, result)
+            })
+            .collect();
+        let results: Vec<(RootKey, Result<()>)> =
+            futures::stream::iter(sends).buffer_unordered(STATUS_CONCURRENCY).collect().await;
+        for (key, result) in results {
             match result {
                 Ok(()) => {
                     self.status_errors.remove(&key);
@@ -643,6 +658,9 @@ impl Admitter {
         }
     }
 }
+
+/// How many group status writes of a cycle are in flight at once.
+const STATUS_CONCURRENCY: usize = 16;
 
 /// Status fields written by the commit protocol with their own merge patches (the plan, and
 /// the rollback record beside it); the server-side apply of the rest leaves them alone, so a
