@@ -232,6 +232,10 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         }
     });
     let gpu_metrics = MetricsCache::new(ctx.config.gpu_metrics_ttl);
+    // A batch of GPU-index writes that ends wakes a cycle, whose device pass books it.
+    let mut devices = DeviceReconciler::default();
+    let signal = notify.clone();
+    devices.on_batch_done(move || signal.wake());
     let writer = Writer { ctx: ctx.clone(), unseen: Arc::default(), writes: Arc::default(), fault_exit_after };
     let mut admitter = Admitter {
         ctx,
@@ -239,7 +243,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         capacity,
         roots: HashMap::new(),
         writer,
-        devices: DeviceReconciler::default(),
+        devices,
         metrics_source,
         gpu_metrics,
         unhealthy: BTreeMap::new(),

@@ -5,9 +5,9 @@
 
 use std::collections::HashMap;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
-use futures::StreamExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector;
 use kube::{Resource, ResourceExt};

@@ -68,7 +68,7 @@ pub(super) struct Signal {
 }
 
 impl Signal {
-    fn wake(&self) {
+    pub fn wake(&self) {
         self.events.fetch_add(1, Ordering::SeqCst);
         self.notify.notify_one();
     }

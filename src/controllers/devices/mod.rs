@@ -13,6 +13,7 @@
 pub mod prometheus;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -406,13 +407,67 @@ enum Written {
     },
 }
 
+/// A GPU-index write sent in the background, and what to say once it is done.
+struct Sent {
+    uid: String,
+    pod: ObjectReference,
+    name: String,
+    node: String,
+    indices: String,
+    /// The event reason and note of a write that went through.
+    done: (&'static str, String),
+    /// Whether it corrects indices muster had planned (kubelet chose otherwise).
+    correction: bool,
+}
+
+impl Sent {
+    fn of(a: &Assignment<'_>) -> Self {
+        let (node, indices) = (a.node.clone(), format_indices(a.gpus));
+        let done = match &a.source {
+            Source::Kubelet { planned: Some(planned), devices } if a.is_correction() => (
+                "GPUIndicesCorrected",
+                format!(
+                    "kubelet gave this pod GPUs {indices} ({}) on node {node}, not the {} muster planned: \
+                     {GPU_INDICES_ANNOTATION} now says what its containers hold",
+                    devices.join(","),
+                    format_indices(*planned)
+                ),
+            ),
+            Source::Kubelet { .. } => {
+                ("GPUsAssigned", format!("GPU indices {indices} on node {node}, as kubelet gave them"))
+            }
+            Source::Claim => {
+                ("GPUsAssigned", format!("GPU indices {indices} on node {node}, as its claims allocate them"))
+            }
+            Source::Chosen => ("GPUsAssigned", format!("GPU indices {indices} on node {node}")),
+        };
+        Sent {
+            uid: uid_of(a.pod).to_string(),
+            pod: pod_ref(a.pod),
+            name: a.pod.name_any(),
+            node,
+            indices,
+            done,
+            correction: a.is_correction(),
+        }
+    }
+}
+
+/// Writes already done, waiting to be booked by the next pass.
+type Results = Arc<std::sync::Mutex<Vec<(Sent, Written)>>>;
+
 /// State kept between passes: which problems were already reported, which pods' writes are
-/// backed off, and which nodes have GPU gauges.
+/// backed off or in flight, and which nodes have GPU gauges.
 pub struct DeviceReconciler {
     reported: Reported,
     backoff: PatchBackoff,
     gauged: BTreeSet<String>,
     patch_timeout: Duration,
+    /// The batch of writes in flight (one at a time), and what it has done so far.
+    batch: Option<Batch>,
+    results: Results,
+    /// Called when a batch ends, so the next pass books it (admission wakes a cycle).
+    on_batch_done: Option<Arc<dyn Fn() + Send + Sync>>,
 }
 
 impl Default for DeviceReconciler {
@@ -422,7 +477,19 @@ impl Default for DeviceReconciler {
             backoff: PatchBackoff::default(),
             gauged: BTreeSet::new(),
             patch_timeout: PATCH_TIMEOUT,
+            batch: None,
+            results: Results::default(),
+            on_batch_done: None,
         }
+    }
+}
+
+/// A batch of writes in flight; dropped with its reconciler (leadership lost, a stop), it stops.
+struct Batch(tokio::task::JoinHandle<()>);
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -430,13 +497,12 @@ fn pod_ref(pod: &Pod) -> ObjectReference {
     pod.object_ref(&())
 }
 
-/// Merge-patches `a`'s indices onto its pod (only if it is still the pod with that uid).
-async fn write(ctx: &Context, a: &Assignment<'_>, timeout: Duration) -> Written {
-    let indices = format_indices(a.gpus);
-    let patch = json!({"metadata": {"uid": uid_of(a.pod), "annotations": {GPU_INDICES_ANNOTATION: indices}}});
-    let api = Api::<Pod>::namespaced(ctx.client.clone(), &a.pod.namespace().unwrap_or_default());
-    let (name, params, patch) = (a.pod.name_any(), PatchParams::default(), Patch::Merge(&patch));
-    match tokio::time::timeout(timeout, api.patch(&name, &params, &patch)).await {
+/// Merge-patches a pod's indices (only if it is still the pod with that uid).
+async fn write(client: kube::Client, sent: &Sent, timeout: Duration) -> Written {
+    let patch = json!({"metadata": {"uid": sent.uid, "annotations": {GPU_INDICES_ANNOTATION: sent.indices}}});
+    let api = Api::<Pod>::namespaced(client, sent.pod.namespace.as_deref().unwrap_or_default());
+    let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+    match tokio::time::timeout(timeout, api.patch(&sent.name, &params, &patch)).await {
         Ok(Ok(_)) => Written::Done,
         Ok(Err(kube::Error::Api(e))) if matches!(e.code, 404 | 409) => Written::Gone(e.message),
         Ok(Err(e)) => Written::Failed { reason: patch_error_reason(&e), error: e.to_string() },
@@ -444,20 +510,50 @@ async fn write(ctx: &Context, a: &Assignment<'_>, timeout: Duration) -> Written 
     }
 }
 
+/// Sends a batch of writes, [`WRITE_CONCURRENCY`] at a time; a write that went through is
+/// logged and its event sent at once, the rest is booked by the next pass.
+async fn send_batch(ctx: Arc<Context>, batch: Vec<Sent>, timeout: Duration, results: Results) {
+    let ctx = &ctx;
+    let results = &results;
+    let sends: Vec<_> = batch
+        .into_iter()
+        .map(|sent| async move {
+            let outcome = write(ctx.client.clone(), &sent, timeout).await;
+            if matches!(outcome, Written::Done) {
+                if sent.correction {
+                    ctx.metrics.gpu_index_corrections.inc();
+                }
+                let (reason, note) = &sent.done;
+                tracing::info!(pod = %sent.name, node = %sent.node, indices = %sent.indices, reason, "{note}");
+                ctx.event(&sent.pod, false, reason, "AssignGPUs", note.clone()).await;
+            }
+            results.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((sent, outcome));
+        })
+        .collect();
+    futures::stream::iter(sends).buffer_unordered(WRITE_CONCURRENCY).collect::<Vec<()>>().await;
+}
+
 impl DeviceReconciler {
+    /// Calls `f` each time a batch of writes ends.
+    pub fn on_batch_done(&mut self, f: impl Fn() + Send + Sync + 'static) {
+        self.on_batch_done = Some(Arc::new(f));
+    }
+
     /// One pass over every pod. Returns the GPU indices held per node afterwards (including
     /// what this pass chose, written or not), for admission to plan around. Errors are per
-    /// pod and never fail the pass. The writes go out [`WRITE_CONCURRENCY`] at a time (a
-    /// thousand pods bound at once by kube-scheduler never flood the API server), and their
-    /// events after them, as many at a time: a slow pod delays its slot by [`PATCH_TIMEOUT`]
-    /// at most.
+    /// pod and never fail the pass. The pass never waits for its writes: they go out in the
+    /// background, one batch at a time, [`WRITE_CONCURRENCY`] at a time within it (a thousand
+    /// pods bound at once by kube-scheduler never flood the API server, nor hold up the
+    /// admission cycle); the next pass books how they ended. A pod whose write is in flight
+    /// or backed off holds its GPUs all the same.
     pub async fn pass(
         &mut self,
-        ctx: &Context,
+        ctx: &Arc<Context>,
         pods: &[impl std::borrow::Borrow<Pod> + Sync],
         snapshot: &Snapshot,
         gpus: &HashMap<String, NodeGpus>,
     ) -> HashMap<String, GpuSet> {
+        self.book(ctx).await;
         let plan = plan(pods, snapshot, gpus);
         let by_uid: HashMap<&str, &Pod> =
             pods.iter().map(std::borrow::Borrow::borrow).map(|p: &Pod| (uid_of(p), p)).collect();
@@ -473,17 +569,24 @@ impl DeviceReconciler {
 
         self.backoff.retain(&by_uid.keys().copied().collect());
         let now = Instant::now();
-        let due: Vec<&Assignment<'_>> =
-            plan.assignments.iter().filter(|a| a.write && self.backoff.ready(uid_of(a.pod), now)).collect();
-        let timeout = self.patch_timeout;
-        // Futures collected first: a stream over a borrowing closure is not `Send` (rust#102211).
-        let writes: Vec<_> = due.iter().map(|a| write(ctx, a, timeout)).collect();
-        let outcomes: Vec<Written> = futures::stream::iter(writes).buffered(WRITE_CONCURRENCY).collect().await;
-        let events: Vec<PodEvent> =
-            due.into_iter().zip(outcomes).filter_map(|(a, outcome)| self.written(ctx, a, outcome, now)).collect();
-        let sends: Vec<_> =
-            events.iter().map(|e| ctx.event(&e.pod, e.warning, e.reason, "AssignGPUs", e.note.clone())).collect();
-        futures::stream::iter(sends).buffer_unordered(WRITE_CONCURRENCY).collect::<Vec<()>>().await;
+        if self.batch.is_none() {
+            let due: Vec<Sent> = plan
+                .assignments
+                .iter()
+                .filter(|a| a.write && self.backoff.ready(uid_of(a.pod), now))
+                .map(Sent::of)
+                .collect();
+            if !due.is_empty() {
+                let (ctx, results, done) = (ctx.clone(), self.results.clone(), self.on_batch_done.clone());
+                let timeout = self.patch_timeout;
+                self.batch = Some(Batch(tokio::spawn(async move {
+                    send_batch(ctx, due, timeout, results).await;
+                    if let Some(done) = done {
+                        done();
+                    }
+                })));
+            }
+        }
 
         let mut held = HashMap::new();
         for (node, g) in gpus {
@@ -501,56 +604,56 @@ impl DeviceReconciler {
         held
     }
 
-    /// Reports how a write ended; a failure is reported on the pod (once per change), counted
+    /// Waits for the writes in flight and books them.
+    pub async fn settle(&mut self, ctx: &Context) {
+        if let Some(batch) = self.batch.as_mut()
+            && let Err(e) = (&mut batch.0).await
+        {
+            tracing::warn!(error = %e, "a batch of GPU-index writes failed");
+        }
+        self.book(ctx).await;
+    }
+
+    /// Books the writes done since the last pass (backoff, failure metrics and events); once
+    /// the batch has ended, the next may go.
+    async fn book(&mut self, ctx: &Context) {
+        let finished = self.batch.as_ref().is_none_or(|b| b.0.is_finished());
+        let done = std::mem::take(&mut *self.results.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        let now = Instant::now();
+        let events: Vec<PodEvent> =
+            done.into_iter().filter_map(|(sent, outcome)| self.written(ctx, sent, outcome, now)).collect();
+        if finished {
+            self.batch = None;
+        }
+        let sends: Vec<_> =
+            events.iter().map(|e| ctx.event(&e.pod, e.warning, e.reason, "AssignGPUs", e.note.clone())).collect();
+        futures::stream::iter(sends).buffer_unordered(WRITE_CONCURRENCY).collect::<Vec<()>>().await;
+    }
+
+    /// Books how a write ended; a failure is reported on the pod (once per change), counted
     /// and backed off. The GPUs stay held either way (see [`plan`]). Returns the event to send
     /// on the pod, if any.
-    fn written(&mut self, ctx: &Context, a: &Assignment<'_>, outcome: Written, now: Instant) -> Option<PodEvent> {
-        let (pod, node, uid) = (a.pod, a.node.as_str(), uid_of(a.pod));
-        let (name, indices) = (pod.name_any(), format_indices(a.gpus));
+    fn written(&mut self, ctx: &Context, sent: Sent, outcome: Written, now: Instant) -> Option<PodEvent> {
+        let Sent { uid, pod, name, node, indices, .. } = sent;
         match outcome {
             Written::Done => {
-                self.backoff.forget(uid);
-                let (reason, note) = match &a.source {
-                    Source::Kubelet { planned: Some(planned), devices } if a.is_correction() => {
-                        ctx.metrics.gpu_index_corrections.inc();
-                        let planned = format_indices(*planned);
-                        tracing::info!(pod = %name, node, indices, planned, "GPU indices corrected to what kubelet gave");
-                        let note = format!(
-                            "kubelet gave this pod GPUs {indices} ({}) on node {node}, not the {planned} muster \
-                             planned: {GPU_INDICES_ANNOTATION} now says what its containers hold",
-                            devices.join(",")
-                        );
-                        ("GPUIndicesCorrected", note)
-                    }
-                    Source::Kubelet { .. } => {
-                        tracing::info!(pod = %name, node, indices, "GPU indices as kubelet gave them");
-                        ("GPUsAssigned", format!("GPU indices {indices} on node {node}, as kubelet gave them"))
-                    }
-                    Source::Claim => {
-                        tracing::info!(pod = %name, node, indices, "GPU indices as the pod's claims allocate them");
-                        ("GPUsAssigned", format!("GPU indices {indices} on node {node}, as its claims allocate them"))
-                    }
-                    Source::Chosen => {
-                        tracing::info!(pod = %name, node, indices, "assigned GPU indices to a pod bound without muster");
-                        ("GPUsAssigned", format!("GPU indices {indices} on node {node}"))
-                    }
-                };
-                Some(PodEvent { pod: pod_ref(pod), warning: false, reason, note })
+                self.backoff.forget(&uid);
+                None
             }
             Written::Gone(message) => {
-                self.backoff.forget(uid);
+                self.backoff.forget(&uid);
                 tracing::debug!(pod = %name, error = %message, "pod changed or gone; GPU indices not written");
                 None
             }
             Written::Failed { reason, error } => {
                 ctx.metrics.device_patch_errors.get_or_create(&ReasonLabels { reason: reason.into() }).inc();
-                let (delay, changed) = self.backoff.failed(uid, now, &format!("{reason}/{indices}"));
+                let (delay, changed) = self.backoff.failed(&uid, now, &format!("{reason}/{indices}"));
                 tracing::warn!(
-                    pod = %name, namespace = ?pod.namespace(), node, indices, reason, error = %error,
+                    pod = %name, namespace = ?pod.namespace, node, indices, reason, error = %error,
                     retry_in_s = delay.as_secs(), "could not write GPU indices; they stay held for the pod"
                 );
                 changed.then(|| PodEvent {
-                    pod: pod_ref(pod),
+                    pod,
                     warning: true,
                     reason: "GPUIndicesNotWritten",
                     note: format!(

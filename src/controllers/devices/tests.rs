@@ -17,7 +17,7 @@ use crate::devices::{HealthThresholds, MetricsCache};
 type Requests = Arc<Mutex<Vec<(String, String, String)>>>;
 
 struct FakeApi {
-    ctx: Context,
+    ctx: Arc<Context>,
     requests: Requests,
     server: tokio::task::JoinHandle<()>,
 }
@@ -50,7 +50,11 @@ impl FakeApi {
             let _ = axum::serve(listener, app).await;
         });
         let client = kube::Client::try_from(kube::Config::new(format!("http://{addr}").parse().unwrap())).unwrap();
-        FakeApi { ctx: Context::new(client, Arc::new(Metrics::default()), Config::default()), requests, server }
+        FakeApi {
+            ctx: Arc::new(Context::new(client, Arc::new(Metrics::default()), Config::default())),
+            requests,
+            server,
+        }
     }
 
     /// Patches of one pod's annotation so far.
@@ -141,6 +145,46 @@ fn written(body: &str) -> GpuSet {
     crate::devices::parse_indices(v["metadata"]["annotations"][GPU_INDICES_ANNOTATION].as_str().unwrap()).unwrap()
 }
 
+/// One pass, then its writes awaited and booked (a pass never waits for them).
+async fn pass_settled(
+    devices: &mut DeviceReconciler,
+    ctx: &Arc<Context>,
+    pods: &[Pod],
+    snapshot: &Snapshot,
+    gpus: &HashMap<String, NodeGpus>,
+) -> HashMap<String, GpuSet> {
+    let held = devices.pass(ctx, pods, snapshot, gpus).await;
+    devices.settle(ctx).await;
+    held
+}
+
+#[tokio::test]
+async fn a_pass_never_waits_for_its_writes_and_sends_each_once() {
+    let api = FakeApi::start().await;
+    let nodes = [node("n1", 8)];
+    // "hang" never answers: its write is in flight until the timeout.
+    let pods = [pod("hang", "slow", 1, "n1", 2, None), pod("open", "plain", 2, "n1", 1, None)];
+    let (snapshot, gpus) = world(&nodes, &pods);
+    let mut devices = DeviceReconciler { patch_timeout: Duration::from_secs(3), ..DeviceReconciler::default() };
+    let woken = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let counter = woken.clone();
+    devices.on_batch_done(move || {
+        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    });
+    let started = Instant::now();
+    let held = devices.pass(&api.ctx, &pods, &snapshot, &gpus).await;
+    assert!(started.elapsed() < Duration::from_secs(2), "the pass waited for a write: {:?}", started.elapsed());
+    assert_eq!(held["n1"].len(), 3, "both pods hold their GPUs while their writes are in flight: {}", held["n1"]);
+    // A second pass while the batch is in flight sends nothing again, and holds the same.
+    assert_eq!(devices.pass(&api.ctx, &pods, &snapshot, &gpus).await, held);
+    devices.settle(&api.ctx).await;
+    assert_eq!(woken.load(std::sync::atomic::Ordering::SeqCst), 1, "one batch, one wake-up");
+    assert_eq!(api.patches("open", "plain").len(), 1);
+    assert_eq!(api.events("GPUsAssigned", "plain"), 1);
+    let text = api.ctx.metrics.encode();
+    assert!(text.contains("muster_device_patch_errors_total{reason=\"timeout\"} 1"), "{text}");
+}
+
 #[tokio::test]
 async fn a_refused_patch_is_the_pods_own_and_its_gpus_stay_held() {
     let api = FakeApi::start().await;
@@ -153,7 +197,7 @@ async fn a_refused_patch_is_the_pods_own_and_its_gpus_stay_held() {
     ];
     let (snapshot, gpus) = world(&nodes, &pods);
     let mut devices = DeviceReconciler::default();
-    let held = devices.pass(&api.ctx, &pods, &snapshot, &gpus).await;
+    let held = pass_settled(&mut devices, &api.ctx, &pods, &snapshot, &gpus).await;
 
     let denied = plan(&pods, &snapshot, &gpus).assignments[0].gpus;
     let plain = written(&api.patches("open", "plain")[0]);
@@ -168,7 +212,7 @@ async fn a_refused_patch_is_the_pods_own_and_its_gpus_stay_held() {
 
     // At once again: the denied pod is backed off (no second patch, no second event), and
     // still holds the same GPUs.
-    let again = devices.pass(&api.ctx, &pods, &snapshot, &gpus).await;
+    let again = pass_settled(&mut devices, &api.ctx, &pods, &snapshot, &gpus).await;
     assert_eq!(again, held);
     assert_eq!(api.patches("status-403", "denied").len(), 1, "backed off");
     assert_eq!(api.events("GPUIndicesNotWritten", "denied"), 1);
@@ -185,7 +229,7 @@ async fn every_kind_of_failed_patch_is_counted_by_reason_and_none_stalls_the_pas
     let (snapshot, gpus) = world(&nodes, &pods);
     let mut devices = DeviceReconciler { patch_timeout: Duration::from_millis(1500), ..DeviceReconciler::default() };
     let started = Instant::now();
-    let held = devices.pass(&api.ctx, &pods, &snapshot, &gpus).await;
+    let held = pass_settled(&mut devices, &api.ctx, &pods, &snapshot, &gpus).await;
     assert!(started.elapsed() < Duration::from_secs(10), "the writes wait together: {:?}", started.elapsed());
     assert_eq!(held["n1"].len(), 12, "every pod holds its two GPUs, written or not: {}", held["n1"]);
     let text = api.ctx.metrics.encode();
@@ -206,7 +250,7 @@ async fn a_terminating_pod_keeps_its_gpus_and_is_given_no_new_ones() {
         pod("open", "plain", 3, "n1", 2, None),
     ];
     let (snapshot, gpus) = world(&nodes, &pods);
-    let held = DeviceReconciler::default().pass(&api.ctx, &pods, &snapshot, &gpus).await;
+    let held = pass_settled(&mut DeviceReconciler::default(), &api.ctx, &pods, &snapshot, &gpus).await;
     assert!(set(&[0, 1]).is_subset(held["n1"]), "{}", held["n1"]);
     assert!(api.patches("open", "leaving-plain").is_empty(), "nothing new is written onto a terminating pod");
     let plain = written(&api.patches("open", "plain")[0]);
@@ -233,7 +277,7 @@ async fn problems_are_reported_once_not_every_pass() {
         // The API lists pods in any order: the same pod wins every time.
         pods.reverse();
         let (snapshot, gpus) = world(&nodes, &pods);
-        let held = devices.pass(&api.ctx, &pods, &snapshot, &gpus).await;
+        let held = pass_settled(&mut devices, &api.ctx, &pods, &snapshot, &gpus).await;
         assert_eq!(held["n1"], GpuSet::first(2), "round {round}");
         assert_eq!(plan(&pods, &snapshot, &gpus).ledger.holder("n1", 0), Some("uid-first"));
     }
@@ -246,10 +290,10 @@ async fn problems_are_reported_once_not_every_pass() {
     // The conflict goes (the later pod ends), then a new one comes: reported again.
     pods.retain(|p| p.name_any() != "second");
     let (snapshot, gpus) = world(&nodes, &pods);
-    devices.pass(&api.ctx, &pods, &snapshot, &gpus).await;
+    pass_settled(&mut devices, &api.ctx, &pods, &snapshot, &gpus).await;
     pods.push(pod("open", "second", 2, "n1", 1, Some("0")));
     let (snapshot, gpus) = world(&nodes, &pods);
-    devices.pass(&api.ctx, &pods, &snapshot, &gpus).await;
+    pass_settled(&mut devices, &api.ctx, &pods, &snapshot, &gpus).await;
     assert_eq!(api.events("GPUConflict", "second"), 2);
 }
 
@@ -259,12 +303,12 @@ async fn gauges_of_a_node_that_is_gone_are_removed() {
     let mut devices = DeviceReconciler::default();
     let pods = [pod("open", "a", 1, "n2", 1, Some("3"))];
     let (snapshot, gpus) = world(&[node("n1", 8), node("n2", 4)], &pods);
-    devices.pass(&api.ctx, &pods, &snapshot, &gpus).await;
+    pass_settled(&mut devices, &api.ctx, &pods, &snapshot, &gpus).await;
     let text = api.ctx.metrics.encode();
     assert!(text.contains("muster_gpus{node=\"n2\"} 4"), "{text}");
     assert!(text.contains("muster_gpus_allocated{node=\"n2\"} 1"), "{text}");
     let (snapshot, gpus) = world(&[node("n1", 8)], &[]);
-    devices.pass(&api.ctx, &[] as &[Pod], &snapshot, &gpus).await;
+    pass_settled(&mut devices, &api.ctx, &[] as &[Pod], &snapshot, &gpus).await;
     let text = api.ctx.metrics.encode();
     assert!(!text.contains("node=\"n2\""), "{text}");
     assert!(text.contains("muster_gpus{node=\"n1\"} 8"), "{text}");
@@ -500,7 +544,7 @@ async fn a_correction_is_written_with_an_event_and_counted() {
     let pods = [pod("ns", "a", 1, "n1", 2, Some("0,1"))];
     let (snapshot, gpus) = world(&nodes, &pods);
     let mut devices = DeviceReconciler::default();
-    let held = devices.pass(&api.ctx, &pods, &snapshot, &gpus).await;
+    let held = pass_settled(&mut devices, &api.ctx, &pods, &snapshot, &gpus).await;
     assert_eq!(held.get("n1"), Some(&set(&[2, 3])));
     let patches = api.patches("ns", "a");
     assert_eq!(patches.iter().map(|b| written(b)).collect::<Vec<_>>(), vec![set(&[2, 3])]);
