@@ -210,6 +210,44 @@ pub fn counter_value(text: &str, name: &str, label: &str) -> Option<f64> {
     })
 }
 
+/// PURE: the API server's requests by kind, from its `apiserver_request_total` series (summed
+/// over codes and scopes): `"VERB resource[/subresource][ (dry run)]"` -> count.
+pub fn request_counts(text: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else { continue };
+        let Some((labels, value)) = rest.split_once('}') else { continue };
+        let Some(value) = value.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()) else { continue };
+        let label = |name: &str| {
+            labels.split(',').find_map(|l| l.trim().strip_prefix(name)?.strip_prefix("=\"")?.strip_suffix('"'))
+        };
+        let (verb, resource) = (label("verb").unwrap_or("?"), label("resource").unwrap_or("?"));
+        let mut key = format!("{verb} {resource}");
+        if let Some(sub) = label("subresource").filter(|s| !s.is_empty()) {
+            key = format!("{key}/{sub}");
+        }
+        if label("dry_run").is_some_and(|d| !d.is_empty()) {
+            key.push_str(" (dry run)");
+        }
+        *out.entry(key).or_insert(0.0) += value;
+    }
+    out
+}
+
+/// PURE: what `after` counts more than `before`, largest first (reads and watches left out:
+/// they are served from the watch cache).
+pub fn request_delta(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> Vec<(String, f64)> {
+    let reads = ["GET ", "LIST ", "WATCH "];
+    let mut delta: Vec<(String, f64)> = after
+        .iter()
+        .filter(|(k, _)| !reads.iter().any(|r| k.starts_with(r)))
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, d)| *d > 0.0)
+        .collect();
+    delta.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    delta
+}
+
 /// PURE: `count` nodes split into at most `parts` runs of consecutive indices, as
 /// `(start_index, count)`, the first runs one longer when it does not divide evenly.
 pub fn node_chunks(count: u32, parts: u32) -> Vec<(u32, u32)> {
@@ -306,6 +344,9 @@ pub struct PathReport {
     pub throughput: Throughput,
     /// bound_per_s / the plain path's.
     pub ratio_to_plain: Option<f64>,
+    /// Write requests the API server served during the path, by kind, largest first (every
+    /// client's: the path's controllers, kube-scheduler, kwok, muster).
+    pub api_writes: Vec<(String, f64)>,
     /// muster path only.
     pub muster: Option<MusterNumbers>,
 }
@@ -390,6 +431,20 @@ pub fn format_table(report: &Report) -> String {
             format!("{}/{}", p.pods_with_scheduling_group, p.pods_seen),
             status
         ));
+    }
+    for p in report.paths.iter().filter(|p| !p.api_writes.is_empty()) {
+        let total: f64 = p.api_writes.iter().map(|(_, n)| n).sum();
+        let per_pod = |n: f64| n / p.pods_expected.max(1) as f64;
+        let top: Vec<String> = p.api_writes.iter().take(8).map(|(k, n)| format!("{k} {:.2}", per_pod(*n))).collect();
+        out.push_str(&format!(
+            "\n{} path: {total:.0} API writes, {:.2} per pod: {}",
+            p.path.map_or("?", BenchPath::name),
+            per_pod(total),
+            top.join(", ")
+        ));
+    }
+    if report.paths.iter().any(|p| !p.api_writes.is_empty()) {
+        out.push('\n');
     }
     for p in &report.paths {
         if let Some(m) = &p.muster {
@@ -640,6 +695,18 @@ async fn fetch_cycles(http: &reqwest::Client, url: &str) -> Option<f64> {
     Some(counter_value(&text, CYCLES_METRIC, CYCLES_LABEL).unwrap_or(0.0))
 }
 
+/// The API server's request counts now (`None` when its /metrics cannot be read).
+async fn api_requests(client: &Client) -> Option<BTreeMap<String, f64>> {
+    let request = axum::http::Request::get("/metrics").body(Vec::new()).ok()?;
+    match client.request_text(request).await {
+        Ok(text) => Some(request_counts(&text)),
+        Err(e) => {
+            eprintln!("bench: WARNING: the API server's /metrics: {e}");
+            None
+        }
+    }
+}
+
 fn read_proc(pid: u32, file: &str) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/{file}")).ok()
 }
@@ -682,6 +749,7 @@ async fn run_path(
         (Some(url), true) => fetch_cycles(http, url).await,
         _ => None,
     };
+    let requests_before = api_requests(client).await;
     let ticks_before = muster_pid.and_then(|pid| read_proc(pid, "stat")).and_then(|s| stat_cpu_ticks(&s));
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = muster_pid.map(|pid| tokio::spawn(sample_rss(pid, stop.clone())));
@@ -752,6 +820,10 @@ async fn run_path(
         (Some(url), true) => fetch_cycles(http, url).await,
         _ => None,
     };
+    let api_writes = match (requests_before, api_requests(client).await) {
+        (Some(before), Some(after)) => request_delta(&before, &after),
+        _ => Vec::new(),
+    };
     let rss_peak = match sampler {
         Some(s) => s.await.ok().flatten(),
         None => None,
@@ -784,6 +856,7 @@ async fn run_path(
         last_create_s: last_create,
         throughput: throughput(&pods, 0.0, last_create),
         ratio_to_plain: None,
+        api_writes,
         muster,
     })
 }
@@ -976,6 +1049,32 @@ mod tests {
             muster_reconciles_total_other{controller=\"admission\"} 7\n# EOF\n";
         assert_eq!(counter_value(metrics, CYCLES_METRIC, CYCLES_LABEL), Some(42.0));
         assert_eq!(counter_value(metrics, CYCLES_METRIC, "controller=\"devices\""), None);
+    }
+
+    #[test]
+    fn api_writes_are_counted_by_kind_and_reads_left_out() {
+        let before = request_counts(
+            "# HELP apiserver_request_total x\n\
+             apiserver_request_total{code=\"201\",component=\"apiserver\",dry_run=\"\",group=\"\",resource=\"pods\",scope=\"resource\",subresource=\"binding\",verb=\"POST\",version=\"v1\"} 10\n\
+             apiserver_request_total{code=\"200\",dry_run=\"\",resource=\"pods\",subresource=\"\",verb=\"PATCH\"} 4\n\
+             apiserver_request_total{code=\"200\",dry_run=\"\",resource=\"nodes\",subresource=\"\",verb=\"LIST\"} 7\n",
+        );
+        let after = request_counts(
+            "apiserver_request_total{code=\"201\",component=\"apiserver\",dry_run=\"\",group=\"\",resource=\"pods\",scope=\"resource\",subresource=\"binding\",verb=\"POST\",version=\"v1\"} 16\n\
+             apiserver_request_total{code=\"200\",dry_run=\"\",resource=\"pods\",subresource=\"\",verb=\"PATCH\"} 5\n\
+             apiserver_request_total{code=\"409\",dry_run=\"\",resource=\"pods\",subresource=\"\",verb=\"PATCH\"} 2\n\
+             apiserver_request_total{code=\"200\",dry_run=\"All\",resource=\"pods\",subresource=\"\",verb=\"PATCH\"} 3\n\
+             apiserver_request_total{code=\"200\",dry_run=\"\",resource=\"nodes\",subresource=\"\",verb=\"LIST\"} 9\n",
+        );
+        assert_eq!(after.get("PATCH pods"), Some(&7.0), "codes are summed: {after:?}");
+        assert_eq!(
+            request_delta(&before, &after),
+            vec![
+                ("POST pods/binding".to_string(), 6.0),
+                ("PATCH pods".to_string(), 3.0),
+                ("PATCH pods (dry run)".to_string(), 3.0)
+            ]
+        );
     }
 
     #[test]
