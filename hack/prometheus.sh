@@ -79,7 +79,8 @@ EOF
     url=http://127.0.0.1:$port
     deadline=$((SECONDS + 60))
     until curl -sf "$url/-/ready" > /dev/null 2>&1; do
-      if ! ours "$(< "$dir/prometheus.pid")"; then
+      # kill -0, not ours: until the child has exec'd prometheus its cmdline is this script's.
+      if ! kill -0 "$(< "$dir/prometheus.pid")" 2> /dev/null; then
         log "prometheus exited; last lines of $dir/prometheus.log:"
         tail -n 20 "$dir/prometheus.log" >&2
         exit 1

@@ -196,7 +196,7 @@ async fn ensure_groups(job: &MusterJob, ctx: &Context) -> Result<std::result::Re
     let hashes = frozen_hashes(job)?;
     let existing = pgs.get_opt(&name).await?;
     let existing_priority = existing.as_ref().map(|e| e.spec.priority);
-    if let Some(existing) = existing {
+    if let Some(existing) = &existing {
         if controller_uid(&existing.metadata) != Some(uid.as_str()) {
             return Ok(Err((
                 "NameConflict",
@@ -238,7 +238,8 @@ async fn ensure_groups(job: &MusterJob, ctx: &Context) -> Result<std::result::Re
         let builder = Builder::new(item, build_options(&name, &ns, Some(owner.clone())));
         let workload = builder.build_workload()?.clone();
         let wls = Api::<Workload>::namespaced(ctx.client.clone(), &ns);
-        if let Some(existing) = wls.get_opt(&name).await?
+        let existing_workload = wls.get_opt(&name).await?;
+        if let Some(existing) = &existing_workload
             && controller_uid(&existing.metadata) != Some(uid.as_str())
         {
             return Ok(Err((
@@ -246,7 +247,7 @@ async fn ensure_groups(job: &MusterJob, ctx: &Context) -> Result<std::result::Re
                 format!("Workload {name} already exists and is not controlled by this MusterJob"),
             )));
         }
-        let applied = wls.patch(&name, &params, &Patch::Apply(&workload)).await?;
+        let applied = super::apply_if_changed(&wls, &name, &params, workload, existing_workload).await?;
         let workload_owner = applied.controller_owner_ref(&()).map(|o| plan::plain_owner_ref(&o));
         (builder, name.clone(), JOB_TEMPLATE_NAME.to_string(), None, workload_owner, None)
     };
@@ -260,7 +261,7 @@ async fn ensure_groups(job: &MusterJob, ctx: &Context) -> Result<std::result::Re
     pg.metadata.owner_references.get_or_insert_with(Vec::new).extend(workload_owner);
     pg.metadata.annotations = Some(BTreeMap::from([(FROZEN_HASH_ANNOTATION.to_string(), hashes)]));
     let gang_all = pg.spec.disruption_mode.kind() == Some(DisruptionModeKind::All);
-    let applied = pgs.patch(&name, &params, &Patch::Apply(&pg)).await?;
+    let applied = super::apply_if_changed(&pgs, &name, &params, pg, existing).await?;
     // A standalone job's PodGroup is its root; a child's root is the top CompositePodGroup.
     let admission_attempt = root_rollbacks.unwrap_or_else(|| applied.status.as_ref().map_or(0, |s| s.rollbacks));
     let status = applied.status.clone().unwrap_or_default();

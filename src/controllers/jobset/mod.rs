@@ -99,9 +99,10 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>
                 best
             }
         };
+        let existing_workload = wls.get_opt(&name).await?;
         for (kind, existing) in [
-            ("Workload", wls.get_opt(&name).await?.map(|w| w.metadata)),
-            ("CompositePodGroup", existing_cpg.map(|c| c.metadata)),
+            ("Workload", existing_workload.as_ref().map(|w| w.metadata.clone())),
+            ("CompositePodGroup", existing_cpg.as_ref().map(|c| c.metadata.clone())),
         ] {
             if let Some(meta) = existing
                 && controller_uid(&meta) != Some(uid.as_str())
@@ -110,8 +111,8 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>
                 return set_invalid(set, &ctx, "NameConflict", &msg, now).await;
             }
         }
-        wls.patch(&name, &params, &Patch::Apply(&workload)).await?;
-        cpgs.patch(&name, &params, &Patch::Apply(&cpg)).await?;
+        super::apply_if_changed(&wls, &name, &params, workload, existing_workload).await?;
+        super::apply_if_changed(&cpgs, &name, &params, cpg, existing_cpg).await?;
         workload_name = Some(name.clone());
         cpg_name = Some(name.clone());
     }
