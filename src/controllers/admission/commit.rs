@@ -357,7 +357,10 @@ impl Writer {
         let mut plan = job.plan.clone();
         let planned: Vec<(&PlannedPod, &Pod)> = job.plan.pods.iter().zip(job.pods.iter().map(|p| &**p)).collect();
         // Every patch is tried first as a dry run (webhooks and policies judge it, nothing is
-        // stored), so a refusal stops the gang before any of its pods is ungated.
+        // stored), so a refusal stops the gang before any of its pods is ungated. The plan is
+        // recorded `Committing` at the same time, in one write (`Planned` and `Committing` are
+        // resumed alike, see `scheduler::next_step`): a commit costs one round trip less, and a
+        // refusal clears the plan again before anything else is written.
         let api = Api::<Pod>::namespaced(self.ctx.client.clone(), &key.ns);
         let requests: Vec<(String, String, serde_json::Value)> =
             planned.iter().map(|(p, pod)| (p.uid.clone(), p.name.clone(), pod_patch(pod, p))).collect();
@@ -369,21 +372,26 @@ impl Writer {
             }
         }))
         .buffer_unordered(DRY_RUN_CONCURRENCY)
-        .collect::<Vec<_>>()
-        .await;
+        .collect::<Vec<_>>();
+        plan.state = PlanState::Committing;
+        let (checks, recorded) = futures::join!(checks, self.write_plan(key, job.version.clone(), Some(&plan)));
+        let mut refused = None;
         for (uid, result) in checks {
             match patched(result)? {
                 Patched::Ok => {}
-                Patched::Stale => return Ok(Committed::Stale),
-                Patched::Refused(message) => return Ok(Committed::Refused(PatchRefused { uid, message })),
+                Patched::Stale => refused = Some(Committed::Stale),
+                Patched::Refused(message) => {
+                    refused = Some(Committed::Refused(PatchRefused { uid, message }));
+                    break;
+                }
             }
         }
-        // The plan is recorded `Committing` in one write: `Planned` and `Committing` are resumed
-        // alike (see `scheduler::next_step`), and nothing is written between the two.
-        plan.state = PlanState::Committing;
-        let Some(version) = self.write_plan(key, job.version.clone(), Some(&plan)).await? else {
-            return Ok(Committed::Stale);
-        };
+        let Some(version) = recorded? else { return Ok(refused.unwrap_or(Committed::Stale)) };
+        if let Some(stop) = refused {
+            // Nothing was ungated: the plan goes, the root is decided again (or backs off).
+            self.write_plan(key, Some(version), None).await?;
+            return Ok(stop);
+        }
         // Shared claims first (every pod needs them), then per pod its own claims and its
         // patch: a pod is ungated only once its devices are allocated to it. Pods without
         // claims of their own are patched concurrently (any subset of them patched is a plan

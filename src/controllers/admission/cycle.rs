@@ -499,7 +499,7 @@ impl Admitter {
 }
 
 /// How many roots' commits are in flight at once.
-const COMMIT_CONCURRENCY: usize = 8;
+const COMMIT_CONCURRENCY: usize = 16;
 
 /// A commit task's end; a task that panicked is logged (its plan, if written, is resumed by
 /// the next cycle).
