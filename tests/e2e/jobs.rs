@@ -733,8 +733,12 @@ spec:
     webhook_away.write(&args, None).await;
     webhook_away.restore().await;
     wait_counts(&a, "frozen", (3, 3, 3)).await;
-    let status = a.jobs.get("frozen").await.unwrap().status.unwrap();
-    assert_eq!(condition(&status.conditions, "Invalid").map(|c| c.status.as_str()), Some("False"));
+    // The status is written after the pods, at the end of the same reconcile.
+    let status = wait_for("frozen no longer Invalid", SHORT, || async {
+        let status = a.jobs.get("frozen").await.ok()?.status?;
+        (condition(&status.conditions, "Invalid")?.status == "False").then_some(status)
+    })
+    .await;
     assert!(matches!(status.phase, Some(JobPhase::Pending | JobPhase::Running)), "{:?}", status.phase);
 }
 
