@@ -197,6 +197,14 @@ pub async fn bounded<T>(request: impl std::future::Future<Output = kube::Result<
     }
 }
 
+/// Runs `futures` with at most `limit` in flight, and returns their outputs in the order they
+/// end. Taking the futures already made (not a closure that makes them) keeps the result
+/// `Send` when they borrow (rust#102211).
+pub async fn at_most<F: std::future::Future>(limit: usize, futures: Vec<F>) -> Vec<F::Output> {
+    use futures::StreamExt as _;
+    futures::stream::iter(futures).buffer_unordered(limit.max(1)).collect().await
+}
+
 impl Error {
     /// The object's namespace is being deleted: nothing more can be created there, and the
     /// object itself is about to go, so retrying is pointless.

@@ -18,7 +18,7 @@ use serde_json::json;
 
 use super::status::Outcome;
 use super::{Admitter, FAULT_EXIT_ENV, GroupRef, MIN_BACKOFF, RootKey, World, Writer, error_backoff, is_gated};
-use crate::controllers::context::{Context, Error, Result, bounded};
+use crate::controllers::context::{Context, Error, Result, at_most, bounded};
 use crate::controllers::metrics::ObjectErrorLabels;
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{AdmissionPlan, AvoidedNode, CompositePodGroup, PlanState, PlannedPod, PodGroup};
@@ -696,7 +696,6 @@ impl Admitter {
     /// at a time: a cycle after a burst of binds clears hundreds. An error is that root's.
     pub(super) async fn clear_plans(&mut self, done: Vec<(RootKey, Option<String>)>) -> Option<Instant> {
         let writer = &self.writer;
-        // Futures collected first: a stream over a borrowing closure is not `Send` (rust#102211).
         let clears: Vec<_> = done
             .into_iter()
             .map(|(key, version)| async move {
@@ -704,7 +703,7 @@ impl Admitter {
                 (key, result)
             })
             .collect();
-        let results: Vec<_> = futures::stream::iter(clears).buffer_unordered(PLAN_CLEAR_CONCURRENCY).collect().await;
+        let results = at_most(PLAN_CLEAR_CONCURRENCY, clears).await;
         let mut retry: Option<Instant> = None;
         for (key, result) in results {
             match result {

@@ -5,7 +5,6 @@
 
 use std::collections::HashMap;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
@@ -19,7 +18,7 @@ use std::time::Instant;
 use super::commit::object_labels;
 use super::{Admitter, CONTROLLER, FIELD_MANAGER, RootKey, error_backoff, group_pods, visit};
 use crate::controllers::conditions;
-use crate::controllers::context::{Error, Result, bounded};
+use crate::controllers::context::{Error, Result, at_most, bounded};
 use crate::crds::scheduling::{
     AdmissionPlan, CompositePodGroup, CompositePodGroupStatus, GroupPhase, PlanState, PodGroup, PodGroupStatus,
 };
@@ -539,7 +538,6 @@ impl Admitter {
             }
             due.push((key, status));
         }
-        // Futures collected first: a stream over a borrowing closure is not `Send` (rust#102211).
         let this = &*self;
         let sends: Vec<_> = due
             .into_iter()
@@ -552,8 +550,7 @@ impl Admitter {
                 (key, result)
             })
             .collect();
-        let results: Vec<(RootKey, Result<()>)> =
-            futures::stream::iter(sends).buffer_unordered(STATUS_CONCURRENCY).collect().await;
+        let results: Vec<(RootKey, Result<()>)> = at_most(STATUS_CONCURRENCY, sends).await;
         for (key, result) in results {
             match result {
                 Ok(()) => {

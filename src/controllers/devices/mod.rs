@@ -16,14 +16,12 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::context::Context;
+use super::context::{Context, at_most};
 use super::metrics::{NodeLabels, ReasonLabels};
 use crate::crds::{GPU_INDICES_ANNOTATION, GPU_RESOURCE};
 use crate::devices::chooser::NodeGpus;
@@ -530,7 +528,7 @@ async fn send_batch(ctx: Arc<Context>, batch: Vec<Sent>, timeout: Duration, resu
             results.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((sent, outcome));
         })
         .collect();
-    futures::stream::iter(sends).buffer_unordered(WRITE_CONCURRENCY).collect::<Vec<()>>().await;
+    at_most(WRITE_CONCURRENCY, sends).await;
 }
 
 impl DeviceReconciler {
@@ -627,7 +625,7 @@ impl DeviceReconciler {
         }
         let sends: Vec<_> =
             events.iter().map(|e| ctx.event(&e.pod, e.warning, e.reason, "AssignGPUs", e.note.clone())).collect();
-        futures::stream::iter(sends).buffer_unordered(WRITE_CONCURRENCY).collect::<Vec<()>>().await;
+        at_most(WRITE_CONCURRENCY, sends).await;
     }
 
     /// Books how a write ended; a failure is reported on the pod (once per change), counted
