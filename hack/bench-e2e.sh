@@ -8,6 +8,7 @@
 #
 #   BENCH_NODES (1000)  BENCH_GANGS (200)  BENCH_SIZE (3)  BENCH_PATHS (plain,gang,muster)
 #   BENCH_OUT (target/bench-e2e.json)  BENCH_TIMEOUT (600 s per path)  BENCH_CONCURRENCY (16)
+#   BENCH_RATE (gangs created per second per path; 0, the default: as fast as creates go)
 #   MUSTER_CLUSTER_DIR (target/bench-cluster)  MUSTER_K8S_BIN (tools/k8s/bindir.sh)
 set -euo pipefail
 
@@ -24,6 +25,7 @@ paths=${BENCH_PATHS:-plain,gang,muster}
 out=${BENCH_OUT:-$root/target/bench-e2e.json}
 timeout=${BENCH_TIMEOUT:-600}
 concurrency=${BENCH_CONCURRENCY:-16}
+rate=${BENCH_RATE:-0}
 muster=${CARGO_TARGET_DIR:-$root/target}/release/muster
 
 log() { echo "bench-e2e: $*" >&2; }
@@ -87,7 +89,7 @@ mkdir -p "$(dirname "$out")"
 rc=0
 "$muster" dev bench --kubeconfig "$dir/kubeconfig" --nodes "$nodes" --gangs "$gangs" --size "$size" \
   --paths "$paths" --muster-pid "$muster_pid" --muster-metrics-url "http://127.0.0.1:$metrics_port/metrics" \
-  --concurrency "$concurrency" --timeout "$timeout" --json-out "$out" || rc=$?
+  --concurrency "$concurrency" --rate "$rate" --timeout "$timeout" --json-out "$out" || rc=$?
 kill -0 "$muster_pid" 2> /dev/null || { log "muster died during the bench:"; tail -n 20 "$dir/logs/muster.log" >&2; rc=1; }
 [ $rc = 0 ] || log "the bench failed (exit $rc); logs in $dir/logs"
 exit $rc

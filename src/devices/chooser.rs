@@ -1,6 +1,7 @@
 //! PURE glue between GPU topology and gang placement: each node's GPU model and health, and
 //! the [`GpuChooser`] the scheduler asks for concrete indices (minimum-cost set, node score).
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
@@ -76,8 +77,8 @@ fn node_annotation<'n>(node: &'n Node, key: &str) -> Option<&'n str> {
 }
 
 /// The GPU model and health of every node with GPUs.
-pub fn node_gpus(
-    nodes: &[Node],
+pub fn node_gpus<N: Borrow<Node>>(
+    nodes: &[N],
     metrics: &MetricsCache,
     thresholds: &HealthThresholds,
     now: SystemTime,
@@ -88,15 +89,15 @@ pub fn node_gpus(
 /// [`node_gpus`], counting as a node's GPUs the larger of its `nvidia.com/gpu` allocatable and
 /// `published[node]`: the GPUs its DRA driver publishes as devices (a DRA node advertises no
 /// `nvidia.com/gpu`, and its topology annotation is checked against the devices instead).
-pub fn node_gpus_with(
-    nodes: &[Node],
+pub fn node_gpus_with<N: Borrow<Node>>(
+    nodes: &[N],
     published: &HashMap<String, u64>,
     metrics: &MetricsCache,
     thresholds: &HealthThresholds,
     now: SystemTime,
 ) -> HashMap<String, NodeGpus> {
     let mut out = HashMap::new();
-    for node in nodes {
+    for node in nodes.iter().map(Borrow::borrow) {
         let name = node.metadata.name.as_deref().unwrap_or_default();
         let gpus = allocatable_gpus(node).max(published.get(name).copied().unwrap_or(0));
         let annotation = node_annotation(node, GPU_TOPOLOGY_ANNOTATION);

@@ -138,6 +138,12 @@ impl ClusterState {
     }
 
     /// Bumped by every change: equal generations, equal snapshots.
+    /// Whether the snapshot counts `pod` (bound, or pinned and ungated, and not finished), as
+    /// this state last saw it.
+    pub fn counts(&self, pod: &Pod) -> bool {
+        self.pods.by_key.contains_key(&pod_key(pod))
+    }
+
     pub fn generation(&self) -> u64 {
         self.generation
     }

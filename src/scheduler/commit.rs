@@ -287,7 +287,7 @@ pub enum Step {
     /// No pod was ungated and the plan cannot go on: clear it, plan the root afresh.
     Drop,
     /// Resume a commit cut short: patch these still-gated pods (UIDs), then record the plan
-    /// `Admitted` (an empty list only records it).
+    /// `Admitted` (the resumed pods get the whole bind timeout from then).
     Patch(Vec<String>),
     /// Nothing to do before this time (the bind deadline).
     WaitUntil(Timestamp),
@@ -310,6 +310,13 @@ pub enum Step {
 pub fn next_step(input: &CommitInput<'_>) -> Step {
     let live: Vec<&PlannedPodNow> = input.pods.iter().filter(|p| p.exists()).collect();
     match input.plan.state {
+        // A commit that ungated every live pod went through whole: it is not recorded
+        // `Admitted` (one write less per gang), its binds are watched from the plan's creation.
+        PlanState::Planned | PlanState::Committing
+            if !live.is_empty() && live.iter().all(|p| p.state != PinState::Gated) =>
+        {
+            watch_binds(input, &live)
+        }
         PlanState::Planned | PlanState::Committing => resume(input, &live),
         PlanState::Admitted => watch_binds(input, &live),
     }
@@ -322,8 +329,8 @@ fn resume(input: &CommitInput<'_>, live: &[&PlannedPodNow]) -> Step {
         return Step::Drop;
     }
     let Some(first_gated) = gated.first() else {
-        // Nothing left to patch, so nothing left that must fit.
-        return Step::Patch(Vec::new());
+        // Nothing gated and nothing live: dropped above; every live pod ungated is watched.
+        return Step::Drop;
     };
     if let Some(refused) = input.refused
         && let Some(pod) = live.iter().copied().find(|p| p.uid == refused.uid)
@@ -850,10 +857,30 @@ mod tests {
                 ..Case::default()
             },
             Case {
-                name: "committing, every pod ungated: only record it admitted",
+                name: "committing, every pod ungated: the commit went through, binds are watched from its creation",
                 state: PlanState::Committing,
                 pods: vec![unbound("a"), bound("b")],
-                want: Step::Patch(vec![]),
+                now: 30,
+                want: Step::WaitUntil(at(60)),
+                ..Case::default()
+            },
+            Case {
+                name: "committing, every pod ungated, all bound: done",
+                state: PlanState::Committing,
+                pods: vec![bound("a"), bound("b")],
+                want: Step::Done,
+                ..Case::default()
+            },
+            Case {
+                name: "committing, every pod ungated, one unbound past the timeout since creation: roll back",
+                state: PlanState::Committing,
+                pods: vec![bound("a"), unbound("b")],
+                now: 61,
+                want: Step::RollBack(RollBack {
+                    delete: uids(&["a", "b"]),
+                    avoid_nodes: nodes(&["n1"]),
+                    failure: failure("b", "n1", FailureCause::BindTimeout(TIMEOUT), 1, 2),
+                }),
                 ..Case::default()
             },
             Case {
@@ -898,11 +925,11 @@ mod tests {
                 ..Case::default()
             },
             Case {
-                name: "does not fit, but every pod already ungated: nothing left to fit, record it admitted",
+                name: "does not fit, but every pod already ungated: nothing left to fit, binds are watched",
                 state: PlanState::Committing,
                 pods: vec![unbound("a"), bound("b")],
                 fits: RemainingFits::No("node n1 is full".into()),
-                want: Step::Patch(vec![]),
+                want: Step::WaitUntil(at(60)),
                 ..Case::default()
             },
             Case {

@@ -940,8 +940,9 @@ impl Run {
     }
 
     /// Waits for the moment of the next kill: a random delay, or (half the time) the first
-    /// commit seen in flight within it (a group whose plan is recorded, not yet all admitted),
-    /// watched so that the kill lands while muster is still patching its pods.
+    /// commit seen in flight within it (a group whose plan is recorded and not resumed
+    /// `Admitted`: a commit that went through whole stays `Committing` until its binds end),
+    /// watched so that the kill lands while muster is patching its pods or watching their binds.
     async fn kill_moment(&mut self) {
         let delay = self.rng.millis(200, self.profile.max_kill_delay_ms);
         if !self.rng.chance(0.5) {

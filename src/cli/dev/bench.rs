@@ -63,6 +63,10 @@ pub struct Args {
     /// Creates (and node creates) in flight at once.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
     concurrency: u32,
+    /// Gangs created per second in each path (0: as fast as --concurrency allows). A low rate
+    /// measures admission latency on a cluster that is not saturated.
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
     /// Seconds a path (and the wait for Ready nodes) may take before it counts as timed out.
     #[arg(long, default_value_t = 600)]
     timeout: u64,
@@ -375,6 +379,8 @@ pub struct Report {
     pub size: u32,
     /// Creates in flight.
     pub concurrency: u32,
+    /// Gangs created per second per path (0: as fast as the creates in flight allow).
+    pub rate: f64,
     /// Path timeout, seconds.
     pub timeout_s: u64,
     /// Seconds creating the nodes took.
@@ -395,8 +401,9 @@ fn opt(v: Option<f64>, decimals: usize) -> String {
 
 /// PURE: the human summary of `report`.
 pub fn format_table(report: &Report) -> String {
+    let paced = if report.rate > 0.0 { format!(", created at {} gangs/s", report.rate) } else { String::new() };
     let mut out = format!(
-        "bench: {} nodes ({} GPUs each; created in {:.1} s, all Ready after {:.1} s), {} gangs x {} pods per path\n\n",
+        "bench: {} nodes ({} GPUs each; created in {:.1} s, all Ready after {:.1} s), {} gangs x {} pods per path{paced}\n\n",
         report.nodes, GPUS_PER_NODE, report.nodes_create_s, report.nodes_ready_s, report.gangs, report.size
     );
     out.push_str(&format!(
@@ -759,7 +766,12 @@ async fn run_path(
     let results: Vec<(Result<bool, BenchError>, Instant)> = futures::stream::iter(0..args.gangs)
         .map(|i| {
             let ns = &ns;
+            // Paced: gang i is created no sooner than i / rate seconds after the first.
+            let at = (args.rate > 0.0).then(|| t0 + Duration::from_secs_f64(f64::from(i) / args.rate));
             async move {
+                if let Some(at) = at {
+                    tokio::time::sleep_until(at.into()).await;
+                }
                 let name = format!("{}-{i:05}", path.name());
                 let r = create_gang(client, path, ns, &name, args.size).await;
                 (r, Instant::now())
@@ -885,6 +897,7 @@ async fn bench(args: &Args) -> Result<Report, BenchError> {
         gangs: args.gangs,
         size: args.size,
         concurrency: args.concurrency,
+        rate: args.rate,
         timeout_s: args.timeout,
         nodes_create_s,
         nodes_ready_s,

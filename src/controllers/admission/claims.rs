@@ -34,7 +34,7 @@ impl Admitter {
     /// The cluster's DRA state for this cycle, from the caches. GPU nodes known only from their
     /// slices (no `nvidia.com/gpu`, no topology annotation) get an unknown topology of as many
     /// GPUs as their highest device index says, with health from the metrics.
-    pub(super) fn dra_state(&mut self, nodes: &[Node], gpus: &mut HashMap<String, NodeGpus>) -> Arc<Dra> {
+    pub(super) fn dra_state(&mut self, nodes: &[Arc<Node>], gpus: &mut HashMap<String, NodeGpus>) -> Arc<Dra> {
         let Some(caches) = &self.caches.dra else { return Arc::default() };
         let uuid_index: HashMap<String, HashMap<String, usize>> = gpus
             .iter()

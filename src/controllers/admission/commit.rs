@@ -33,7 +33,7 @@ use crate::scheduler::{
 
 /// Counts a pod just pinned by `planned` in the snapshot (resources and GPU indices), so the
 /// roots planned later in the same cycle see the capacity taken.
-fn reserve(snapshot: &mut Snapshot, pod: &Pod, planned: &PlannedPod) {
+pub(super) fn reserve(snapshot: &mut Snapshot, pod: &Pod, planned: &PlannedPod) {
     let mut admitted = pod.clone();
     if let Some(spec) = admitted.spec.as_mut() {
         spec.node_selector
@@ -165,7 +165,7 @@ impl GroupRef<'_> {
 /// How one commit (or resume) ended, short of an error worth a backoff.
 #[derive(Debug)]
 pub(super) enum Committed {
-    /// Every pod patched, the plan recorded `Admitted` (or the group was gone).
+    /// Every pod patched (or the group was gone).
     Done,
     /// The group or a pod changed since the decision (a write was refused as stale): decide
     /// again on fresher caches, next cycle.
@@ -298,6 +298,13 @@ pub(super) struct CommitJob {
     pub message: String,
 }
 
+impl CommitJob {
+    /// The pods it pins, in plan order.
+    pub(super) fn planned(&self) -> &[PlannedPod] {
+        &self.plan.pods
+    }
+}
+
 /// Gets a decided commit ready: the plan, the claims it names and every claim write are worked
 /// out, then its pods are counted in the snapshot (resources and GPU indices), so the roots
 /// decided after it in the same cycle see the capacity taken while its writes are in flight.
@@ -347,8 +354,8 @@ pub(super) fn prepare_commit(
 }
 
 impl Writer {
-    /// The commit protocol: check every patch (dry run), record the plan, pin/annotate/ungate
-    /// each pod once, record it admitted. Every write is fenced: the plan writes by the
+    /// The commit protocol: check every patch (dry run) and record the plan `Committing`, then
+    /// pin/annotate/ungate each pod once. Every write is fenced: the plan writes by the
     /// group's resourceVersion the decision was made on, each pod patch by the pod's, so a
     /// stale cache or a second leader never writes over a newer state. It borrows nothing of
     /// the cycle: the commits of one cycle go out concurrently.
@@ -407,7 +414,7 @@ impl Writer {
             if let Some(stopped) = self.write_claims(&key.ns, writes, &planned.uid).await? {
                 return Ok(stopped);
             }
-            if let Some(stopped) = stopped(planned, self.patch_pod(&key.ns, pod, planned).await)? {
+            if let Some(stopped) = stopped(planned, self.patch_pod(key, pod, planned).await)? {
                 return Ok(stopped);
             }
         }
@@ -424,19 +431,15 @@ impl Writer {
         while let Some((i, result)) = results.next().await {
             let planned = pins[i];
             // The first refusal (or stale pod) ends the commit; patches in flight finish.
-            if let Some(s) = stopped(planned, self.pod_patch_done(planned, result))? {
+            if let Some(s) = stopped(planned, self.pod_patch_done(key, planned, result))? {
                 first_stop.get_or_insert(s);
             }
         }
         if let Some(stopped) = first_stop {
             return Ok(stopped);
         }
-        plan.state = PlanState::Admitted;
-        plan.admitted_at = Some(Time(Timestamp::now()));
-        if self.write_plan(key, Some(version), Some(&plan)).await?.is_none() {
-            // Changed since the pods were ungated: the next cycle resumes the plan, re-checked.
-            return Ok(Committed::Stale);
-        }
+        // Not recorded `Admitted`: a `Committing` plan whose pods are all ungated went through
+        // whole, and its binds are watched from its creation (`scheduler::next_step`).
         Ok(Committed::Done)
     }
 
@@ -463,21 +466,21 @@ impl Writer {
     }
 
     /// Pins, annotates and ungates one pod in a single fenced patch.
-    async fn patch_pod(&self, ns: &str, pod: &Pod, planned: &PlannedPod) -> Result<Patched> {
-        let api = Api::<Pod>::namespaced(self.ctx.client.clone(), ns);
+    async fn patch_pod(&self, key: &RootKey, pod: &Pod, planned: &PlannedPod) -> Result<Patched> {
+        let api = Api::<Pod>::namespaced(self.ctx.client.clone(), &key.ns);
         let request = is_gated(pod).then(|| (planned.name.clone(), pod_patch(pod, planned)));
         let result = send_pod_patch(&api, request).await;
-        self.pod_patch_done(planned, result)
+        self.pod_patch_done(key, planned, result)
     }
 
     /// Books a planned pod's patch sent by [`send_pod_patch`]: the pod awaited in the cache,
     /// refusals logged and counted, the write counted for the crash test hook.
-    fn pod_patch_done(&self, planned: &PlannedPod, result: Option<Result<()>>) -> Result<Patched> {
+    fn pod_patch_done(&self, key: &RootKey, planned: &PlannedPod, result: Option<Result<()>>) -> Result<Patched> {
         let Some(result) = result else { return Ok(Patched::Stale) };
         let outcome = patched(result);
         match &outcome {
             Ok(Patched::Ok) => {
-                self.unseen().ungated.insert(planned.uid.clone(), Instant::now());
+                self.unseen().ungated.insert(planned.uid.clone(), (key.clone(), planned.clone(), Instant::now()));
             }
             Ok(Patched::Stale) => {
                 tracing::info!(pod = %planned.name, "planned pod changed or is gone since the decision");
@@ -739,7 +742,7 @@ impl Admitter {
             if let Some(stopped) = self.writer.write_claims(ns, &writes, &planned.uid).await? {
                 return Ok(stopped);
             }
-            match self.writer.patch_pod(ns, pod, planned).await? {
+            match self.writer.patch_pod(key, pod, planned).await? {
                 // The snapshot saw it gated: count it before other roots are planned.
                 Patched::Ok => reserve(snapshot, pod, planned),
                 Patched::Stale => return Ok(Committed::Stale),

@@ -9,16 +9,16 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
-use tokio::task::JoinSet;
 
-use super::commit::{CommitJob, Committed, ROLLBACK_POLICY, object_labels, prepare_commit};
+use super::commit::{CommitJob, Committed, ROLLBACK_POLICY, object_labels, prepare_commit, reserve};
 use super::status::Outcome;
-use super::{Admitter, CONTROLLER, GroupRef, RootKey, World, error_backoff, group_pods, state};
+use super::watches::Settling;
+use super::{Admitter, CONTROLLER, GroupRef, InFlight, RootKey, World, error_backoff, group_pods, state};
 use crate::controllers::PlacementStrategy;
 use crate::controllers::context::{Error, Result};
 use crate::controllers::metrics::ReasonLabels;
 use crate::crds::blocks::DisruptionModeKind;
-use crate::crds::scheduling::{CompositePodGroup, PodGroup};
+use crate::crds::scheduling::{CompositePodGroup, PlannedPod, PodGroup};
 use crate::devices::chooser::{NodeGpus, TopologyChooser, node_gpus_with};
 use crate::devices::{GpuProblem, GpuProblemKind, GpuSet, HealthThresholds, SelectOptions};
 use crate::scheduler::{
@@ -40,14 +40,19 @@ impl Admitter {
     /// alone, and the cycle goes on with the others.
     pub(super) async fn cycle(&mut self) -> Result<Option<Instant>> {
         let _timer = self.ctx.metrics.reconcile(CONTROLLER);
+        let began = Instant::now();
         let all_pgs = state(&self.caches.pod_groups);
         let all_cpgs = state(&self.caches.composites);
         // The caches' objects are shared, never copied: a cycle holds `Arc`s.
         let pods = self.caches.pods.state();
-        let nodes = state(&self.caches.nodes);
-        if !self.caches_caught_up(&all_pgs, &all_cpgs, &pods) {
+        let nodes = self.caches.nodes.state();
+        // Commits that ended are booked below; those still in flight go on meanwhile. They
+        // end before the writes the caches do not show are read, so a commit's pins are
+        // counted either as in flight or as unseen.
+        self.ended_commits();
+        let Some(settling) = self.settling(&all_pgs, &all_cpgs, &pods) else {
             return Ok(Some(Instant::now() + Duration::from_millis(100)));
-        }
+        };
         // Groups where the webhook never gates pods are not muster's to admit.
         let excluded = excluded_namespaces(&self.ctx.config.namespace);
         let managed = |ns: Option<String>| !ns.is_some_and(|ns| excluded.contains(&ns));
@@ -61,7 +66,9 @@ impl Admitter {
         } else {
             std::borrow::Cow::Owned(pods.iter().filter(|p| managed(p.namespace())).cloned().collect())
         };
-        let (mut snapshot, gpus) = self.snapshot(&nodes, &pods).await?;
+        let by_uid: HashMap<&str, &Arc<Pod>> =
+            managed_pods.iter().filter_map(|p| p.metadata.uid.as_deref().map(|u| (u, p))).collect();
+        let (mut snapshot, gpus) = self.snapshot(&nodes, &pods, &settling, &by_uid).await?;
         let by_group = group_pods(&managed_pods);
         let world = World {
             pods_by_uid: managed_pods.iter().filter_map(|p| p.metadata.uid.as_deref().map(|u| (u, &**p))).collect(),
@@ -77,10 +84,13 @@ impl Admitter {
         let mut busy: HashSet<RootKey> = HashSet::new();
         let mut done = Vec::new();
         let roots = pgs.iter().map(GroupRef::Leaf).chain(cpgs.iter().map(GroupRef::Composite));
+        busy.extend(settling.roots.iter().cloned());
         for group in roots {
             let Some(plan) = group.plan() else { continue };
             let key = group.key();
-            busy.insert(key.clone());
+            if !busy.insert(key.clone()) {
+                continue;
+            }
             if let Some(at) = self.backing_off(&key, now) {
                 soonest(at);
                 continue;
@@ -108,12 +118,22 @@ impl Admitter {
         let capacity = self.capacity.load(Ordering::Relaxed);
         let wall = Timestamp::now();
         let mut pending = 0;
-        let by_uid: HashMap<&str, &Arc<Pod>> =
-            managed_pods.iter().filter_map(|p| p.metadata.uid.as_deref().map(|u| (u, p))).collect();
-        let mut commits: JoinSet<(CommitJob, Result<Committed>)> = JoinSet::new();
         let limit = self.writer.concurrency(COMMIT_CONCURRENCY);
-        let mut decided: HashMap<RootKey, Decision> = HashMap::new();
-        let mut ended: Vec<(CommitJob, Result<Committed>)> = Vec::new();
+        if !self.ended.is_empty() {
+            let trees: HashMap<RootKey, &GroupTree> =
+                forest.trees.iter().map(|t| (RootKey::of(&t.namespace, &t.root), t)).collect();
+            for (job, decision, result) in std::mem::take(&mut self.ended) {
+                if matches!(result, Ok(Committed::Done)) {
+                    self.admitted(&job);
+                    self.error_cleared(&job.key);
+                    continue;
+                }
+                let Some(tree) = trees.get(&job.key) else { continue };
+                if let Some(at) = self.commit_stopped(&job.key, tree, &decision, result, capacity, &mut pending).await {
+                    soonest(at);
+                }
+            }
+        }
         for tree in &mut forest.trees {
             let key = RootKey::of(&tree.namespace, &tree.root);
             if busy.contains(&key) {
@@ -157,6 +177,12 @@ impl Admitter {
                 pending += 1;
                 continue;
             }
+            if self.commits.len() >= limit {
+                // Every commit slot is taken: this root (and the ones after it, in admission
+                // order) is decided once a commit ends, which wakes a cycle.
+                pending += 1;
+                continue;
+            }
             let tree = &*tree;
             let started = Instant::now();
             let admission = scheduler::decide(&snapshot, tree, &options, &chooser);
@@ -177,19 +203,7 @@ impl Admitter {
                     if decision.admitted && !decision.plan.is_empty() {
                         let version = root.and_then(|r| r.version());
                         match prepare_commit(&key, version, &decision, &mut snapshot, &by_uid) {
-                            Ok(job) => {
-                                // Its writes go out on a task of their own while the next roots
-                                // are decided (their snapshot counts this one's pods already).
-                                while commits.len() >= limit {
-                                    ended.extend(joined(commits.join_next().await));
-                                }
-                                let writer = self.writer.clone();
-                                commits.spawn(async move {
-                                    let result = writer.commit(&job).await;
-                                    (job, result)
-                                });
-                                decided.insert(key, decision);
-                            }
+                            Ok(job) => self.spawn_commit(key, job, decision),
                             Err(stop) => {
                                 if let Some(at) =
                                     self.commit_stopped(&key, tree, &decision, Ok(stop), capacity, &mut pending).await
@@ -214,36 +228,31 @@ impl Admitter {
                 }
             }
         }
-        // Every commit of the cycle ends before its statuses are written.
-        while !commits.is_empty() {
-            ended.extend(joined(commits.join_next().await));
-        }
-        if !ended.is_empty() {
-            let trees: HashMap<RootKey, &GroupTree> =
-                forest.trees.iter().map(|t| (RootKey::of(&t.namespace, &t.root), t)).collect();
-            for (job, result) in ended {
-                if matches!(result, Ok(Committed::Done)) {
-                    self.admitted(&job);
-                    self.error_cleared(&job.key);
-                    continue;
-                }
-                let (Some(tree), Some(decision)) = (trees.get(&job.key), decided.get(&job.key)) else { continue };
-                if let Some(at) = self.commit_stopped(&job.key, tree, decision, result, capacity, &mut pending).await {
-                    soonest(at);
-                }
-            }
-        }
         self.ctx.metrics.gangs_pending.set(pending);
+        let decided_in = began.elapsed();
         for u in &forest.unresolved {
             tracing::debug!(namespace = %u.namespace, name = %u.name, reason = ?u.reason, "not admissible");
         }
-        if let Some(t) = self.write_statuses(&pgs, &cpgs, &forest.trees, &by_group).await {
+        // Roots settling keep their status until the caches show their writes; a status write
+        // would also move the resourceVersion a commit in flight fences its plan write by.
+        let mut settled = settling.roots;
+        settled.extend(self.in_flight.keys().cloned());
+        if let Some(t) = self.write_statuses(&pgs, &cpgs, &forest.trees, &by_group, &settled).await {
             soonest(t);
         }
         self.report_unmanaged(&unmanaged_pgs, &unmanaged_cpgs, &pods).await;
         // Forget roots that are gone.
         let live: HashSet<RootKey> = forest.trees.iter().map(|t| RootKey::of(&t.namespace, &t.root)).collect();
         self.roots.retain(|k, _| live.contains(k) || busy.contains(k));
+        tracing::debug!(
+            roots = forest.trees.len(),
+            settling = settled.len(),
+            in_flight = self.in_flight.len(),
+            pending,
+            decided_ms = decided_in.as_millis(),
+            total_ms = began.elapsed().as_millis(),
+            "admission cycle"
+        );
         if self.metrics_source.is_some() || self.agent_health {
             // GPU health changes arrive by polling, not by watch events (the node agent's
             // samples do not wake a cycle: see trim::NodeFingerprints).
@@ -278,6 +287,39 @@ impl Admitter {
         Some(self.not_admitted(key, tree, why, reason, capacity).await)
     }
 
+    /// Sends a prepared commit out on a task of its own: the next roots are decided meanwhile
+    /// (their snapshot counts its pods already), and later cycles count them as in flight
+    /// until it ends. Its end wakes a cycle, which books it.
+    fn spawn_commit(&mut self, key: RootKey, job: CommitJob, decision: Decision) {
+        let job = Arc::new(job);
+        let (writer, signal, task_job) = (self.writer.clone(), self.signal.clone(), job.clone());
+        let task = self.commits.spawn(async move {
+            let result = writer.commit(&task_job).await;
+            signal.wake();
+            (task_job, result)
+        });
+        self.in_flight.insert(key, InFlight { job, decision, task: task.id() });
+    }
+
+    /// Moves the commits that ended since the last cycle to [`Admitter::ended`], with their
+    /// decisions, to be booked. A task that panicked is logged and forgotten (its plan, if
+    /// written, is followed like any other).
+    fn ended_commits(&mut self) {
+        while let Some(r) = self.commits.try_join_next_with_id() {
+            match r {
+                Ok((_, (job, result))) => {
+                    if let Some(flight) = self.in_flight.remove(&job.key) {
+                        self.ended.push((job, flight.decision, result));
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "a commit task failed; its plan is followed next cycle");
+                    self.in_flight.retain(|_, f| f.task != e.id());
+                }
+            }
+        }
+    }
+
     /// When a root backing off after errors may be tried again (`None`: now).
     fn backing_off(&self, key: &RootKey, now: Instant) -> Option<Instant> {
         self.roots.get(key).and_then(|m| m.error_until).filter(|at| *at > now)
@@ -295,8 +337,25 @@ impl Admitter {
     /// The snapshot admission decides on: nodes and the pods on them, then GPUs: topology and
     /// health per node, and the ledger (the device pass first gives indices to GPU pods bound
     /// without muster, so admission plans around them). Returns the GPUs per node too.
-    async fn snapshot(&mut self, nodes: &[Node], pods: &[Arc<Pod>]) -> Result<(Snapshot, HashMap<String, NodeGpus>)> {
-        let mut snapshot = super::watches::lock(&self.caches.cluster).snapshot();
+    /// The pods of roots settling that the cluster state does not count yet (the cache still
+    /// shows them gated) are counted as pinned, read under the same lock as the snapshot.
+    async fn snapshot(
+        &mut self,
+        nodes: &[Arc<Node>],
+        pods: &[Arc<Pod>],
+        settling: &Settling,
+        by_uid: &HashMap<&str, &Arc<Pod>>,
+    ) -> Result<(Snapshot, HashMap<String, NodeGpus>)> {
+        let (mut snapshot, uncounted) = {
+            let cluster = super::watches::lock(&self.caches.cluster);
+            let uncounted: Vec<(&Arc<Pod>, &PlannedPod)> = settling
+                .pins
+                .iter()
+                .filter_map(|(uid, planned)| by_uid.get(uid.as_str()).map(|pod| (*pod, planned)))
+                .filter(|(pod, _)| !cluster.counts(pod))
+                .collect();
+            (cluster.snapshot(), uncounted)
+        };
         snapshot.set_namespaces(
             self.caches
                 .namespaces
@@ -315,6 +374,9 @@ impl Admitter {
             // Devices allocated to any claim (muster's, kube-scheduler's) stay taken too.
             let used = held.get(node).copied().unwrap_or_default().union(g.unhealthy());
             snapshot.set_gpu_used(node, used);
+        }
+        for (pod, planned) in uncounted {
+            reserve(&mut snapshot, pod, planned);
         }
         Ok((snapshot, gpus))
     }
@@ -365,7 +427,7 @@ impl Admitter {
     }
 
     /// Each node's GPU model and health, refreshing the metrics cache when it is stale.
-    async fn gpu_state(&mut self, nodes: &[Node]) -> HashMap<String, NodeGpus> {
+    async fn gpu_state(&mut self, nodes: &[Arc<Node>]) -> HashMap<String, NodeGpus> {
         let now = std::time::SystemTime::now();
         if let Some(source) = &self.metrics_source
             && self.gpu_metrics.refresh(source, now).await
@@ -394,7 +456,7 @@ impl Admitter {
     /// malformed topology annotation, missing, stale or invalid metrics, GPUs too hot or full.
     /// A log line and an event on the Node, and `muster_gpu_node_problems{node, kind}`: one
     /// series per kind present, removed when it clears or the node goes.
-    async fn report_gpu_problems(&mut self, nodes: &[Node], gpus: &HashMap<String, NodeGpus>) {
+    async fn report_gpu_problems(&mut self, nodes: &[Arc<Node>], gpus: &HashMap<String, NodeGpus>) {
         let metrics_expected = self.metrics_source.is_some();
         let now: BTreeMap<String, Vec<GpuProblem>> = gpus
             .iter()
@@ -499,21 +561,7 @@ impl Admitter {
 }
 
 /// How many roots' commits are in flight at once.
-const COMMIT_CONCURRENCY: usize = 16;
-
-/// A commit task's end; a task that panicked is logged (its plan, if written, is resumed by
-/// the next cycle).
-fn joined(
-    r: Option<std::result::Result<(CommitJob, Result<Committed>), tokio::task::JoinError>>,
-) -> Option<(CommitJob, Result<Committed>)> {
-    match r? {
-        Ok(ended) => Some(ended),
-        Err(e) => {
-            tracing::error!(error = %e, "a commit task failed; its plan is resumed next cycle");
-            None
-        }
-    }
-}
+const COMMIT_CONCURRENCY: usize = 32;
 
 /// Finished pods (not of a rolled-back attempt) per PodGroup of a namespace.
 fn finished_per_group(ns: &str, by_group: &HashMap<RootKey, Vec<&Pod>>) -> BTreeMap<String, u32> {

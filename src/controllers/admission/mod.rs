@@ -26,11 +26,11 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
 
-use super::context::Context;
+use super::context::{Context, Result};
 use super::devices::DeviceReconciler;
 use super::devices::prometheus::PrometheusSource;
 use crate::crds::POD_GROUP_LABEL;
-use crate::crds::scheduling::{AdmissionPlan, CompositePodGroup, PlanState, PodGroup};
+use crate::crds::scheduling::{AdmissionPlan, CompositePodGroup, PlanState, PlannedPod, PodGroup};
 use crate::devices::MetricsCache;
 use crate::devices::chooser::FitCache;
 use crate::scheduler::{Group, PatchRefused, Quiet};
@@ -169,6 +169,8 @@ struct Admitter {
     gpu_problems: BTreeMap<String, Vec<crate::devices::GpuProblem>>,
     /// Groups whose last status write failed: errors in a row, not before, the last message.
     status_errors: HashMap<RootKey, (u32, Instant, String)>,
+    /// When each group's status was last written (kept for the status pace, see `status::may_wait`).
+    status_written: HashMap<RootKey, Instant>,
     /// Groups in excluded namespaces already reported by an event.
     excluded_reported: HashSet<RootKey>,
     /// DRA problems (devices not offered) last logged.
@@ -177,6 +179,24 @@ struct Admitter {
     dra_cache: Option<DraState>,
     /// What the last cycle saw, to skip a cycle that has nothing to do.
     quiet: Quiet,
+    /// Commits in flight, each on a task of its own: they go on across cycles, and the first
+    /// cycle after one ends books it.
+    commits: tokio::task::JoinSet<(Arc<commit::CommitJob>, Result<commit::Committed>)>,
+    /// The commits in flight by root, with the decision each carries out.
+    in_flight: HashMap<RootKey, InFlight>,
+    /// Commits that ended, with their decisions, not yet booked (a cycle that waits for the
+    /// caches books them later).
+    ended: Vec<(Arc<commit::CommitJob>, crate::scheduler::Decision, Result<commit::Committed>)>,
+    /// Wakes a cycle (a commit that ends does).
+    signal: Arc<watches::Signal>,
+}
+
+/// A commit in flight.
+struct InFlight {
+    job: Arc<commit::CommitJob>,
+    decision: crate::scheduler::Decision,
+    /// Its task (a task that panicked is known by it).
+    task: tokio::task::Id,
 }
 
 /// The writes of the commit protocol, by commits in flight at once (cheap to clone: each
@@ -185,7 +205,8 @@ struct Admitter {
 struct Writer {
     ctx: Arc<Context>,
     /// Writes not yet seen in the watch caches: a decision on a stale cache could plan a
-    /// gang twice or drop a plan it just wrote, so cycles wait until the caches catch up.
+    /// gang twice or drop a plan it just wrote, so cycles leave those roots alone until the
+    /// caches catch up (see [`watches::Settling`]).
     unseen: Arc<std::sync::Mutex<Unseen>>,
     /// Commit writes so far (pod patches and claim allocations), for [`FAULT_EXIT_ENV`].
     writes: Arc<AtomicU64>,
@@ -204,8 +225,8 @@ impl Writer {
 struct Unseen {
     /// Root -> the plan (id and state) it was given, or `None` when it was cleared.
     plans: HashMap<RootKey, (Option<(String, PlanState)>, Instant)>,
-    /// Pods ungated by a commit.
-    ungated: HashMap<String, Instant>,
+    /// Pods ungated by a commit: UID -> its root and pin.
+    ungated: HashMap<String, (RootKey, PlannedPod, Instant)>,
     /// Claims (namespace, name) a commit allocated (true) or freed (false).
     claims: HashMap<(String, String), (bool, Instant)>,
 }
@@ -251,10 +272,15 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         fits: Arc::default(),
         gpu_problems: BTreeMap::new(),
         status_errors: HashMap::new(),
+        status_written: HashMap::new(),
         excluded_reported: HashSet::new(),
         dra_problems: Vec::new(),
         dra_cache: None,
         quiet: Quiet::default(),
+        commits: tokio::task::JoinSet::new(),
+        in_flight: HashMap::new(),
+        ended: Vec::new(),
+        signal: notify.clone(),
     };
     tracing::info!("admission caches ready");
     loop {

@@ -456,21 +456,29 @@ impl Admitter {
         cpgs: &[CompositePodGroup],
         trees: &[GroupTree],
         by_group: &HashMap<RootKey, Vec<&Pod>>,
+        settling: &HashSet<RootKey>,
     ) -> Option<Instant> {
         let now = Timestamp::now();
         // The outcome of a root applies to every group under it.
         let mut outcome_of: HashMap<RootKey, Option<Outcome>> = HashMap::new();
         let mut quorate_of: HashMap<RootKey, bool> = HashMap::new();
+        // The groups under a root settling keep their status this cycle.
+        let mut keep: HashSet<RootKey> = HashSet::new();
         for tree in trees {
             let root = RootKey::of(&tree.namespace, &tree.root);
             let outcome = self.roots.get(&root).and_then(|m| m.outcome.clone());
+            let settles = settling.contains(&root);
             visit(&tree.root, &mut |g| {
-                outcome_of.insert(RootKey::of(&tree.namespace, g), outcome.clone());
-                quorate_of.insert(RootKey::of(&tree.namespace, g), scheduler::is_quorate(g));
+                let key = RootKey::of(&tree.namespace, g);
+                if settles {
+                    keep.insert(key.clone());
+                }
+                outcome_of.insert(key.clone(), outcome.clone());
+                quorate_of.insert(key, scheduler::is_quorate(g));
             });
         }
         let empty = Vec::new();
-        let mut writes: Vec<(RootKey, serde_json::Value)> = Vec::new();
+        let mut writes: Vec<(RootKey, bool, serde_json::Value)> = Vec::new();
         let mut leaf_status: HashMap<RootKey, crate::crds::scheduling::PodGroupStatus> = HashMap::new();
         for pg in pgs {
             let key = RootKey::leaf(&pg.namespace().unwrap_or_default(), &pg.name_any());
@@ -479,8 +487,9 @@ impl Admitter {
             let mut status = pod_group_status(pg, pods, outcome, now);
             let error = self.roots.get(&key).and_then(|m| m.error.as_deref());
             error_condition(&mut status.conditions, error, pg.metadata.generation, now);
-            if !same_status(pg.status.as_ref(), &status) {
-                writes.push((key.clone(), serde_json::to_value(&status).unwrap_or_default()));
+            if !keep.contains(&key) && !same_status(pg.status.as_ref(), &status) {
+                let paced = may_wait(pg.status.as_ref(), &status);
+                writes.push((key.clone(), paced, serde_json::to_value(&status).unwrap_or_default()));
             }
             leaf_status.insert(key, status);
         }
@@ -518,11 +527,31 @@ impl Admitter {
             let mut status = composite_status(cpg, &children, outcome, now);
             let error = self.roots.get(&key).and_then(|m| m.error.as_deref());
             error_condition(&mut status.conditions, error, cpg.metadata.generation, now);
-            if !same_status(cpg.status.as_ref(), &status) {
-                writes.push((key, serde_json::to_value(&status).unwrap_or_default()));
+            if !keep.contains(&key) && !same_status(cpg.status.as_ref(), &status) {
+                let paced = may_wait(cpg.status.as_ref(), &status);
+                writes.push((key, paced, serde_json::to_value(&status).unwrap_or_default()));
             }
         }
-        self.apply_statuses(writes).await
+        // A change that may wait is written at most once per STATUS_PACE per group.
+        let at = Instant::now();
+        self.status_written.retain(|_, t| at.duration_since(*t) < STATUS_PACE);
+        let mut wait: Option<Instant> = None;
+        let due: Vec<(RootKey, serde_json::Value)> = writes
+            .into_iter()
+            .filter_map(|(key, paced, status)| match self.status_written.get(&key) {
+                Some(t) if paced => {
+                    let next = *t + STATUS_PACE;
+                    wait = Some(wait.map_or(next, |w| w.min(next)));
+                    None
+                }
+                _ => Some((key, status)),
+            })
+            .collect();
+        let retry = self.apply_statuses(due).await;
+        match (retry, wait) {
+            (Some(r), Some(w)) => Some(r.min(w)),
+            (r, w) => r.or(w),
+        }
     }
 
     /// Applies each status, [`STATUS_CONCURRENCY`] at a time, skipping groups backing off after
@@ -555,6 +584,7 @@ impl Admitter {
             match result {
                 Ok(()) => {
                     self.status_errors.remove(&key);
+                    self.status_written.insert(key, Instant::now());
                 }
                 Err(e) => {
                     let kind = if key.composite { "CompositePodGroup" } else { "PodGroup" };
@@ -658,6 +688,10 @@ impl Admitter {
 
 /// How many group status writes of a cycle are in flight at once.
 const STATUS_CONCURRENCY: usize = 16;
+/// The least time between two writes of a group's status whose phase and conditions stand
+/// (see [`may_wait`]): a gang's pods created, bound and started one by one make one write a
+/// second, not one each (as kube's Job controller batches its status updates).
+const STATUS_PACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Status fields written by the commit protocol with their own merge patches (the plan, and
 /// the rollback record beside it); the server-side apply of the rest leaves them alone, so a
@@ -667,6 +701,13 @@ const COMMIT_FIELDS: [&str; 5] = ["plan", "rollbacks", "recentRollbacks", "lastR
 /// A group status part of which is written by the commit protocol.
 trait CommitRecord: Clone + PartialEq {
     fn without_commit_record(&self) -> Self;
+    /// The phase and each condition's type, status and reason: what a change of that must be
+    /// written at once for (counts and messages may wait, see [`may_wait`]).
+    fn standing(&self) -> (Option<GroupPhase>, Vec<(&str, &str, &str)>);
+}
+
+fn condition_keys(conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]) -> Vec<(&str, &str, &str)> {
+    conditions.iter().map(|c| (c.type_.as_str(), c.status.as_str(), c.reason.as_str())).collect()
 }
 
 impl CommitRecord for PodGroupStatus {
@@ -679,6 +720,10 @@ impl CommitRecord for PodGroupStatus {
             avoid_nodes: Vec::new(),
             ..self.clone()
         }
+    }
+
+    fn standing(&self) -> (Option<GroupPhase>, Vec<(&str, &str, &str)>) {
+        (self.phase, condition_keys(&self.conditions))
     }
 }
 
@@ -693,11 +738,23 @@ impl CommitRecord for CompositePodGroupStatus {
             ..self.clone()
         }
     }
+
+    fn standing(&self) -> (Option<GroupPhase>, Vec<(&str, &str, &str)>) {
+        (self.phase, condition_keys(&self.conditions))
+    }
 }
 
 /// Status equality that ignores what the commit protocol writes.
 fn same_status<S: CommitRecord>(old: Option<&S>, new: &S) -> bool {
     old.is_some_and(|old| old.without_commit_record() == new.without_commit_record())
+}
+
+/// PURE: whether a status change may wait for the next paced write ([`STATUS_PACE`]): the
+/// phase and every condition's type, status and reason stand, only counts and messages
+/// moved (a gang's pods being created, bound, started one by one). A first status never
+/// waits.
+fn may_wait<S: CommitRecord>(old: Option<&S>, new: &S) -> bool {
+    old.is_some_and(|old| old.standing() == new.standing())
 }
 
 #[cfg(test)]
@@ -882,5 +939,51 @@ mod tests {
         let s = composite_status(&cpg, &kids, None, now());
         assert_eq!(s.phase, Some(GroupPhase::Running));
         assert!(conditions::is_true(&s.conditions, condition::COMPOSITE_INITIALLY_SCHEDULED));
+    }
+}
+
+#[cfg(test)]
+mod pace_tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+    fn status(phase: GroupPhase, pods: i32, admitted: (&str, &str, &str)) -> PodGroupStatus {
+        let (status, reason, message) = admitted;
+        PodGroupStatus {
+            phase: Some(phase),
+            pods,
+            conditions: vec![Condition {
+                type_: "Admitted".into(),
+                status: status.into(),
+                reason: reason.into(),
+                message: message.into(),
+                last_transition_time: Time(Timestamp::UNIX_EPOCH),
+                observed_generation: None,
+            }],
+            ..PodGroupStatus::default()
+        }
+    }
+
+    #[test]
+    fn only_counts_and_messages_wait_for_the_pace() {
+        let waiting = |pods, m| status(GroupPhase::Pending, pods, ("False", "Waiting", m));
+        let old = waiting(1, "1 of 3 pods exist");
+        let cases = [
+            ("a pod more, its message too: may wait", waiting(2, "2 of 3 pods exist"), true),
+            ("the phase moves: at once", status(GroupPhase::Admitted, 3, ("False", "Waiting", "")), false),
+            ("a condition's status moves: at once", status(GroupPhase::Pending, 3, ("True", "Waiting", "")), false),
+            (
+                "a condition's reason moves: at once",
+                status(GroupPhase::Pending, 1, ("False", "Unschedulable", "")),
+                false,
+            ),
+        ];
+        for (name, new, want) in cases {
+            assert_eq!(may_wait(Some(&old), &new), want, "{name}");
+        }
+        assert!(!may_wait(None, &old), "a first status never waits");
+        let mut extra = old.clone();
+        extra.conditions.push(Condition { type_: "AdmissionError".into(), ..old.conditions[0].clone() });
+        assert!(!may_wait(Some(&old), &extra), "a condition added: at once");
     }
 }

@@ -1,9 +1,9 @@
 //! What admission watches and what wakes a cycle: one reflector per kind (trimmed to what
 //! placement and status read), a notification on every event, a capacity counter bumped by
-//! events that can free room (so roots in backoff are retried), and the check that the
-//! caches show this process's own writes before a cycle decides on them.
+//! events that can free room (so roots in backoff are retried), and the roots whose own writes
+//! the caches do not show yet (a cycle leaves them alone).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -19,8 +19,8 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
 use tokio::sync::Notify;
 
-use super::{Admitter, Caches, DraCaches, RootKey, is_gated, trim};
-use crate::crds::scheduling::{AdmissionPlan, CompositePodGroup, PlanState, PodGroup};
+use super::{Admitter, Caches, DraCaches, RootKey, Unseen, is_gated, trim};
+use crate::crds::scheduling::{AdmissionPlan, CompositePodGroup, PlanState, PlannedPod, PodGroup};
 use crate::scheduler::{Change, ClusterState};
 
 /// How long to wait for the caches to show a write before deciding anyway.
@@ -315,46 +315,161 @@ pub(super) async fn ready(caches: &Caches) {
     }
 }
 
+/// The roots a cycle leaves alone, and the pins it counts for them: writes of ours the caches
+/// do not show yet, and commits in flight. A decision on such a root could plan its gang twice
+/// or drop the plan just written, and the capacity its pods take must stay counted while the
+/// cache still shows them gated.
+#[derive(Default)]
+pub(super) struct Settling {
+    /// Roots with a commit in flight or a write not yet seen: neither followed, decided nor
+    /// given a status this cycle.
+    pub roots: HashSet<RootKey>,
+    /// Pods those roots pin (UID -> pin), counted in the snapshot as pinned unless it counts
+    /// them already.
+    pub pins: HashMap<String, PlannedPod>,
+}
+
 impl Admitter {
-    /// True when every write of ours shows in the caches (or waited long enough).
-    pub(super) fn caches_caught_up(&mut self, pgs: &[PodGroup], cpgs: &[CompositePodGroup], pods: &[Arc<Pod>]) -> bool {
-        let now = Instant::now();
-        // `None`: the group is gone (nothing to wait for); `Some(plan)`: its plan as cached.
-        let plan_of = |key: &RootKey| -> Option<Option<(String, PlanState)>> {
-            let same = |ns: Option<String>, name: String| ns.as_deref() == Some(key.ns.as_str()) && name == key.name;
-            let plan = |p: Option<&AdmissionPlan>| p.map(|p| (p.id.clone(), p.state));
-            if key.composite {
-                cpgs.iter()
-                    .find(|g| same(g.namespace(), g.name_any()))
-                    .map(|g| plan(g.status.as_ref().and_then(|s| s.plan.as_ref())))
-            } else {
-                pgs.iter()
-                    .find(|g| same(g.namespace(), g.name_any()))
-                    .map(|g| plan(g.status.as_ref().and_then(|s| s.plan.as_ref())))
-            }
-        };
-        let mut unseen = self.writer.unseen();
-        unseen.plans.retain(|key, (want, at)| {
-            now.duration_since(*at) < CACHE_SYNC_TIMEOUT && plan_of(key).is_some_and(|cached| cached != *want)
-        });
+    /// What this cycle leaves alone ([`Settling`]): the writes the caches do not show yet
+    /// (see [`Unseen::settle`]) and the commits in flight. `None` while a claim write of ours
+    /// is unseen: the cycle waits then.
+    pub(super) fn settling(
+        &mut self,
+        pgs: &[PodGroup],
+        cpgs: &[CompositePodGroup],
+        pods: &[Arc<Pod>],
+    ) -> Option<Settling> {
+        let plan = |s: Option<&AdmissionPlan>| s.map(|p| (p.id.clone(), p.state));
+        let plans: HashMap<RootKey, Option<(String, PlanState)>> = pgs
+            .iter()
+            .map(|g| {
+                let key = RootKey::leaf(&g.namespace().unwrap_or_default(), &g.name_any());
+                (key, plan(g.status.as_ref().and_then(|s| s.plan.as_ref())))
+            })
+            .chain(cpgs.iter().map(|g| {
+                let key = RootKey::composite(&g.namespace().unwrap_or_default(), &g.name_any());
+                (key, plan(g.status.as_ref().and_then(|s| s.plan.as_ref())))
+            }))
+            .collect();
         let gated: HashSet<&str> =
             pods.iter().filter(|p| is_gated(p)).filter_map(|p| p.metadata.uid.as_deref()).collect();
-        unseen.ungated.retain(|uid, at| now.duration_since(*at) < CACHE_SYNC_TIMEOUT && gated.contains(uid.as_str()));
-        // Claims allocated (or freed) by a commit: a decision on a cache without the
-        // allocation could give its devices again.
-        if let Some(dra) = &self.caches.dra {
-            let claims = &dra.claims;
-            unseen.claims.retain(|(ns, name), (allocated, at)| {
-                let cached = claims
-                    .state()
-                    .iter()
-                    .find(|c| {
-                        c.metadata.namespace.as_deref() == Some(ns.as_str()) && c.metadata.name.as_deref() == Some(name)
-                    })
-                    .map(|c| c.status.as_ref().is_some_and(|s| s.allocation.is_some()));
-                now.duration_since(*at) < CACHE_SYNC_TIMEOUT && cached.is_some_and(|c| c != *allocated)
-            });
+        let claims: Option<HashMap<(String, String), bool>> = self.caches.dra.as_ref().map(|dra| {
+            dra.claims
+                .state()
+                .iter()
+                .map(|c| {
+                    let key = (c.namespace().unwrap_or_default(), c.name_any());
+                    (key, c.status.as_ref().is_some_and(|s| s.allocation.is_some()))
+                })
+                .collect()
+        });
+        let mut settling = self.writer.unseen().settle(&plans, &gated, claims.as_ref(), Instant::now())?;
+        for (key, flight) in &self.in_flight {
+            settling.roots.insert(key.clone());
+            for planned in flight.job.planned() {
+                settling.pins.entry(planned.uid.clone()).or_insert_with(|| planned.clone());
+            }
         }
-        unseen.plans.is_empty() && unseen.ungated.is_empty() && unseen.claims.is_empty()
+        Some(settling)
+    }
+}
+
+impl Unseen {
+    /// PURE: forgets the writes the caches show now (or that waited [`CACHE_SYNC_TIMEOUT`])
+    /// and says which roots the rest hold back and which pins they count. `plans`: each group's
+    /// cached plan (id, state); `gated`: the UIDs of the pods cached gated; `claims`: each
+    /// cached claim's allocation (`None` without DRA). `None` while a claim write is unseen: a
+    /// decision on such a cache could give the claim's devices again.
+    pub(super) fn settle(
+        &mut self,
+        plans: &HashMap<RootKey, Option<(String, PlanState)>>,
+        gated: &HashSet<&str>,
+        claims: Option<&HashMap<(String, String), bool>>,
+        now: Instant,
+    ) -> Option<Settling> {
+        let fresh = |at: &Instant| now.duration_since(*at) < CACHE_SYNC_TIMEOUT;
+        // A plan write is seen once the cached plan is the one written (or the group is gone).
+        self.plans.retain(|key, (want, at)| fresh(at) && plans.get(key).is_some_and(|cached| cached != want));
+        self.ungated.retain(|uid, (_, _, at)| fresh(at) && gated.contains(uid.as_str()));
+        match claims {
+            Some(cached) => {
+                self.claims.retain(|key, (allocated, at)| fresh(at) && cached.get(key).is_some_and(|c| c != allocated))
+            }
+            None => self.claims.clear(),
+        }
+        if !self.claims.is_empty() {
+            return None;
+        }
+        let mut settling = Settling::default();
+        settling.roots.extend(self.plans.keys().cloned());
+        for (uid, (key, planned, _)) in &self.ungated {
+            settling.roots.insert(key.clone());
+            settling.pins.insert(uid.clone(), planned.clone());
+        }
+        Some(settling)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pin(uid: &str, node: &str) -> PlannedPod {
+        PlannedPod { name: format!("pod-{uid}"), uid: uid.into(), node: node.into(), ..PlannedPod::default() }
+    }
+
+    #[test]
+    fn writes_hold_their_roots_back_until_the_caches_show_them() {
+        let t0 = Instant::now();
+        let (a, b) = (RootKey::leaf("ns", "a"), RootKey::composite("ns", "b"));
+        let committing = Some(("a-1".to_string(), PlanState::Committing));
+        let mut unseen = Unseen::default();
+        unseen.plans.insert(a.clone(), (committing.clone(), t0));
+        unseen.ungated.insert("u1".into(), (b.clone(), pin("u1", "n1"), t0));
+        unseen.ungated.insert("u2".into(), (b.clone(), pin("u2", "n2"), t0));
+
+        // Nothing seen yet: both roots wait, both pins of b are counted.
+        let plans = HashMap::from([(a.clone(), None), (b.clone(), None)]);
+        let gated = HashSet::from(["u1", "u2"]);
+        let s = unseen.settle(&plans, &gated, None, t0).expect("no claim write pending");
+        assert_eq!(s.roots, HashSet::from([a.clone(), b.clone()]));
+        assert_eq!(s.pins.len(), 2);
+        assert_eq!(s.pins["u2"].node, "n2");
+
+        // a's plan and u1's patch show: only u2 holds b back.
+        let plans = HashMap::from([(a.clone(), committing.clone()), (b.clone(), None)]);
+        let gated = HashSet::from(["u2"]);
+        let s = unseen.settle(&plans, &gated, None, t0).expect("no claim write pending");
+        assert_eq!(s.roots, HashSet::from([b.clone()]));
+        assert_eq!(s.pins.keys().collect::<Vec<_>>(), vec!["u2"]);
+
+        // A write never seen is let go after the sync timeout.
+        let later = t0 + CACHE_SYNC_TIMEOUT;
+        let s = unseen.settle(&plans, &gated, None, later).expect("no claim write pending");
+        assert!(s.roots.is_empty() && s.pins.is_empty());
+        assert!(unseen.plans.is_empty() && unseen.ungated.is_empty());
+    }
+
+    #[test]
+    fn a_plan_write_to_a_group_that_is_gone_is_seen() {
+        let t0 = Instant::now();
+        let a = RootKey::leaf("ns", "a");
+        let mut unseen = Unseen::default();
+        unseen.plans.insert(a, (None, t0));
+        let s = unseen.settle(&HashMap::new(), &HashSet::new(), None, t0).expect("no claim write pending");
+        assert!(s.roots.is_empty());
+    }
+
+    #[test]
+    fn an_unseen_claim_write_makes_the_cycle_wait() {
+        let t0 = Instant::now();
+        let claim = ("ns".to_string(), "c".to_string());
+        let mut unseen = Unseen::default();
+        unseen.claims.insert(claim.clone(), (true, t0));
+        let not_yet = HashMap::from([(claim.clone(), false)]);
+        assert!(unseen.settle(&HashMap::new(), &HashSet::new(), Some(&not_yet), t0).is_none());
+        let allocated = HashMap::from([(claim, true)]);
+        assert!(unseen.settle(&HashMap::new(), &HashSet::new(), Some(&allocated), t0).is_some());
+        assert!(unseen.claims.is_empty());
     }
 }
