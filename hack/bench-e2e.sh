@@ -9,6 +9,8 @@
 #   BENCH_NODES (1000)  BENCH_GANGS (200)  BENCH_SIZE (3)  BENCH_PATHS (plain,gang,muster)
 #   BENCH_OUT (target/bench-e2e.json)  BENCH_TIMEOUT (600 s per path)  BENCH_CONCURRENCY (16)
 #   BENCH_RATE (gangs created per second per path; 0, the default: as fast as creates go)
+#   BENCH_PROFILE=perf|heaptrack: record muster's CPU samples (perf record) or its heap
+#   (heaptrack attached) during the whole run, into $MUSTER_CLUSTER_DIR/profile/
 #   MUSTER_CLUSTER_DIR (target/bench-cluster)  MUSTER_K8S_BIN (tools/k8s/bindir.sh)
 set -euo pipefail
 
@@ -40,6 +42,11 @@ cargo build --release --quiet || die "cargo build --release failed"
 muster_pid=
 cleanup() {
   local rc=$?
+  if [ -n "${profiler_pid:-}" ]; then
+    kill -INT "$profiler_pid" 2> /dev/null || true
+    for _ in $(seq 100); do kill -0 "$profiler_pid" 2> /dev/null || break; sleep 0.1; done
+    log "profile in $dir/profile"
+  fi
   if [ -n "$muster_pid" ] && kill -0 "$muster_pid" 2> /dev/null; then
     kill -TERM "$muster_pid" 2> /dev/null || true
     for _ in $(seq 50); do kill -0 "$muster_pid" 2> /dev/null || break; sleep 0.1; done
@@ -83,6 +90,19 @@ for _ in $(seq 300); do
   sleep 0.2
 done
 [ $ready = 1 ] || { tail -n 20 "$dir/logs/muster.log" >&2; die "muster not ready after 60 s"; }
+profiler_pid=
+case "${BENCH_PROFILE:-}" in
+  "") ;;
+  perf)
+    mkdir -p "$dir/profile"
+    perf record -F 499 -g -p "$muster_pid" -o "$dir/profile/perf.data" > "$dir/profile/perf.log" 2>&1 &
+    profiler_pid=$! ;;
+  heaptrack)
+    mkdir -p "$dir/profile"
+    heaptrack -o "$dir/profile/heaptrack" -p "$muster_pid" > "$dir/profile/heaptrack.log" 2>&1 &
+    profiler_pid=$! ;;
+  *) die "BENCH_PROFILE must be perf or heaptrack" ;;
+esac
 log "muster ready (pid $muster_pid, metrics http://127.0.0.1:$metrics_port/metrics, log $dir/logs/muster.log)"
 
 mkdir -p "$(dirname "$out")"

@@ -96,27 +96,97 @@ pub fn node_gpus_with<N: Borrow<Node>>(
     thresholds: &HealthThresholds,
     now: SystemTime,
 ) -> HashMap<String, NodeGpus> {
-    let mut out = HashMap::new();
-    for node in nodes.iter().map(Borrow::borrow) {
-        let name = node.metadata.name.as_deref().unwrap_or_default();
-        let gpus = allocatable_gpus(node).max(published.get(name).copied().unwrap_or(0));
-        let annotation = node_annotation(node, GPU_TOPOLOGY_ANNOTATION);
-        if gpus == 0 && annotation.is_none() {
-            continue;
-        }
-        let name = node.metadata.name.clone().unwrap_or_default();
-        let (topology, topology_problem) = GpuTopology::from_node(annotation, gpus);
+    NodeGpuCache::default().node_gpus(nodes, published, metrics, thresholds, now)
+}
+
+/// What [`node_gpus_with`] reads of a node's annotations (topology, the node agent's health
+/// and assignments), kept between calls: a node whose annotations and GPU count are the same
+/// as last time is not parsed again. Health is worked out afresh every call (it depends on
+/// the metrics and the clock). Nodes not passed in a call are forgotten.
+#[derive(Debug, Default)]
+pub struct NodeGpuCache {
+    nodes: HashMap<String, ParsedNode>,
+}
+
+/// One node's annotations as read, and what they parsed to.
+#[derive(Debug)]
+struct ParsedNode {
+    gpus: u64,
+    annotations: [Option<String>; 3],
+    topology: GpuTopology,
+    topology_problem: Option<TopologyProblem>,
+    agent: Option<crate::devices::NodeMetrics>,
+    assigned: Option<AssignedAnnotation>,
+    report_problems: Vec<String>,
+}
+
+impl ParsedNode {
+    fn parse(gpus: u64, annotations: [Option<&str>; 3]) -> Self {
+        let [topology, health, assigned] = annotations;
+        let (topology_parsed, topology_problem) = GpuTopology::from_node(topology, gpus);
         let mut report_problems = Vec::new();
-        let agent = node_annotation(node, GPU_HEALTH_ANNOTATION)
-            .and_then(|v| HealthAnnotation::parse(v).map_err(|e| report_problems.push(e.to_string())).ok());
-        let merged = report::newest(agent.as_ref(), metrics.node(&name));
-        let health = healthy_mask(&topology, merged.as_ref(), thresholds, now);
-        let assigned = node_annotation(node, GPU_ASSIGNED_ANNOTATION)
-            .and_then(|v| AssignedAnnotation::parse(v).map_err(|e| report_problems.push(e.to_string())).ok());
-        let agent_health = agent.is_some();
-        out.insert(name, NodeGpus { topology, topology_problem, health, assigned, report_problems, agent_health });
+        let agent =
+            health.and_then(|v| HealthAnnotation::parse(v).map_err(|e| report_problems.push(e.to_string())).ok());
+        let assigned_parsed =
+            assigned.and_then(|v| AssignedAnnotation::parse(v).map_err(|e| report_problems.push(e.to_string())).ok());
+        Self {
+            gpus,
+            annotations: annotations.map(|a| a.map(str::to_string)),
+            topology: topology_parsed,
+            topology_problem,
+            agent,
+            assigned: assigned_parsed,
+            report_problems,
+        }
     }
-    out
+
+    fn is_for(&self, gpus: u64, annotations: &[Option<&str>; 3]) -> bool {
+        self.gpus == gpus && self.annotations.iter().zip(annotations).all(|(kept, now)| kept.as_deref() == *now)
+    }
+}
+
+impl NodeGpuCache {
+    /// [`node_gpus_with`], parsing only the nodes whose annotations or GPU count changed.
+    pub fn node_gpus<N: Borrow<Node>>(
+        &mut self,
+        nodes: &[N],
+        published: &HashMap<String, u64>,
+        metrics: &MetricsCache,
+        thresholds: &HealthThresholds,
+        now: SystemTime,
+    ) -> HashMap<String, NodeGpus> {
+        let mut out = HashMap::new();
+        let mut seen: HashMap<String, ParsedNode> = HashMap::with_capacity(self.nodes.len());
+        for node in nodes.iter().map(Borrow::borrow) {
+            let name = node.metadata.name.as_deref().unwrap_or_default();
+            let gpus = allocatable_gpus(node).max(published.get(name).copied().unwrap_or(0));
+            let annotations = [GPU_TOPOLOGY_ANNOTATION, GPU_HEALTH_ANNOTATION, GPU_ASSIGNED_ANNOTATION]
+                .map(|key| node_annotation(node, key));
+            if gpus == 0 && annotations[0].is_none() {
+                continue;
+            }
+            let parsed = match self.nodes.remove(name) {
+                Some(kept) if kept.is_for(gpus, &annotations) => kept,
+                _ => ParsedNode::parse(gpus, annotations),
+            };
+            let merged = report::newest(parsed.agent.as_ref(), metrics.node(name));
+            let health = healthy_mask(&parsed.topology, merged.as_ref(), thresholds, now);
+            out.insert(
+                name.to_string(),
+                NodeGpus {
+                    topology: parsed.topology.clone(),
+                    topology_problem: parsed.topology_problem.clone(),
+                    health,
+                    assigned: parsed.assigned.clone(),
+                    report_problems: parsed.report_problems.clone(),
+                    agent_health: parsed.agent.is_some(),
+                },
+            );
+            seen.insert(name.to_string(), parsed);
+        }
+        self.nodes = seen;
+        out
+    }
 }
 
 /// The load-independent part of GPU choices ([`Fit`]), shared by every admission cycle: it
@@ -423,5 +493,41 @@ mod tests {
     fn unknown_nodes_get_no_choice() {
         let chooser = TopologyChooser::new(HashMap::new(), SelectOptions::default());
         assert!(chooser.choose(&NodeInfo::new("x", Resources::new()), 1, GpuSet::EMPTY).is_none());
+    }
+
+    proptest::proptest! {
+        /// The annotation cache never changes an answer: after any sequence of node changes
+        /// (GPU count, topology, health and assignment annotations, good or malformed, nodes
+        /// gone and back), it gives what parsing every node afresh gives.
+        #[test]
+        fn cached_node_gpus_equal_parsing_afresh(
+            steps in proptest::collection::vec((0usize..3, proptest::option::of((0usize..3, 0usize..3, 0usize..3, 0usize..3))), 1..30),
+        ) {
+            let topologies = [None, Some(pcie()), Some("{not json".to_string())];
+            let health = [None, Some("{}".to_string()), Some("[broken".to_string())];
+            let assigned = [None, Some("{}".to_string()), Some("[broken".to_string())];
+            let names = ["a", "b", "c"];
+            let mut nodes: Vec<Option<Node>> = vec![None, None, None];
+            let mut cache = NodeGpuCache::default();
+            let metrics = MetricsCache::default();
+            let thresholds = HealthThresholds::default();
+            for (i, change) in steps {
+                nodes[i] = change.map(|(gpus, t, h, a)| {
+                    let mut n = node(names[i], topologies[t].as_deref(), [0, 4, 8][gpus]);
+                    let annotations = n.metadata.annotations.get_or_insert_with(Default::default);
+                    for (key, value) in [(GPU_HEALTH_ANNOTATION, &health[h]), (GPU_ASSIGNED_ANNOTATION, &assigned[a])] {
+                        if let Some(v) = value {
+                            annotations.insert(key.to_string(), v.clone());
+                        }
+                    }
+                    n
+                });
+                let now: Vec<Node> = nodes.iter().flatten().cloned().collect();
+                let published = HashMap::new();
+                let cached = cache.node_gpus(&now, &published, &metrics, &thresholds, SystemTime::UNIX_EPOCH);
+                let afresh = node_gpus_with(&now, &published, &metrics, &thresholds, SystemTime::UNIX_EPOCH);
+                proptest::prop_assert_eq!(cached, afresh);
+            }
+        }
     }
 }

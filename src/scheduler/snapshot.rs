@@ -92,9 +92,10 @@ pub enum Unusable {
     UnreadableUsage,
 }
 
-/// Node labels, sorted by key for quick lookup.
+/// Node labels, sorted by key for quick lookup. Shared on clone (a snapshot copies every
+/// node's labels each cycle; only a label set is copied, on write).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Labels(Vec<(Box<str>, Box<str>)>);
+pub struct Labels(std::sync::Arc<Vec<(Box<str>, Box<str>)>>);
 
 impl Labels {
     /// The value of a label.
@@ -104,9 +105,10 @@ impl Labels {
 
     /// Sets a label.
     pub fn insert(&mut self, key: &str, value: &str) {
-        match self.0.binary_search_by(|(k, _)| k.as_ref().cmp(key)) {
-            Ok(i) => self.0[i].1 = value.into(),
-            Err(i) => self.0.insert(i, (key.into(), value.into())),
+        let labels = std::sync::Arc::make_mut(&mut self.0);
+        match labels.binary_search_by(|(k, _)| k.as_ref().cmp(key)) {
+            Ok(i) => labels[i].1 = value.into(),
+            Err(i) => labels.insert(i, (key.into(), value.into())),
         }
     }
 

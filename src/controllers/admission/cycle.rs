@@ -19,7 +19,7 @@ use crate::controllers::context::{Error, Result};
 use crate::controllers::metrics::ReasonLabels;
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{CompositePodGroup, PlannedPod, PodGroup};
-use crate::devices::chooser::{NodeGpus, TopologyChooser, node_gpus_with};
+use crate::devices::chooser::{NodeGpus, TopologyChooser};
 use crate::devices::{GpuProblem, GpuProblemKind, GpuSet, HealthThresholds, SelectOptions};
 use crate::scheduler::{
     self, Admission, Decision, Group, GroupTree, PatchRefused, PlaceOptions, PodState, Scoring, Snapshot,
@@ -439,7 +439,8 @@ impl Admitter {
         let published = self.caches.dra.as_ref().map_or_else(HashMap::new, |d| {
             crate::devices::dra::published_gpus(&state(&d.slices), crate::devices::dra::NVIDIA_GPU_DRIVER)
         });
-        let gpus = node_gpus_with(nodes, &published, &self.gpu_metrics, &self.thresholds(), now);
+        let thresholds = self.thresholds();
+        let gpus = self.node_gpus.node_gpus(nodes, &published, &self.gpu_metrics, &thresholds, now);
         self.agent_health = gpus.values().any(|g| g.agent_health);
         self.report_gpu_problems(nodes, &gpus).await;
         let unhealthy: BTreeMap<String, GpuSet> =

@@ -165,6 +165,8 @@ struct Admitter {
     agent_health: bool,
     /// GPU choices by node kind and occupancy, kept across cycles.
     fits: Arc<FitCache>,
+    /// Each node's GPU annotations as parsed, kept across cycles.
+    node_gpus: crate::devices::chooser::NodeGpuCache,
     /// GPU problems per node last reported (topology annotation, metrics, health).
     gpu_problems: BTreeMap<String, Vec<crate::devices::GpuProblem>>,
     /// Groups whose last status write failed: errors in a row, not before, the last message.
@@ -270,6 +272,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         unhealthy: BTreeMap::new(),
         agent_health: false,
         fits: Arc::default(),
+        node_gpus: Default::default(),
         gpu_problems: BTreeMap::new(),
         status_errors: HashMap::new(),
         status_written: HashMap::new(),

@@ -213,6 +213,19 @@ pub fn plan<'a, P: std::borrow::Borrow<Pod>>(
     snapshot: &Snapshot,
     gpus: &HashMap<String, NodeGpus>,
 ) -> DevicePlan<'a> {
+    plan_with(pods, snapshot, gpus, &HashMap::new())
+}
+
+/// [`plan`], where `chosen` (pod UID -> node and GPUs) holds what earlier passes chose for
+/// pods whose annotation the cache does not show yet (written, or being written): those pods
+/// get the same GPUs again, before any other pod is given GPUs, so no pass hands them to
+/// another pod while the write is on its way to the cache.
+pub fn plan_with<'a, P: std::borrow::Borrow<Pod>>(
+    pods: &'a [P],
+    snapshot: &Snapshot,
+    gpus: &HashMap<String, NodeGpus>,
+    chosen: &HashMap<String, (String, GpuSet)>,
+) -> DevicePlan<'a> {
     // Terminating pods stay: in their grace period they still run on their GPUs.
     let located: Vec<(&Pod, String)> =
         pods.iter().map(std::borrow::Borrow::borrow).filter_map(|p| node_of(p, snapshot).map(|n| (p, n))).collect();
@@ -263,12 +276,15 @@ pub fn plan<'a, P: std::borrow::Borrow<Pod>>(
             live && is_bound(p) && gpus_wanted(p) > 0 && !p.annotations().contains_key(GPU_INDICES_ANNOTATION)
         })
         .collect();
-    unassigned.sort_by(|(a, _), (b, _)| {
+    // Pods chosen for before come first, then the oldest.
+    let earlier = |p: &Pod, node: &str| chosen.get(uid_of(p)).filter(|(n, _)| n == node).map(|(_, g)| *g);
+    unassigned.sort_by(|(a, na), (b, nb)| {
         let age = |p: &Pod| {
             let created = p.metadata.creation_timestamp.as_ref().map(|t| t.0);
             (created.is_none(), created)
         };
-        age(a).cmp(&age(b)).then_with(|| uid_of(a).cmp(uid_of(b)))
+        let fresh = |p: &Pod, n: &str| earlier(p, n).is_none();
+        fresh(a, na).cmp(&fresh(b, nb)).then_with(|| age(a).cmp(&age(b))).then_with(|| uid_of(a).cmp(uid_of(b)))
     });
     for (pod, node) in unassigned {
         let Some(node_gpus) = gpus.get(node) else { continue };
@@ -276,14 +292,25 @@ pub fn plan<'a, P: std::borrow::Borrow<Pod>>(
         let terminating = crate::pods::is_terminating(pod);
         let used = ledger.used_mask(node);
         let free = node_gpus.topology.all().difference(used);
-        // Prefer healthy GPUs; the pod is bound already, so fall back to any free one.
-        let choice = select(
-            &node_gpus.topology,
-            crate::devices::available(&node_gpus.health, used),
-            wanted,
-            SelectOptions::default(),
-        )
-        .or_else(|| select(&node_gpus.topology, free, wanted, SelectOptions::default()));
+        // What an earlier pass chose, while those GPUs are still free; else prefer healthy
+        // GPUs (the pod is bound already, so fall back to any free one).
+        let again = earlier(pod, node)
+            .filter(|g| {
+                g.len() == wanted
+                    && g.intersection(used).is_empty()
+                    && g.difference(node_gpus.topology.all()).is_empty()
+            })
+            .map(|gpus| crate::devices::select::Selection { gpus, cost: 0 });
+        let choice = again
+            .or_else(|| {
+                select(
+                    &node_gpus.topology,
+                    crate::devices::available(&node_gpus.health, used),
+                    wanted,
+                    SelectOptions::default(),
+                )
+            })
+            .or_else(|| select(&node_gpus.topology, free, wanted, SelectOptions::default()));
         let uid = uid_of(pod);
         let Some(choice) = choice else {
             if !terminating {
@@ -466,6 +493,10 @@ pub struct DeviceReconciler {
     results: Results,
     /// Called when a batch ends, so the next pass books it (admission wakes a cycle).
     on_batch_done: Option<Arc<dyn Fn() + Send + Sync>>,
+    /// GPUs this reconciler chose for pods bound without muster, until the cache shows their
+    /// annotation: pod UID -> node, GPUs, whether the write went through. Later passes give
+    /// those pods the same GPUs (see [`plan_with`]) and do not write them twice.
+    chosen: HashMap<String, (String, GpuSet, bool)>,
 }
 
 impl Default for DeviceReconciler {
@@ -478,6 +509,7 @@ impl Default for DeviceReconciler {
             batch: None,
             results: Results::default(),
             on_batch_done: None,
+            chosen: HashMap::new(),
         }
     }
 }
@@ -552,9 +584,21 @@ impl DeviceReconciler {
         gpus: &HashMap<String, NodeGpus>,
     ) -> HashMap<String, GpuSet> {
         self.book(ctx).await;
-        let plan = plan(pods, snapshot, gpus);
         let by_uid: HashMap<&str, &Pod> =
             pods.iter().map(std::borrow::Borrow::borrow).map(|p: &Pod| (uid_of(p), p)).collect();
+        // A choice is kept until the cache shows the pod's annotation (or the pod is gone).
+        self.chosen.retain(|uid, _| {
+            by_uid.get(uid.as_str()).is_some_and(|p| !p.annotations().contains_key(GPU_INDICES_ANNOTATION))
+        });
+        let earlier: HashMap<String, (String, GpuSet)> =
+            self.chosen.iter().map(|(uid, (node, gpus, _))| (uid.clone(), (node.clone(), *gpus))).collect();
+        let plan = plan_with(pods, snapshot, gpus, &earlier);
+        for a in plan.assignments.iter().filter(|a| a.source == Source::Chosen) {
+            let entry = self.chosen.entry(uid_of(a.pod).to_string()).or_insert((a.node.clone(), a.gpus, false));
+            if (entry.0.as_str(), entry.1) != (a.node.as_str(), a.gpus) {
+                *entry = (a.node.clone(), a.gpus, false);
+            }
+        }
         for report in self.reported.fresh(&plan.reports) {
             if report.conflict {
                 ctx.metrics.gpu_conflicts.inc();
@@ -572,6 +616,8 @@ impl DeviceReconciler {
                 .assignments
                 .iter()
                 .filter(|a| a.write && self.backoff.ready(uid_of(a.pod), now))
+                // Written already, not in the cache yet: not written again.
+                .filter(|a| !self.chosen.get(uid_of(a.pod)).is_some_and(|(_, g, written)| *written && *g == a.gpus))
                 .map(Sent::of)
                 .collect();
             if !due.is_empty() {
@@ -636,10 +682,16 @@ impl DeviceReconciler {
         match outcome {
             Written::Done => {
                 self.backoff.forget(&uid);
+                if let Some(entry) = self.chosen.get_mut(&uid)
+                    && format_indices(entry.1) == indices
+                {
+                    entry.2 = true;
+                }
                 None
             }
             Written::Gone(message) => {
                 self.backoff.forget(&uid);
+                self.chosen.remove(&uid);
                 tracing::debug!(pod = %name, error = %message, "pod changed or gone; GPU indices not written");
                 None
             }

@@ -568,3 +568,43 @@ async fn a_repeated_event_keeps_its_series_until_its_note_changes() {
     // kube-rs's recorder alone would PATCH the first event for all three repeats, note "one".
     assert_eq!(events, [("POST", false), ("PATCH", false), ("POST", true), ("PATCH", true)]);
 }
+
+#[test]
+fn a_pod_keeps_the_gpus_chosen_for_it_until_its_annotation_shows() {
+    let nodes = [node("n1", 2)];
+    let newer = pod("open", "newer", 20, "n1", 1, None);
+    let (snapshot, gpus) = world(&nodes, std::slice::from_ref(&newer));
+    let first = plan(std::slice::from_ref(&newer), &snapshot, &gpus).assignments[0].gpus;
+    // An older pod shows up while the newer one's annotation is still on its way: oldest
+    // first alone would give it the GPU just written for the newer one.
+    let pods = [newer.clone(), pod("open", "older", 10, "n1", 1, None)];
+    let (snapshot, gpus) = world(&nodes, &pods);
+    let afresh = plan(&pods, &snapshot, &gpus);
+    let older_afresh = afresh.assignments.iter().find(|a| a.pod.name_any() == "older").unwrap().gpus;
+    assert_eq!(older_afresh, first, "the hazard this guards against");
+    let chosen = HashMap::from([("uid-newer".to_string(), ("n1".to_string(), first))]);
+    let kept = plan_with(&pods, &snapshot, &gpus, &chosen);
+    let of = |name: &str| kept.assignments.iter().find(|a| a.pod.name_any() == name).unwrap().gpus;
+    assert_eq!(of("newer"), first);
+    assert!(of("older").intersection(first).is_empty(), "the older pod gets another GPU");
+    assert!(kept.reports.is_empty(), "no conflict: {:?}", kept.reports);
+}
+
+#[tokio::test]
+async fn a_written_choice_is_neither_given_away_nor_written_again_before_the_cache_shows_it() {
+    let api = FakeApi::start().await;
+    let nodes = [node("n1", 2)];
+    let newer = pod("open", "newer", 20, "n1", 1, None);
+    let mut devices = DeviceReconciler::default();
+    let (snapshot, gpus) = world(&nodes, std::slice::from_ref(&newer));
+    pass_settled(&mut devices, &api.ctx, std::slice::from_ref(&newer), &snapshot, &gpus).await;
+    let first = written(&api.patches("open", "newer")[0]);
+    // The cache does not show the write yet, and an older pod is bound on the same node.
+    let pods = [newer, pod("open", "older", 10, "n1", 1, None)];
+    let (snapshot, gpus) = world(&nodes, &pods);
+    let held = pass_settled(&mut devices, &api.ctx, &pods, &snapshot, &gpus).await;
+    assert_eq!(api.patches("open", "newer").len(), 1, "written once");
+    let older = written(&api.patches("open", "older")[0]);
+    assert!(older.intersection(first).is_empty(), "older got {older}, newer holds {first}");
+    assert_eq!(held["n1"], first.union(older));
+}

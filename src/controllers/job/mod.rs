@@ -5,6 +5,7 @@
 //! The decisions live in `plan` and `claims` (pure).
 
 pub mod claims;
+pub mod expected;
 pub mod plan;
 
 use std::collections::BTreeMap;
@@ -16,10 +17,11 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -47,14 +49,32 @@ pub const FROZEN_HASH_ANNOTATION: &str = "batch.muster.dev/frozen-fields";
 /// looked at again: nothing muster watches changes when the template appears.
 const CLAIM_RETRY: Duration = Duration::from_secs(15);
 
+/// What the reconciles share: the context, the watch cache of the jobs' pods (a reconcile
+/// reads its pods there, never with a LIST: a thousand jobs listing their pods on every pod
+/// event was what saturated the API server and etcd at 5,000 nodes) and the pods created
+/// that the cache does not show yet.
+pub struct JobContext {
+    ctx: Arc<Context>,
+    pods: Store<Pod>,
+    expected: expected::Expected,
+}
+
 /// Runs the controller until `shutdown` resolves.
 pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
     let jobs = Api::<DeserializeGuard<MusterJob>>::all(ctx.client.clone());
     let pods = Api::<Pod>::all(ctx.client.clone());
+    let (store, writer) = reflector::store();
+    // Managed fields are never read: they are dropped from the cache.
+    let pod_events = watcher::watcher(pods, watcher::Config::default().labels(JOB_NAME_LABEL).any_semantic())
+        .default_backoff()
+        .modify(|p: &mut Pod| p.managed_fields_mut().clear())
+        .reflect(writer)
+        .touched_objects();
+    let context = Arc::new(JobContext { ctx, pods: store, expected: expected::Expected::default() });
     Controller::new(jobs, watcher::Config::default().any_semantic())
-        .owns(pods, watcher::Config::default().labels(JOB_NAME_LABEL).any_semantic())
+        .owns_stream(pod_events)
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
+        .run(reconcile, error_policy, context)
         .for_each(|res| async move {
             if let Err(e) = res {
                 tracing::debug!(error = %e, "job reconcile");
@@ -63,42 +83,44 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         .await;
 }
 
-fn error_policy(_job: Arc<DeserializeGuard<MusterJob>>, err: &Error, ctx: Arc<Context>) -> Action {
-    super::retry_after_error(CONTROLLER, err, &ctx)
+fn error_policy(_job: Arc<DeserializeGuard<MusterJob>>, err: &Error, jc: Arc<JobContext>) -> Action {
+    super::retry_after_error(CONTROLLER, err, &jc.ctx)
 }
 
-async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, ctx: Arc<Context>) -> Result<Action> {
+async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, jc: Arc<JobContext>) -> Result<Action> {
+    let ctx = &*jc.ctx;
     let _timer = ctx.metrics.reconcile(CONTROLLER);
     let job = match &guard.0 {
         Ok(job) => job,
         Err(invalid) => {
-            super::report_undecodable::<MusterJob>(&ctx, invalid).await;
+            super::report_undecodable::<MusterJob>(ctx, invalid).await;
             return Ok(Action::await_change());
         }
     };
     if job.metadata.deletion_timestamp.is_some() {
+        jc.expected.forget(&job.uid().unwrap_or_default());
         return Ok(Action::await_change());
     }
     let now = Timestamp::now();
     let namespace = job.namespace().unwrap_or_default();
     if let Some(message) = crate::webhook::config::excluded_namespace(&namespace, &ctx.config.namespace) {
-        return set_invalid(job, &ctx, "NamespaceExcluded", &message, now, None).await;
+        return set_invalid(job, ctx, "NamespaceExcluded", &message, now, None).await;
     }
     let errors = validate_job(job, None);
     if !errors.is_empty() {
         let message = errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
-        return set_invalid(job, &ctx, "InvalidSpec", &message, now, None).await;
+        return set_invalid(job, ctx, "InvalidSpec", &message, now, None).await;
     }
-    let group = match ensure_groups(job, &ctx).await? {
+    let group = match ensure_groups(job, ctx).await? {
         Ok(group) => group,
-        Err((reason, message)) => return set_invalid(job, &ctx, reason, &message, now, None).await,
+        Err((reason, message)) => return set_invalid(job, ctx, reason, &message, now, None).await,
     };
     // The GPU template comes before the pods that claim from it.
-    let gpu_template = match ensure_gpu_template(job, &ctx).await? {
+    let gpu_template = match ensure_gpu_template(job, ctx).await? {
         Ok(template) => template,
-        Err((reason, message)) => return set_invalid(job, &ctx, reason, &message, now, Some(CLAIM_RETRY)).await,
+        Err((reason, message)) => return set_invalid(job, ctx, reason, &message, now, Some(CLAIM_RETRY)).await,
     };
-    let group_claims = ensure_group_claims(job, &ctx, &group).await?;
+    let group_claims = ensure_group_claims(job, ctx, &group).await?;
     let standalone = !is_child(job);
     if standalone && job.spec.completion_mode == CompletionMode::Indexed {
         let name = job.name_any();
@@ -112,7 +134,7 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, ctx: Arc<Context>) -
         )
         .await?;
     }
-    sync_pods(job, &ctx, &group, &PodClaims { gpu_template, group: group_claims }, now).await
+    sync_pods(job, &jc, &group, &PodClaims { gpu_template, group: group_claims }, now).await
 }
 
 /// The groups a job's pods join.
@@ -291,23 +313,32 @@ async fn root_rollbacks(ctx: &Context, ns: &str, mut cpg: CompositePodGroup) -> 
 
 async fn sync_pods(
     job: &MusterJob,
-    ctx: &Context,
+    jc: &JobContext,
     groups: &Groups,
     pod_claims: &PodClaims,
     now: Timestamp,
 ) -> Result<Action> {
+    let ctx = &*jc.ctx;
     let ns = job.namespace().unwrap_or_default();
     let name = job.name_any();
     let uid = job.uid().unwrap_or_default();
     let pods_api = Api::<Pod>::namespaced(ctx.client.clone(), &ns);
-    let pods: Vec<Pod> = pods_api
-        .list(&ListParams::default().labels(&format!("{JOB_NAME_LABEL}={name}")))
-        .await?
-        .items
-        .into_iter()
+    // The job's pods as the watch cache shows them, once it has listed them all.
+    jc.pods.wait_until_ready().await.map_err(|e| Error::Missing(format!("pod cache: {e}")))?;
+    let cached = jc.pods.state();
+    let pods: Vec<&Pod> = cached
+        .iter()
+        .map(|p| &**p)
+        .filter(|p| p.metadata.namespace.as_deref() == Some(ns.as_str()))
+        .filter(|p| p.labels().get(JOB_NAME_LABEL) == Some(&name))
         .filter(|p| controller_uid(&p.metadata) == Some(uid.as_str()))
         .collect();
-    let observed: Vec<ObservedPod> = pods.iter().map(ObservedPod::from_pod).collect();
+    let names: std::collections::HashSet<&str> = pods.iter().filter_map(|p| p.metadata.name.as_deref()).collect();
+    if !jc.expected.satisfied(&uid, &names, std::time::Instant::now()) {
+        // Pods it created are not in the cache yet: their events sync the job again.
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    let observed: Vec<ObservedPod> = pods.iter().map(|p| ObservedPod::from_pod(p)).collect();
     let prev = job.status.clone().unwrap_or_default();
     let mut decision = plan::plan(&job.spec, job.metadata.generation, &prev, &observed, groups.gang_all, now);
     decision.status.workload_name = Some(groups.workload.clone());
@@ -356,6 +387,7 @@ async fn sync_pods(
             }
         }
     }
+    jc.expected.created(&uid, created.iter().cloned(), std::time::Instant::now());
     if !created.is_empty() {
         ctx.event(
             &reference,
