@@ -4,6 +4,10 @@
 
 use clap::Parser;
 
+/// jemalloc, not the system allocator: see Cargo.toml.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> std::process::ExitCode {
     muster::cli::Cli::parse().run()
 }

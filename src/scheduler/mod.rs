@@ -20,6 +20,7 @@ mod dra;
 mod explain;
 mod gpu;
 mod interpod;
+mod judges;
 mod placement;
 mod quantity;
 mod quorum;
@@ -51,6 +52,7 @@ pub use explain::{
 };
 pub use gpu::{GpuChoice, GpuChooser, LowestFreeIndices};
 pub use interpod::{HostPort, PodRules, PodTerm, Selector, SpreadConstraint, WeightedTerm, host_ports};
+pub use judges::pod_update_judges;
 pub use placement::{
     Admission, Decision, Feasibility, PlaceOptions, PlacedPod, Scoring, decide, place, placement_feasible,
 };

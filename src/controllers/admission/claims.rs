@@ -36,8 +36,12 @@ impl Admitter {
     /// GPUs as their highest device index says, with health from the metrics.
     pub(super) fn dra_state(&mut self, nodes: &[Arc<Node>], gpus: &mut HashMap<String, NodeGpus>) -> Arc<Dra> {
         let Some(caches) = &self.caches.dra else { return Arc::default() };
+        // Only nodes that publish devices are joined by UUID: building (and comparing) the
+        // index of every GPU node each cycle was a large share of a cycle at 5,000 nodes.
+        let sliced: HashSet<String> = caches.slices.state().iter().filter_map(|s| s.spec.node_name.clone()).collect();
         let uuid_index: HashMap<String, HashMap<String, usize>> = gpus
             .iter()
+            .filter(|(node, _)| sliced.contains(node.as_str()))
             .map(|(node, g)| {
                 let by_uuid = g
                     .topology

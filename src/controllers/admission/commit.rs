@@ -98,7 +98,7 @@ fn start_requirement(plan: &AdmissionPlan, ns: &str, root: &str, pod_groups: &[P
         let group = if planned.pod_group.is_empty() { root } else { planned.pod_group.as_str() };
         let min = pod_groups
             .iter()
-            .find(|pg| pg.namespace().as_deref() == Some(ns) && pg.name_any() == group)
+            .find(|pg| pg.metadata.namespace.as_deref() == Some(ns) && pg.metadata.name.as_deref() == Some(group))
             .and_then(|pg| pg.spec.scheduling_policy.min_count())
             .map_or(1, |m| u32::try_from(m).unwrap_or(1));
         min_count.insert(group.to_string(), min);
@@ -371,6 +371,9 @@ impl Writer {
         let api = Api::<Pod>::namespaced(self.ctx.client.clone(), &key.ns);
         let requests: Vec<(String, String, serde_json::Value)> =
             planned.iter().map(|(p, pod)| (p.uid.clone(), p.name.clone(), pod_patch(pod, p))).collect();
+        // No webhook or policy that could refuse a pin: the dry run is skipped (a pin refused
+        // anyway rolls the attempt back, see `scheduler::pod_update_judges`).
+        let requests = if self.judges.pins_judged() { requests } else { Vec::new() };
         let checks = futures::stream::iter(requests.into_iter().map(move |(uid, name, patch)| {
             let api = api.clone();
             async move {
@@ -698,23 +701,48 @@ impl Admitter {
     /// Clears the plans of roots whose pods are all bound (or gone), [`PLAN_CLEAR_CONCURRENCY`]
     /// at a time: a cycle after a burst of binds clears hundreds. An error is that root's.
     pub(super) async fn clear_plans(&mut self, done: Vec<(RootKey, Option<String>)>) -> Option<Instant> {
-        let writer = &self.writer;
-        let clears: Vec<_> = done
-            .into_iter()
-            .map(|(key, version)| async move {
-                let result = writer.write_plan(&key, version, None).await;
-                (key, result)
-            })
-            .collect();
-        let results = at_most(PLAN_CLEAR_CONCURRENCY, clears).await;
+        let retry = self.book_clears().await;
+        if done.is_empty() || self.clears.is_some() {
+            // Roots cleared now are followed again (and cleared) once the batch in flight ends.
+            return retry;
+        }
+        let (writer, signal) = (self.writer.clone(), self.signal.clone());
+        let keys = done.iter().map(|(key, _)| key.clone()).collect();
+        let task = tokio::spawn(async move {
+            let clears: Vec<_> = done
+                .into_iter()
+                .map(|(key, version)| {
+                    let writer = writer.clone();
+                    async move {
+                        let result = writer.write_plan(&key, version, None).await;
+                        (key, result.map(|_| ()))
+                    }
+                })
+                .collect();
+            let results = at_most(PLAN_CLEAR_CONCURRENCY, clears).await;
+            signal.wake();
+            results
+        });
+        self.clears = Some(super::Clears { keys, task });
+        retry
+    }
+
+    /// Books the batch of plan clears that ended, if one did: a clear that failed is its root's
+    /// error. Returns when to retry those.
+    pub(super) async fn book_clears(&mut self) -> Option<Instant> {
+        let mut batch = self.clears.take_if(|b| b.task.is_finished())?;
+        let results = match (&mut batch.task).await {
+            Ok(results) => results,
+            Err(e) => {
+                tracing::warn!(error = %e, "the plan clears ended without an answer");
+                return None;
+            }
+        };
         let mut retry: Option<Instant> = None;
         for (key, result) in results {
-            match result {
-                Ok(_) => {}
-                Err(e) => {
-                    let at = self.root_error(&key, "clear its plan", &e).await;
-                    retry = Some(retry.map_or(at, |r| r.min(at)));
-                }
+            if let Err(e) = result {
+                let at = self.root_error(&key, "clear its plan", &e).await;
+                retry = Some(retry.map_or(at, |r| r.min(at)));
             }
         }
         retry

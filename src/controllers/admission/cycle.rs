@@ -68,7 +68,9 @@ impl Admitter {
         };
         let by_uid: HashMap<&str, &Arc<Pod>> =
             managed_pods.iter().filter_map(|p| p.metadata.uid.as_deref().map(|u| (u, p))).collect();
+        let read_in = began.elapsed();
         let (mut snapshot, gpus) = self.snapshot(&nodes, &pods, &settling, &by_uid).await?;
+        let snapshot_in = began.elapsed();
         let by_group = group_pods(&managed_pods);
         let world = World {
             pods_by_uid: managed_pods.iter().filter_map(|p| p.metadata.uid.as_deref().map(|u| (u, &**p))).collect(),
@@ -85,6 +87,11 @@ impl Admitter {
         let mut done = Vec::new();
         let roots = pgs.iter().map(GroupRef::Leaf).chain(cpgs.iter().map(GroupRef::Composite));
         busy.extend(settling.roots.iter().cloned());
+        if let Some(at) = self.book_clears().await {
+            soonest(at);
+        }
+        // A plan being cleared is neither followed (it would be cleared twice) nor decided.
+        busy.extend(self.clears.iter().flat_map(|c| c.keys.iter().cloned()));
         for group in roots {
             let Some(plan) = group.plan() else { continue };
             let key = group.key();
@@ -109,6 +116,7 @@ impl Admitter {
             soonest(at);
         }
 
+        let followed_in = began.elapsed();
         let mut forest = scheduler::build_forest(&pgs, &cpgs, &managed_pods);
         scheduler::sort_for_admission(&mut forest.trees);
         let single_numa = self.ctx.config.require_single_numa;
@@ -134,6 +142,7 @@ impl Admitter {
                 }
             }
         }
+        let roots = roots_by_key(&pgs, &cpgs);
         for tree in &mut forest.trees {
             let key = RootKey::of(&tree.namespace, &tree.root);
             if busy.contains(&key) {
@@ -144,7 +153,7 @@ impl Admitter {
                 pending += 1;
                 continue;
             }
-            let root = root_of(&pgs, &cpgs, &key);
+            let root = roots.get(&key).copied();
             if root.is_some_and(|r| r.disruption() == DisruptionModeKind::All) {
                 let gangs = scheduler::disrupted(tree, &finished_per_group(&key.ns, &by_group));
                 if !gangs.is_empty() {
@@ -237,10 +246,10 @@ impl Admitter {
         // would also move the resourceVersion a commit in flight fences its plan write by.
         let mut settled = settling.roots;
         settled.extend(self.in_flight.keys().cloned());
-        if let Some(t) = self.write_statuses(&pgs, &cpgs, &forest.trees, &by_group, &settled).await {
+        let unmanaged = self.report_unmanaged(&unmanaged_pgs, &unmanaged_cpgs, &pods).await;
+        if let Some(t) = self.write_statuses(&pgs, &cpgs, &forest.trees, &by_group, &settled, unmanaged).await {
             soonest(t);
         }
-        self.report_unmanaged(&unmanaged_pgs, &unmanaged_cpgs, &pods).await;
         // Forget roots that are gone.
         let live: HashSet<RootKey> = forest.trees.iter().map(|t| RootKey::of(&t.namespace, &t.root)).collect();
         self.roots.retain(|k, _| live.contains(k) || busy.contains(k));
@@ -249,7 +258,11 @@ impl Admitter {
             settling = settled.len(),
             in_flight = self.in_flight.len(),
             pending,
-            decided_ms = decided_in.as_millis(),
+            read_ms = read_in.as_millis(),
+            snapshot_ms = (snapshot_in - read_in).as_millis(),
+            follow_ms = (followed_in - snapshot_in).as_millis(),
+            decide_ms = (decided_in - followed_in).as_millis(),
+            status_ms = (began.elapsed() - decided_in).as_millis(),
             total_ms = began.elapsed().as_millis(),
             "admission cycle"
         );
@@ -467,6 +480,7 @@ impl Admitter {
         if now == self.gpu_problems {
             return;
         }
+        let mut events = Vec::new();
         for node in nodes {
             let name = node.name_any();
             let (before, after) = (self.gpu_problems.get(&name), now.get(&name));
@@ -480,21 +494,31 @@ impl Admitter {
                 Some(problems) => {
                     let note = problems.iter().map(|p| p.message.as_str()).collect::<Vec<_>>().join("; ");
                     tracing::warn!(node = %name, problems = %note, "GPU problems on node");
-                    self.ctx.event(&object, true, "GPUProblems", "Schedule", note).await;
+                    events.push((object, true, "GPUProblems", note));
                 }
                 None => {
                     tracing::info!(node = %name, "GPU problems on node cleared");
-                    self.ctx
-                        .event(
-                            &object,
-                            false,
-                            "GPUProblemsCleared",
-                            "Schedule",
-                            "GPU topology and metrics usable again",
-                        )
-                        .await;
+                    events.push((object, false, "GPUProblemsCleared", "GPU topology and metrics usable again".into()));
                 }
             }
+        }
+        // Sent in the background, 16 at a time, after the ones sent before (a node's events
+        // stay in order): thousands of nodes appearing at once made one event each, and a
+        // cycle that waited for them decided nothing for minutes.
+        if !events.is_empty() {
+            let (ctx, before) = (self.ctx.clone(), self.node_events.take());
+            self.node_events = Some(tokio::spawn(async move {
+                if let Some(before) = before {
+                    let _ = before.await;
+                }
+                let sends: Vec<_> = events
+                    .iter()
+                    .map(|(object, warning, reason, note)| {
+                        ctx.event(object, *warning, reason, "Schedule", note.clone())
+                    })
+                    .collect();
+                crate::controllers::context::at_most(16, sends).await;
+            }));
         }
         // Nodes gone: forget them.
         for name in self.gpu_problems.keys().filter(|n| !now.contains_key(*n)) {
@@ -591,12 +615,8 @@ fn gated_count(tree: &GroupTree) -> usize {
     n
 }
 
-/// The root group object of a key.
-fn root_of<'a>(pgs: &'a [PodGroup], cpgs: &'a [CompositePodGroup], key: &RootKey) -> Option<GroupRef<'a>> {
-    let same = |ns: Option<String>, n: String| ns.as_deref() == Some(key.ns.as_str()) && n == key.name;
-    if key.composite {
-        cpgs.iter().find(|g| same(g.namespace(), g.name_any())).map(GroupRef::Composite)
-    } else {
-        pgs.iter().find(|g| same(g.namespace(), g.name_any())).map(GroupRef::Leaf)
-    }
+/// The root group objects by key (a lookup per tree: a scan per tree was quadratic in the
+/// groups, with two string copies per group looked at).
+fn roots_by_key<'a>(pgs: &'a [PodGroup], cpgs: &'a [CompositePodGroup]) -> HashMap<RootKey, GroupRef<'a>> {
+    pgs.iter().map(GroupRef::Leaf).chain(cpgs.iter().map(GroupRef::Composite)).map(|g| (g.key(), g)).collect()
 }

@@ -128,6 +128,8 @@ struct Caches {
     classes: Store<StorageClass>,
     /// DRA objects, when the cluster serves resource.k8s.io/v1.
     dra: Option<DraCaches>,
+    /// The admission configurations that may refuse a pin.
+    judges: watches::Judges,
 }
 
 /// What admission reads of DRA.
@@ -173,6 +175,12 @@ struct Admitter {
     status_errors: HashMap<RootKey, (u32, Instant, String)>,
     /// When each group's status was last written (kept for the status pace, see `status::may_wait`).
     status_written: HashMap<RootKey, Instant>,
+    /// The group status writes in flight, with each write's outcome (see `apply_statuses`).
+    status_batch: Option<status::StatusBatch>,
+    /// The plan clears in flight.
+    clears: Option<Clears>,
+    /// The Node events (GPU problems found or cleared) being sent, in the background.
+    node_events: Option<tokio::task::JoinHandle<()>>,
     /// Groups in excluded namespaces already reported by an event.
     excluded_reported: HashSet<RootKey>,
     /// DRA problems (devices not offered) last logged.
@@ -191,6 +199,21 @@ struct Admitter {
     ended: Vec<(Arc<commit::CommitJob>, crate::scheduler::Decision, Result<commit::Committed>)>,
     /// Wakes a cycle (a commit that ends does).
     signal: Arc<watches::Signal>,
+}
+
+/// Plans of roots whose pods all bound, being cleared on a task of their own (a cycle never
+/// waits for them; its end wakes one). Aborted when dropped: a replica that stops leading
+/// sends no more.
+struct Clears {
+    /// Their roots: not followed again while the clear is in flight.
+    keys: HashSet<RootKey>,
+    task: tokio::task::JoinHandle<Vec<(RootKey, Result<()>)>>,
+}
+
+impl Drop for Clears {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// A commit in flight.
@@ -213,6 +236,8 @@ struct Writer {
     /// Commit writes so far (pod patches and claim allocations), for [`FAULT_EXIT_ENV`].
     writes: Arc<AtomicU64>,
     fault_exit_after: Option<u64>,
+    /// Whether pins are dry-run first (some webhook or policy may refuse them).
+    judges: watches::Judges,
 }
 
 impl Writer {
@@ -239,7 +264,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
     let notify = Arc::new(watches::Signal::default());
     let capacity = Arc::new(AtomicU64::new(0));
     let dra = watches::dra_served(&client).await;
-    let caches = watches::watch_caches(&client, &notify, &capacity, dra);
+    let mutating_policies = watches::mutating_policies_served(&client).await;
+    let caches = watches::watch_caches(&client, &notify, &capacity, dra, mutating_policies);
     let ready = watches::ready(&caches);
     let mut shutdown = std::pin::pin!(shutdown);
     tokio::select! {
@@ -259,7 +285,13 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
     let mut devices = DeviceReconciler::default();
     let signal = notify.clone();
     devices.on_batch_done(move || signal.wake());
-    let writer = Writer { ctx: ctx.clone(), unseen: Arc::default(), writes: Arc::default(), fault_exit_after };
+    let writer = Writer {
+        ctx: ctx.clone(),
+        unseen: Arc::default(),
+        writes: Arc::default(),
+        fault_exit_after,
+        judges: caches.judges.clone(),
+    };
     let mut admitter = Admitter {
         ctx,
         caches,
@@ -276,6 +308,9 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         gpu_problems: BTreeMap::new(),
         status_errors: HashMap::new(),
         status_written: HashMap::new(),
+        status_batch: None,
+        clears: None,
+        node_events: None,
         excluded_reported: HashSet::new(),
         dra_problems: Vec::new(),
         dra_cache: None,

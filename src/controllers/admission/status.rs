@@ -18,7 +18,7 @@ use std::time::Instant;
 use super::commit::object_labels;
 use super::{Admitter, CONTROLLER, FIELD_MANAGER, RootKey, error_backoff, group_pods, visit};
 use crate::controllers::conditions;
-use crate::controllers::context::{Error, Result, at_most, bounded};
+use crate::controllers::context::{Context, Error, Result, at_most, bounded};
 use crate::crds::scheduling::{
     AdmissionPlan, CompositePodGroup, CompositePodGroupStatus, GroupPhase, PlanState, PodGroup, PodGroupStatus,
 };
@@ -457,6 +457,7 @@ impl Admitter {
         trees: &[GroupTree],
         by_group: &HashMap<RootKey, Vec<&Pod>>,
         settling: &HashSet<RootKey>,
+        unmanaged: Vec<(RootKey, serde_json::Value)>,
     ) -> Option<Instant> {
         let now = Timestamp::now();
         // The outcome of a root applies to every group under it.
@@ -499,7 +500,7 @@ impl Admitter {
             let key = RootKey::composite(&ns, &name);
             let mut children = Vec::new();
             for pg in pgs.iter().filter(|p| {
-                p.namespace().as_deref() == Some(ns.as_str())
+                p.metadata.namespace.as_deref() == Some(ns.as_str())
                     && p.spec.parent_composite_pod_group_name.as_deref() == Some(name.as_str())
             }) {
                 let k = RootKey::leaf(&ns, &pg.name_any());
@@ -512,7 +513,7 @@ impl Admitter {
                 });
             }
             for child in cpgs.iter().filter(|c| {
-                c.namespace().as_deref() == Some(ns.as_str())
+                c.metadata.namespace.as_deref() == Some(ns.as_str())
                     && c.spec.parent_composite_pod_group_name.as_deref() == Some(name.as_str())
             }) {
                 let k = RootKey::composite(&ns, &child.name_any());
@@ -536,7 +537,7 @@ impl Admitter {
         let at = Instant::now();
         self.status_written.retain(|_, t| at.duration_since(*t) < STATUS_PACE);
         let mut wait: Option<Instant> = None;
-        let due: Vec<(RootKey, serde_json::Value)> = writes
+        let mut due: Vec<(RootKey, serde_json::Value)> = writes
             .into_iter()
             .filter_map(|(key, paced, status)| match self.status_written.get(&key) {
                 Some(t) if paced => {
@@ -547,6 +548,7 @@ impl Admitter {
                 _ => Some((key, status)),
             })
             .collect();
+        due.extend(unmanaged);
         let retry = self.apply_statuses(due).await;
         match (retry, wait) {
             (Some(r), Some(w)) => Some(r.min(w)),
@@ -554,11 +556,18 @@ impl Admitter {
         }
     }
 
-    /// Applies each status, [`STATUS_CONCURRENCY`] at a time, skipping groups backing off after
-    /// a failed write. Returns when the first of those may be tried again.
+    /// Sends the statuses due, [`STATUS_CONCURRENCY`] at a time, on a task of its own: a cycle
+    /// never waits for its status writes (at 1,000 pending gangs, waiting for them was most of
+    /// a cycle, and decisions and commits waited with it). One batch is in flight at a time;
+    /// the next cycle after it ends (its end wakes one) books it, and writes what is still due
+    /// then. Groups backing off after a failed write are skipped. Returns when the first of
+    /// those may be tried again.
     async fn apply_statuses(&mut self, writes: Vec<(RootKey, serde_json::Value)>) -> Option<Instant> {
+        let mut retry = self.book_statuses().await;
+        if self.status_batch.as_ref().is_some_and(|b| !b.0.is_finished()) {
+            return retry;
+        }
         let now = Instant::now();
-        let mut retry: Option<Instant> = None;
         let mut due = Vec::with_capacity(writes.len());
         for (key, status) in writes {
             if let Some((_, until, _)) = self.status_errors.get(&key).filter(|(_, until, _)| *until > now) {
@@ -567,19 +576,45 @@ impl Admitter {
             }
             due.push((key, status));
         }
-        let this = &*self;
-        let sends: Vec<_> = due
-            .into_iter()
-            .map(|(key, status)| async move {
-                let result = if key.composite {
-                    this.apply_status::<CompositePodGroup>(&key, "CompositePodGroup", status).await
-                } else {
-                    this.apply_status::<PodGroup>(&key, "PodGroup", status).await
-                };
-                (key, result)
-            })
-            .collect();
-        let results: Vec<(RootKey, Result<()>)> = at_most(STATUS_CONCURRENCY, sends).await;
+        if due.is_empty() {
+            return retry;
+        }
+        let (ctx, signal) = (self.ctx.clone(), self.signal.clone());
+        self.status_batch = Some(StatusBatch(tokio::spawn(async move {
+            let sends: Vec<_> = due
+                .into_iter()
+                .map(|(key, status)| {
+                    let ctx = ctx.clone();
+                    async move {
+                        let result = if key.composite {
+                            apply_status::<CompositePodGroup>(&ctx, &key, "CompositePodGroup", status).await
+                        } else {
+                            apply_status::<PodGroup>(&ctx, &key, "PodGroup", status).await
+                        };
+                        (key, result)
+                    }
+                })
+                .collect();
+            let results = at_most(STATUS_CONCURRENCY, sends).await;
+            signal.wake();
+            results
+        })));
+        retry
+    }
+
+    /// Books the status batch that ended, if one did: a write that went through starts its
+    /// group's pace, a failed one is reported and backed off. Returns when the first of those
+    /// may be tried again.
+    pub(super) async fn book_statuses(&mut self) -> Option<Instant> {
+        let mut batch = self.status_batch.take_if(|b| b.0.is_finished())?;
+        let results: Vec<(RootKey, Result<()>)> = match (&mut batch.0).await {
+            Ok(results) => results,
+            Err(e) => {
+                tracing::warn!(error = %e, "the group status writes ended without an answer");
+                return None;
+            }
+        };
+        let mut retry: Option<Instant> = None;
         for (key, result) in results {
             match result {
                 Ok(()) => {
@@ -607,17 +642,17 @@ impl Admitter {
     }
 
     /// Groups in the namespaces muster's webhooks skip: their pods are never gated, so muster
-    /// does not admit them (it would count pods kube-scheduler places alone). Says so on each
-    /// group's status, and in one Warning event per group.
+    /// does not admit them (it would count pods kube-scheduler places alone). Says so in one
+    /// Warning event per group, and returns the status writes that say it on each group.
     pub(super) async fn report_unmanaged(
         &mut self,
         pgs: &[PodGroup],
         cpgs: &[CompositePodGroup],
         pods: &[std::sync::Arc<Pod>],
-    ) {
+    ) -> Vec<(RootKey, serde_json::Value)> {
         if pgs.is_empty() && cpgs.is_empty() {
             self.excluded_reported.clear();
-            return;
+            return Vec::new();
         }
         let now = Timestamp::now();
         let by_group = group_pods(pods);
@@ -659,30 +694,40 @@ impl Admitter {
             seen.insert(key);
         }
         self.excluded_reported.retain(|k| seen.contains(k));
-        self.apply_statuses(writes).await;
+        writes
     }
+}
 
-    async fn apply_status<K>(&self, key: &RootKey, kind: &str, mut status: serde_json::Value) -> Result<()>
-    where
-        K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + std::fmt::Debug
-            + serde::de::DeserializeOwned,
-    {
-        if let Some(map) = status.as_object_mut() {
-            for field in COMMIT_FIELDS {
-                map.remove(field);
-            }
+/// Group status writes on a task of their own, each with its outcome. Aborted when dropped:
+/// a replica that stops leading sends no more.
+pub(super) struct StatusBatch(tokio::task::JoinHandle<Vec<(RootKey, Result<()>)>>);
+
+impl Drop for StatusBatch {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Applies one group's status (server-side apply, this reconciler's manager), without the
+/// fields the commit protocol writes. A group gone meanwhile is no error.
+async fn apply_status<K>(ctx: &Context, key: &RootKey, kind: &str, mut status: serde_json::Value) -> Result<()>
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned,
+{
+    if let Some(map) = status.as_object_mut() {
+        for field in COMMIT_FIELDS {
+            map.remove(field);
         }
-        let body = json!({"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": kind, "status": status});
-        let api = Api::<K>::namespaced(self.ctx.client.clone(), &key.ns);
-        match bounded(api.patch_status(&key.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)))
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 => Ok(()),
-            Err(e) => Err(e),
-        }
+    }
+    let body = json!({"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": kind, "status": status});
+    let api = Api::<K>::namespaced(ctx.client.clone(), &key.ns);
+    match bounded(api.patch_status(&key.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body))).await {
+        Ok(_) => Ok(()),
+        Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 => Ok(()),
+        Err(e) => Err(e),
     }
 }
 

@@ -9,6 +9,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingAdmissionPolicy, MutatingWebhookConfiguration, ValidatingAdmissionPolicy, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -164,6 +167,90 @@ pub(super) async fn dra_served(client: &Client) -> bool {
     }
 }
 
+/// Whether the cluster serves MutatingAdmissionPolicies (`admissionregistration.k8s.io/v1`):
+/// they are watched only then (a cluster without the API has none).
+pub(super) async fn mutating_policies_served(client: &Client) -> bool {
+    match client.list_api_group_resources("admissionregistration.k8s.io/v1").await {
+        Ok(list) => list.resources.iter().any(|r| r.name == "mutatingadmissionpolicies"),
+        Err(e) => {
+            tracing::info!(error = %e, "admissionregistration.k8s.io/v1 discovery failed: MutatingAdmissionPolicies are not watched");
+            false
+        }
+    }
+}
+
+/// The admission configurations that may refuse a pin, kept by watches (their events wake
+/// nothing): pins are dry-run first only while one of them matches a pod UPDATE
+/// ([`crate::scheduler::pod_update_judges`]), and always while a watch has not listed yet
+/// (or cannot: no RBAC), since what it would show is unknown.
+#[derive(Clone)]
+pub(super) struct Judges {
+    validating: Store<ValidatingWebhookConfiguration>,
+    mutating: Store<MutatingWebhookConfiguration>,
+    validating_policies: Store<ValidatingAdmissionPolicy>,
+    mutating_policies: Option<Store<MutatingAdmissionPolicy>>,
+    /// The answer last logged.
+    logged: Arc<Mutex<Option<Vec<String>>>>,
+}
+
+impl Judges {
+    fn watch(client: &Client, notify: &Arc<Signal>, capacity: &Arc<AtomicU64>, mutating_policies: bool) -> Self {
+        fn store<K>(client: &Client, notify: &Arc<Signal>, capacity: &Arc<AtomicU64>) -> Store<K>
+        where
+            K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+            K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+        {
+            let api = Api::<K>::all(client.clone());
+            let cfg = watcher::Config::default().any_semantic();
+            spawn_watch(api, cfg, trim::managed_fields::<K>, notify.clone(), capacity.clone(), |_| Wake::No)
+        }
+        Judges {
+            validating: store(client, notify, capacity),
+            mutating: store(client, notify, capacity),
+            validating_policies: store(client, notify, capacity),
+            mutating_policies: mutating_policies.then(|| store(client, notify, capacity)),
+            logged: Arc::default(),
+        }
+    }
+
+    /// Whether a pin may be refused by a webhook or policy, so pins are dry-run first.
+    pub(super) fn pins_judged(&self) -> bool {
+        use futures::FutureExt;
+        fn listed<K: kube::Resource + Clone>(s: &Store<K>) -> bool
+        where
+            K::DynamicType: Eq + std::hash::Hash + Clone,
+        {
+            s.wait_until_ready().now_or_never().is_some_and(|r| r.is_ok())
+        }
+        let all_listed = listed(&self.validating)
+            && listed(&self.mutating)
+            && listed(&self.validating_policies)
+            && self.mutating_policies.as_ref().is_none_or(listed);
+        if !all_listed {
+            return true;
+        }
+        let (v, m, vp) = (self.validating.state(), self.mutating.state(), self.validating_policies.state());
+        let mp = self.mutating_policies.as_ref().map(Store::state).unwrap_or_default();
+        let judges = crate::scheduler::pod_update_judges(
+            v.iter().map(|o| &**o),
+            m.iter().map(|o| &**o),
+            vp.iter().map(|o| &**o),
+            mp.iter().map(|o| &**o),
+        );
+        let judged = !judges.is_empty();
+        let mut logged = self.logged.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if logged.as_ref() != Some(&judges) {
+            if judged {
+                tracing::info!(judges = %judges.join(", "), "pins are dry-run before a gang's first pod is ungated: these may refuse a pod update");
+            } else {
+                tracing::info!("no admission webhook or policy matches a pod update: pins are not dry-run");
+            }
+            *logged = Some(judges);
+        }
+        judged
+    }
+}
+
 /// [`changed`], counting every event in `changes` too.
 fn counted<K>(changes: &Arc<AtomicU64>) -> impl FnMut(&Event<K>) -> Wake + Send + 'static {
     let changes = changes.clone();
@@ -217,11 +304,18 @@ fn watch_dra(client: &Client, notify: &Arc<Signal>, capacity: &Arc<AtomicU64>) -
 
 /// Starts the watches admission decides on; each event wakes `notify`, and the events that can
 /// free capacity bump `capacity`.
-pub(super) fn watch_caches(client: &Client, notify: &Arc<Signal>, capacity: &Arc<AtomicU64>, dra: bool) -> Caches {
+pub(super) fn watch_caches(
+    client: &Client,
+    notify: &Arc<Signal>,
+    capacity: &Arc<AtomicU64>,
+    dra: bool,
+    mutating_policies: bool,
+) -> Caches {
     let cfg = || watcher::Config::default().any_semantic();
     let cluster = Arc::new(Mutex::new(ClusterState::default()));
     Caches {
         cluster: cluster.clone(),
+        judges: Judges::watch(client, notify, capacity, mutating_policies),
         dra: dra.then(|| watch_dra(client, notify, capacity)),
         pod_groups: spawn_watch(
             Api::<PodGroup>::all(client.clone()),

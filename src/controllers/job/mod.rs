@@ -51,12 +51,59 @@ const CLAIM_RETRY: Duration = Duration::from_secs(15);
 
 /// What the reconciles share: the context, the watch cache of the jobs' pods (a reconcile
 /// reads its pods there, never with a LIST: a thousand jobs listing their pods on every pod
-/// event was what saturated the API server and etcd at 5,000 nodes) and the pods created
-/// that the cache does not show yet.
+/// event was what saturated the API server and etcd at 5,000 nodes), the pods created that
+/// the cache does not show yet, and the watch caches of the groups and Workloads a job
+/// compiles to (a reconcile, one per pod event, read them with two GETs before).
 pub struct JobContext {
     ctx: Arc<Context>,
     pods: Store<Pod>,
     expected: expected::Expected,
+    groups: Store<PodGroup>,
+    composites: Store<CompositePodGroup>,
+    workloads: Store<Workload>,
+    /// Jobs (by UID) whose count-only status change waits since then ([`STATUS_PACE`]).
+    paced: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+}
+
+/// How long a status change of `active`/`ready` alone may wait: the counts of a gang's pods
+/// starting one by one go out in one write (upstream's Job controller batches pod updates for
+/// 1 s too).
+const STATUS_PACE: Duration = Duration::from_secs(1);
+
+/// A watch cache of every `K`, managed fields dropped; it triggers no reconcile.
+fn cache<K>(client: &kube::Client) -> Store<K>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let (store, writer) = reflector::store();
+    let stream = watcher::watcher(Api::<K>::all(client.clone()), watcher::Config::default().any_semantic())
+        .default_backoff()
+        .modify(|o: &mut K| o.meta_mut().managed_fields = None)
+        .reflect(writer);
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(ev) = stream.next().await {
+            if let Err(e) = ev {
+                tracing::warn!(error = %e, kind = %K::kind(&Default::default()), "job controller watch");
+            }
+        }
+    });
+    store
+}
+
+/// `name` in `ns` as `store` shows it, or as the API server has it when the cache does not
+/// show it (not listed yet, or just created): the cache may lag, but only behind writes that
+/// the next event reconciles again.
+async fn cached<K>(store: &Store<K>, api: &Api<K>, ns: &str, name: &str) -> Result<Option<K>>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    match store.get(&reflector::ObjectRef::new(name).within(ns)) {
+        Some(o) => Ok(Some((*o).clone())),
+        None => Ok(api.get_opt(name).await?),
+    }
 }
 
 /// Runs the controller until `shutdown` resolves.
@@ -64,13 +111,21 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
     let jobs = Api::<DeserializeGuard<MusterJob>>::all(ctx.client.clone());
     let pods = Api::<Pod>::all(ctx.client.clone());
     let (store, writer) = reflector::store();
-    // Managed fields are never read: they are dropped from the cache.
+    // Only what a reconcile reads of a pod is kept (`plan::trim_pod`).
     let pod_events = watcher::watcher(pods, watcher::Config::default().labels(JOB_NAME_LABEL).any_semantic())
         .default_backoff()
-        .modify(|p: &mut Pod| p.managed_fields_mut().clear())
+        .modify(plan::trim_pod)
         .reflect(writer)
         .touched_objects();
-    let context = Arc::new(JobContext { ctx, pods: store, expected: expected::Expected::default() });
+    let context = Arc::new(JobContext {
+        groups: cache(&ctx.client),
+        composites: cache(&ctx.client),
+        workloads: cache(&ctx.client),
+        ctx,
+        pods: store,
+        expected: expected::Expected::default(),
+        paced: Default::default(),
+    });
     Controller::new(jobs, watcher::Config::default().any_semantic())
         .owns_stream(pod_events)
         .graceful_shutdown_on(shutdown)
@@ -99,6 +154,7 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, jc: Arc<JobContext>)
     };
     if job.metadata.deletion_timestamp.is_some() {
         jc.expected.forget(&job.uid().unwrap_or_default());
+        jc.paced.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&job.uid().unwrap_or_default());
         return Ok(Action::await_change());
     }
     let now = Timestamp::now();
@@ -111,7 +167,7 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, jc: Arc<JobContext>)
         let message = errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
         return set_invalid(job, ctx, "InvalidSpec", &message, now, None).await;
     }
-    let group = match ensure_groups(job, ctx).await? {
+    let group = match ensure_groups(job, &jc).await? {
         Ok(group) => group,
         Err((reason, message)) => return set_invalid(job, ctx, reason, &message, now, None).await,
     };
@@ -142,9 +198,8 @@ struct Groups {
     workload: String,
     pod_group: String,
     gang_all: bool,
-    /// Rollbacks of the root gang so far (its `status.rollbacks`): new pods carry it as
-    /// their `scheduling.muster.dev/gang-attempt`.
-    admission_attempt: i32,
+    /// The parent CompositePodGroup of a MusterJobSet's child.
+    parent: Option<String>,
     /// A controller reference to the PodGroup (the owner of the claims made for it).
     pod_group_owner: Option<OwnerReference>,
     /// The PodGroup's `spec.resourceClaims`.
@@ -209,14 +264,18 @@ fn changed_parts(old: &str, new: &str) -> Vec<String> {
 
 /// Applies the Workload (standalone jobs) and the PodGroup. `Ok(Err(..))` means the job must
 /// not be acted on (a name taken by another owner, or a frozen field changed).
-async fn ensure_groups(job: &MusterJob, ctx: &Context) -> Result<std::result::Result<Groups, (&'static str, String)>> {
+async fn ensure_groups(
+    job: &MusterJob,
+    jc: &JobContext,
+) -> Result<std::result::Result<Groups, (&'static str, String)>> {
+    let ctx = &*jc.ctx;
     let ns = job.namespace().unwrap_or_default();
     let name = job.name_any();
     let owner = owner_ref(job)?;
     let uid = owner.uid.clone();
     let pgs = Api::<PodGroup>::namespaced(ctx.client.clone(), &ns);
     let hashes = frozen_hashes(job)?;
-    let existing = pgs.get_opt(&name).await?;
+    let existing = cached(&jc.groups, &pgs, &ns, &name).await?;
     let existing_priority = existing.as_ref().map(|e| e.spec.priority);
     if let Some(existing) = &existing {
         if controller_uid(&existing.metadata) != Some(uid.as_str()) {
@@ -239,28 +298,27 @@ async fn ensure_groups(job: &MusterJob, ctx: &Context) -> Result<std::result::Re
         }
     }
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    let (builder, workload_name, template, parent, workload_owner, root_rollbacks) = if is_child(job) {
+    let (builder, workload_name, template, parent, workload_owner) = if is_child(job) {
         let a = job.annotations();
         let template = a.get(GROUP_TEMPLATE_ANNOTATION).cloned().unwrap_or_default();
         let parent = a.get(PARENT_COMPOSITE_ANNOTATION).cloned().unwrap_or_default();
-        let cpg = Api::<CompositePodGroup>::namespaced(ctx.client.clone(), &ns)
-            .get_opt(&parent)
+        let cpgs = Api::<CompositePodGroup>::namespaced(ctx.client.clone(), &ns);
+        let cpg = cached(&jc.composites, &cpgs, &ns, &parent)
             .await?
             .ok_or_else(|| Error::Missing(format!("parent CompositePodGroup {parent} not found yet")))?;
         let wl_name = cpg.spec.workload_ref.workload_name.clone();
-        let workload = Api::<Workload>::namespaced(ctx.client.clone(), &ns)
-            .get_opt(&wl_name)
+        let wls = Api::<Workload>::namespaced(ctx.client.clone(), &ns);
+        let workload = cached(&jc.workloads, &wls, &ns, &wl_name)
             .await?
             .ok_or_else(|| Error::Missing(format!("parent Workload {wl_name} not found yet")))?;
         let builder = Builder::from_existing_workload(workload, build_options(&wl_name, &ns, Some(owner.clone())));
-        let rollbacks = root_rollbacks(ctx, &ns, cpg).await?;
-        (builder, wl_name, template, Some(parent), None, Some(rollbacks))
+        (builder, wl_name, template, Some(parent), None)
     } else {
         let item = job_item(&job.spec, JOB_TEMPLATE_NAME, &FieldPath::new("spec"));
         let builder = Builder::new(item, build_options(&name, &ns, Some(owner.clone())));
         let workload = builder.build_workload()?.clone();
         let wls = Api::<Workload>::namespaced(ctx.client.clone(), &ns);
-        let existing_workload = wls.get_opt(&name).await?;
+        let existing_workload = cached(&jc.workloads, &wls, &ns, &name).await?;
         if let Some(existing) = &existing_workload
             && controller_uid(&existing.metadata) != Some(uid.as_str())
         {
@@ -271,31 +329,50 @@ async fn ensure_groups(job: &MusterJob, ctx: &Context) -> Result<std::result::Re
         }
         let applied = super::apply_if_changed(&wls, &name, &params, workload, existing_workload).await?;
         let workload_owner = applied.controller_owner_ref(&()).map(|o| plan::plain_owner_ref(&o));
-        (builder, name.clone(), JOB_TEMPLATE_NAME.to_string(), None, workload_owner, None)
+        (builder, name.clone(), JOB_TEMPLATE_NAME.to_string(), None, workload_owner)
     };
     let mut pg = builder.new_pod_group(&name, &template)?;
     pg.spec.priority = match existing_priority {
         Some(p) => p,
         None => Some(super::resolve_priority(&ctx.client, pg.spec.priority_class_name.as_deref()).await?),
     };
-    pg.spec.parent_composite_pod_group_name = parent;
+    pg.spec.parent_composite_pod_group_name = parent.clone();
     // A root job's PodGroup is also owned by its Workload (as upstream's Job controller does).
     pg.metadata.owner_references.get_or_insert_with(Vec::new).extend(workload_owner);
     pg.metadata.annotations = Some(BTreeMap::from([(FROZEN_HASH_ANNOTATION.to_string(), hashes)]));
     let gang_all = pg.spec.disruption_mode.kind() == Some(DisruptionModeKind::All);
     let applied = super::apply_if_changed(&pgs, &name, &params, pg, existing).await?;
-    // A standalone job's PodGroup is its root; a child's root is the top CompositePodGroup.
-    let admission_attempt = root_rollbacks.unwrap_or_else(|| applied.status.as_ref().map_or(0, |s| s.rollbacks));
     let status = applied.status.clone().unwrap_or_default();
     Ok(Ok(Groups {
         workload: workload_name,
         pod_group: name,
         gang_all,
-        admission_attempt,
+        parent,
         pod_group_owner: super::controller_ref(&applied),
         resource_claims: applied.spec.resource_claims.clone().unwrap_or_default(),
         claim_statuses: status.resource_claim_statuses,
     }))
+}
+
+/// Rollbacks of the job's root gang so far (its `status.rollbacks`), read from the API server,
+/// not a cache: new pods carry it as their `scheduling.muster.dev/gang-attempt`, and a cache
+/// could still show the count before the rollback whose deleted pods they replace. Read only
+/// when pods are created. A standalone job's PodGroup is its root; a child's root is the top
+/// CompositePodGroup.
+async fn admission_attempt(ctx: &Context, ns: &str, groups: &Groups) -> Result<i32> {
+    match &groups.parent {
+        None => {
+            let pg = Api::<PodGroup>::namespaced(ctx.client.clone(), ns).get_opt(&groups.pod_group).await?;
+            Ok(pg.and_then(|g| g.status).map_or(0, |s| s.rollbacks))
+        }
+        Some(parent) => {
+            let cpg = Api::<CompositePodGroup>::namespaced(ctx.client.clone(), ns)
+                .get_opt(parent)
+                .await?
+                .ok_or_else(|| Error::Missing(format!("parent CompositePodGroup {parent} not found yet")))?;
+            root_rollbacks(ctx, ns, cpg).await
+        }
+    }
 }
 
 /// The rollbacks recorded on the root of the CompositePodGroup tree `cpg` belongs to.
@@ -370,8 +447,9 @@ async fn sync_pods(
         .cloned()
         .or_else(|| (job.spec.completion_mode == CompletionMode::Indexed).then(|| name.clone()));
     let mut created = Vec::new();
+    let attempt = if decision.create.is_empty() { 0 } else { admission_attempt(ctx, &ns, groups).await? };
     for new in &decision.create {
-        let mut pod = plan::new_pod(job, new, &groups.pod_group, subdomain.as_deref(), groups.admission_attempt);
+        let mut pod = plan::new_pod(job, new, &groups.pod_group, subdomain.as_deref(), attempt);
         if let Some(spec) = pod.spec.as_mut() {
             if let Some(template) = &pod_claims.gpu_template {
                 claims::use_gpu_claim(spec, template);
@@ -409,7 +487,7 @@ async fn sync_pods(
         ctx.event(&reference, false, reason, "Suspend", note).await;
     }
     let claims_pending = report_claims(job, ctx, pod_claims, &mut decision.status, now).await;
-    write_status(job, ctx, &decision.status).await?;
+    let paced = write_status(job, jc, &decision.status).await?;
     if decision.delete_job {
         let api = Api::<MusterJob>::namespaced(ctx.client.clone(), &ns);
         match api.delete(&name, &DeleteParams::background()).await {
@@ -423,6 +501,10 @@ async fn sync_pods(
     let finished = matches!(decision.status.phase, Some(JobPhase::Complete | JobPhase::Failed));
     let requeue =
         if claims_pending && !finished { Some(requeue.map_or(CLAIM_RETRY, |r| r.min(CLAIM_RETRY))) } else { requeue };
+    let requeue = match (requeue, paced) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     Ok(match requeue {
         Some(after) => Action::requeue(after),
         None => Action::await_change(),
@@ -587,10 +669,30 @@ async fn report_claims(
     !ready
 }
 
-async fn write_status(job: &MusterJob, ctx: &Context, status: &MusterJobStatus) -> Result<()> {
+/// Writes the job's status when it changed. A change of the live counts alone
+/// ([`plan::status_may_wait`]) waits up to [`STATUS_PACE`] from when it was first seen, so
+/// several fold into one write; returns when to look again for such a change.
+async fn write_status(job: &MusterJob, jc: &JobContext, status: &MusterJobStatus) -> Result<Option<Duration>> {
+    let uid = job.uid().unwrap_or_default();
+    let lock = || jc.paced.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if job.status.as_ref() == Some(status) {
-        return Ok(());
+        lock().remove(&uid);
+        return Ok(None);
     }
+    if plan::status_may_wait(job.status.as_ref(), status) {
+        let now = std::time::Instant::now();
+        let since = *lock().entry(uid.clone()).or_insert(now);
+        let due = since + STATUS_PACE;
+        if now < due {
+            return Ok(Some(due - now));
+        }
+    }
+    write_status_now(job, &jc.ctx, status).await?;
+    lock().remove(&uid);
+    Ok(None)
+}
+
+async fn write_status_now(job: &MusterJob, ctx: &Context, status: &MusterJobStatus) -> Result<()> {
     let api = Api::<MusterJob>::namespaced(ctx.client.clone(), &job.namespace().unwrap_or_default());
     let body = json!({"apiVersion": "batch.muster.dev/v1alpha1", "kind": "MusterJob", "status": status});
     api.patch_status(&job.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await?;
@@ -622,7 +724,9 @@ async fn set_invalid(
     if changed {
         ctx.event(&job.object_ref(&()), true, reason, "Validate", message).await;
     }
-    write_status(job, ctx, &status).await?;
+    if job.status.as_ref() != Some(&status) {
+        write_status_now(job, ctx, &status).await?;
+    }
     Ok(retry.map_or_else(Action::await_change, Action::requeue))
 }
 

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, PodSchedulingGate, PodSpec,
+    Container, ContainerStatus, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, PodSchedulingGate, PodSpec, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -98,6 +98,49 @@ impl ObservedPod {
     }
     fn active(&self) -> bool {
         !self.terminating && !self.phase.is_terminal()
+    }
+}
+
+/// PURE: whether a new status may wait for the next paced write: only `active` and `ready`
+/// moved. Both are counted from the live pods on every pass, so nothing is lost by writing
+/// them a moment later; a phase, a condition, a completion or a failure is written at once
+/// (the failure count must be recorded before its pod is deleted).
+pub fn status_may_wait(old: Option<&MusterJobStatus>, new: &MusterJobStatus) -> bool {
+    old.is_some_and(|old| old != new && MusterJobStatus { active: new.active, ready: new.ready, ..old.clone() } == *new)
+}
+
+/// Keeps what the job controller reads of a pod ([`ObservedPod::from_pod`], its name, labels
+/// and controller reference): the watch cache of every job's pods holds no spec but the gates,
+/// and of the status only the phase, the Ready condition and restart counts.
+pub fn trim_pod(pod: &mut Pod) {
+    let meta = &mut pod.metadata;
+    meta.managed_fields = None;
+    if let Some(a) = meta.annotations.as_mut() {
+        let read = [COMPLETION_INDEX_ANNOTATION, GANG_ATTEMPT_ANNOTATION, ROLLED_BACK_ANNOTATION];
+        a.retain(|k, _| read.contains(&k.as_str()));
+    }
+    let gates = pod.spec.take().and_then(|s| s.scheduling_gates);
+    pod.spec = Some(PodSpec { scheduling_gates: gates, containers: Vec::new(), ..PodSpec::default() });
+    if let Some(status) = pod.status.take() {
+        let restarts = |statuses: Option<Vec<ContainerStatus>>| {
+            statuses.map(|cs| {
+                cs.into_iter()
+                    .map(|c| ContainerStatus {
+                        name: c.name,
+                        restart_count: c.restart_count,
+                        ..ContainerStatus::default()
+                    })
+                    .collect()
+            })
+        };
+        let ready = status.conditions.map(|cs| cs.into_iter().filter(|c| c.type_ == "Ready").collect());
+        pod.status = Some(PodStatus {
+            phase: status.phase,
+            conditions: ready,
+            container_statuses: restarts(status.container_statuses),
+            init_container_statuses: restarts(status.init_container_statuses),
+            ..PodStatus::default()
+        });
     }
 }
 

@@ -469,3 +469,70 @@ fn observed_pods_read_phase_index_and_gate() {
     pod.metadata.annotations.get_or_insert_default().insert(ROLLED_BACK_ANNOTATION.into(), "plan-1".into());
     assert!(ObservedPod::from_pod(&pod).rolled_back);
 }
+
+#[test]
+fn a_trimmed_pod_reads_as_the_whole_pod() {
+    let mut job = MusterJob::new("train", spec(2, Some(2), CompletionMode::Indexed));
+    job.metadata.uid = Some("uid".into());
+    let mut pod = new_pod(&job, &NewPod { index: Some(1), attempt: 1 }, "train", Some("train"), 2);
+    pod.metadata.name = Some("train-1-abc".into());
+    pod.metadata.namespace = Some("ns".into());
+    pod.metadata.annotations.get_or_insert_default().insert(ROLLED_BACK_ANNOTATION.into(), "plan-1".into());
+    pod.metadata.annotations.get_or_insert_default().insert("other.example.com/note".into(), "x".repeat(4096));
+    pod.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+    let status: k8s_openapi::api::core::v1::PodStatus = serde_json::from_value(serde_json::json!({
+        "phase": "Running",
+        "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
+        "containerStatuses": [{"name": "main", "image": "img", "imageID": "id", "ready": true, "restartCount": 2,
+            "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}],
+        "initContainerStatuses": [{"name": "init", "image": "img", "imageID": "id", "ready": false, "restartCount": 1}],
+    }))
+    .expect("status");
+    pod.status = Some(status);
+    for gated in [true, false] {
+        if !gated {
+            pod.spec.as_mut().expect("spec").scheduling_gates = None;
+        }
+        let mut trimmed = pod.clone();
+        trim_pod(&mut trimmed);
+        assert_eq!(ObservedPod::from_pod(&trimmed), ObservedPod::from_pod(&pod), "gated: {gated}");
+        assert_eq!(ObservedPod::from_pod(&trimmed).restarts, 3);
+        assert_eq!(trimmed.metadata.labels, pod.metadata.labels);
+        assert_eq!(trimmed.metadata.owner_references, pod.metadata.owner_references);
+        // The rest is dropped: the containers, the other annotations, other conditions.
+        assert!(trimmed.spec.as_ref().expect("spec").containers.is_empty());
+        let annotations = trimmed.metadata.annotations.as_ref().expect("annotations");
+        assert!(!annotations.contains_key("other.example.com/note"));
+        assert_eq!(trimmed.status.as_ref().and_then(|s| s.conditions.as_ref()).map(Vec::len), Some(1));
+    }
+}
+
+#[test]
+fn only_active_and_ready_counts_wait_for_the_status_pace() {
+    let old = MusterJobStatus {
+        phase: Some(JobPhase::Running),
+        active: 3,
+        ready: 1,
+        progress: Some("0/3".into()),
+        ..MusterJobStatus::default()
+    };
+    let with = |f: &dyn Fn(&mut MusterJobStatus)| {
+        let mut s = old.clone();
+        f(&mut s);
+        s
+    };
+    assert!(status_may_wait(Some(&old), &with(&|s| s.ready = 3)));
+    assert!(status_may_wait(Some(&old), &with(&|s| s.active = 2)));
+    assert!(!status_may_wait(Some(&old), &old), "nothing to write");
+    assert!(!status_may_wait(None, &old), "a first status is written at once");
+    assert!(!status_may_wait(Some(&old), &with(&|s| s.failed = 1)), "a failure is recorded at once");
+    assert!(!status_may_wait(Some(&old), &with(&|s| s.succeeded = 1)));
+    assert!(!status_may_wait(Some(&old), &with(&|s| s.phase = Some(JobPhase::Complete))));
+    assert!(!status_may_wait(
+        Some(&old),
+        &with(&|s| {
+            s.ready = 3;
+            s.progress = Some("1/3".into());
+        })
+    ));
+}
