@@ -92,8 +92,10 @@ struct Events {
 }
 
 impl Events {
-    /// Keys remembered before starting over (the recorder itself forgets after 6 minutes).
-    const LIMIT: usize = 10_000;
+    /// Keys remembered before starting over, which also drops the recorder's cache (it keeps
+    /// every event it sent for 6 minutes to fold repeats into a series: at 10,000 keys, the GPU
+    /// events of thousands of pods and nodes held tens of MiB).
+    const LIMIT: usize = 1_000;
 
     fn new(client: Client, reporter: Reporter) -> Self {
         let recorder = Recorder::new(client.clone(), reporter.clone());
