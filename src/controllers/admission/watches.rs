@@ -26,7 +26,9 @@ use super::{Admitter, Caches, DraCaches, RootKey, Unseen, is_gated, trim};
 use crate::crds::scheduling::{AdmissionPlan, CompositePodGroup, PlanState, PlannedPod, PodGroup};
 use crate::scheduler::{Change, ClusterState};
 
-/// How long to wait for the caches to show a write before deciding anyway.
+/// How long to wait for the caches to show a plan or claim write before deciding anyway (another
+/// writer may have changed it since). A pod ungated is waited for until the cache shows it: a
+/// gate removed is never added back, so the cache always shows it in the end.
 pub(super) const CACHE_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn spawn_watch<K>(
@@ -484,7 +486,11 @@ impl Unseen {
         let fresh = |at: &Instant| now.duration_since(*at) < CACHE_SYNC_TIMEOUT;
         // A plan write is seen once the cached plan is the one written (or the group is gone).
         self.plans.retain(|key, (want, at)| fresh(at) && plans.get(key).is_some_and(|cached| cached != want));
-        self.ungated.retain(|uid, (_, _, at)| fresh(at) && gated.contains(uid.as_str()));
+        // No time limit here: at 5,000 nodes the pod watch lagged more than 10 s behind the
+        // pins, and a pin forgotten then was neither counted (its GPUs were given again) nor
+        // followed (its plan looked unseen by every pod and was dropped, the pods left pinned
+        // to a full node with no bind watch).
+        self.ungated.retain(|uid, _| gated.contains(uid.as_str()));
         match claims {
             Some(cached) => {
                 self.claims.retain(|key, (allocated, at)| fresh(at) && cached.get(key).is_some_and(|c| c != allocated))
@@ -537,11 +543,18 @@ mod tests {
         assert_eq!(s.roots, HashSet::from([b.clone()]));
         assert_eq!(s.pins.keys().collect::<Vec<_>>(), vec!["u2"]);
 
-        // A write never seen is let go after the sync timeout.
-        let later = t0 + CACHE_SYNC_TIMEOUT;
+        // A plan write never seen is let go after the sync timeout; a pod ungated is waited for
+        // however long the cache lags (and its pin stays counted).
+        let later = t0 + CACHE_SYNC_TIMEOUT * 6;
+        unseen.plans.insert(a.clone(), (committing.clone(), t0));
+        let plans = HashMap::from([(a.clone(), None), (b.clone(), None)]);
         let s = unseen.settle(&plans, &gated, None, later).expect("no claim write pending");
-        assert!(s.roots.is_empty() && s.pins.is_empty());
-        assert!(unseen.plans.is_empty() && unseen.ungated.is_empty());
+        assert!(unseen.plans.is_empty());
+        assert_eq!(s.roots, HashSet::from([b.clone()]));
+        assert_eq!(s.pins.keys().collect::<Vec<_>>(), vec!["u2"]);
+        // Once the cache shows it ungated (or gone), it is forgotten.
+        let s = unseen.settle(&plans, &HashSet::new(), None, later).expect("no claim write pending");
+        assert!(s.roots.is_empty() && s.pins.is_empty() && unseen.ungated.is_empty());
     }
 
     #[test]
