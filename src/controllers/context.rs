@@ -187,6 +187,33 @@ pub enum Error {
     Timeout(std::time::Duration),
 }
 
+/// A task of its own whose outcome a later pass books. Aborted when dropped: a replica that
+/// stops leading sends no more.
+pub struct Detached<T>(tokio::task::JoinHandle<T>);
+
+impl<T: Send + 'static> Detached<T> {
+    /// Runs `future` on a task of its own.
+    pub fn spawn(future: impl std::future::Future<Output = T> + Send + 'static) -> Self {
+        Detached(tokio::spawn(future))
+    }
+
+    /// Whether it ended.
+    pub fn is_finished(&self) -> bool {
+        self.0.is_finished()
+    }
+
+    /// Its outcome (an error if it panicked or was aborted).
+    pub async fn join(&mut self) -> std::result::Result<T, tokio::task::JoinError> {
+        (&mut self.0).await
+    }
+}
+
+impl<T> Drop for Detached<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// How long one write of admission may take, the client's own retries of 429/503 included:
 /// an API server that keeps failing one request costs the cycle this much, not minutes.
 pub const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);

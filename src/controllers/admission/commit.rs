@@ -18,7 +18,7 @@ use serde_json::json;
 
 use super::status::Outcome;
 use super::{Admitter, FAULT_EXIT_ENV, GroupRef, MIN_BACKOFF, RootKey, World, Writer, error_backoff, is_gated};
-use crate::controllers::context::{Context, Error, Result, at_most, bounded};
+use crate::controllers::context::{Context, Detached, Error, Result, at_most, bounded};
 use crate::controllers::metrics::ObjectErrorLabels;
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{AdmissionPlan, AvoidedNode, CompositePodGroup, PlanState, PlannedPod, PodGroup};
@@ -708,7 +708,7 @@ impl Admitter {
         }
         let (writer, signal) = (self.writer.clone(), self.signal.clone());
         let keys = done.iter().map(|(key, _)| key.clone()).collect();
-        let task = tokio::spawn(async move {
+        let task = Detached::spawn(async move {
             let clears: Vec<_> = done
                 .into_iter()
                 .map(|(key, version)| {
@@ -731,7 +731,7 @@ impl Admitter {
     /// error. Returns when to retry those.
     pub(super) async fn book_clears(&mut self) -> Option<Instant> {
         let mut batch = self.clears.take_if(|b| b.task.is_finished())?;
-        let results = match (&mut batch.task).await {
+        let results = match batch.task.join().await {
             Ok(results) => results,
             Err(e) => {
                 tracing::warn!(error = %e, "the plan clears ended without an answer");

@@ -507,9 +507,9 @@ impl Admitter {
         // cycle that waited for them decided nothing for minutes.
         if !events.is_empty() {
             let (ctx, before) = (self.ctx.clone(), self.node_events.take());
-            self.node_events = Some(tokio::spawn(async move {
-                if let Some(before) = before {
-                    let _ = before.await;
+            self.node_events = Some(crate::controllers::context::Detached::spawn(async move {
+                if let Some(mut before) = before {
+                    let _ = before.join().await;
                 }
                 let sends: Vec<_> = events
                     .iter()

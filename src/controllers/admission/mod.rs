@@ -26,7 +26,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
 
-use super::context::{Context, Result};
+use super::context::{Context, Detached, Result};
 use super::devices::DeviceReconciler;
 use super::devices::prometheus::PrometheusSource;
 use crate::crds::POD_GROUP_LABEL;
@@ -176,11 +176,12 @@ struct Admitter {
     /// When each group's status was last written (kept for the status pace, see `status::may_wait`).
     status_written: HashMap<RootKey, Instant>,
     /// The group status writes in flight, with each write's outcome (see `apply_statuses`).
-    status_batch: Option<status::StatusBatch>,
+    /// Group status writes in flight, each with its outcome (see `apply_statuses`).
+    status_batch: Option<Detached<Outcomes>>,
     /// The plan clears in flight.
     clears: Option<Clears>,
     /// The Node events (GPU problems found or cleared) being sent, in the background.
-    node_events: Option<tokio::task::JoinHandle<()>>,
+    node_events: Option<Detached<()>>,
     /// Groups in excluded namespaces already reported by an event.
     excluded_reported: HashSet<RootKey>,
     /// DRA problems (devices not offered) last logged.
@@ -202,19 +203,15 @@ struct Admitter {
 }
 
 /// Plans of roots whose pods all bound, being cleared on a task of their own (a cycle never
-/// waits for them; its end wakes one). Aborted when dropped: a replica that stops leading
-/// sends no more.
+/// waits for them; its end wakes one).
 struct Clears {
     /// Their roots: not followed again while the clear is in flight.
     keys: HashSet<RootKey>,
-    task: tokio::task::JoinHandle<Vec<(RootKey, Result<()>)>>,
+    task: Detached<Outcomes>,
 }
 
-impl Drop for Clears {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
+/// The outcome of each write of a background batch, by root.
+type Outcomes = Vec<(RootKey, Result<()>)>;
 
 /// A commit in flight.
 struct InFlight {

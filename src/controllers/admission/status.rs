@@ -18,7 +18,7 @@ use std::time::Instant;
 use super::commit::object_labels;
 use super::{Admitter, CONTROLLER, FIELD_MANAGER, RootKey, error_backoff, group_pods, visit};
 use crate::controllers::conditions;
-use crate::controllers::context::{Context, Error, Result, at_most, bounded};
+use crate::controllers::context::{Context, Detached, Error, Result, at_most, bounded};
 use crate::crds::scheduling::{
     AdmissionPlan, CompositePodGroup, CompositePodGroupStatus, GroupPhase, PlanState, PodGroup, PodGroupStatus,
 };
@@ -564,7 +564,7 @@ impl Admitter {
     /// those may be tried again.
     async fn apply_statuses(&mut self, writes: Vec<(RootKey, serde_json::Value)>) -> Option<Instant> {
         let mut retry = self.book_statuses().await;
-        if self.status_batch.as_ref().is_some_and(|b| !b.0.is_finished()) {
+        if self.status_batch.as_ref().is_some_and(|b| !b.is_finished()) {
             return retry;
         }
         let now = Instant::now();
@@ -580,7 +580,7 @@ impl Admitter {
             return retry;
         }
         let (ctx, signal) = (self.ctx.clone(), self.signal.clone());
-        self.status_batch = Some(StatusBatch(tokio::spawn(async move {
+        self.status_batch = Some(Detached::spawn(async move {
             let sends: Vec<_> = due
                 .into_iter()
                 .map(|(key, status)| {
@@ -598,7 +598,7 @@ impl Admitter {
             let results = at_most(STATUS_CONCURRENCY, sends).await;
             signal.wake();
             results
-        })));
+        }));
         retry
     }
 
@@ -606,8 +606,8 @@ impl Admitter {
     /// group's pace, a failed one is reported and backed off. Returns when the first of those
     /// may be tried again.
     pub(super) async fn book_statuses(&mut self) -> Option<Instant> {
-        let mut batch = self.status_batch.take_if(|b| b.0.is_finished())?;
-        let results: Vec<(RootKey, Result<()>)> = match (&mut batch.0).await {
+        let mut batch = self.status_batch.take_if(|b| b.is_finished())?;
+        let results: Vec<(RootKey, Result<()>)> = match batch.join().await {
             Ok(results) => results,
             Err(e) => {
                 tracing::warn!(error = %e, "the group status writes ended without an answer");
@@ -695,16 +695,6 @@ impl Admitter {
         }
         self.excluded_reported.retain(|k| seen.contains(k));
         writes
-    }
-}
-
-/// Group status writes on a task of their own, each with its outcome. Aborted when dropped:
-/// a replica that stops leading sends no more.
-pub(super) struct StatusBatch(tokio::task::JoinHandle<Vec<(RootKey, Result<()>)>>);
-
-impl Drop for StatusBatch {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 

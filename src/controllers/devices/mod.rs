@@ -21,7 +21,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::context::{Context, at_most};
+use super::context::{Context, Detached, at_most};
 use super::metrics::{NodeLabels, ReasonLabels};
 use crate::crds::{GPU_INDICES_ANNOTATION, GPU_RESOURCE};
 use crate::devices::chooser::NodeGpus;
@@ -489,7 +489,7 @@ pub struct DeviceReconciler {
     gauged: BTreeSet<String>,
     patch_timeout: Duration,
     /// The batch of writes in flight (one at a time), and what it has done so far.
-    batch: Option<Batch>,
+    batch: Option<Detached<()>>,
     results: Results,
     /// Called when a batch ends, so the next pass books it (admission wakes a cycle).
     on_batch_done: Option<Arc<dyn Fn() + Send + Sync>>,
@@ -511,15 +511,6 @@ impl Default for DeviceReconciler {
             on_batch_done: None,
             chosen: HashMap::new(),
         }
-    }
-}
-
-/// A batch of writes in flight; dropped with its reconciler (leadership lost, a stop), it stops.
-struct Batch(tokio::task::JoinHandle<()>);
-
-impl Drop for Batch {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 
@@ -623,12 +614,12 @@ impl DeviceReconciler {
             if !due.is_empty() {
                 let (ctx, results, done) = (ctx.clone(), self.results.clone(), self.on_batch_done.clone());
                 let timeout = self.patch_timeout;
-                self.batch = Some(Batch(tokio::spawn(async move {
+                self.batch = Some(Detached::spawn(async move {
                     send_batch(ctx, due, timeout, results).await;
                     if let Some(done) = done {
                         done();
                     }
-                })));
+                }));
             }
         }
 
@@ -651,7 +642,7 @@ impl DeviceReconciler {
     /// Waits for the writes in flight and books them.
     pub async fn settle(&mut self, ctx: &Context) {
         if let Some(batch) = self.batch.as_mut()
-            && let Err(e) = (&mut batch.0).await
+            && let Err(e) = batch.join().await
         {
             tracing::warn!(error = %e, "a batch of GPU-index writes failed");
         }
@@ -661,7 +652,7 @@ impl DeviceReconciler {
     /// Books the writes done since the last pass (backoff, failure metrics and events); once
     /// the batch has ended, the next may go.
     async fn book(&mut self, ctx: &Context) {
-        let finished = self.batch.as_ref().is_none_or(|b| b.0.is_finished());
+        let finished = self.batch.as_ref().is_none_or(Detached::is_finished);
         let done = std::mem::take(&mut *self.results.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
         let now = Instant::now();
         let events: Vec<PodEvent> =
