@@ -214,6 +214,40 @@ impl<T> Drop for Detached<T> {
     }
 }
 
+/// Whether a reflector store has its first full list, for any number of tasks to await at
+/// once. kube's `Store::wait_until_ready` wakes only the task that polled it last (one oneshot
+/// receiver behind a mutex keeps one waker), so reconciles that wait on it together while the
+/// first list is in flight can wait forever: every MusterJob of a new leader but one did,
+/// and their lost pods were never replaced. One task waits on the store here and tells all.
+#[derive(Clone, Debug)]
+pub struct StoreReady(tokio::sync::watch::Receiver<bool>);
+
+impl StoreReady {
+    /// Starts the one task that waits for `store`.
+    pub fn of<K>(store: kube::runtime::reflector::Store<K>) -> Self
+    where
+        K: kube::runtime::reflector::Lookup + Clone + Send + Sync + 'static,
+        K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
+    {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            if store.wait_until_ready().await.is_ok() {
+                let _ = tx.send(true);
+            }
+        });
+        StoreReady(rx)
+    }
+
+    /// Resolves once the store has listed everything; an error when its writer went first.
+    pub async fn wait(&self) -> Result<()> {
+        let mut rx = self.0.clone();
+        match rx.wait_for(|ready| *ready).await {
+            Ok(_) => Ok(()),
+            Err(_) => Err(Error::Missing("the watch cache stopped before its first list".into())),
+        }
+    }
+}
+
 /// How long one write of admission may take, the client's own retries of 429/503 included:
 /// an API server that keeps failing one request costs the cycle this much, not minutes.
 pub const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -297,3 +331,96 @@ pub fn api_error_reason(e: &kube::Error) -> &'static str {
 
 /// The result of a reconcile step.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::FutureExt;
+    use futures::future::BoxFuture;
+    use futures::task::{ArcWake, waker};
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::runtime::{reflector, watcher};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::task::Context as TaskContext;
+
+    const WAITERS: usize = 8;
+
+    /// A waker that remembers being woken.
+    #[derive(Default)]
+    struct Flag(AtomicBool);
+
+    impl ArcWake for Flag {
+        fn wake_by_ref(arc_self: &Arc<Self>) {
+            arc_self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Polls each waiter once with a waker of its own (each waits, as a reconcile of its own
+    /// would), then gives the writer its first list; returns the flags of their wakers.
+    fn poll_then_list(
+        waiters: &mut [BoxFuture<'static, bool>],
+        writer: &mut reflector::store::Writer<Pod>,
+    ) -> Vec<Arc<Flag>> {
+        let flags: Vec<Arc<Flag>> = (0..waiters.len()).map(|_| Arc::new(Flag::default())).collect();
+        for (w, flag) in waiters.iter_mut().zip(&flags) {
+            let waker = waker(flag.clone());
+            assert!(w.poll_unpin(&mut TaskContext::from_waker(&waker)).is_pending(), "nothing listed yet");
+        }
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        flags
+    }
+
+    fn woken(flags: &[Arc<Flag>]) -> usize {
+        flags.iter().filter(|f| f.0.load(Ordering::SeqCst)).count()
+    }
+
+    /// Why [`StoreReady`] exists: kube's own wait wakes only the waiter that polled last. If this
+    /// starts failing, kube fixed it and [`StoreReady`] can go.
+    #[test]
+    fn kube_wakes_one_of_many_store_waiters() {
+        let (store, mut writer) = reflector::store::<Pod>();
+        let mut waiters: Vec<BoxFuture<'static, bool>> = (0..WAITERS)
+            .map(|_| {
+                let s = store.clone();
+                async move { s.wait_until_ready().await.is_ok() }.boxed()
+            })
+            .collect();
+        let flags = poll_then_list(&mut waiters, &mut writer);
+        assert_eq!(woken(&flags), 1, "kube's Store::wait_until_ready now wakes every waiter");
+    }
+
+    #[tokio::test]
+    async fn store_ready_wakes_every_waiter_and_later_ones_at_once() {
+        let (store, mut writer) = reflector::store::<Pod>();
+        let ready = StoreReady::of(store);
+        tokio::task::yield_now().await;
+        let mut waiters: Vec<BoxFuture<'static, bool>> = (0..WAITERS)
+            .map(|_| {
+                let r = ready.clone();
+                async move { r.wait().await.is_ok() }.boxed()
+            })
+            .collect();
+        let flags = poll_then_list(&mut waiters, &mut writer);
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while woken(&flags) < WAITERS {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("every waiter is woken");
+        for w in &mut waiters {
+            assert_eq!(w.now_or_never(), Some(true));
+        }
+        assert!(ready.wait().now_or_never().is_some_and(|r| r.is_ok()), "a later waiter does not wait");
+    }
+
+    #[tokio::test]
+    async fn store_ready_fails_when_the_writer_goes_first() {
+        let (store, writer) = reflector::store::<Pod>();
+        let ready = StoreReady::of(store);
+        drop(writer);
+        let r = tokio::time::timeout(Duration::from_secs(10), ready.wait()).await.expect("resolves");
+        assert!(matches!(r, Err(Error::Missing(_))), "{r:?}");
+    }
+}

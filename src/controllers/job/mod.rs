@@ -26,7 +26,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use super::context::{Context, Error, Result};
+use super::context::{Context, Error, Result, StoreReady};
 use super::{conditions, controller_uid};
 use crate::crds::batch::{CompletionMode, JobPhase, MusterJob, MusterJobStatus};
 use crate::crds::blocks::DisruptionModeKind;
@@ -57,6 +57,8 @@ const CLAIM_RETRY: Duration = Duration::from_secs(15);
 pub struct JobContext {
     ctx: Arc<Context>,
     pods: Store<Pod>,
+    /// Whether `pods` has its first list (awaited by many reconciles at once).
+    pods_ready: StoreReady,
     expected: expected::Expected,
     groups: Store<PodGroup>,
     composites: Store<CompositePodGroup>,
@@ -122,6 +124,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         composites: cache(&ctx.client),
         workloads: cache(&ctx.client),
         ctx,
+        pods_ready: StoreReady::of(store.clone()),
         pods: store,
         expected: expected::Expected::default(),
         paced: Default::default(),
@@ -401,7 +404,7 @@ async fn sync_pods(
     let uid = job.uid().unwrap_or_default();
     let pods_api = Api::<Pod>::namespaced(ctx.client.clone(), &ns);
     // The job's pods as the watch cache shows them, once it has listed them all.
-    jc.pods.wait_until_ready().await.map_err(|e| Error::Missing(format!("pod cache: {e}")))?;
+    jc.pods_ready.wait().await?;
     let cached = jc.pods.state();
     let pods: Vec<&Pod> = cached
         .iter()
@@ -413,6 +416,7 @@ async fn sync_pods(
     let names: std::collections::HashSet<&str> = pods.iter().filter_map(|p| p.metadata.name.as_deref()).collect();
     if !jc.expected.satisfied(&uid, &names, std::time::Instant::now()) {
         // Pods it created are not in the cache yet: their events sync the job again.
+        tracing::debug!(job = %name, namespace = %ns, cached = names.len(), "pods created are not cached yet");
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
     let observed: Vec<ObservedPod> = pods.iter().map(|p| ObservedPod::from_pod(p)).collect();
@@ -420,6 +424,15 @@ async fn sync_pods(
     let mut decision = plan::plan(&job.spec, job.metadata.generation, &prev, &observed, groups.gang_all, now);
     decision.status.workload_name = Some(groups.workload.clone());
     decision.status.pod_group_name = Some(groups.pod_group.clone());
+    tracing::debug!(
+        job = %name,
+        namespace = %ns,
+        pods = observed.len(),
+        active = decision.status.active,
+        create = decision.create.len(),
+        delete = decision.delete.len(),
+        "job synced"
+    );
     let reference = job.object_ref(&());
 
     for (pod, why) in &decision.delete {
@@ -709,6 +722,7 @@ async fn set_invalid(
     now: Timestamp,
     retry: Option<Duration>,
 ) -> Result<Action> {
+    tracing::debug!(job = %job.name_any(), reason, message, "job invalid");
     let mut status = job.status.clone().unwrap_or_default();
     let changed = conditions::set(
         &mut status.conditions,
