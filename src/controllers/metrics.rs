@@ -113,6 +113,18 @@ pub struct Metrics {
     pub webhook_requests: Family<WebhookLabels, Counter>,
     /// Webhook request duration, by path.
     pub webhook_duration: Family<PathLabels, Histogram, fn() -> Histogram>,
+    /// The allocator's figures (jemalloc), bytes, read at each scrape: `allocated` (live
+    /// objects), `active` (the pages they are on), `resident` (the heap's share of RSS, its
+    /// metadata and dirty pages not yet purged included), `retained` (unmapped lazily, not in
+    /// RSS) and `metadata`. How much of RSS is live data, and how much the allocator holds.
+    pub heap_bytes: Family<HeapLabels, Gauge>,
+}
+
+/// Labels of an allocator figure.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HeapLabels {
+    /// `allocated`, `active`, `resident`, `retained` or `metadata`.
+    pub kind: String,
 }
 
 /// Labels of a webhook request.
@@ -156,6 +168,7 @@ impl Default for Metrics {
             device_patch_errors: Family::default(),
             webhook_requests: Family::default(),
             webhook_duration: Family::new_with_constructor(histogram_seconds),
+            heap_bytes: Family::default(),
             registry: Registry::default(),
         };
         registry.register("reconciles", "Reconciles run", m.reconciles.clone());
@@ -216,6 +229,7 @@ impl Default for Metrics {
         );
         registry.register("webhook_requests", "Admission webhook requests", m.webhook_requests.clone());
         registry.register("webhook_duration_seconds", "Admission webhook request duration", m.webhook_duration.clone());
+        registry.register("heap_bytes", "The allocator's figures (jemalloc), bytes", m.heap_bytes.clone());
         Self { registry, ..m }
     }
 }
@@ -223,10 +237,33 @@ impl Default for Metrics {
 impl Metrics {
     /// The registry as OpenMetrics text.
     pub fn encode(&self) -> String {
+        self.read_heap();
         let mut out = String::new();
         // Encoding into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+
+    /// Reads the allocator's figures into [`Self::heap_bytes`] (nothing when jemalloc cannot
+    /// say, e.g. in a binary with another allocator: its figures would be of no heap in use).
+    fn read_heap(&self) {
+        use tikv_jemalloc_ctl::{epoch, stats};
+        if epoch::advance().is_err() {
+            return;
+        }
+        let figures = [
+            ("allocated", stats::allocated::read()),
+            ("active", stats::active::read()),
+            ("resident", stats::resident::read()),
+            ("retained", stats::retained::read()),
+            ("metadata", stats::metadata::read()),
+        ];
+        for (kind, bytes) in figures {
+            if let Ok(bytes) = bytes {
+                let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+                self.heap_bytes.get_or_create(&HeapLabels { kind: kind.to_string() }).set(bytes);
+            }
+        }
     }
 
     /// Counts a reconcile of `controller` and times it until the guard drops.
@@ -281,6 +318,15 @@ impl Drop for ReconcileTimer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scrape_reads_the_allocators_figures() {
+        let m = Metrics::default();
+        let text = m.encode();
+        for kind in ["allocated", "active", "resident", "retained", "metadata"] {
+            assert!(text.contains(&format!("muster_heap_bytes{{kind=\"{kind}\"}}")), "{kind}: {text}");
+        }
+    }
 
     #[test]
     fn encodes_reconcile_metrics() {

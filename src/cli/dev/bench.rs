@@ -31,6 +31,7 @@ pub const BENCH_POD_LABEL: &str = "bench.muster.dev/pod";
 /// The admission controller's series of `muster_reconciles_total`: one per admission cycle.
 const CYCLES_METRIC: &str = "muster_reconciles_total";
 const CYCLES_LABEL: &str = "controller=\"admission\"";
+const HEAP_METRIC: &str = "muster_heap_bytes";
 /// USER_HZ: the unit of utime/stime in /proc/<pid>/stat (100 on every Linux muster targets).
 const CLOCK_TICKS_PER_S: f64 = 100.0;
 const RSS_SAMPLE_EVERY: Duration = Duration::from_millis(200);
@@ -318,6 +319,14 @@ pub struct MusterNumbers {
     pub gangs_admitted: usize,
     /// Admission cycles run during the path (delta of muster_reconciles_total{controller="admission"}).
     pub cycles: Option<f64>,
+    /// Webhook reviews muster answered during the path (each MusterJob create is one
+    /// validation and one mutation), and their mean duration, ms.
+    pub webhook_reviews: Option<f64>,
+    pub webhook_mean_ms: Option<f64>,
+    /// The allocator's live bytes at the path's end, MiB (`muster_heap_bytes{kind="allocated"}`),
+    /// and its resident bytes: what of RSS is data, and what the allocator holds.
+    pub heap_allocated_mib: Option<f64>,
+    pub heap_resident_mib: Option<f64>,
 }
 
 /// Every number of one path.
@@ -468,6 +477,13 @@ pub fn format_table(report: &Report) -> String {
                 opt(m.admission_p50_s, 3),
                 opt(m.admission_p99_s, 3),
                 opt(m.cycles, 0)
+            ));
+            out.push_str(&format!(
+                "  heap at the end: {} MiB allocated, {} MiB resident; webhook: {} reviews, mean {} ms\n",
+                opt(m.heap_allocated_mib, 1),
+                opt(m.heap_resident_mib, 1),
+                opt(m.webhook_reviews, 0),
+                opt(m.webhook_mean_ms, 1)
             ));
         }
     }
@@ -690,7 +706,7 @@ async fn create_gang(client: &Client, path: BenchPath, ns: &str, name: &str, siz
     }
 }
 
-async fn fetch_cycles(http: &reqwest::Client, url: &str) -> Option<f64> {
+async fn fetch_metrics(http: &reqwest::Client, url: &str) -> Option<MusterMetrics> {
     let text = match http.get(url).send().await.and_then(reqwest::Response::error_for_status) {
         Ok(r) => r.text().await.ok()?,
         Err(e) => {
@@ -698,8 +714,37 @@ async fn fetch_cycles(http: &reqwest::Client, url: &str) -> Option<f64> {
             return None;
         }
     };
-    // The series appears with the first admission cycle.
-    Some(counter_value(&text, CYCLES_METRIC, CYCLES_LABEL).unwrap_or(0.0))
+    Some(MusterMetrics::read(&text))
+}
+
+/// What the bench reads of muster's /metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MusterMetrics {
+    /// Admission cycles run (the series appears with the first).
+    pub cycles: f64,
+    /// Webhook reviews answered, and the seconds they took in all.
+    pub webhook_reviews: f64,
+    pub webhook_seconds: f64,
+    /// The allocator's live bytes and its resident bytes.
+    pub heap_allocated: Option<f64>,
+    pub heap_resident: Option<f64>,
+}
+
+impl MusterMetrics {
+    /// PURE: reads them from muster's /metrics text.
+    pub fn read(text: &str) -> Self {
+        let sum = |name: &str| {
+            ["path=\"/validate\"", "path=\"/mutate\""].iter().filter_map(|l| counter_value(text, name, l)).sum()
+        };
+        let heap = |kind: &str| counter_value(text, HEAP_METRIC, &format!("kind=\"{kind}\""));
+        MusterMetrics {
+            cycles: counter_value(text, CYCLES_METRIC, CYCLES_LABEL).unwrap_or(0.0),
+            webhook_reviews: sum("muster_webhook_duration_seconds_count"),
+            webhook_seconds: sum("muster_webhook_duration_seconds_sum"),
+            heap_allocated: heap("allocated"),
+            heap_resident: heap("resident"),
+        }
+    }
 }
 
 /// The API server's request counts now (`None` when its /metrics cannot be read).
@@ -752,8 +797,8 @@ async fn run_path(
 
     let is_muster = path == BenchPath::Muster;
     let muster_pid = args.muster_pid.filter(|_| is_muster);
-    let cycles_before = match (&args.muster_metrics_url, is_muster) {
-        (Some(url), true) => fetch_cycles(http, url).await,
+    let metrics_before = match (&args.muster_metrics_url, is_muster) {
+        (Some(url), true) => fetch_metrics(http, url).await,
         _ => None,
     };
     let requests_before = api_requests(client).await;
@@ -828,8 +873,8 @@ async fn run_path(
     stop.store(true, Ordering::Relaxed);
     let ticks_after = muster_pid.and_then(|pid| read_proc(pid, "stat")).and_then(|s| stat_cpu_ticks(&s));
     let hwm = muster_pid.and_then(|pid| read_proc(pid, "status")).and_then(|s| status_kib(&s, "VmHWM"));
-    let cycles_after = match (&args.muster_metrics_url, is_muster) {
-        (Some(url), true) => fetch_cycles(http, url).await,
+    let metrics_after = match (&args.muster_metrics_url, is_muster) {
+        (Some(url), true) => fetch_metrics(http, url).await,
         _ => None,
     };
     let api_writes = match (requests_before, api_requests(client).await) {
@@ -852,7 +897,14 @@ async fn run_path(
             admission_p50_s: percentile(&latencies, 50.0),
             admission_p99_s: percentile(&latencies, 99.0),
             gangs_admitted: latencies.len(),
-            cycles: cycles_before.zip(cycles_after).map(|(b, a)| a - b),
+            cycles: metrics_before.zip(metrics_after).map(|(b, a)| a.cycles - b.cycles),
+            webhook_reviews: metrics_before.zip(metrics_after).map(|(b, a)| a.webhook_reviews - b.webhook_reviews),
+            webhook_mean_ms: metrics_before.zip(metrics_after).and_then(|(b, a)| {
+                let n = a.webhook_reviews - b.webhook_reviews;
+                (n > 0.0).then(|| 1000.0 * (a.webhook_seconds - b.webhook_seconds) / n)
+            }),
+            heap_allocated_mib: metrics_after.and_then(|a| a.heap_allocated).map(|b| b / 1048576.0),
+            heap_resident_mib: metrics_after.and_then(|a| a.heap_resident).map(|b| b / 1048576.0),
         }
     });
     Ok(PathReport {
@@ -959,6 +1011,32 @@ pub fn run(args: Args) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn musters_figures_are_read_from_its_metrics() {
+        let text = "# TYPE muster_heap_bytes gauge\n\
+            muster_reconciles_total{controller=\"job\"} 3\n\
+            muster_reconciles_total{controller=\"admission\"} 12\n\
+            muster_webhook_duration_seconds_sum{path=\"/validate\"} 0.5\n\
+            muster_webhook_duration_seconds_count{path=\"/validate\"} 10\n\
+            muster_webhook_duration_seconds_bucket{le=\"0.001\",path=\"/mutate\"} 4\n\
+            muster_webhook_duration_seconds_sum{path=\"/mutate\"} 0.25\n\
+            muster_webhook_duration_seconds_count{path=\"/mutate\"} 10\n\
+            muster_heap_bytes{kind=\"allocated\"} 1048576\n\
+            muster_heap_bytes{kind=\"resident\"} 2097152\n";
+        let m = MusterMetrics::read(text);
+        assert_eq!(
+            m,
+            MusterMetrics {
+                cycles: 12.0,
+                webhook_reviews: 20.0,
+                webhook_seconds: 0.75,
+                heap_allocated: Some(1048576.0),
+                heap_resident: Some(2097152.0),
+            }
+        );
+        assert_eq!(MusterMetrics::read("").heap_allocated, None, "no allocator figures: none shown");
+    }
 
     fn pod(gang: &str, first_seen: f64, ungated: Option<f64>, bound: Option<f64>) -> PodTimes {
         PodTimes { gang: gang.into(), first_seen, ungated, bound }
@@ -1157,6 +1235,8 @@ mod tests {
                     muster: Some(MusterNumbers {
                         rss_peak_mib: Some(50.0),
                         cycles: Some(4.0),
+                        heap_allocated_mib: Some(20.0),
+                        webhook_mean_ms: Some(3.5),
                         ..MusterNumbers::default()
                     }),
                     ..PathReport::default()
@@ -1175,6 +1255,7 @@ mod tests {
         assert!(line("gang ").contains("pods WITHOUT schedulingGroup"), "{table}");
         assert!(line("muster ").contains("3/6") && line("muster ").contains("TIMED OUT"), "{table}");
         assert!(table.contains("peak RSS 50.0 MiB") && table.contains("admission cycles 4"), "{table}");
+        assert!(table.contains("20.0 MiB allocated") && table.contains("mean 3.5 ms"), "{table}");
         assert!(table.contains("15 pods, 100 nodes"), "{table}");
         assert!(report.paths[0].ok() && !report.paths[1].ok() && !report.paths[2].ok());
     }
