@@ -164,6 +164,12 @@ pub async fn resolve_priority(client: &Client, class: Option<&str>) -> context::
     Ok(value.unwrap_or(0))
 }
 
+/// Reconciles of one controller (MusterJob, MusterJobSet) in flight at once. kube-runtime runs
+/// every object due at once by default: a thousand new MusterJobs meant a thousand reconciles,
+/// each with several writes, all in flight in an API server that had to serve kube-scheduler's
+/// binds and muster's own pins too (upstream's Job controller syncs 5 at a time).
+pub const RECONCILE_CONCURRENCY: u16 = 64;
+
 /// The reconcilers' error policy: no retry in a namespace being deleted; otherwise count the
 /// error and try again in 5 s.
 pub fn retry_after_error(controller: &str, err: &Error, ctx: &Context) -> kube::runtime::controller::Action {

@@ -218,9 +218,19 @@ pub fn counter_value(text: &str, name: &str, label: &str) -> Option<f64> {
 /// PURE: the API server's requests by kind, from its `apiserver_request_total` series (summed
 /// over codes and scopes): `"VERB resource[/subresource][ (dry run)]"` -> count.
 pub fn request_counts(text: &str) -> BTreeMap<String, f64> {
+    request_series(text, "apiserver_request_total")
+}
+
+/// PURE: the seconds the API server spent on its requests, by kind as [`request_counts`] keys
+/// them (`apiserver_request_duration_seconds_sum`, long-running watches not included).
+pub fn request_seconds(text: &str) -> BTreeMap<String, f64> {
+    request_series(text, "apiserver_request_duration_seconds_sum")
+}
+
+fn request_series(text: &str, name: &str) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
     for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else { continue };
+        let Some(rest) = line.strip_prefix(name).and_then(|r| r.strip_prefix('{')) else { continue };
         let Some((labels, value)) = rest.split_once('}') else { continue };
         let Some(value) = value.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()) else { continue };
         let label = |name: &str| {
@@ -251,6 +261,33 @@ pub fn request_delta(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f6
         .collect();
     delta.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     delta
+}
+
+/// PURE: the request kinds the API server spent most time on during a path, reads (GET, LIST)
+/// included, watches not (they are long-running): `(kind, seconds, seconds per request)`,
+/// largest first, from the [`request_seconds`] and [`request_counts`] before and after it.
+pub fn request_time(
+    seconds: (&BTreeMap<String, f64>, &BTreeMap<String, f64>),
+    counts: (&BTreeMap<String, f64>, &BTreeMap<String, f64>),
+) -> Vec<(String, f64, f64)> {
+    let delta = |before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>| {
+        let mut d: Vec<(String, f64)> = after
+            .iter()
+            .filter(|(k, _)| !k.starts_with("WATCH "))
+            .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+            .filter(|(_, d)| *d > 0.0)
+            .collect();
+        d.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        d
+    };
+    let served = delta(counts.0, counts.1);
+    delta(seconds.0, seconds.1)
+        .into_iter()
+        .filter_map(|(kind, secs)| {
+            let n = served.iter().find(|(k, _)| *k == kind).map(|(_, n)| *n)?;
+            Some((kind, secs, secs / n))
+        })
+        .collect()
 }
 
 /// PURE: `count` nodes split into at most `parts` runs of consecutive indices, as
@@ -360,6 +397,10 @@ pub struct PathReport {
     /// Write requests the API server served during the path, by kind, largest first (every
     /// client's: the path's controllers, kube-scheduler, kwok, muster).
     pub api_writes: Vec<(String, f64)>,
+    /// The API server's time on requests during the path (reads included, watches not), by
+    /// kind: `(kind, seconds, seconds per request)`, largest first: where a saturated API
+    /// server's time went.
+    pub api_time: Vec<(String, f64, f64)>,
     /// muster path only.
     pub muster: Option<MusterNumbers>,
 }
@@ -456,6 +497,20 @@ pub fn format_table(report: &Report) -> String {
             "\n{} path: {total:.0} API writes, {:.2} per pod: {}",
             p.path.map_or("?", BenchPath::name),
             per_pod(total),
+            top.join(", ")
+        ));
+    }
+    for p in report.paths.iter().filter(|p| !p.api_time.is_empty()) {
+        let total: f64 = p.api_time.iter().map(|(_, s, _)| s).sum();
+        let top: Vec<String> = p
+            .api_time
+            .iter()
+            .take(8)
+            .map(|(k, s, each)| format!("{k} {s:.0} s ({:.0} ms each)", each * 1000.0))
+            .collect();
+        out.push_str(&format!(
+            "\n{} path: the API server's time on requests {total:.0} s: {}",
+            p.path.map_or("?", BenchPath::name),
             top.join(", ")
         ));
     }
@@ -748,10 +803,10 @@ impl MusterMetrics {
 }
 
 /// The API server's request counts now (`None` when its /metrics cannot be read).
-async fn api_requests(client: &Client) -> Option<BTreeMap<String, f64>> {
+async fn api_requests(client: &Client) -> Option<(BTreeMap<String, f64>, BTreeMap<String, f64>)> {
     let request = axum::http::Request::get("/metrics").body(Vec::new()).ok()?;
     match client.request_text(request).await {
-        Ok(text) => Some(request_counts(&text)),
+        Ok(text) => Some((request_counts(&text), request_seconds(&text))),
         Err(e) => {
             eprintln!("bench: WARNING: the API server's /metrics: {e}");
             None
@@ -877,9 +932,11 @@ async fn run_path(
         (Some(url), true) => fetch_metrics(http, url).await,
         _ => None,
     };
-    let api_writes = match (requests_before, api_requests(client).await) {
-        (Some(before), Some(after)) => request_delta(&before, &after),
-        _ => Vec::new(),
+    let (api_writes, api_time) = match (requests_before, api_requests(client).await) {
+        (Some(before), Some(after)) => {
+            (request_delta(&before.0, &after.0), request_time((&before.1, &after.1), (&before.0, &after.0)))
+        }
+        _ => (Vec::new(), Vec::new()),
     };
     let rss_peak = match sampler {
         Some(s) => s.await.ok().flatten(),
@@ -921,6 +978,7 @@ async fn run_path(
         throughput: throughput(&pods, 0.0, last_create),
         ratio_to_plain: None,
         api_writes,
+        api_time,
         muster,
     })
 }
@@ -1140,6 +1198,27 @@ mod tests {
             muster_reconciles_total_other{controller=\"admission\"} 7\n# EOF\n";
         assert_eq!(counter_value(metrics, CYCLES_METRIC, CYCLES_LABEL), Some(42.0));
         assert_eq!(counter_value(metrics, CYCLES_METRIC, "controller=\"devices\""), None);
+    }
+
+    #[test]
+    fn the_api_servers_time_is_told_per_write_kind_with_its_mean() {
+        let text = |posts: u32, post_s: f64, patch_s: f64| {
+            format!(
+                "apiserver_request_total{{code=\"201\",dry_run=\"\",resource=\"musterjobs\",subresource=\"\",verb=\"POST\"}} {posts}\n\
+                 apiserver_request_total{{code=\"200\",dry_run=\"\",resource=\"pods\",subresource=\"\",verb=\"PATCH\"}} 10\n\
+                 apiserver_request_duration_seconds_sum{{component=\"apiserver\",dry_run=\"\",group=\"batch.muster.dev\",resource=\"musterjobs\",scope=\"resource\",subresource=\"\",verb=\"POST\",version=\"v1alpha1\"}} {post_s}\n\
+                 apiserver_request_duration_seconds_count{{dry_run=\"\",resource=\"musterjobs\",subresource=\"\",verb=\"POST\"}} {posts}\n\
+                 apiserver_request_duration_seconds_sum{{dry_run=\"\",resource=\"pods\",subresource=\"\",verb=\"PATCH\"}} {patch_s}\n\
+                 apiserver_request_duration_seconds_sum{{dry_run=\"\",resource=\"nodes\",subresource=\"\",verb=\"WATCH\"}} 99\n"
+            )
+        };
+        let (before, after) = (text(10, 1.0, 0.5), text(110, 51.0, 0.5));
+        assert_eq!(request_seconds(&after).get("POST musterjobs"), Some(&51.0));
+        let time = request_time(
+            (&request_seconds(&before), &request_seconds(&after)),
+            (&request_counts(&before), &request_counts(&after)),
+        );
+        assert_eq!(time, vec![("POST musterjobs".to_string(), 50.0, 0.5)], "no time spent: left out");
     }
 
     #[test]

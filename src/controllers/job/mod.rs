@@ -19,7 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::core::DeserializeGuard;
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
@@ -130,6 +130,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         paced: Default::default(),
     });
     Controller::new(jobs, watcher::Config::default().any_semantic())
+        .with_config(controller::Config::default().concurrency(super::RECONCILE_CONCURRENCY))
         .owns_stream(pod_events)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, context)

@@ -11,7 +11,7 @@ use futures::{Future, StreamExt};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::core::DeserializeGuard;
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
@@ -35,6 +35,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
     let sets = Api::<DeserializeGuard<MusterJobSet>>::all(ctx.client.clone());
     let jobs = Api::<DeserializeGuard<MusterJob>>::all(ctx.client.clone());
     Controller::new(sets, watcher::Config::default().any_semantic())
+        .with_config(controller::Config::default().concurrency(super::RECONCILE_CONCURRENCY))
         .owns(jobs, watcher::Config::default().labels(JOBSET_NAME_LABEL).any_semantic())
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
