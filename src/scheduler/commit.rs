@@ -12,7 +12,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use super::resources::Resources;
 use super::snapshot::Snapshot;
-use super::tree::{Group, GroupTree, LeafPolicy, PodState};
+use super::tree::{CompositePolicy, Group, GroupTree, LeafGroup, LeafPolicy, PodState};
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{AdmissionPlan, PlanState};
 use crate::devices::GpuSet;
@@ -420,6 +420,9 @@ pub struct Disrupted {
     pub min_count: u32,
     /// The started pods (name, UID): delete them all.
     pub delete: Vec<(String, String)>,
+    /// Set when this gang lost nothing itself: the gang of the same CompositePodGroup tree
+    /// that did, which takes it down with it.
+    pub with: Option<String>,
 }
 
 /// The gangs of a tree (under a root in disruption mode `all`) that started and then lost
@@ -428,11 +431,53 @@ pub struct Disrupted {
 /// survivors run, a gang partly started. Mode `all` says the gang is disrupted as a whole.
 /// Pods that finished (`finished`: per PodGroup, succeeded or failed) count as started: a pod
 /// that completed is no disruption. A tree whose root has a plan in flight is the commit
-/// protocol's, not this check's.
+/// protocol's, not this check's. Under a gang CompositePodGroup root the set was admitted as one,
+/// so one gang disrupted takes the started pods of every other group of the tree down too: the
+/// set starts again whole, not a driver running beside workers that wait gated.
 pub fn disrupted(tree: &GroupTree, finished: &BTreeMap<String, u32>) -> Vec<Disrupted> {
     let mut out = Vec::new();
     collect_disrupted(&tree.root, finished, &mut out);
+    let set_as_one = matches!(&tree.root, Group::Composite(c) if matches!(c.policy, CompositePolicy::Gang { .. }));
+    if let (Some(first), true) = (out.first(), set_as_one) {
+        let cause = first.group.clone();
+        let hit: BTreeSet<String> = out.iter().map(|d| d.group.clone()).collect();
+        collect_with(&tree.root, &hit, &cause, &mut out);
+    }
     out
+}
+
+/// The groups of a tree not in `hit` that have started pods, taken down with gang `cause`.
+fn collect_with(group: &Group, hit: &BTreeSet<String>, cause: &str, out: &mut Vec<Disrupted>) {
+    match group {
+        Group::Composite(c) => c.children.iter().for_each(|g| collect_with(g, hit, cause, out)),
+        Group::Leaf(l) if !hit.contains(&l.name) => {
+            let started = started_pods(l);
+            if !started.is_empty() {
+                let min_count = match l.policy {
+                    LeafPolicy::Gang { min_count } => min_count,
+                    LeafPolicy::Basic => 0,
+                };
+                let n = u32::try_from(started.len()).unwrap_or(u32::MAX);
+                out.push(Disrupted {
+                    group: l.name.clone(),
+                    started: n,
+                    min_count,
+                    delete: started,
+                    with: Some(cause.to_string()),
+                });
+            }
+        }
+        Group::Leaf(_) => {}
+    }
+}
+
+/// A leaf's started pods (bound, or pinned and ungated): `(name, UID)`.
+fn started_pods(l: &LeafGroup) -> Vec<(String, String)> {
+    l.pods
+        .iter()
+        .filter(|p| matches!(p.state, PodState::Bound { .. } | PodState::Admitted { .. }))
+        .map(|p| (p.name.clone(), p.uid.clone()))
+        .collect()
 }
 
 fn collect_disrupted(group: &Group, finished: &BTreeMap<String, u32>, out: &mut Vec<Disrupted>) {
@@ -440,16 +485,11 @@ fn collect_disrupted(group: &Group, finished: &BTreeMap<String, u32>, out: &mut 
         Group::Composite(c) => c.children.iter().for_each(|g| collect_disrupted(g, finished, out)),
         Group::Leaf(l) => {
             let LeafPolicy::Gang { min_count } = l.policy else { return };
-            let started: Vec<(String, String)> = l
-                .pods
-                .iter()
-                .filter(|p| matches!(p.state, PodState::Bound { .. } | PodState::Admitted { .. }))
-                .map(|p| (p.name.clone(), p.uid.clone()))
-                .collect();
+            let started = started_pods(l);
             let n = u32::try_from(started.len()).unwrap_or(u32::MAX);
             let done = finished.get(&l.name).copied().unwrap_or(0);
             if n > 0 && n.saturating_add(done) < min_count {
-                out.push(Disrupted { group: l.name.clone(), started: n, min_count, delete: started });
+                out.push(Disrupted { group: l.name.clone(), started: n, min_count, delete: started, with: None });
             }
         }
     }
@@ -707,6 +747,27 @@ mod tests {
         let d = disrupted(&GroupTree::new("ns", l), &BTreeMap::new());
         let names: Vec<&str> = d[0].delete.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["a-0", "a-2"], "the started pods are deleted, the gated ones kept");
+
+        // A set admitted as one (gang composite): the workers lose a pod, the running driver goes
+        // down with them, and a child not started yet has nothing to delete.
+        use crate::scheduler::tree::CompositeGroup;
+        let set = |policy| {
+            CompositeGroup::new("set", policy)
+                .with_child(leaf("driver", gang(1), vec![bound()]))
+                .with_child(leaf("workers", gang(2), vec![bound(), gated()]))
+                .with_child(leaf("idle", gang(1), vec![gated()]))
+        };
+        let d = disrupted(&GroupTree::new("ns", set(CompositePolicy::Gang { min_group_count: 3 })), &BTreeMap::new());
+        let got: Vec<(&str, Option<&str>, usize)> =
+            d.iter().map(|d| (d.group.as_str(), d.with.as_deref(), d.delete.len())).collect();
+        assert_eq!(got, [("workers", None, 1), ("driver", Some("workers"), 1)]);
+        let d = disrupted(&GroupTree::new("ns", set(CompositePolicy::Basic)), &BTreeMap::new());
+        let got: Vec<&str> = d.iter().map(|d| d.group.as_str()).collect();
+        assert_eq!(got, ["workers"], "children admitted one by one go down one by one");
+        let whole = CompositeGroup::new("set", CompositePolicy::Gang { min_group_count: 2 })
+            .with_child(leaf("driver", gang(1), vec![bound()]))
+            .with_child(leaf("workers", gang(2), vec![bound(), bound()]));
+        assert_eq!(disrupted(&GroupTree::new("ns", whole), &BTreeMap::new()), vec![], "nothing lost: nothing down");
     }
 
     #[test]

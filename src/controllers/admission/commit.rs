@@ -962,14 +962,23 @@ impl Admitter {
                     }
                 }
             }
-            let message = format!(
-                "gang {} lost pods after it started: {} of minCount {} left; disruptionMode all: its {} started \
-                 pod(s) were deleted so the gang restarts whole",
-                gang.group,
-                gang.started,
-                gang.min_count,
-                gang.delete.len()
-            );
+            let message = match &gang.with {
+                None => format!(
+                    "gang {} lost pods after it started: {} of minCount {} left; disruptionMode all: its {} started \
+                     pod(s) were deleted so the gang restarts whole",
+                    gang.group,
+                    gang.started,
+                    gang.min_count,
+                    gang.delete.len()
+                ),
+                Some(cause) => format!(
+                    "group {} of the same set as gang {} (admitted as one); disruptionMode all: its {} started \
+                     pod(s) were deleted so the set restarts whole",
+                    gang.group,
+                    cause,
+                    gang.delete.len()
+                ),
+            };
             tracing::warn!(group = %key, %message, "gang disrupted");
             self.ctx.metrics.bind_timeouts.inc();
             self.roots.entry(key.clone()).or_default().outcome = Some(Outcome::BindFailed(message.clone()));
