@@ -409,6 +409,9 @@ struct World {
     pods: Vec<Pod>,
     nodes: BTreeMap<String, NodeInfo>,
     roots: BTreeMap<String, RootHistory>,
+    /// MusterJobs whose status says Complete: their succeeded pods may be gone (pod GC deletes
+    /// every pod of a removed node), and a finished gang is not one that waits.
+    complete: BTreeSet<String>,
 }
 
 fn history(rollbacks: i32, recent: i32, last: Option<Timestamp>, avoid: &[AvoidedNode]) -> RootHistory {
@@ -458,7 +461,15 @@ async fn observe(ns: &str, pool: &str) -> World {
             roots.insert(g.name_any(), history(s.rollbacks, s.recent_rollbacks, last, &s.avoid_nodes));
         }
     }
-    World { pods, nodes, roots }
+    let jobs = Api::<muster::crds::MusterJob>::namespaced(client().await, ns).list(&ListParams::default()).await;
+    let complete = jobs
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|j| j.status.as_ref().and_then(|s| s.phase) == Some(muster::crds::batch::JobPhase::Complete))
+        .map(|j| j.name_any())
+        .collect();
+    World { pods, nodes, roots, complete }
 }
 
 fn finished(p: &Pod) -> bool {
@@ -767,7 +778,7 @@ fn figures(world: &World, gangs: &[Gang], disrupted: &BTreeSet<String>) -> Figur
             f.waiting += 1;
             continue;
         }
-        if pods.iter().any(|p| phase(p) == "Succeeded") {
+        if pods.iter().any(|p| phase(p) == "Succeeded") || world.complete.contains(&gang.name) {
             f.states.push(format!("{}: finishing or finished", gang.shape()));
             f.finished += 1;
             continue;
@@ -1328,7 +1339,12 @@ mod detectors {
     }
 
     fn world(pods: Vec<Pod>) -> World {
-        World { pods, nodes: [node("n0", "r0"), node("n1", "r1")].into(), roots: BTreeMap::new() }
+        World {
+            pods,
+            nodes: [node("n0", "r0"), node("n1", "r1")].into(),
+            roots: BTreeMap::new(),
+            complete: BTreeSet::new(),
+        }
     }
 
     #[test]
