@@ -12,7 +12,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use super::resources::Resources;
 use super::snapshot::Snapshot;
-use super::tree::{CompositePolicy, Group, GroupTree, LeafGroup, LeafPolicy, PodState};
+use super::tree::{CompositePolicy, Group, GroupTree, LeafPolicy};
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{AdmissionPlan, PlanState};
 use crate::devices::GpuSet;
@@ -451,7 +451,7 @@ fn collect_with(group: &Group, hit: &BTreeSet<String>, cause: &str, out: &mut Ve
     match group {
         Group::Composite(c) => c.children.iter().for_each(|g| collect_with(g, hit, cause, out)),
         Group::Leaf(l) if !hit.contains(&l.name) => {
-            let started = started_pods(l);
+            let started = l.placed_names();
             if !started.is_empty() {
                 let min_count = match l.policy {
                     LeafPolicy::Gang { min_count } => min_count,
@@ -471,21 +471,12 @@ fn collect_with(group: &Group, hit: &BTreeSet<String>, cause: &str, out: &mut Ve
     }
 }
 
-/// A leaf's started pods (bound, or pinned and ungated): `(name, UID)`.
-fn started_pods(l: &LeafGroup) -> Vec<(String, String)> {
-    l.pods
-        .iter()
-        .filter(|p| matches!(p.state, PodState::Bound { .. } | PodState::Admitted { .. }))
-        .map(|p| (p.name.clone(), p.uid.clone()))
-        .collect()
-}
-
 fn collect_disrupted(group: &Group, finished: &BTreeMap<String, u32>, out: &mut Vec<Disrupted>) {
     match group {
         Group::Composite(c) => c.children.iter().for_each(|g| collect_disrupted(g, finished, out)),
         Group::Leaf(l) => {
             let LeafPolicy::Gang { min_count } = l.policy else { return };
-            let started = started_pods(l);
+            let started = l.placed_names();
             let n = u32::try_from(started.len()).unwrap_or(u32::MAX);
             let done = finished.get(&l.name).copied().unwrap_or(0);
             if n > 0 && n.saturating_add(done) < min_count {
@@ -715,7 +706,7 @@ mod tests {
 
     #[test]
     fn a_started_gang_below_min_count_is_disrupted_whole() {
-        use crate::scheduler::tree::LeafGroup;
+        use crate::scheduler::tree::{LeafGroup, PodState};
         let leaf = |name: &str, policy: LeafPolicy, states: Vec<PodState>| {
             let mut l = LeafGroup::new(name, policy);
             for (i, s) in states.into_iter().enumerate() {

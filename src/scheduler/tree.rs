@@ -222,9 +222,16 @@ impl LeafGroup {
 
     /// Pods already admitted or bound (what placement counts as scheduled).
     pub fn placed_pods(&self) -> u32 {
-        count(
-            self.pods.iter().filter(|p| matches!(p.state, PodState::Admitted { .. } | PodState::Bound { .. })).count(),
-        )
+        count(self.placed().count())
+    }
+
+    /// The pods admitted or bound (started), as `(name, UID)`.
+    pub fn placed_names(&self) -> Vec<(String, String)> {
+        self.placed().map(|p| (p.name.clone(), p.uid.clone())).collect()
+    }
+
+    fn placed(&self) -> impl Iterator<Item = &GroupPod> {
+        self.pods.iter().filter(|p| matches!(p.state, PodState::Admitted { .. } | PodState::Bound { .. }))
     }
 }
 
