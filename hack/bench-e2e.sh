@@ -10,7 +10,8 @@
 #   BENCH_OUT (target/bench-e2e.json)  BENCH_TIMEOUT (600 s per path)  BENCH_CONCURRENCY (16)
 #   BENCH_RATE (gangs created per second per path; 0, the default: as fast as creates go)
 #   BENCH_PROFILE=perf|heaptrack: record muster's CPU samples (perf record) or its heap
-#   (heaptrack attached) during the whole run, into $MUSTER_CLUSTER_DIR/profile/
+#   (heaptrack attached; muster is then built with the system allocator, which heaptrack sees)
+#   during the whole run, into $MUSTER_CLUSTER_DIR/profile/
 #   MUSTER_CLUSTER_DIR (target/bench-cluster)  MUSTER_K8S_BIN (tools/k8s/bindir.sh)
 set -euo pipefail
 
@@ -34,8 +35,10 @@ log() { echo "bench-e2e: $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 kc() { "$bin/kubectl" --kubeconfig "$dir/kubeconfig" "$@"; }
 
-log "building muster (release)"
-cargo build --release --quiet || die "cargo build --release failed"
+features=()
+[ "${BENCH_PROFILE:-}" = heaptrack ] && features=(--features system-allocator)
+log "building muster (release${features:+, ${features[*]}})"
+cargo build --release --quiet "${features[@]}" || die "cargo build --release failed"
 [ -x "$muster" ] || die "$muster was not built"
 
 # muster first, then the cluster (cluster-down also stops a muster marked with this folder).
