@@ -3,9 +3,15 @@
 //! lifecycle is (`status.phase`), where admission stands with it (gated, pinned, bound), and
 //! whether it is being deleted.
 
-use k8s_openapi::api::core::v1::Pod;
+use std::borrow::Cow;
+use std::collections::BTreeMap;
 
-use crate::crds::{ADMISSION_GATE, HOSTNAME_LABEL};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::jiff::Timestamp;
+use kube::Resource as _;
+
+use crate::crds::{ADMISSION_GATE, GPU_INDICES_ANNOTATION, GPU_RESOURCE, HOSTNAME_LABEL};
 
 /// A pod's lifecycle, from `status.phase`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,6 +147,179 @@ pub fn is_terminating(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_some()
 }
 
+/// GPUs a pod asks for (`nvidia.com/gpu`): the largest of its containers' sum and its init
+/// containers' peak, each container's the larger of its request and limit, as kubelet counts.
+pub fn gpus_wanted(pod: &Pod) -> u64 {
+    let Some(spec) = pod.spec.as_ref() else { return 0 };
+    let of = |c: &k8s_openapi::api::core::v1::Container| {
+        let r = c.resources.as_ref();
+        let get = |m: Option<&BTreeMap<String, Quantity>>| {
+            m.and_then(|m| m.get(GPU_RESOURCE)).and_then(|q| q.0.trim().parse::<u64>().ok()).unwrap_or(0)
+        };
+        get(r.and_then(|r| r.limits.as_ref())).max(get(r.and_then(|r| r.requests.as_ref())))
+    };
+    let containers: u64 = spec.containers.iter().map(of).sum();
+    let init = spec.init_containers.iter().flatten().map(of).max().unwrap_or(0);
+    containers.max(init)
+}
+
+/// What the GPU pass (`controllers::devices::plan`) reads of a pod: a [`Pod`] as the API
+/// server has it, or the [`GpuPod`] admission keeps of one from its watch events.
+pub trait DevicePod: std::fmt::Debug + Sync {
+    /// `metadata.uid`.
+    fn uid(&self) -> &str;
+    /// `metadata.name`.
+    fn name(&self) -> &str;
+    /// `metadata.namespace`.
+    fn namespace(&self) -> &str;
+    /// `metadata.creationTimestamp`.
+    fn created(&self) -> Option<Timestamp>;
+    /// Its lifecycle, placement and deletion.
+    fn class(&self) -> Cow<'_, PodClass>;
+    /// GPUs it asks for ([`gpus_wanted`]).
+    fn gpus_wanted(&self) -> u64;
+    /// Its `gpu.muster.dev/indices` annotation.
+    fn gpu_indices(&self) -> Option<&str>;
+    /// Its own claims (made from templates) and the claim each got
+    /// ([`crate::scheduler::own_claims`]).
+    fn own_claims(&self) -> Cow<'_, [(String, Option<String>)]>;
+    /// A reference to it, for events.
+    fn reference(&self) -> ObjectReference;
+}
+
+impl DevicePod for Pod {
+    fn uid(&self) -> &str {
+        self.metadata.uid.as_deref().unwrap_or_default()
+    }
+    fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+    fn namespace(&self) -> &str {
+        self.metadata.namespace.as_deref().unwrap_or_default()
+    }
+    fn created(&self) -> Option<Timestamp> {
+        self.metadata.creation_timestamp.as_ref().map(|t| t.0)
+    }
+    fn class(&self) -> Cow<'_, PodClass> {
+        Cow::Owned(PodClass::of(self))
+    }
+    fn gpus_wanted(&self) -> u64 {
+        gpus_wanted(self)
+    }
+    fn gpu_indices(&self) -> Option<&str> {
+        self.metadata.annotations.as_ref()?.get(GPU_INDICES_ANNOTATION).map(String::as_str)
+    }
+    fn own_claims(&self) -> Cow<'_, [(String, Option<String>)]> {
+        Cow::Owned(crate::scheduler::own_claims(self))
+    }
+    fn reference(&self) -> ObjectReference {
+        self.object_ref(&())
+    }
+}
+
+impl<T: DevicePod + Send + ?Sized> DevicePod for std::sync::Arc<T> {
+    fn uid(&self) -> &str {
+        (**self).uid()
+    }
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+    fn namespace(&self) -> &str {
+        (**self).namespace()
+    }
+    fn created(&self) -> Option<Timestamp> {
+        (**self).created()
+    }
+    fn class(&self) -> Cow<'_, PodClass> {
+        (**self).class()
+    }
+    fn gpus_wanted(&self) -> u64 {
+        (**self).gpus_wanted()
+    }
+    fn gpu_indices(&self) -> Option<&str> {
+        (**self).gpu_indices()
+    }
+    fn own_claims(&self) -> Cow<'_, [(String, Option<String>)]> {
+        (**self).own_claims()
+    }
+    fn reference(&self) -> ObjectReference {
+        (**self).reference()
+    }
+}
+
+/// PURE: what the GPU pass reads of a pod, kept by admission from the pod's watch events
+/// instead of the pod: a few hundred bytes where a cached `Pod` takes about 5 KiB (its spec
+/// and one container alone are 3.8 KiB of struct), for each placed pod of the cluster.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuPod {
+    uid: String,
+    name: String,
+    namespace: String,
+    created: Option<Timestamp>,
+    class: PodClass,
+    gpus_wanted: u64,
+    gpu_indices: Option<String>,
+    own_claims: Vec<(String, Option<String>)>,
+}
+
+impl GpuPod {
+    /// What the GPU pass reads of `pod`; `None` for a pod on no node: finished, gated or not
+    /// placed yet (the pass locates pods first and leaves those out). Every other pod is
+    /// kept, GPUs asked for or not: what its node says it holds (kubelet's assignment read
+    /// back) goes into the ledger whatever its spec says.
+    pub fn of(pod: &Pod) -> Option<Self> {
+        let class = PodClass::of(pod);
+        let placed = matches!(class.placement, Placement::Bound(_) | Placement::Admitted(_));
+        (placed && !class.finished()).then(|| GpuPod {
+            uid: DevicePod::uid(pod).to_string(),
+            name: DevicePod::name(pod).to_string(),
+            namespace: DevicePod::namespace(pod).to_string(),
+            created: DevicePod::created(pod),
+            class,
+            gpus_wanted: gpus_wanted(pod),
+            gpu_indices: DevicePod::gpu_indices(pod).map(str::to_string),
+            own_claims: crate::scheduler::own_claims(pod),
+        })
+    }
+}
+
+impl DevicePod for GpuPod {
+    fn uid(&self) -> &str {
+        &self.uid
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn namespace(&self) -> &str {
+        &self.namespace
+    }
+    fn created(&self) -> Option<Timestamp> {
+        self.created
+    }
+    fn class(&self) -> Cow<'_, PodClass> {
+        Cow::Borrowed(&self.class)
+    }
+    fn gpus_wanted(&self) -> u64 {
+        self.gpus_wanted
+    }
+    fn gpu_indices(&self) -> Option<&str> {
+        self.gpu_indices.as_deref()
+    }
+    fn own_claims(&self) -> Cow<'_, [(String, Option<String>)]> {
+        Cow::Borrowed(&self.own_claims)
+    }
+    fn reference(&self) -> ObjectReference {
+        ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(self.name.clone()),
+            namespace: Some(self.namespace.clone()),
+            uid: Some(self.uid.clone()),
+            ..Default::default()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,6 +331,44 @@ mod tests {
             meta["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
         }
         serde_json::from_value(json!({"metadata": meta, "spec": spec, "status": status})).expect("pod")
+    }
+
+    #[test]
+    fn the_gpu_pass_keeps_only_pods_it_has_to_do_with() {
+        let gpu = |n: &str| json!({"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": n}}}], "nodeName": "n1"});
+        let cases = [
+            ("asks for GPUs", pod(gpu("2"), json!({"phase": "Running"}), false), Some(2)),
+            ("asks for none", pod(gpu("0"), json!({}), false), Some(0)),
+            ("finished", pod(gpu("2"), json!({"phase": "Succeeded"}), false), None),
+            ("on no node", pod(json!({"containers": []}), json!({}), false), None),
+            (
+                "gated",
+                pod(json!({"containers": [], "schedulingGates": [{"name": ADMISSION_GATE}]}), json!({}), false),
+                None,
+            ),
+            (
+                "pinned, a claim of its own",
+                pod(
+                    json!({"containers": [], "nodeSelector": {HOSTNAME_LABEL: "n1"},
+                           "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}]}),
+                    json!({"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu"}]}),
+                    false,
+                ),
+                Some(0),
+            ),
+        ];
+        for (case, p, want) in cases {
+            let kept = GpuPod::of(&p);
+            assert_eq!(kept.as_ref().map(|k| k.gpus_wanted), want, "{case}");
+            if let Some(k) = kept {
+                assert_eq!(k.class, PodClass::of(&p), "{case}");
+                assert_eq!(DevicePod::own_claims(&k), DevicePod::own_claims(&p), "{case}");
+            }
+        }
+        let mut annotated = pod(gpu("0"), json!({}), true);
+        annotated.metadata.annotations = Some([(GPU_INDICES_ANNOTATION.to_string(), "3".to_string())].into());
+        let kept = GpuPod::of(&annotated).expect("a pod with GPU indices is kept");
+        assert_eq!((kept.gpu_indices(), kept.class().terminating), (Some("3"), true));
     }
 
     #[test]

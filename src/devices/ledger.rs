@@ -27,6 +27,19 @@ pub enum PodPhase {
     Unknown,
 }
 
+impl From<crate::pods::Lifecycle> for PodPhase {
+    fn from(l: crate::pods::Lifecycle) -> Self {
+        use crate::pods::Lifecycle;
+        match l {
+            Lifecycle::Pending => PodPhase::Pending,
+            Lifecycle::Running => PodPhase::Running,
+            Lifecycle::Succeeded => PodPhase::Succeeded,
+            Lifecycle::Failed => PodPhase::Failed,
+            Lifecycle::Unknown => PodPhase::Unknown,
+        }
+    }
+}
+
 impl PodPhase {
     /// The phase from `status.phase`; absent (a pod just created) is `Pending`, anything
     /// unrecognised is `Unknown`, which keeps GPUs held rather than risk a double assignment.

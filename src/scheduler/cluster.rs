@@ -5,15 +5,17 @@
 //! changes is the cost: an event costs one object's reading, a cycle no parsing at all.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 
 use super::snapshot::{NodeInfo, PodUsage, Snapshot, SnapshotError};
+use crate::pods::GpuPod;
 
 /// One watch event, as the kept state reads it: an object added or changed, or deleted, and a
 /// relist (its start, each object it lists, its end, which drops what it did not list).
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub enum Change<'a, K> {
     /// Added or changed.
     Applied(&'a K),
@@ -26,6 +28,15 @@ pub enum Change<'a, K> {
     /// The relist is complete: what it did not list is gone.
     RelistDone,
 }
+
+// By hand: derived, they would ask `K: Copy` of the objects only referred to.
+impl<K> Clone for Change<'_, K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K> Copy for Change<'_, K> {}
 
 /// What is kept of one kind, by object key (in key order: a snapshot's nodes come out sorted
 /// by name, so assembling one does not sort 5,000 names again), and the keys the relist in
@@ -86,6 +97,9 @@ pub struct ClusterState {
     nodes: Kept<Result<NodeInfo, SnapshotError>>,
     /// By namespace/name: what each pod that uses something uses.
     pods: Kept<PodUsage>,
+    /// By namespace/name: what the GPU pass reads of each pod it has to do with
+    /// ([`GpuPod`]): admission keeps no copy of the pods that are not muster's.
+    gpu_pods: Kept<Arc<GpuPod>>,
     /// Bumped by every change that alters what a snapshot would hold.
     generation: u64,
 }
@@ -122,8 +136,10 @@ impl ClusterState {
         changed
     }
 
-    /// A pod watch event; returns whether what the pods use changed.
+    /// A pod watch event; returns whether what the pods use changed (what the GPU pass reads
+    /// of them is kept too, but changes no snapshot).
     pub fn pod_changed(&mut self, change: Change<'_, Pod>) -> bool {
+        self.gpu_pods.change(change, pod_key, |p| GpuPod::of(p).map(Arc::new));
         let changed = self.pods.change(change, pod_key, PodUsage::of);
         self.generation += u64::from(changed);
         changed
@@ -148,6 +164,11 @@ impl ClusterState {
 
     pub fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// What the GPU pass reads of the pods it has to do with, in key order.
+    pub fn gpu_pods(&self) -> Vec<Arc<GpuPod>> {
+        self.gpu_pods.by_key.values().cloned().collect()
     }
 
     /// How many nodes, and how many pods using something.

@@ -315,10 +315,14 @@ impl Dra {
     /// The node and GPU indices a pod's own allocated claims give it: what the node's driver
     /// prepares for it, so what `gpu.muster.dev/indices` must say.
     pub fn pod_gpus(&self, pod: &Pod) -> Option<(String, GpuSet)> {
-        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+        self.claims_gpus(pod.metadata.namespace.as_deref().unwrap_or_default(), &own_claims(pod))
+    }
+
+    /// [`Self::pod_gpus`] of a pod in `ns` with these own claims ([`own_claims`]).
+    pub fn claims_gpus(&self, ns: &str, claims: &[(String, Option<String>)]) -> Option<(String, GpuSet)> {
         let mut out: Option<(String, GpuSet)> = None;
-        for (_, claim) in own_claims(pod) {
-            let Some((node, gpus)) = claim.and_then(|c| self.claim_gpus(ns, &c)) else { continue };
+        for (_, claim) in claims {
+            let Some((node, gpus)) = claim.as_ref().and_then(|c| self.claim_gpus(ns, c)) else { continue };
             let entry = out.get_or_insert_with(|| (node.clone(), GpuSet::EMPTY));
             if entry.0 == node {
                 entry.1 = entry.1.union(gpus);

@@ -69,7 +69,7 @@ impl Admitter {
         let by_uid: HashMap<&str, &Arc<Pod>> =
             managed_pods.iter().filter_map(|p| p.metadata.uid.as_deref().map(|u| (u, p))).collect();
         let read_in = began.elapsed();
-        let (mut snapshot, gpus) = self.snapshot(&nodes, &pods, &settling, &by_uid).await?;
+        let (mut snapshot, gpus) = self.snapshot(&nodes, &settling, &by_uid).await?;
         let snapshot_in = began.elapsed();
         let by_group = group_pods(&managed_pods);
         let world = World {
@@ -355,11 +355,10 @@ impl Admitter {
     async fn snapshot(
         &mut self,
         nodes: &[Arc<Node>],
-        pods: &[Arc<Pod>],
         settling: &Settling,
         by_uid: &HashMap<&str, &Arc<Pod>>,
     ) -> Result<(Snapshot, HashMap<String, NodeGpus>)> {
-        let (mut snapshot, uncounted) = {
+        let (mut snapshot, uncounted, gpu_pods) = {
             let cluster = super::watches::lock(&self.caches.cluster);
             let uncounted: Vec<(&Arc<Pod>, &PlannedPod)> = settling
                 .pins
@@ -367,7 +366,7 @@ impl Admitter {
                 .filter_map(|(uid, planned)| by_uid.get(uid.as_str()).map(|pod| (*pod, planned)))
                 .filter(|(pod, _)| !cluster.counts(pod))
                 .collect();
-            (cluster.snapshot(), uncounted)
+            (cluster.snapshot(), uncounted, cluster.gpu_pods())
         };
         snapshot.set_namespaces(
             self.caches
@@ -382,7 +381,7 @@ impl Admitter {
         snapshot.set_volumes(scheduler::Volumes::from_cluster(&claims, &volumes, &classes));
         let mut gpus = self.gpu_state(nodes).await;
         snapshot.set_dra(self.dra_state(nodes, &mut gpus));
-        let held = self.devices.pass(&self.ctx, pods, &snapshot, &gpus).await;
+        let held = self.devices.pass(&self.ctx, &gpu_pods, &snapshot, &gpus).await;
         for (node, g) in &gpus {
             // Devices allocated to any claim (muster's, kube-scheduler's) stay taken too.
             let used = held.get(node).copied().unwrap_or_default().union(g.unhealthy());

@@ -37,31 +37,87 @@ fn spawn_watch<K>(
     trim: fn(&mut K),
     notify: Arc<Signal>,
     capacity: Arc<AtomicU64>,
+    seen: impl FnMut(&Event<K>) -> Wake + Send + 'static,
+) -> Store<K>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    spawn_watch_keeping(api, config, trim, |_| true, notify, capacity, seen)
+}
+
+/// [`spawn_watch`], its store keeping only the objects `keep` accepts: `seen` still sees
+/// every event (the cluster state reads every pod), the store holds only what the cycle reads
+/// whole (muster's pods).
+fn spawn_watch_keeping<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    trim: fn(&mut K),
+    keep: fn(&K) -> bool,
+    notify: Arc<Signal>,
+    capacity: Arc<AtomicU64>,
     mut seen: impl FnMut(&Event<K>) -> Wake + Send + 'static,
 ) -> Store<K>
 where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
-    let (store, writer) = reflector::store();
-    let stream = watcher::watcher(api, config).default_backoff().modify(trim).reflect(writer);
+    let (store, mut writer) = reflector::store();
+    let reader = store.clone();
+    let stream = watcher::watcher(api, config).default_backoff().modify(trim);
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(ev) = stream.next().await {
             match ev {
-                Ok(ev) => match seen(&ev) {
-                    Wake::No => {}
-                    Wake::Cycle => notify.wake(),
-                    Wake::Frees => {
-                        capacity.fetch_add(1, Ordering::Relaxed);
-                        notify.wake();
+                Ok(ev) => {
+                    // The store first, as kube's `reflect` does: what wakes a cycle is in it.
+                    let held = |o: &K| reader.get(&reflector::ObjectRef::from_obj(o)).is_some();
+                    match stored(&ev, keep, held) {
+                        Stored::Whole => writer.apply_watcher_event(&ev),
+                        Stored::Dropped(o) => writer.apply_watcher_event(&Event::Delete(o)),
+                        Stored::Nothing => {}
                     }
-                },
+                    wake(seen(&ev), &notify, &capacity);
+                }
                 Err(e) => tracing::warn!(error = %e, "admission watch"),
             }
         }
     });
     store
+}
+
+/// What a store keeping only some objects does with one event.
+#[derive(Debug, PartialEq)]
+enum Stored<K> {
+    /// Applies it as it is.
+    Whole,
+    /// Removes this object: it is held, and no longer kept.
+    Dropped(K),
+    /// Nothing: an object neither kept nor held.
+    Nothing,
+}
+
+/// PURE: what a store keeping the objects `keep` accepts does with `ev`, `held` telling the
+/// objects it holds now. A relist's objects not kept are left out of the relist (which drops
+/// whatever it does not list); a deletion is always applied.
+fn stored<K: Clone>(ev: &Event<K>, keep: fn(&K) -> bool, held: impl Fn(&K) -> bool) -> Stored<K> {
+    match ev {
+        Event::Apply(o) | Event::InitApply(o) if keep(o) => Stored::Whole,
+        Event::Apply(o) if held(o) => Stored::Dropped(o.clone()),
+        Event::Apply(_) | Event::InitApply(_) => Stored::Nothing,
+        Event::Delete(_) | Event::Init | Event::InitDone => Stored::Whole,
+    }
+}
+
+fn wake(wake: Wake, notify: &Signal, capacity: &AtomicU64) {
+    match wake {
+        Wake::No => {}
+        Wake::Cycle => notify.wake(),
+        Wake::Frees => {
+            capacity.fetch_add(1, Ordering::Relaxed);
+            notify.wake();
+        }
+    }
 }
 
 /// How the watches wake admission: a notification, and a count of the events that woke it
@@ -105,12 +161,16 @@ impl Wake {
 /// when what it uses changed (a pod bound, finished, deleted): a status update of another
 /// workload's running pod changes nothing admission reads.
 fn pod_wakes(ev: &Event<Pod>, usage_changed: bool) -> Wake {
-    let ours = |p: &Pod| p.labels().contains_key(crate::crds::POD_GROUP_LABEL);
     match ev {
         Event::Apply(p) if !usage_changed && !ours(p) => Wake::No,
         Event::InitApply(_) => Wake::No,
         _ => Wake::from_frees(pod_frees(ev)),
     }
+}
+
+/// muster's pods: those in a PodGroup of its (the webhook labels them).
+fn ours(p: &Pod) -> bool {
+    p.labels().contains_key(crate::crds::POD_GROUP_LABEL)
 }
 
 fn pod_frees(ev: &Event<Pod>) -> bool {
@@ -336,14 +396,24 @@ pub(super) fn watch_caches(
             capacity.clone(),
             wakes::<CompositePodGroup>,
         ),
-        // Every pod: usage counts pods of all workloads, not only muster's.
-        pods: spawn_watch(Api::<Pod>::all(client.clone()), cfg(), trim::pod, notify.clone(), capacity.clone(), {
-            let mut feed = feed(cluster.clone(), ClusterState::pod_changed);
-            move |ev: &Event<Pod>| {
-                let usage_changed = feed(ev);
-                pod_wakes(ev, usage_changed)
-            }
-        }),
+        // Every pod: usage counts pods of all workloads, not only muster's, and the GPU pass
+        // reads every GPU pod (both kept compactly in the cluster state); the store keeps
+        // muster's pods only, which the cycle reads whole.
+        pods: spawn_watch_keeping(
+            Api::<Pod>::all(client.clone()),
+            cfg(),
+            trim::pod,
+            ours,
+            notify.clone(),
+            capacity.clone(),
+            {
+                let mut feed = feed(cluster.clone(), ClusterState::pod_changed);
+                move |ev: &Event<Pod>| {
+                    let usage_changed = feed(ev);
+                    pod_wakes(ev, usage_changed)
+                }
+            },
+        ),
         nodes: spawn_watch(Api::<Node>::all(client.clone()), cfg(), trim::node, notify.clone(), capacity.clone(), {
             let mut seen = trim::NodeFingerprints::default();
             let mut feed = feed(cluster, ClusterState::node_changed);
@@ -514,6 +584,38 @@ impl Unseen {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn labelled(name: &str, ours: bool) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some(name.into());
+        p.metadata.namespace = Some("ns".into());
+        if ours {
+            p.metadata.labels = Some([(crate::crds::POD_GROUP_LABEL.to_string(), "g".to_string())].into());
+        }
+        p
+    }
+
+    #[test]
+    fn the_pod_store_keeps_musters_pods_and_drops_one_that_stops_being_ours() {
+        let (mine, other) = (labelled("a", true), labelled("b", false));
+        let never = |_: &Pod| false;
+        let always = |_: &Pod| true;
+        let cases: [(&str, Event<Pod>, bool, Stored<Pod>); 9] = [
+            ("ours applied", Event::Apply(mine.clone()), false, Stored::Whole),
+            ("ours relisted", Event::InitApply(mine.clone()), false, Stored::Whole),
+            ("other applied, not held", Event::Apply(other.clone()), false, Stored::Nothing),
+            ("other applied, held: its label went", Event::Apply(other.clone()), true, Stored::Dropped(other.clone())),
+            ("other relisted: left out of the relist", Event::InitApply(other.clone()), true, Stored::Nothing),
+            ("other deleted", Event::Delete(other.clone()), false, Stored::Whole),
+            ("ours deleted", Event::Delete(mine.clone()), true, Stored::Whole),
+            ("relist starts", Event::Init, false, Stored::Whole),
+            ("relist ends", Event::InitDone, false, Stored::Whole),
+        ];
+        for (case, ev, held, want) in cases {
+            let got = if held { stored(&ev, ours, always) } else { stored(&ev, ours, never) };
+            assert_eq!(got, want, "{case}");
+        }
+    }
 
     fn pin(uid: &str, node: &str) -> PlannedPod {
         PlannedPod { name: format!("pod-{uid}"), uid: uid.into(), node: node.into(), ..PlannedPod::default() }

@@ -18,53 +18,44 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{Api, Patch, PatchParams};
-use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::context::{Context, Detached, at_most};
 use super::metrics::{NodeLabels, ReasonLabels};
-use crate::crds::{GPU_INDICES_ANNOTATION, GPU_RESOURCE};
+use crate::crds::GPU_INDICES_ANNOTATION;
 use crate::devices::chooser::NodeGpus;
 use crate::devices::report::kubelet_indices;
 use crate::devices::{GpuSet, Ledger, LedgerProblem, PodRecord, SelectOptions, format_indices, parse_indices, select};
-use crate::pods::is_finished;
-use crate::pods::{Placement, PodClass};
+use crate::pods::{DevicePod, Placement};
 use crate::scheduler::Snapshot;
 
-/// GPUs a pod asks for: the largest of its containers' requests/limits sum, as kubelet counts.
-pub fn gpus_wanted(pod: &Pod) -> u64 {
-    let Some(spec) = pod.spec.as_ref() else { return 0 };
-    let of = |c: &k8s_openapi::api::core::v1::Container| {
-        let r = c.resources.as_ref();
-        let get = |m: Option<
-            &std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
-        >| {
-            m.and_then(|m| m.get(GPU_RESOURCE)).and_then(|q| q.0.trim().parse::<u64>().ok()).unwrap_or(0)
-        };
-        get(r.and_then(|r| r.limits.as_ref())).max(get(r.and_then(|r| r.requests.as_ref())))
-    };
-    let containers: u64 = spec.containers.iter().map(of).sum();
-    let init = spec.init_containers.iter().flatten().map(of).max().unwrap_or(0);
-    containers.max(init)
-}
+pub use crate::pods::gpus_wanted;
 
 /// The node a pod holds GPUs on: where it is bound, or where admission pinned it.
-fn node_of(pod: &Pod, snapshot: &Snapshot) -> Option<String> {
-    let class = PodClass::of(pod);
-    match class.placement {
+fn node_of(pod: &dyn DevicePod, snapshot: &Snapshot) -> Option<String> {
+    let class = pod.class();
+    match &class.placement {
         _ if class.finished() => None,
-        Placement::Bound(node) => Some(node),
-        Placement::Admitted(host) => snapshot.node_by_hostname(&host).map(|n| n.name.clone()),
+        Placement::Bound(node) => Some(node.clone()),
+        Placement::Admitted(host) => snapshot.node_by_hostname(host).map(|n| n.name.clone()),
         Placement::Gated | Placement::Unpinned => None,
     }
 }
 
-fn is_bound(pod: &Pod) -> bool {
-    pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| !n.is_empty())
+fn is_bound(pod: &dyn DevicePod) -> bool {
+    matches!(pod.class().placement, Placement::Bound(_))
 }
 
-fn uid_of(pod: &Pod) -> &str {
-    pod.metadata.uid.as_deref().unwrap_or_default()
+fn is_finished(pod: &dyn DevicePod) -> bool {
+    pod.class().finished()
+}
+
+fn is_terminating(pod: &dyn DevicePod) -> bool {
+    pod.class().terminating
+}
+
+fn phase_of(pod: &dyn DevicePod) -> crate::devices::PodPhase {
+    crate::devices::PodPhase::from(pod.class().lifecycle)
 }
 
 /// Something wrong with one pod's GPUs, to report once.
@@ -115,10 +106,10 @@ pub enum Source {
 
 /// Indices for a GPU pod whose annotation is missing or says otherwise than its node; written
 /// onto the pod unless it is terminating.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct Assignment<'a> {
     /// The pod.
-    pub pod: &'a Pod,
+    pub pod: &'a dyn DevicePod,
     /// Its node.
     pub node: String,
     /// The GPUs, held in the plan's ledger whether or not the write succeeds.
@@ -146,32 +137,32 @@ struct Held {
 /// kubelet. A device kubelet names that the node's model lacks is reported, and the pod keeps
 /// its annotation.
 fn held_by_node(
-    pod: &Pod,
+    pod: &dyn DevicePod,
     node: &str,
     snapshot: &Snapshot,
     gpus: &HashMap<String, NodeGpus>,
     reports: &mut Vec<Report>,
 ) -> Option<Held> {
-    if let Some((_, g)) = snapshot.dra().pod_gpus(pod).filter(|(n, _)| n == node) {
+    if let Some((_, g)) = snapshot.dra().claims_gpus(pod.namespace(), &pod.own_claims()).filter(|(n, _)| n == node) {
         return Some(Held { gpus: g, source: Source::Claim });
     }
     let node_gpus = gpus.get(node)?;
-    let given = node_gpus.assigned.as_ref()?.pods.get(uid_of(pod))?;
+    let given = node_gpus.assigned.as_ref()?.pods.get(pod.uid())?;
     match kubelet_indices(&given.devices, &node_gpus.topology) {
         Ok(set) if !set.is_empty() => {
-            let planned = pod.annotations().get(GPU_INDICES_ANNOTATION).and_then(|v| parse_indices(v).ok());
+            let planned = pod.gpu_indices().and_then(|v| parse_indices(v).ok());
             Some(Held { gpus: set, source: Source::Kubelet { planned, devices: given.devices.clone() } })
         }
         Ok(_) => None,
         Err(e) => {
-            let uid = uid_of(pod);
+            let uid = pod.uid();
             reports.push(Report {
                 key: format!("unknown-device/{uid}/{node}/{}", e.id),
                 uid: uid.to_string(),
                 reason: "UnknownGPUDevice",
                 message: format!(
                     "kubelet gave pod {} {e} on node {node}; its GPU indices are not corrected",
-                    pod.name_any()
+                    pod.name()
                 ),
                 conflict: false,
             });
@@ -208,11 +199,7 @@ pub struct DevicePlan<'a> {
 /// next admission would plan another pod onto them. Choices are made oldest pod first on the
 /// ledger of the annotations, so a pod whose write keeps failing gets the same GPUs each pass
 /// while nothing else changes.
-pub fn plan<'a, P: std::borrow::Borrow<Pod>>(
-    pods: &'a [P],
-    snapshot: &Snapshot,
-    gpus: &HashMap<String, NodeGpus>,
-) -> DevicePlan<'a> {
+pub fn plan<'a, P: DevicePod>(pods: &'a [P], snapshot: &Snapshot, gpus: &HashMap<String, NodeGpus>) -> DevicePlan<'a> {
     plan_with(pods, snapshot, gpus, &HashMap::new())
 }
 
@@ -220,27 +207,27 @@ pub fn plan<'a, P: std::borrow::Borrow<Pod>>(
 /// pods whose annotation the cache does not show yet (written, or being written): those pods
 /// get the same GPUs again, before any other pod is given GPUs, so no pass hands them to
 /// another pod while the write is on its way to the cache.
-pub fn plan_with<'a, P: std::borrow::Borrow<Pod>>(
+pub fn plan_with<'a, P: DevicePod>(
     pods: &'a [P],
     snapshot: &Snapshot,
     gpus: &HashMap<String, NodeGpus>,
     chosen: &HashMap<String, (String, GpuSet)>,
 ) -> DevicePlan<'a> {
     // Terminating pods stay: in their grace period they still run on their GPUs.
-    let located: Vec<(&Pod, String)> =
-        pods.iter().map(std::borrow::Borrow::borrow).filter_map(|p| node_of(p, snapshot).map(|n| (p, n))).collect();
+    let located: Vec<(&dyn DevicePod, String)> =
+        pods.iter().map(|p| p as &dyn DevicePod).filter_map(|p| node_of(p, snapshot).map(|n| (p, n))).collect();
     let mut reports = Vec::new();
     let held: Vec<Option<Held>> =
-        located.iter().map(|(p, node)| held_by_node(p, node, snapshot, gpus, &mut reports)).collect();
+        located.iter().map(|(p, node)| held_by_node(*p, node, snapshot, gpus, &mut reports)).collect();
     let held_text: Vec<Option<String>> = held.iter().map(|h| h.as_ref().map(|h| format_indices(h.gpus))).collect();
     let records = located.iter().zip(&held_text).map(|((p, node), truth)| PodRecord {
         node,
-        uid: uid_of(p),
-        created: p.metadata.creation_timestamp.as_ref().map(|t| t.0),
-        indices: truth.as_deref().or_else(|| p.annotations().get(GPU_INDICES_ANNOTATION).map(String::as_str)),
-        phase: crate::devices::PodPhase::from_status(p.status.as_ref().and_then(|s| s.phase.as_deref())),
-        bound: is_bound(p),
-        terminating: crate::pods::is_terminating(p),
+        uid: p.uid(),
+        created: p.created(),
+        indices: truth.as_deref().or_else(|| p.gpu_indices()),
+        phase: phase_of(*p),
+        bound: is_bound(*p),
+        terminating: is_terminating(*p),
         node_gpus: snapshot.node(node).map_or(0, |n| n.gpu_count as usize),
         confirmed: truth.is_some(),
     });
@@ -253,48 +240,46 @@ pub fn plan_with<'a, P: std::borrow::Borrow<Pod>>(
         .zip(held)
         .filter_map(|((pod, node), held)| {
             let held = held?;
-            let written = pod.annotations().get(GPU_INDICES_ANNOTATION).and_then(|v| parse_indices(v).ok());
-            (written != Some(held.gpus) && !is_finished(pod)).then(|| Assignment {
-                pod,
+            let written = pod.gpu_indices().and_then(|v| parse_indices(v).ok());
+            (written != Some(held.gpus) && !is_finished(*pod)).then(|| Assignment {
+                pod: *pod,
                 node: node.clone(),
                 gpus: held.gpus,
-                write: !crate::pods::is_terminating(pod),
+                write: !is_terminating(*pod),
                 source: held.source,
             })
         })
         .collect();
     // GPU pods kube-scheduler bound without muster (and not read back yet): give them indices
     // right after binding.
-    let mut unassigned: Vec<&(&Pod, String)> = located
+    let mut unassigned: Vec<&(&dyn DevicePod, String)> = located
         .iter()
         .zip(&held_text)
         .filter(|(_, confirmed)| confirmed.is_none())
         .map(|(located, _)| located)
         .filter(|(p, _)| {
-            let live = !crate::devices::PodPhase::from_status(p.status.as_ref().and_then(|s| s.phase.as_deref()))
-                .is_terminal();
-            live && is_bound(p) && gpus_wanted(p) > 0 && !p.annotations().contains_key(GPU_INDICES_ANNOTATION)
+            !phase_of(*p).is_terminal() && is_bound(*p) && p.gpus_wanted() > 0 && p.gpu_indices().is_none()
         })
         .collect();
     // Pods chosen for before come first, then the oldest.
-    let earlier = |p: &Pod, node: &str| chosen.get(uid_of(p)).filter(|(n, _)| n == node).map(|(_, g)| *g);
+    let earlier = |p: &dyn DevicePod, node: &str| chosen.get(p.uid()).filter(|(n, _)| n == node).map(|(_, g)| *g);
     unassigned.sort_by(|(a, na), (b, nb)| {
-        let age = |p: &Pod| {
-            let created = p.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        let age = |p: &dyn DevicePod| {
+            let created = p.created();
             (created.is_none(), created)
         };
-        let fresh = |p: &Pod, n: &str| earlier(p, n).is_none();
-        fresh(a, na).cmp(&fresh(b, nb)).then_with(|| age(a).cmp(&age(b))).then_with(|| uid_of(a).cmp(uid_of(b)))
+        let fresh = |p: &dyn DevicePod, n: &str| earlier(p, n).is_none();
+        fresh(*a, na).cmp(&fresh(*b, nb)).then_with(|| age(*a).cmp(&age(*b))).then_with(|| a.uid().cmp(b.uid()))
     });
     for (pod, node) in unassigned {
         let Some(node_gpus) = gpus.get(node) else { continue };
-        let wanted = usize::try_from(gpus_wanted(pod)).unwrap_or(usize::MAX);
-        let terminating = crate::pods::is_terminating(pod);
+        let wanted = usize::try_from(pod.gpus_wanted()).unwrap_or(usize::MAX);
+        let terminating = is_terminating(*pod);
         let used = ledger.used_mask(node);
         let free = node_gpus.topology.all().difference(used);
         // What an earlier pass chose, while those GPUs are still free; else prefer healthy
         // GPUs (the pod is bound already, so fall back to any free one).
-        let again = earlier(pod, node)
+        let again = earlier(*pod, node)
             .filter(|g| {
                 g.len() == wanted
                     && g.intersection(used).is_empty()
@@ -311,7 +296,7 @@ pub fn plan_with<'a, P: std::borrow::Borrow<Pod>>(
                 )
             })
             .or_else(|| select(&node_gpus.topology, free, wanted, SelectOptions::default()));
-        let uid = uid_of(pod);
+        let uid = pod.uid();
         let Some(choice) = choice else {
             if !terminating {
                 reports.push(Report {
@@ -320,7 +305,7 @@ pub fn plan_with<'a, P: std::borrow::Borrow<Pod>>(
                     reason: "GPUConflict",
                     message: format!(
                         "no {wanted} free GPU indices on node {node} for pod {}: the ledger holds {}",
-                        pod.name_any(),
+                        pod.name(),
                         format_indices(used)
                     ),
                     conflict: true,
@@ -330,7 +315,7 @@ pub fn plan_with<'a, P: std::borrow::Borrow<Pod>>(
         };
         if ledger.assign(node, uid, choice.gpus).is_ok() {
             assignments.push(Assignment {
-                pod,
+                pod: *pod,
                 node: node.clone(),
                 gpus: choice.gpus,
                 write: !terminating,
@@ -467,9 +452,9 @@ impl Sent {
             Source::Chosen => ("GPUsAssigned", format!("GPU indices {indices} on node {node}")),
         };
         Sent {
-            uid: uid_of(a.pod).to_string(),
-            pod: pod_ref(a.pod),
-            name: a.pod.name_any(),
+            uid: a.pod.uid().to_string(),
+            pod: a.pod.reference(),
+            name: a.pod.name().to_string(),
             node,
             indices,
             done,
@@ -512,10 +497,6 @@ impl Default for DeviceReconciler {
             chosen: HashMap::new(),
         }
     }
-}
-
-fn pod_ref(pod: &Pod) -> ObjectReference {
-    pod.object_ref(&())
 }
 
 /// Merge-patches a pod's indices (only if it is still the pod with that uid).
@@ -570,22 +551,19 @@ impl DeviceReconciler {
     pub async fn pass(
         &mut self,
         ctx: &Arc<Context>,
-        pods: &[impl std::borrow::Borrow<Pod> + Sync],
+        pods: &[impl DevicePod],
         snapshot: &Snapshot,
         gpus: &HashMap<String, NodeGpus>,
     ) -> HashMap<String, GpuSet> {
         self.book(ctx).await;
-        let by_uid: HashMap<&str, &Pod> =
-            pods.iter().map(std::borrow::Borrow::borrow).map(|p: &Pod| (uid_of(p), p)).collect();
+        let by_uid: HashMap<&str, &dyn DevicePod> = pods.iter().map(|p| (p.uid(), p as &dyn DevicePod)).collect();
         // A choice is kept until the cache shows the pod's annotation (or the pod is gone).
-        self.chosen.retain(|uid, _| {
-            by_uid.get(uid.as_str()).is_some_and(|p| !p.annotations().contains_key(GPU_INDICES_ANNOTATION))
-        });
+        self.chosen.retain(|uid, _| by_uid.get(uid.as_str()).is_some_and(|p| p.gpu_indices().is_none()));
         let earlier: HashMap<String, (String, GpuSet)> =
             self.chosen.iter().map(|(uid, (node, gpus, _))| (uid.clone(), (node.clone(), *gpus))).collect();
         let plan = plan_with(pods, snapshot, gpus, &earlier);
         for a in plan.assignments.iter().filter(|a| a.source == Source::Chosen) {
-            let entry = self.chosen.entry(uid_of(a.pod).to_string()).or_insert((a.node.clone(), a.gpus, false));
+            let entry = self.chosen.entry(a.pod.uid().to_string()).or_insert((a.node.clone(), a.gpus, false));
             if (entry.0.as_str(), entry.1) != (a.node.as_str(), a.gpus) {
                 *entry = (a.node.clone(), a.gpus, false);
             }
@@ -596,7 +574,7 @@ impl DeviceReconciler {
             }
             tracing::warn!(problem = %report.message, "GPU ledger");
             if let Some(pod) = by_uid.get(report.uid.as_str()) {
-                ctx.event(&pod_ref(pod), true, report.reason, "AssignGPUs", report.message.clone()).await;
+                ctx.event(&pod.reference(), true, report.reason, "AssignGPUs", report.message.clone()).await;
             }
         }
 
@@ -606,9 +584,9 @@ impl DeviceReconciler {
             let due: Vec<Sent> = plan
                 .assignments
                 .iter()
-                .filter(|a| a.write && self.backoff.ready(uid_of(a.pod), now))
+                .filter(|a| a.write && self.backoff.ready(a.pod.uid(), now))
                 // Written already, not in the cache yet: not written again.
-                .filter(|a| !self.chosen.get(uid_of(a.pod)).is_some_and(|(_, g, written)| *written && *g == a.gpus))
+                .filter(|a| !self.chosen.get(a.pod.uid()).is_some_and(|(_, g, written)| *written && *g == a.gpus))
                 .map(Sent::of)
                 .collect();
             if !due.is_empty() {

@@ -288,7 +288,7 @@ async fn problems_are_reported_once_not_every_pass() {
     assert!(text.contains("muster_gpu_conflicts_total 2"), "{text}");
 
     // The conflict goes (the later pod ends), then a new one comes: reported again.
-    pods.retain(|p| p.name_any() != "second");
+    pods.retain(|p| p.metadata.name.as_deref() != Some("second"));
     let (snapshot, gpus) = world(&nodes, &pods);
     pass_settled(&mut devices, &api.ctx, &pods, &snapshot, &gpus).await;
     pods.push(pod("open", "second", 2, "n1", 1, Some("0")));
@@ -420,7 +420,7 @@ fn a_pod_with_an_allocated_claim_holds_what_the_claim_names_and_its_annotation_i
     snapshot.set_dra(crate::scheduler::Dra::new(inventory, &[], &[claim]));
     let plan = plan(&pods, &snapshot, &gpus);
     assert_eq!(plan.ledger.used_mask("n1"), set(&[0, 1, 2, 3]), "2,3 by the claim, two more for the counted pod");
-    let by_pod: Vec<(String, GpuSet)> = plan.assignments.iter().map(|a| (a.pod.name_any(), a.gpus)).collect();
+    let by_pod: Vec<(String, GpuSet)> = plan.assignments.iter().map(|a| (a.pod.name().to_string(), a.gpus)).collect();
     assert_eq!(
         by_pod,
         vec![("claimed".to_string(), set(&[2, 3])), ("counted".to_string(), set(&[0, 1]))],
@@ -557,7 +557,7 @@ async fn a_repeated_event_keeps_its_series_until_its_note_changes() {
     let api = FakeApi::start().await;
     let pod = pod("ns", "a", 1, "n1", 1, None);
     for note in ["one", "one", "two", "two"] {
-        api.ctx.event(&pod_ref(&pod), true, "GPUConflict", "AssignGPUs", note).await;
+        api.ctx.event(&pod.reference(), true, "GPUConflict", "AssignGPUs", note).await;
     }
     let requests = api.requests.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let events: Vec<(&str, bool)> = requests
@@ -580,11 +580,11 @@ fn a_pod_keeps_the_gpus_chosen_for_it_until_its_annotation_shows() {
     let pods = [newer.clone(), pod("open", "older", 10, "n1", 1, None)];
     let (snapshot, gpus) = world(&nodes, &pods);
     let afresh = plan(&pods, &snapshot, &gpus);
-    let older_afresh = afresh.assignments.iter().find(|a| a.pod.name_any() == "older").unwrap().gpus;
+    let older_afresh = afresh.assignments.iter().find(|a| a.pod.name() == "older").unwrap().gpus;
     assert_eq!(older_afresh, first, "the hazard this guards against");
     let chosen = HashMap::from([("uid-newer".to_string(), ("n1".to_string(), first))]);
     let kept = plan_with(&pods, &snapshot, &gpus, &chosen);
-    let of = |name: &str| kept.assignments.iter().find(|a| a.pod.name_any() == name).unwrap().gpus;
+    let of = |name: &str| kept.assignments.iter().find(|a| a.pod.name() == name).unwrap().gpus;
     assert_eq!(of("newer"), first);
     assert!(of("older").intersection(first).is_empty(), "the older pod gets another GPU");
     assert!(kept.reports.is_empty(), "no conflict: {:?}", kept.reports);
@@ -607,4 +607,46 @@ async fn a_written_choice_is_neither_given_away_nor_written_again_before_the_cac
     let older = written(&api.patches("open", "older")[0]);
     assert!(older.intersection(first).is_empty(), "older got {older}, newer holds {first}");
     assert_eq!(held["n1"], first.union(older));
+}
+
+proptest::proptest! {
+    /// The pass reads the same of a pod and of the [`crate::pods::GpuPod`] admission keeps of
+    /// it: over any pods (bound or not, any GPUs, valid or bad indices, any phase, deleted or
+    /// not) on a node with kubelet's report and one without, the plans agree: ledger, reports,
+    /// assignments.
+    #[test]
+    fn a_plan_over_kept_gpu_pods_equals_one_over_the_pods(
+        specs in proptest::collection::vec(
+            (0usize..3, 0u32..4, proptest::option::of(0usize..6), 0u32..50, proptest::bool::ANY, 0usize..4),
+            0..12,
+        )
+    ) {
+        let nodes = [reported_node("n1", 4, &[("uid-p0", &["GPU-n1-1"]), ("uid-p1", &["GPU-n1-3", "GPU-n1-2"])]), node("n2", 8)];
+        let pods: Vec<Pod> = specs
+            .iter()
+            .enumerate()
+            .map(|(i, &(n, gpus, indices, created, deleting, phase))| {
+                let indices = indices.map(|k| ["0", "1", "0,1", "2,3", "9", "x"][k]);
+                let mut p = pod("ns", &format!("p{i}"), created, ["n1", "n2", ""][n], gpus, indices);
+                if n == 2 {
+                    p.spec.as_mut().unwrap().node_name = None;
+                }
+                p.status.as_mut().unwrap().phase = Some(["Running", "Pending", "Succeeded", "Failed"][phase].into());
+                if deleting { terminating(p) } else { p }
+            })
+            .collect();
+        let (snapshot, gpus) = world(&nodes, &pods);
+        let kept: Vec<Arc<crate::pods::GpuPod>> = pods.iter().filter_map(crate::pods::GpuPod::of).map(Arc::new).collect();
+        let (whole, compact) = (plan(&pods, &snapshot, &gpus), plan(&kept, &snapshot, &gpus));
+        proptest::prop_assert_eq!(&whole.ledger, &compact.ledger);
+        proptest::prop_assert_eq!(&whole.reports, &compact.reports);
+        let view = |p: &DevicePlan<'_>| -> Vec<_> {
+            p.assignments.iter().map(|a| (a.pod.uid().to_string(), a.node.clone(), a.gpus, a.write, a.source.clone())).collect()
+        };
+        proptest::prop_assert_eq!(view(&whole), view(&compact));
+        let refs = |p: &DevicePlan<'_>| -> Vec<_> {
+            p.assignments.iter().map(|a| { let r = a.pod.reference(); (r.kind, r.name, r.namespace, r.uid) }).collect()
+        };
+        proptest::prop_assert_eq!(refs(&whole), refs(&compact));
+    }
 }

@@ -208,6 +208,14 @@ proptest! {
                 digest(&ClusterState::from_lists(&nodes, &pods).snapshot()),
                 digest(&Snapshot::from_cluster(&nodes, &pods))
             );
+            // What the GPU pass reads: each placed, unfinished pod as it was seen last.
+            let mut rebuilt: Vec<(String, crate::pods::GpuPod)> = pods
+                .iter()
+                .filter_map(|p| crate::pods::GpuPod::of(p).map(|g| (super::pod_key(p), g)))
+                .collect();
+            rebuilt.sort_by(|a, b| a.0.cmp(&b.0));
+            let kept: Vec<crate::pods::GpuPod> = state.gpu_pods().iter().map(|g| (**g).clone()).collect();
+            prop_assert_eq!(kept, rebuilt.into_iter().map(|(_, g)| g).collect::<Vec<_>>());
         }
     }
 }
