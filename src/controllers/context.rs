@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
@@ -76,6 +77,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Settings.
     pub config: Config,
+    /// PriorityClasses, for a group's priority.
+    pub priorities: Priorities,
 }
 
 /// What identifies an event to kube-rs's recorder: the object, reason, action and type. The
@@ -122,7 +125,13 @@ impl Context {
     /// A context for `client`.
     pub fn new(client: Client, metrics: Arc<Metrics>, config: Config) -> Self {
         let reporter = Reporter { controller: "muster".into(), instance: Some(config.identity.clone()) };
-        Self { events: Events::new(client.clone(), reporter), client, metrics, config }
+        Self {
+            events: Events::new(client.clone(), reporter),
+            priorities: Priorities::default(),
+            client,
+            metrics,
+            config,
+        }
     }
 
     /// Publishes an event about `object`; failures are logged, never fatal.
@@ -248,6 +257,71 @@ impl StoreReady {
     }
 }
 
+/// The PriorityClasses as a watch shows them, shared by the reconcilers, which resolve a
+/// group's priority from them once, when the group is made: one LIST of the classes per
+/// MusterJob created was a thousand LISTs for a thousand jobs, each queued behind the binds of
+/// a busy API server. The watch starts on first use; a class the cache does not show, or a
+/// cache without its first list yet (no RBAC to watch, say), is asked of the API server.
+/// Admission of pods reads a watch cache too (upstream's Priority plugin), so a class made a
+/// moment ago is missed the same way there.
+#[derive(Default)]
+pub struct Priorities(tokio::sync::OnceCell<(kube::runtime::reflector::Store<PriorityClass>, StoreReady)>);
+
+/// How long a resolution waits for the PriorityClass watch's first list before asking the API
+/// server.
+const PRIORITIES_LIST_WAIT: Duration = Duration::from_secs(2);
+
+impl Priorities {
+    /// The cache, its watch started on the first call.
+    async fn cache(&self, client: &Client) -> &(kube::runtime::reflector::Store<PriorityClass>, StoreReady) {
+        self.0
+            .get_or_init(|| async {
+                use futures::StreamExt as _;
+                use kube::runtime::{WatchStreamExt as _, reflector, watcher};
+                let (store, writer) = reflector::store();
+                let stream =
+                    watcher::watcher(kube::Api::<PriorityClass>::all(client.clone()), watcher::Config::default())
+                        .default_backoff()
+                        .modify(|c: &mut PriorityClass| c.metadata.managed_fields = None)
+                        .reflect(writer);
+                tokio::spawn(async move {
+                    let mut stream = std::pin::pin!(stream);
+                    while let Some(ev) = stream.next().await {
+                        if let Err(e) = ev {
+                            tracing::warn!(error = %e, "PriorityClass watch");
+                        }
+                    }
+                });
+                let ready = StoreReady::of(store.clone());
+                (store, ready)
+            })
+            .await
+    }
+
+    /// The value of PriorityClass `class`, or of the cluster's global default class when none
+    /// is named, else 0 (as pod admission and upstream's PodGroup admission do).
+    pub async fn resolve(&self, client: &Client, class: Option<&str>) -> Result<i32> {
+        let (store, ready) = self.cache(client).await;
+        let listed = tokio::time::timeout(PRIORITIES_LIST_WAIT, ready.wait()).await.is_ok_and(|r| r.is_ok());
+        let api = kube::Api::<PriorityClass>::all(client.clone());
+        let value = match class {
+            Some(name) => match store.get(&kube::runtime::reflector::ObjectRef::new(name)) {
+                Some(c) if listed => c.value,
+                _ => api.get_opt(name).await?.and_then(|c| c.value),
+            },
+            None if listed => global_default(store.state().iter().map(|c| &**c)),
+            None => global_default(api.list(&kube::api::ListParams::default()).await?.items.iter()),
+        };
+        Ok(value.unwrap_or(0))
+    }
+}
+
+/// PURE: the value of the global default class among `classes` (the highest, should there be
+/// several).
+fn global_default<'a>(classes: impl Iterator<Item = &'a PriorityClass>) -> Option<i32> {
+    classes.filter(|c| c.global_default == Some(true)).filter_map(|c| c.value).max()
+}
+
 /// How long one write of admission may take, the client's own retries of 429/503 included:
 /// an API server that keeps failing one request costs the cycle this much, not minutes.
 pub const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -335,6 +409,25 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_global_default_is_the_highest_class_marked_default() {
+        let class = |name: &str, value: i32, default: Option<bool>| PriorityClass {
+            metadata: kube::api::ObjectMeta { name: Some(name.into()), ..Default::default() },
+            value: Some(value),
+            global_default: default,
+            ..Default::default()
+        };
+        let cases: [(&str, Vec<PriorityClass>, Option<i32>); 4] = [
+            ("no classes", vec![], None),
+            ("none marked", vec![class("a", 10, None), class("b", 20, Some(false))], None),
+            ("one marked", vec![class("a", 10, Some(true)), class("b", 20, None)], Some(10)),
+            ("two marked: the higher", vec![class("a", 10, Some(true)), class("b", 5, Some(true))], Some(10)),
+        ];
+        for (case, classes, want) in cases {
+            assert_eq!(global_default(classes.iter()), want, "{case}");
+        }
+    }
     use futures::FutureExt;
     use futures::future::BoxFuture;
     use futures::task::{ArcWake, waker};

@@ -20,14 +20,15 @@ use crate::scheduler::{GpuChoice, GpuChooser, NodeInfo};
 /// One node's GPUs as admission sees them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NodeGpus {
-    /// The topology (unknown topology when the annotation is missing or malformed).
-    pub topology: GpuTopology,
+    /// The topology (unknown topology when the annotation is missing or malformed), shared
+    /// with the parse kept between cycles: a cycle's 5,000 nodes copy no topology.
+    pub topology: Arc<GpuTopology>,
     /// Why the annotation was not used, if it was not.
     pub topology_problem: Option<TopologyProblem>,
     /// Which GPUs are healthy enough to offer, and why others are not.
     pub health: NodeHealth,
     /// What the node agent says kubelet gave the pods here (`gpu.muster.dev/assigned`).
-    pub assigned: Option<AssignedAnnotation>,
+    pub assigned: Option<Arc<AssignedAnnotation>>,
     /// The node agent's annotations that could not be used, as an operator should read it.
     pub report_problems: Vec<String>,
     /// Whether the node agent publishes health for this node (then missing samples are a
@@ -53,7 +54,7 @@ impl NodeGpus {
     /// A node's GPUs known only from its model: no agent report.
     pub fn from_model(topology: GpuTopology, topology_problem: Option<TopologyProblem>, health: NodeHealth) -> Self {
         NodeGpus {
-            topology,
+            topology: Arc::new(topology),
             topology_problem,
             health,
             assigned: None,
@@ -108,16 +109,35 @@ pub struct NodeGpuCache {
     nodes: HashMap<String, ParsedNode>,
 }
 
-/// One node's annotations as read, and what they parsed to.
+/// One node's annotations as read (as a fingerprint: the topology alone is over a KiB a
+/// node), and what they parsed to.
 #[derive(Debug)]
 struct ParsedNode {
     gpus: u64,
-    annotations: [Option<String>; 3],
-    topology: GpuTopology,
+    annotations: AnnotationsSeen,
+    topology: Arc<GpuTopology>,
     topology_problem: Option<TopologyProblem>,
     agent: Option<crate::devices::NodeMetrics>,
-    assigned: Option<AssignedAnnotation>,
+    assigned: Option<Arc<AssignedAnnotation>>,
     report_problems: Vec<String>,
+}
+
+/// PURE: a fingerprint of a node's three GPU annotations: each one's presence, length and a
+/// 64-bit hash of all of them (a changed annotation going unseen needs a hash collision
+/// between two values of the same lengths on the same node).
+#[derive(Debug, PartialEq, Eq)]
+struct AnnotationsSeen {
+    lengths: [Option<usize>; 3],
+    hash: u64,
+}
+
+impl AnnotationsSeen {
+    fn of(annotations: &[Option<&str>; 3]) -> Self {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::hash::DefaultHasher::new();
+        annotations.hash(&mut h);
+        Self { lengths: annotations.map(|a| a.map(str::len)), hash: h.finish() }
+    }
 }
 
 impl ParsedNode {
@@ -131,17 +151,17 @@ impl ParsedNode {
             assigned.and_then(|v| AssignedAnnotation::parse(v).map_err(|e| report_problems.push(e.to_string())).ok());
         Self {
             gpus,
-            annotations: annotations.map(|a| a.map(str::to_string)),
-            topology: topology_parsed,
+            annotations: AnnotationsSeen::of(&annotations),
+            topology: Arc::new(topology_parsed),
             topology_problem,
             agent,
-            assigned: assigned_parsed,
+            assigned: assigned_parsed.map(Arc::new),
             report_problems,
         }
     }
 
     fn is_for(&self, gpus: u64, annotations: &[Option<&str>; 3]) -> bool {
-        self.gpus == gpus && self.annotations.iter().zip(annotations).all(|(kept, now)| kept.as_deref() == *now)
+        self.gpus == gpus && self.annotations == AnnotationsSeen::of(annotations)
     }
 }
 

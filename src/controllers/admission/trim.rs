@@ -17,9 +17,14 @@ use crate::crds::{
     GPU_TOPOLOGY_ANNOTATION, ROLLED_BACK_ANNOTATION,
 };
 
+/// Keeps the annotations named by `keys`; none left is no map at all (an empty map still
+/// holds a node of its tree).
 fn keep_annotations(a: &mut Option<BTreeMap<String, String>>, keys: &[&str]) {
     if let Some(map) = a.as_mut() {
         map.retain(|k, _| keys.contains(&k.as_str()));
+    }
+    if a.as_ref().is_some_and(BTreeMap::is_empty) {
+        *a = None;
     }
 }
 
@@ -31,9 +36,11 @@ fn trim_meta(meta: &mut ObjectMeta, annotations: &[&str]) {
 fn trim_container(c: &Container) -> Container {
     Container {
         name: c.name.clone(),
+        // Requests only: the API server defaults a request from each limit set without one, so
+        // the requests name every resource, and placement and GPU counts read nothing else.
         resources: c.resources.as_ref().map(|r| ResourceRequirements {
             requests: r.requests.clone(),
-            limits: r.limits.clone(),
+            limits: None,
             claims: None,
         }),
         restart_policy: c.restart_policy.clone(),
@@ -191,8 +198,7 @@ pub fn node(n: &mut Node) {
         n.spec = Some(NodeSpec { taints: spec.taints, unschedulable: spec.unschedulable, ..Default::default() });
     }
     if let Some(status) = n.status.take() {
-        n.status =
-            Some(NodeStatus { allocatable: status.allocatable, capacity: status.capacity, ..Default::default() });
+        n.status = Some(NodeStatus { allocatable: status.allocatable, ..Default::default() });
     }
 }
 
@@ -266,6 +272,21 @@ mod tests {
         assert_eq!(v["spec"]["nodeName"], "n");
         assert_eq!(v["spec"]["schedulingGates"], json!([{"name": "g"}]));
         assert_eq!(v["status"], json!({"phase": "Running"}));
+    }
+
+    #[test]
+    fn pods_keep_requests_not_limits_and_no_empty_annotations() {
+        let mut p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "annotations": {"other": "x"}},
+            "spec": {"containers": [{"name": "c", "resources": {
+                "requests": {"cpu": "1", "nvidia.com/gpu": "2"}, "limits": {"cpu": "2", "nvidia.com/gpu": "2"}}}]}
+        }))
+        .expect("pod");
+        pod(&mut p);
+        assert_eq!(p.metadata.annotations, None, "no annotation read: no map");
+        let v = serde_json::to_value(&p).expect("json");
+        assert_eq!(v["spec"]["containers"][0]["resources"], json!({"requests": {"cpu": "1", "nvidia.com/gpu": "2"}}));
+        assert_eq!(crate::controllers::devices::gpus_wanted(&p), 2, "the GPU count reads the requests");
     }
 
     #[test]

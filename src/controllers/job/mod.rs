@@ -129,7 +129,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         expected: expected::Expected::default(),
         paced: Default::default(),
     });
-    Controller::new(jobs, watcher::Config::default().any_semantic())
+    let (jobs_store, jobs_writer) = reflector::store();
+    Controller::for_stream(super::trimmed_objects(jobs, jobs_writer), jobs_store)
         .with_config(controller::Config::default().concurrency(super::RECONCILE_CONCURRENCY))
         .owns_stream(pod_events)
         .graceful_shutdown_on(shutdown)
@@ -210,6 +211,9 @@ struct Groups {
     resource_claims: Vec<PodGroupResourceClaim>,
     /// The PodGroup's `status.resourceClaimStatuses` as read.
     claim_statuses: Vec<PodGroupResourceClaimStatus>,
+    /// The PodGroup's `status.rollbacks` when this reconcile created it: the API server's
+    /// answer, as fresh as a read ([`admission_attempt`] asks again otherwise).
+    created_rollbacks: Option<i32>,
 }
 
 /// The claims a job's new pods reference.
@@ -338,13 +342,14 @@ async fn ensure_groups(
     let mut pg = builder.new_pod_group(&name, &template)?;
     pg.spec.priority = match existing_priority {
         Some(p) => p,
-        None => Some(super::resolve_priority(&ctx.client, pg.spec.priority_class_name.as_deref()).await?),
+        None => Some(ctx.priorities.resolve(&ctx.client, pg.spec.priority_class_name.as_deref()).await?),
     };
     pg.spec.parent_composite_pod_group_name = parent.clone();
     // A root job's PodGroup is also owned by its Workload (as upstream's Job controller does).
     pg.metadata.owner_references.get_or_insert_with(Vec::new).extend(workload_owner);
     pg.metadata.annotations = Some(BTreeMap::from([(FROZEN_HASH_ANNOTATION.to_string(), hashes)]));
     let gang_all = pg.spec.disruption_mode.kind() == Some(DisruptionModeKind::All);
+    let created = existing.is_none();
     let applied = super::apply_if_changed(&pgs, &name, &params, pg, existing).await?;
     let status = applied.status.clone().unwrap_or_default();
     Ok(Ok(Groups {
@@ -354,6 +359,7 @@ async fn ensure_groups(
         parent,
         pod_group_owner: super::controller_ref(&applied),
         resource_claims: applied.spec.resource_claims.clone().unwrap_or_default(),
+        created_rollbacks: created.then_some(status.rollbacks),
         claim_statuses: status.resource_claim_statuses,
     }))
 }
@@ -361,15 +367,16 @@ async fn ensure_groups(
 /// Rollbacks of the job's root gang so far (its `status.rollbacks`), read from the API server,
 /// not a cache: new pods carry it as their `scheduling.muster.dev/gang-attempt`, and a cache
 /// could still show the count before the rollback whose deleted pods they replace. Read only
-/// when pods are created. A standalone job's PodGroup is its root; a child's root is the top
-/// CompositePodGroup.
+/// when pods are created, unless this reconcile created the group (its answer says). A
+/// standalone job's PodGroup is its root; a child's root is the top CompositePodGroup.
 async fn admission_attempt(ctx: &Context, ns: &str, groups: &Groups) -> Result<i32> {
-    match &groups.parent {
-        None => {
+    match (&groups.parent, groups.created_rollbacks) {
+        (None, Some(rollbacks)) => Ok(rollbacks),
+        (None, None) => {
             let pg = Api::<PodGroup>::namespaced(ctx.client.clone(), ns).get_opt(&groups.pod_group).await?;
             Ok(pg.and_then(|g| g.status).map_or(0, |s| s.rollbacks))
         }
-        Some(parent) => {
+        (Some(parent), _) => {
             let cpg = Api::<CompositePodGroup>::namespaced(ctx.client.clone(), ns)
                 .get_opt(parent)
                 .await?

@@ -34,7 +34,8 @@ pub const FIELD_MANAGER: &str = "muster-jobset-controller";
 pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
     let sets = Api::<DeserializeGuard<MusterJobSet>>::all(ctx.client.clone());
     let jobs = Api::<DeserializeGuard<MusterJob>>::all(ctx.client.clone());
-    Controller::new(sets, watcher::Config::default().any_semantic())
+    let (store, writer) = kube::runtime::reflector::store();
+    Controller::for_stream(super::trimmed_objects(sets, writer), store)
         .with_config(controller::Config::default().concurrency(super::RECONCILE_CONCURRENCY))
         .owns(jobs, watcher::Config::default().labels(JOBSET_NAME_LABEL).any_semantic())
         .graceful_shutdown_on(shutdown)
@@ -95,7 +96,7 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>
                 for rjob in &set.spec.replicated_jobs {
                     let class =
                         rjob.template.spec.template.spec.as_ref().and_then(|s| s.priority_class_name.as_deref());
-                    best = best.max(Some(super::resolve_priority(&ctx.client, class).await?));
+                    best = best.max(Some(ctx.priorities.resolve(&ctx.client, class).await?));
                 }
                 best
             }
