@@ -15,6 +15,7 @@ use super::{
     TopologyProblem, fit, healthy_mask,
 };
 use crate::crds::{GPU_ASSIGNED_ANNOTATION, GPU_HEALTH_ANNOTATION, GPU_RESOURCE, GPU_TOPOLOGY_ANNOTATION};
+use crate::devices::TopologyError;
 use crate::scheduler::{GpuChoice, GpuChooser, NodeInfo};
 
 /// One node's GPUs as admission sees them.
@@ -97,115 +98,84 @@ pub fn node_gpus_with<N: Borrow<Node>>(
     thresholds: &HealthThresholds,
     now: SystemTime,
 ) -> HashMap<String, NodeGpus> {
-    NodeGpuCache::default().node_gpus(nodes, published, metrics, thresholds, now)
+    let kept: Vec<(&str, GpuNode)> = nodes
+        .iter()
+        .map(Borrow::borrow)
+        .map(|n| (n.metadata.name.as_deref().unwrap_or_default(), GpuNode::of(n)))
+        .collect();
+    node_gpus_of(kept.iter().map(|(name, g)| (*name, g)), published, metrics, thresholds, now)
 }
 
-/// What [`node_gpus_with`] reads of a node's annotations (topology, the node agent's health
-/// and assignments), kept between calls: a node whose annotations and GPU count are the same
-/// as last time is not parsed again. Health is worked out afresh every call (it depends on
-/// the metrics and the clock). Nodes not passed in a call are forgotten.
-#[derive(Debug, Default)]
-pub struct NodeGpuCache {
-    nodes: HashMap<String, ParsedNode>,
+/// [`node_gpus_with`] of nodes as kept ([`GpuNode`], by name): nothing is parsed, and each
+/// sound topology is shared with the kept node. Health is worked out afresh (it depends on
+/// the metrics and the clock).
+pub fn node_gpus_of<'a>(
+    nodes: impl IntoIterator<Item = (&'a str, &'a GpuNode)>,
+    published: &HashMap<String, u64>,
+    metrics: &MetricsCache,
+    thresholds: &HealthThresholds,
+    now: SystemTime,
+) -> HashMap<String, NodeGpus> {
+    let mut out = HashMap::new();
+    for (name, node) in nodes {
+        let gpus = node.allocatable.max(published.get(name).copied().unwrap_or(0));
+        if gpus == 0 && node.topology.is_none() {
+            continue;
+        }
+        let (topology, topology_problem) = GpuTopology::checked(node.topology.as_ref(), gpus);
+        let merged = report::newest(node.agent.as_ref(), metrics.node(name));
+        let health = healthy_mask(&topology, merged.as_ref(), thresholds, now);
+        out.insert(
+            name.to_string(),
+            NodeGpus {
+                topology,
+                topology_problem,
+                health,
+                assigned: node.assigned.clone(),
+                report_problems: node.report_problems.clone(),
+                agent_health: node.agent.is_some(),
+            },
+        );
+    }
+    out
 }
 
-/// One node's annotations as read (as a fingerprint: the topology alone is over a KiB a
-/// node), and what they parsed to.
-#[derive(Debug)]
-struct ParsedNode {
-    gpus: u64,
-    annotations: AnnotationsSeen,
-    topology: Arc<GpuTopology>,
-    topology_problem: Option<TopologyProblem>,
+/// PURE: what the GPU model reads of a node, parsed once, when its watch event arrives: its
+/// `nvidia.com/gpu` allocatable, its topology annotation (checked against its GPU count each
+/// cycle, which DRA slices may raise), the node agent's health and assignments. Admission
+/// keeps this per node instead of the node (a trimmed `Node` was still over 3 KiB).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuNode {
+    uid: String,
+    allocatable: u64,
+    /// The topology annotation as parsed; `None` without one.
+    topology: Option<Result<Arc<GpuTopology>, TopologyError>>,
     agent: Option<crate::devices::NodeMetrics>,
     assigned: Option<Arc<AssignedAnnotation>>,
     report_problems: Vec<String>,
 }
 
-/// PURE: a fingerprint of a node's three GPU annotations: each one's presence, length and a
-/// 64-bit hash of all of them (a changed annotation going unseen needs a hash collision
-/// between two values of the same lengths on the same node).
-#[derive(Debug, PartialEq, Eq)]
-struct AnnotationsSeen {
-    lengths: [Option<usize>; 3],
-    hash: u64,
-}
-
-impl AnnotationsSeen {
-    fn of(annotations: &[Option<&str>; 3]) -> Self {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::hash::DefaultHasher::new();
-        annotations.hash(&mut h);
-        Self { lengths: annotations.map(|a| a.map(str::len)), hash: h.finish() }
-    }
-}
-
-impl ParsedNode {
-    fn parse(gpus: u64, annotations: [Option<&str>; 3]) -> Self {
-        let [topology, health, assigned] = annotations;
-        let (topology_parsed, topology_problem) = GpuTopology::from_node(topology, gpus);
+impl GpuNode {
+    /// What the GPU model reads of `node`.
+    pub fn of(node: &Node) -> Self {
         let mut report_problems = Vec::new();
-        let agent =
-            health.and_then(|v| HealthAnnotation::parse(v).map_err(|e| report_problems.push(e.to_string())).ok());
-        let assigned_parsed =
-            assigned.and_then(|v| AssignedAnnotation::parse(v).map_err(|e| report_problems.push(e.to_string())).ok());
-        Self {
-            gpus,
-            annotations: AnnotationsSeen::of(&annotations),
-            topology: Arc::new(topology_parsed),
-            topology_problem,
+        let agent = node_annotation(node, GPU_HEALTH_ANNOTATION)
+            .and_then(|v| HealthAnnotation::parse(v).map_err(|e| report_problems.push(e.to_string())).ok());
+        let assigned = node_annotation(node, GPU_ASSIGNED_ANNOTATION)
+            .and_then(|v| AssignedAnnotation::parse(v).map_err(|e| report_problems.push(e.to_string())).ok());
+        GpuNode {
+            uid: node.metadata.uid.clone().unwrap_or_default(),
+            allocatable: allocatable_gpus(node),
+            topology: node_annotation(node, GPU_TOPOLOGY_ANNOTATION).map(|v| GpuTopology::parse(v).map(Arc::new)),
             agent,
-            assigned: assigned_parsed.map(Arc::new),
+            assigned: assigned.map(Arc::new),
             report_problems,
         }
     }
 
-    fn is_for(&self, gpus: u64, annotations: &[Option<&str>; 3]) -> bool {
-        self.gpus == gpus && self.annotations == AnnotationsSeen::of(annotations)
-    }
-}
-
-impl NodeGpuCache {
-    /// [`node_gpus_with`], parsing only the nodes whose annotations or GPU count changed.
-    pub fn node_gpus<N: Borrow<Node>>(
-        &mut self,
-        nodes: &[N],
-        published: &HashMap<String, u64>,
-        metrics: &MetricsCache,
-        thresholds: &HealthThresholds,
-        now: SystemTime,
-    ) -> HashMap<String, NodeGpus> {
-        let mut out = HashMap::new();
-        let mut seen: HashMap<String, ParsedNode> = HashMap::with_capacity(self.nodes.len());
-        for node in nodes.iter().map(Borrow::borrow) {
-            let name = node.metadata.name.as_deref().unwrap_or_default();
-            let gpus = allocatable_gpus(node).max(published.get(name).copied().unwrap_or(0));
-            let annotations = [GPU_TOPOLOGY_ANNOTATION, GPU_HEALTH_ANNOTATION, GPU_ASSIGNED_ANNOTATION]
-                .map(|key| node_annotation(node, key));
-            if gpus == 0 && annotations[0].is_none() {
-                continue;
-            }
-            let parsed = match self.nodes.remove(name) {
-                Some(kept) if kept.is_for(gpus, &annotations) => kept,
-                _ => ParsedNode::parse(gpus, annotations),
-            };
-            let merged = report::newest(parsed.agent.as_ref(), metrics.node(name));
-            let health = healthy_mask(&parsed.topology, merged.as_ref(), thresholds, now);
-            out.insert(
-                name.to_string(),
-                NodeGpus {
-                    topology: parsed.topology.clone(),
-                    topology_problem: parsed.topology_problem.clone(),
-                    health,
-                    assigned: parsed.assigned.clone(),
-                    report_problems: parsed.report_problems.clone(),
-                    agent_health: parsed.agent.is_some(),
-                },
-            );
-            seen.insert(name.to_string(), parsed);
-        }
-        self.nodes = seen;
-        out
+    /// The node's `metadata.uid`.
+    pub fn uid(&self) -> &str {
+        &self.uid
     }
 }
 
@@ -516,22 +486,26 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// The annotation cache never changes an answer: after any sequence of node changes
-        /// (GPU count, topology, health and assignment annotations, good or malformed, nodes
-        /// gone and back), it gives what parsing every node afresh gives.
+        /// Parsing each node once when it changes never changes an answer: after any
+        /// sequence of node changes (GPU count, topology, health and assignment annotations,
+        /// good or malformed, nodes gone and back) and DRA-published GPU counts, the nodes as
+        /// kept give what reading each node's annotations afresh against its count gives.
         #[test]
-        fn cached_node_gpus_equal_parsing_afresh(
-            steps in proptest::collection::vec((0usize..3, proptest::option::of((0usize..3, 0usize..3, 0usize..3, 0usize..3))), 1..30),
+        fn kept_nodes_give_what_reading_each_node_afresh_gives(
+            steps in proptest::collection::vec(
+                (0usize..3, proptest::option::of((0usize..3, 0usize..3, 0usize..3, 0usize..3)), 0usize..3),
+                1..30,
+            ),
         ) {
             let topologies = [None, Some(pcie()), Some("{not json".to_string())];
             let health = [None, Some("{}".to_string()), Some("[broken".to_string())];
             let assigned = [None, Some("{}".to_string()), Some("[broken".to_string())];
             let names = ["a", "b", "c"];
             let mut nodes: Vec<Option<Node>> = vec![None, None, None];
-            let mut cache = NodeGpuCache::default();
+            let mut kept: std::collections::BTreeMap<&str, GpuNode> = std::collections::BTreeMap::new();
             let metrics = MetricsCache::default();
             let thresholds = HealthThresholds::default();
-            for (i, change) in steps {
+            for (i, change, dra) in steps {
                 nodes[i] = change.map(|(gpus, t, h, a)| {
                     let mut n = node(names[i], topologies[t].as_deref(), [0, 4, 8][gpus]);
                     let annotations = n.metadata.annotations.get_or_insert_with(Default::default);
@@ -542,11 +516,39 @@ mod tests {
                     }
                     n
                 });
-                let now: Vec<Node> = nodes.iter().flatten().cloned().collect();
-                let published = HashMap::new();
-                let cached = cache.node_gpus(&now, &published, &metrics, &thresholds, SystemTime::UNIX_EPOCH);
-                let afresh = node_gpus_with(&now, &published, &metrics, &thresholds, SystemTime::UNIX_EPOCH);
-                proptest::prop_assert_eq!(cached, afresh);
+                match &nodes[i] {
+                    Some(n) => kept.insert(names[i], GpuNode::of(n)),
+                    None => kept.remove(names[i]),
+                };
+                let published: HashMap<String, u64> = [("a".to_string(), [0, 4, 8][dra])].into();
+                let got = node_gpus_of(kept.iter().map(|(n, g)| (*n, g)), &published, &metrics, &thresholds, SystemTime::UNIX_EPOCH);
+                // Each node read afresh: its annotations parsed against the count it has now.
+                let mut want = HashMap::new();
+                for n in nodes.iter().flatten() {
+                    let name = n.metadata.name.clone().unwrap_or_default();
+                    let gpus = allocatable_gpus(n).max(published.get(&name).copied().unwrap_or(0));
+                    let topology_annotation = node_annotation(n, GPU_TOPOLOGY_ANNOTATION);
+                    if gpus == 0 && topology_annotation.is_none() {
+                        continue;
+                    }
+                    let (topology, topology_problem) = GpuTopology::from_node(topology_annotation, gpus);
+                    let mut report_problems = Vec::new();
+                    let agent = node_annotation(n, GPU_HEALTH_ANNOTATION)
+                        .and_then(|v| HealthAnnotation::parse(v).map_err(|e| report_problems.push(e.to_string())).ok());
+                    let assigned = node_annotation(n, GPU_ASSIGNED_ANNOTATION)
+                        .and_then(|v| AssignedAnnotation::parse(v).map_err(|e| report_problems.push(e.to_string())).ok());
+                    let merged = report::newest(agent.as_ref(), metrics.node(&name));
+                    let health = healthy_mask(&topology, merged.as_ref(), &thresholds, SystemTime::UNIX_EPOCH);
+                    want.insert(name, NodeGpus {
+                        topology: Arc::new(topology),
+                        topology_problem,
+                        health,
+                        assigned: assigned.map(Arc::new),
+                        report_problems,
+                        agent_health: agent.is_some(),
+                    });
+                }
+                proptest::prop_assert_eq!(got, want);
             }
         }
     }

@@ -4,6 +4,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -390,20 +391,28 @@ impl GpuTopology {
     /// device plugin decides how many GPUs exist, and a stale annotation could name indices
     /// the node does not have.
     pub fn from_node(annotation: Option<&str>, allocatable: u64) -> (Self, Option<TopologyProblem>) {
+        let parsed = annotation.map(|json| Self::parse(json).map(Arc::new));
+        let (model, problem) = Self::checked(parsed.as_ref(), allocatable);
+        (Arc::unwrap_or_clone(model), problem)
+    }
+
+    /// [`Self::from_node`] of an annotation parsed before (`None`: no annotation), so a node's
+    /// annotation is parsed once and checked against whatever count its GPUs have now; a
+    /// sound annotation's model is shared, not copied.
+    pub fn checked(
+        parsed: Option<&Result<Arc<Self>, TopologyError>>,
+        allocatable: u64,
+    ) -> (Arc<Self>, Option<TopologyProblem>) {
         let unknown = |error: Option<TopologyError>| {
             let fallback = usize::try_from(allocatable).unwrap_or(usize::MAX);
-            (Self::unknown(fallback), Some(TopologyProblem { error, allocatable }))
+            (Arc::new(Self::unknown(fallback)), Some(TopologyProblem { error, allocatable }))
         };
-        let Some(json) = annotation else {
-            if allocatable == 0 {
-                return (Self::unknown(0), None);
-            }
-            return unknown(None);
-        };
-        match Self::parse(json) {
-            Ok(model) if model.len() as u64 == allocatable => (model, None),
-            Ok(model) => unknown(Some(TopologyError::CountMismatch { annotated: model.len(), allocatable })),
-            Err(e) => unknown(Some(e)),
+        match parsed {
+            None if allocatable == 0 => (Arc::new(Self::unknown(0)), None),
+            None => unknown(None),
+            Some(Ok(model)) if model.len() as u64 == allocatable => (model.clone(), None),
+            Some(Ok(model)) => unknown(Some(TopologyError::CountMismatch { annotated: model.len(), allocatable })),
+            Some(Err(e)) => unknown(Some(e.clone())),
         }
     }
 

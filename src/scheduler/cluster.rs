@@ -11,6 +11,7 @@ use std::time::Instant;
 use k8s_openapi::api::core::v1::{Node, Pod};
 
 use super::snapshot::{NodeInfo, PodUsage, Snapshot, SnapshotError};
+use crate::devices::chooser::GpuNode;
 use crate::pods::GpuPod;
 
 /// One watch event, as the kept state reads it: an object added or changed, or deleted, and a
@@ -95,6 +96,9 @@ impl<V: PartialEq> Kept<V> {
 pub struct ClusterState {
     /// By node name: the node as read, or why it cannot be offered.
     nodes: Kept<Result<NodeInfo, SnapshotError>>,
+    /// By node name: what the GPU model reads of the node ([`GpuNode`]): admission keeps no
+    /// copy of the nodes.
+    gpu_nodes: Kept<Arc<GpuNode>>,
     /// By namespace/name: what each pod that uses something uses.
     pods: Kept<PodUsage>,
     /// By namespace/name: what the GPU pass reads of each pod it has to do with
@@ -131,6 +135,7 @@ impl ClusterState {
 
     /// A node watch event; returns whether what a snapshot holds changed.
     pub fn node_changed(&mut self, change: Change<'_, Node>) -> bool {
+        self.gpu_nodes.change(change, node_key, |n| Some(Arc::new(GpuNode::of(n))));
         let changed = self.nodes.change(change, node_key, |n| Some(NodeInfo::from_node(n)));
         self.generation += u64::from(changed);
         changed
@@ -164,6 +169,11 @@ impl ClusterState {
 
     pub fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// What the GPU model reads of each node, by name, in name order.
+    pub fn gpu_nodes(&self) -> Vec<(String, Arc<GpuNode>)> {
+        self.gpu_nodes.by_key.iter().map(|(name, g)| (name.clone(), g.clone())).collect()
     }
 
     /// What the GPU pass reads of the pods it has to do with, in key order.

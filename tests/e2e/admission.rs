@@ -51,11 +51,13 @@ async fn a_gang_that_fits_is_admitted_whole_and_every_pod_binds_where_it_was_pin
     .await;
     let admitted = condition(&running, "Admitted").expect("Admitted condition");
     assert_eq!((admitted.status.as_str(), admitted.reason.as_str()), ("True", "Admitted"));
-    let events = events_of(&ns.name, "train").await;
-    assert!(
-        events.iter().any(|(t, r, m)| t == "Normal" && r == "Admitted" && m.contains("admitted 8 pod(s)")),
-        "{events:?}"
-    );
+    // The event is sent in the background when the commit is booked: it may come after the
+    // status, so wait for it.
+    wait_for("a Normal Admitted event for the 8 pods", LONG, || async {
+        let events = events_of(&ns.name, "train").await;
+        events.iter().any(|(t, r, m)| t == "Normal" && r == "Admitted" && m.contains("admitted 8 pod(s)")).then_some(())
+    })
+    .await;
 
     // `kubectl get podgroups` would show the upstream kind here (GenericWorkload is on).
     for resource in ["mpg", "podgroups.scheduling.muster.dev"] {

@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Instant, SystemTime};
 
-use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
@@ -21,7 +20,7 @@ use super::commit::Patched;
 use super::{Admitter, DraState, World, Writer, state};
 use crate::controllers::context::{Error, Result, bounded};
 use crate::crds::scheduling::AdmissionPlan;
-use crate::devices::chooser::NodeGpus;
+use crate::devices::chooser::{GpuNode, NodeGpus};
 use crate::devices::dra::{DELETE_PROTECTION_FINALIZER, Inventory, NVIDIA_GPU_DRIVER, allocated_devices};
 use crate::devices::{GpuTopology, healthy_mask};
 use crate::scheduler::{ClaimWrite, Dra};
@@ -34,7 +33,11 @@ impl Admitter {
     /// The cluster's DRA state for this cycle, from the caches. GPU nodes known only from their
     /// slices (no `nvidia.com/gpu`, no topology annotation) get an unknown topology of as many
     /// GPUs as their highest device index says, with health from the metrics.
-    pub(super) fn dra_state(&mut self, nodes: &[Arc<Node>], gpus: &mut HashMap<String, NodeGpus>) -> Arc<Dra> {
+    pub(super) fn dra_state(
+        &mut self,
+        nodes: &[(String, Arc<GpuNode>)],
+        gpus: &mut HashMap<String, NodeGpus>,
+    ) -> Arc<Dra> {
         let Some(caches) = &self.caches.dra else { return Arc::default() };
         // Only nodes that publish devices are joined by UUID: building (and comparing) the
         // index of every GPU node each cycle was a large share of a cycle at 5,000 nodes.
@@ -80,8 +83,8 @@ impl Admitter {
         let thresholds = self.thresholds();
         let now = SystemTime::now();
         if let Some(inventory) = dra.inventory() {
-            for node in nodes {
-                let Some(name) = node.metadata.name.as_deref() else { continue };
+            for (name, _) in nodes {
+                let name = name.as_str();
                 let count = inventory.node_gpus(name).iter().max().map_or(0, |i| i + 1);
                 if count == 0 || gpus.get(name).is_some_and(|g| g.topology.len() >= count) {
                     continue;

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::{Resource, ResourceExt};
+use kube::ResourceExt;
 
 use super::commit::{CommitJob, Committed, ROLLBACK_POLICY, object_labels, prepare_commit, reserve};
 use super::status::Outcome;
@@ -19,7 +19,7 @@ use crate::controllers::context::{Error, Result};
 use crate::controllers::metrics::ReasonLabels;
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{CompositePodGroup, PlannedPod, PodGroup};
-use crate::devices::chooser::{NodeGpus, TopologyChooser};
+use crate::devices::chooser::{GpuNode, NodeGpus, TopologyChooser};
 use crate::devices::{GpuProblem, GpuProblemKind, GpuSet, HealthThresholds, SelectOptions};
 use crate::scheduler::{
     self, Admission, Decision, Group, GroupTree, PatchRefused, PlaceOptions, PodState, Scoring, Snapshot,
@@ -45,7 +45,8 @@ impl Admitter {
         let all_cpgs = state(&self.caches.composites);
         // The caches' objects are shared, never copied: a cycle holds `Arc`s.
         let pods = self.caches.pods.state();
-        let nodes = self.caches.nodes.state();
+        // Every node, by name, as the GPU model reads it (admission keeps no node objects).
+        let nodes = super::watches::lock(&self.caches.cluster).gpu_nodes();
         // Commits that ended are booked below; those still in flight go on meanwhile. They
         // end before the writes the caches do not show are read, so a commit's pins are
         // counted either as in flight or as unseen.
@@ -76,7 +77,7 @@ impl Admitter {
             pods_by_uid: managed_pods.iter().filter_map(|p| p.metadata.uid.as_deref().map(|u| (u, &**p))).collect(),
             pod_groups: &pgs,
             by_group: &by_group,
-            nodes: nodes.iter().filter_map(|n| n.metadata.name.as_deref()).collect(),
+            nodes: nodes.iter().map(|(name, _)| name.as_str()).collect(),
         };
         let mut wake: Option<Instant> = None;
         let mut soonest = |t: Instant| wake = Some(wake.map_or(t, |w| w.min(t)));
@@ -354,7 +355,7 @@ impl Admitter {
     /// shows them gated) are counted as pinned, read under the same lock as the snapshot.
     async fn snapshot(
         &mut self,
-        nodes: &[Arc<Node>],
+        nodes: &[(String, Arc<GpuNode>)],
         settling: &Settling,
         by_uid: &HashMap<&str, &Arc<Pod>>,
     ) -> Result<(Snapshot, HashMap<String, NodeGpus>)> {
@@ -439,7 +440,7 @@ impl Admitter {
     }
 
     /// Each node's GPU model and health, refreshing the metrics cache when it is stale.
-    async fn gpu_state(&mut self, nodes: &[Arc<Node>]) -> HashMap<String, NodeGpus> {
+    async fn gpu_state(&mut self, nodes: &[(String, Arc<GpuNode>)]) -> HashMap<String, NodeGpus> {
         let now = std::time::SystemTime::now();
         if let Some(source) = &self.metrics_source
             && self.gpu_metrics.refresh(source, now).await
@@ -452,7 +453,8 @@ impl Admitter {
             crate::devices::dra::published_gpus(&state(&d.slices), crate::devices::dra::NVIDIA_GPU_DRIVER)
         });
         let thresholds = self.thresholds();
-        let gpus = self.node_gpus.node_gpus(nodes, &published, &self.gpu_metrics, &thresholds, now);
+        let kept = nodes.iter().map(|(name, g)| (name.as_str(), &**g));
+        let gpus = crate::devices::chooser::node_gpus_of(kept, &published, &self.gpu_metrics, &thresholds, now);
         self.agent_health = gpus.values().any(|g| g.agent_health);
         self.report_gpu_problems(nodes, &gpus).await;
         let unhealthy: BTreeMap<String, GpuSet> =
@@ -469,7 +471,7 @@ impl Admitter {
     /// malformed topology annotation, missing, stale or invalid metrics, GPUs too hot or full.
     /// A log line and an event on the Node, and `muster_gpu_node_problems{node, kind}`: one
     /// series per kind present, removed when it clears or the node goes.
-    async fn report_gpu_problems(&mut self, nodes: &[Arc<Node>], gpus: &HashMap<String, NodeGpus>) {
+    async fn report_gpu_problems(&mut self, nodes: &[(String, Arc<GpuNode>)], gpus: &HashMap<String, NodeGpus>) {
         let metrics_expected = self.metrics_source.is_some();
         let now: BTreeMap<String, Vec<GpuProblem>> = gpus
             .iter()
@@ -480,15 +482,20 @@ impl Admitter {
             return;
         }
         let mut events = Vec::new();
-        for node in nodes {
-            let name = node.name_any();
-            let (before, after) = (self.gpu_problems.get(&name), now.get(&name));
+        for (name, node) in nodes {
+            let (before, after) = (self.gpu_problems.get(name), now.get(name));
             if before == after {
                 continue;
             }
-            let object = node.object_ref(&());
+            let object = ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Node".into()),
+                name: Some(name.clone()),
+                uid: Some(node.uid().to_string()),
+                ..Default::default()
+            };
             let kinds: Vec<GpuProblemKind> = after.into_iter().flatten().map(|p| p.kind).collect();
-            self.ctx.metrics.set_gpu_node_problems(&name, &kinds);
+            self.ctx.metrics.set_gpu_node_problems(name, &kinds);
             match after {
                 Some(problems) => {
                     let note = problems.iter().map(|p| p.message.as_str()).collect::<Vec<_>>().join("; ");

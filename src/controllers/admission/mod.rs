@@ -120,7 +120,10 @@ struct Caches {
     cluster: Arc<std::sync::Mutex<crate::scheduler::ClusterState>>,
     pod_groups: Store<PodGroup>,
     composites: Store<CompositePodGroup>,
+    /// muster's pods (every pod is read into `cluster`).
     pods: Store<Pod>,
+    /// Empty: the node watch's first list is awaited on it (every node is read into
+    /// `cluster`).
     nodes: Store<Node>,
     namespaces: Store<Namespace>,
     claims: Store<PersistentVolumeClaim>,
@@ -167,8 +170,6 @@ struct Admitter {
     agent_health: bool,
     /// GPU choices by node kind and occupancy, kept across cycles.
     fits: Arc<FitCache>,
-    /// Each node's GPU annotations as parsed, kept across cycles.
-    node_gpus: crate::devices::chooser::NodeGpuCache,
     /// GPU problems per node last reported (topology annotation, metrics, health).
     gpu_problems: BTreeMap<String, Vec<crate::devices::GpuProblem>>,
     /// Groups whose last status write failed: errors in a row, not before, the last message.
@@ -301,7 +302,6 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         unhealthy: BTreeMap::new(),
         agent_health: false,
         fits: Arc::default(),
-        node_gpus: Default::default(),
         gpu_problems: BTreeMap::new(),
         status_errors: HashMap::new(),
         status_written: HashMap::new(),

@@ -414,15 +414,25 @@ pub(super) fn watch_caches(
                 }
             },
         ),
-        nodes: spawn_watch(Api::<Node>::all(client.clone()), cfg(), trim::node, notify.clone(), capacity.clone(), {
-            let mut seen = trim::NodeFingerprints::default();
-            let mut feed = feed(cluster, ClusterState::node_changed);
-            move |ev: &Event<Node>| {
-                feed(ev);
-                // A node event that changes nothing placement reads (a heartbeat) wakes nothing.
-                if seen.changed(ev) { Wake::Frees } else { Wake::No }
-            }
-        }),
+        // Every node, read once per event into the cluster state (placement's NodeInfo, the
+        // GPU model's GpuNode); the store keeps none, it only tells when the first list is in.
+        nodes: spawn_watch_keeping(
+            Api::<Node>::all(client.clone()),
+            cfg(),
+            trim::node,
+            |_| false,
+            notify.clone(),
+            capacity.clone(),
+            {
+                let mut seen = trim::NodeFingerprints::default();
+                let mut feed = feed(cluster, ClusterState::node_changed);
+                move |ev: &Event<Node>| {
+                    feed(ev);
+                    // A node event that changes nothing placement reads (a heartbeat) wakes nothing.
+                    if seen.changed(ev) { Wake::Frees } else { Wake::No }
+                }
+            },
+        ),
         // What placement models beside nodes and pods: namespace labels (namespace selectors
         // of pod affinity terms), and claims, volumes and classes (VolumeBinding, VolumeZone).
         namespaces: spawn_watch(

@@ -216,6 +216,15 @@ proptest! {
             rebuilt.sort_by(|a, b| a.0.cmp(&b.0));
             let kept: Vec<crate::pods::GpuPod> = state.gpu_pods().iter().map(|g| (**g).clone()).collect();
             prop_assert_eq!(kept, rebuilt.into_iter().map(|(_, g)| g).collect::<Vec<_>>());
+            // What the GPU model reads: each node as it was seen last.
+            let kept_nodes: Vec<(String, crate::devices::chooser::GpuNode)> =
+                state.gpu_nodes().into_iter().map(|(name, g)| (name, (*g).clone())).collect();
+            let mut rebuilt_nodes: Vec<(String, crate::devices::chooser::GpuNode)> = nodes
+                .iter()
+                .map(|n| (n.metadata.name.clone().unwrap_or_default(), crate::devices::chooser::GpuNode::of(n)))
+                .collect();
+            rebuilt_nodes.sort_by(|a, b| a.0.cmp(&b.0));
+            prop_assert_eq!(kept_nodes, rebuilt_nodes);
         }
     }
 }
