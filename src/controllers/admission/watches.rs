@@ -1,7 +1,9 @@
-//! What admission watches and what wakes a cycle: one reflector per kind (trimmed to what
-//! placement and status read), a notification on every event, a capacity counter bumped by
-//! events that can free room (so roots in backoff are retried), and the roots whose own writes
-//! the caches do not show yet (a cycle leaves them alone).
+//! What admission watches and what wakes a cycle: one watch per kind (trimmed to what
+//! placement and status read; every pod and node is read once per event into the cluster
+//! state, and the stores keep only muster's pods and no nodes), a notification on every
+//! event, a capacity counter bumped by events that can free room (so roots in backoff are
+//! retried), and the roots whose own writes the caches do not show yet (a cycle leaves them
+//! alone).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
