@@ -218,16 +218,24 @@ pub fn counter_value(text: &str, name: &str, label: &str) -> Option<f64> {
 /// PURE: the API server's requests by kind, from its `apiserver_request_total` series (summed
 /// over codes and scopes): `"VERB resource[/subresource][ (dry run)]"` -> count.
 pub fn request_counts(text: &str) -> BTreeMap<String, f64> {
-    request_series(text, "apiserver_request_total")
+    request_series(text, "apiserver_request_total", None)
+}
+
+/// PURE: the requests the API server answered `409 Conflict`, by kind as [`request_counts`]
+/// keys them: writes fenced by a resourceVersion that had moved on (or creates of names taken),
+/// each a round trip spent for nothing.
+pub fn request_conflicts(text: &str) -> BTreeMap<String, f64> {
+    request_series(text, "apiserver_request_total", Some("409"))
 }
 
 /// PURE: the seconds the API server spent on its requests, by kind as [`request_counts`] keys
 /// them (`apiserver_request_duration_seconds_sum`, long-running watches not included).
 pub fn request_seconds(text: &str) -> BTreeMap<String, f64> {
-    request_series(text, "apiserver_request_duration_seconds_sum")
+    request_series(text, "apiserver_request_duration_seconds_sum", None)
 }
 
-fn request_series(text: &str, name: &str) -> BTreeMap<String, f64> {
+/// The series `name` summed by request kind; with `code`, only the series answered with it.
+fn request_series(text: &str, name: &str, code: Option<&str>) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         let Some(rest) = line.strip_prefix(name).and_then(|r| r.strip_prefix('{')) else { continue };
@@ -236,6 +244,9 @@ fn request_series(text: &str, name: &str) -> BTreeMap<String, f64> {
         let label = |name: &str| {
             labels.split(',').find_map(|l| l.trim().strip_prefix(name)?.strip_prefix("=\"")?.strip_suffix('"'))
         };
+        if code.is_some_and(|c| label("code") != Some(c)) {
+            continue;
+        }
         let (verb, resource) = (label("verb").unwrap_or("?"), label("resource").unwrap_or("?"));
         let mut key = format!("{verb} {resource}");
         if let Some(sub) = label("subresource").filter(|s| !s.is_empty()) {
@@ -401,6 +412,9 @@ pub struct PathReport {
     /// kind: `(kind, seconds, seconds per request)`, largest first: where a saturated API
     /// server's time went.
     pub api_time: Vec<(String, f64, f64)>,
+    /// Write requests answered `409 Conflict` during the path, by kind, largest first.
+    #[serde(default)]
+    pub api_conflicts: Vec<(String, f64)>,
     /// muster path only.
     pub muster: Option<MusterNumbers>,
 }
@@ -497,6 +511,15 @@ pub fn format_table(report: &Report) -> String {
             "\n{} path: {total:.0} API writes, {:.2} per pod: {}",
             p.path.map_or("?", BenchPath::name),
             per_pod(total),
+            top.join(", ")
+        ));
+    }
+    for p in report.paths.iter().filter(|p| !p.api_conflicts.is_empty()) {
+        let total: f64 = p.api_conflicts.iter().map(|(_, n)| n).sum();
+        let top: Vec<String> = p.api_conflicts.iter().take(8).map(|(k, n)| format!("{k} {n:.0}")).collect();
+        out.push_str(&format!(
+            "\n{} path: {total:.0} writes refused as conflicts (409): {}",
+            p.path.map_or("?", BenchPath::name),
             top.join(", ")
         ));
     }
@@ -803,15 +826,27 @@ impl MusterMetrics {
 }
 
 /// The API server's request counts now (`None` when its /metrics cannot be read).
-async fn api_requests(client: &Client) -> Option<(BTreeMap<String, f64>, BTreeMap<String, f64>)> {
+/// The API server's request counts, seconds and conflicts by kind, from its `/metrics`.
+async fn api_requests(client: &Client) -> Option<ApiRequests> {
     let request = axum::http::Request::get("/metrics").body(Vec::new()).ok()?;
     match client.request_text(request).await {
-        Ok(text) => Some((request_counts(&text), request_seconds(&text))),
+        Ok(text) => Some(ApiRequests {
+            counts: request_counts(&text),
+            seconds: request_seconds(&text),
+            conflicts: request_conflicts(&text),
+        }),
         Err(e) => {
             eprintln!("bench: WARNING: the API server's /metrics: {e}");
             None
         }
     }
+}
+
+/// What the API server's `/metrics` said of its requests at one moment.
+struct ApiRequests {
+    counts: BTreeMap<String, f64>,
+    seconds: BTreeMap<String, f64>,
+    conflicts: BTreeMap<String, f64>,
 }
 
 fn read_proc(pid: u32, file: &str) -> Option<String> {
@@ -932,11 +967,13 @@ async fn run_path(
         (Some(url), true) => fetch_metrics(http, url).await,
         _ => None,
     };
-    let (api_writes, api_time) = match (requests_before, api_requests(client).await) {
-        (Some(before), Some(after)) => {
-            (request_delta(&before.0, &after.0), request_time((&before.1, &after.1), (&before.0, &after.0)))
-        }
-        _ => (Vec::new(), Vec::new()),
+    let (api_writes, api_time, api_conflicts) = match (requests_before, api_requests(client).await) {
+        (Some(before), Some(after)) => (
+            request_delta(&before.counts, &after.counts),
+            request_time((&before.seconds, &after.seconds), (&before.counts, &after.counts)),
+            request_delta(&before.conflicts, &after.conflicts),
+        ),
+        _ => (Vec::new(), Vec::new(), Vec::new()),
     };
     let rss_peak = match sampler {
         Some(s) => s.await.ok().flatten(),
@@ -979,6 +1016,7 @@ async fn run_path(
         ratio_to_plain: None,
         api_writes,
         api_time,
+        api_conflicts,
         muster,
     })
 }
@@ -1245,6 +1283,14 @@ mod tests {
                 ("PATCH pods (dry run)".to_string(), 3.0)
             ]
         );
+        let conflicts = request_conflicts(
+            "apiserver_request_total{code=\"409\",dry_run=\"\",resource=\"podgroups\",subresource=\"status\",verb=\"PATCH\"} 4\n\
+             apiserver_request_total{code=\"200\",dry_run=\"\",resource=\"podgroups\",subresource=\"status\",verb=\"PATCH\"} 9\n\
+             apiserver_request_total{code=\"409\",dry_run=\"\",resource=\"pods\",subresource=\"\",verb=\"PATCH\"} 2\n",
+        );
+        let want: BTreeMap<String, f64> =
+            [("PATCH podgroups/status".to_string(), 4.0), ("PATCH pods".to_string(), 2.0)].into();
+        assert_eq!(conflicts, want, "only the 409 answers");
     }
 
     #[test]
