@@ -5,13 +5,20 @@
 //! - one pod event (a pod bound, then unbound again: two changes per iteration, halved) and
 //!   one node event applied to the kept state (a heartbeat that changes nothing, a relabel);
 //! - the snapshot assembled from the kept state (a cycle with decisions to make);
-//! - a cycle with nothing to do: no event changed anything and no timer is due.
+//! - a cycle with nothing to do: no event changed anything and no timer is due;
+//! - the GPU part of a cycle with decisions to make, every node carrying an 8-GPU H100
+//!   topology annotation and every pod one GPU with its indices: each node's GPU model
+//!   (`node_gpus_of` over the kept `GpuNode`s) and the device pass's plan over the kept
+//!   `GpuPod`s (the ledger rebuilt, nothing to assign).
+//!
+//! Node names share a long prefix and UIDs are UUID-shaped, as in a cluster: with short
+//! names, maps ordered by them look cheaper than they are.
 //!
 //! `cargo bench --bench admission_cycle` prints the time of each.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::hint::black_box;
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use k8s_openapi::api::core::v1::{
@@ -19,7 +26,9 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use muster::crds::{GPU_RESOURCE, HOSTNAME_LABEL, POD_GROUP_LABEL};
+use muster::crds::{GPU_INDICES_ANNOTATION, GPU_RESOURCE, GPU_TOPOLOGY_ANNOTATION, HOSTNAME_LABEL, POD_GROUP_LABEL};
+use muster::devices::chooser::node_gpus_of;
+use muster::devices::{HealthThresholds, MetricsCache};
 use muster::scheduler::{ClusterState, Quiet, Snapshot};
 
 const NODES: usize = 5_000;
@@ -30,9 +39,10 @@ fn quantities(pairs: &[(&str, &str)]) -> BTreeMap<String, Quantity> {
 }
 
 fn node(i: usize, rack: usize) -> Node {
-    let name = format!("gpu-{i:05}");
+    let name = node_name(i);
     Node {
         metadata: ObjectMeta {
+            annotations: Some([(GPU_TOPOLOGY_ANNOTATION.to_string(), topology_annotation())].into()),
             labels: Some(
                 [
                     (HOSTNAME_LABEL.to_string(), name.clone()),
@@ -52,6 +62,25 @@ fn node(i: usize, rack: usize) -> Node {
     }
 }
 
+/// Named like the bench's kwok nodes: a long prefix every name shares.
+fn node_name(i: usize) -> String {
+    format!("kwok-gpu-{i:05}")
+}
+
+/// A UID shaped like the API server's (a random UUID), drawn from the pod's place.
+fn uid(i: usize, p: usize) -> String {
+    let mut z = ((i * PODS_PER_NODE + p) as u64).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    let (a, b) = (z ^ (z >> 31), z.rotate_left(17));
+    format!("{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}", a >> 32, a & 0xffff, b & 0xfff, (b >> 12) & 0xfff, b >> 16)
+}
+
+fn topology_annotation() -> String {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| muster::devices::fixtures::dgx_h100().to_annotation().to_json()).clone()
+}
+
 fn pod(i: usize, p: usize, bound: bool) -> Pod {
     let ours = (i + p).is_multiple_of(3);
     let mut labels = BTreeMap::from([("app".to_string(), format!("job-{}", i / 3))]);
@@ -63,10 +92,12 @@ fn pod(i: usize, p: usize, bound: bool) -> Pod {
             name: Some(format!("job-{i}-{p}")),
             namespace: Some(if ours { "train" } else { "other" }.into()),
             labels: Some(labels),
+            annotations: Some([(GPU_INDICES_ANNOTATION.to_string(), p.to_string())].into()),
+            uid: Some(uid(i, p)),
             ..Default::default()
         },
         spec: Some(PodSpec {
-            node_name: bound.then(|| format!("gpu-{i:05}")),
+            node_name: bound.then(|| node_name(i)),
             containers: vec![Container {
                 name: "main".into(),
                 resources: Some(ResourceRequirements {
@@ -109,6 +140,25 @@ fn bench(c: &mut Criterion) {
             assert!(state.apply_node(black_box(&relabelled)));
             assert!(state.apply_node(black_box(&same)));
         })
+    });
+    let (gpu_nodes, gpu_pods) = (state.gpu_nodes(), state.gpu_pods());
+    assert_eq!((gpu_nodes.len(), gpu_pods.len()), (NODES, NODES * PODS_PER_NODE));
+    let (published, metrics) = (HashMap::new(), MetricsCache::new(Duration::from_secs(30)));
+    let (thresholds, now) = (HealthThresholds::default(), SystemTime::now());
+    let gpus_of = || {
+        let kept = gpu_nodes.iter().map(|(name, g)| (name.as_str(), &**g));
+        node_gpus_of(kept, &published, &metrics, &thresholds, now)
+    };
+    let gpus = gpus_of();
+    assert!(gpus.values().all(|g| g.topology_problem.is_none()), "every topology read");
+    c.bench_function("GPU state: 5,000 nodes' GPU models from the kept nodes (each cycle)", |b| {
+        b.iter(|| black_box(gpus_of()))
+    });
+    let snapshot = state.snapshot();
+    let plan = muster::controllers::devices::plan(&gpu_pods, &snapshot, &gpus);
+    assert!(plan.assignments.is_empty() && plan.reports.is_empty(), "every pod has its GPUs, no conflict");
+    c.bench_function("GPU state: device pass plan over 10,000 GPU pods (each cycle)", |b| {
+        b.iter(|| black_box(muster::controllers::devices::plan(&gpu_pods, &snapshot, &gpus).assignments.len()))
     });
     let mut quiet = Quiet::default();
     let now = Instant::now();

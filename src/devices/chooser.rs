@@ -3,7 +3,7 @@
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::Node;
@@ -193,7 +193,14 @@ pub struct FitCache {
 
 #[derive(Debug, Default)]
 struct FitCacheInner {
-    kinds: HashMap<SelectionKey, usize>,
+    kinds: HashMap<Arc<SelectionKey>, usize>,
+    /// Kinds by the address of a key looked up before: a kept node's topology, and so its
+    /// key, is the same `Arc` cycle after cycle, so its kind is found without hashing or
+    /// comparing the key (5,000 nodes a cycle). The `Weak` keeps the address from being
+    /// reused while the entry lives; entries of keys no node holds any more are dropped now
+    /// and then ([`FitCache::PRUNE_EVERY`]).
+    by_address: HashMap<usize, (Weak<SelectionKey>, usize)>,
+    lookups: usize,
     next_kind: usize,
     fits: HashMap<(usize, GpuSet, u32, SelectOptions), Option<Fit>>,
 }
@@ -202,21 +209,38 @@ impl FitCache {
     /// Most answers (and kinds) kept before the cache starts over.
     pub const LIMIT: usize = 1 << 18;
 
+    /// Lookups between two sweeps of the address memo.
+    const PRUNE_EVERY: usize = 1 << 16;
+
     /// The id of a node kind.
-    fn kind(&self, key: SelectionKey) -> usize {
+    fn kind(&self, key: Arc<SelectionKey>) -> usize {
         let Ok(mut inner) = self.inner.lock() else {
             return usize::MAX;
         };
-        if let Some(&id) = inner.kinds.get(&key) {
-            return id;
+        let address = Arc::as_ptr(&key) as usize;
+        if let Some((_, id)) = inner.by_address.get(&address).filter(|(w, _)| w.strong_count() > 0) {
+            return *id;
         }
-        if inner.kinds.len() >= Self::LIMIT {
-            inner.kinds.clear();
-            inner.fits.clear();
+        inner.lookups += 1;
+        if inner.lookups >= Self::PRUNE_EVERY {
+            inner.lookups = 0;
+            inner.by_address.retain(|_, (w, _)| w.strong_count() > 0);
         }
-        let id = inner.next_kind;
-        inner.next_kind += 1;
-        inner.kinds.insert(key, id);
+        let id = match inner.kinds.get(&key) {
+            Some(&id) => id,
+            None => {
+                if inner.kinds.len() >= Self::LIMIT {
+                    inner.kinds.clear();
+                    inner.by_address.clear();
+                    inner.fits.clear();
+                }
+                let id = inner.next_kind;
+                inner.next_kind += 1;
+                inner.kinds.insert(key.clone(), id);
+                id
+            }
+        };
+        inner.by_address.insert(address, (Arc::downgrade(&key), id));
         id
     }
 

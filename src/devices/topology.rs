@@ -294,11 +294,30 @@ pub struct Gpu {
 
 /// The parts of a [`GpuTopology`] that GPU choice depends on, to share one answer between
 /// nodes of the same kind (see [`GpuTopology::selection_key`]).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SelectionKey {
     links: Vec<Link>,
     numa: Vec<Option<u32>>,
     known: bool,
+    /// A hash of the fields above, computed once: a cycle looks up the kind of every node
+    /// (5,000), and hashing the whole link matrix each time was a measurable part of it.
+    fingerprint: u64,
+}
+
+impl SelectionKey {
+    fn new(links: Vec<Link>, numa: Vec<Option<u32>>, known: bool) -> Self {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::hash::DefaultHasher::new();
+        (&links, &numa, known).hash(&mut hasher);
+        SelectionKey { links, numa, known, fingerprint: hasher.finish() }
+    }
+}
+
+impl std::hash::Hash for SelectionKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        // Equal keys have equal fingerprints; the map compares the fields on a match.
+        state.write_u64(self.fingerprint);
+    }
 }
 
 /// The GPUs of one node and how they connect; GPU `i` is the one with device index `i`.
@@ -315,6 +334,8 @@ pub struct GpuTopology {
     /// carry the NUMA nodes of a partial set as one word.
     numa_bits: Vec<u64>,
     known: bool,
+    /// What selection reads of it ([`Self::selection_key`]), built once.
+    key: Arc<SelectionKey>,
 }
 
 impl GpuTopology {
@@ -432,13 +453,14 @@ impl GpuTopology {
         let numa_bits = (0..gpus.len())
             .map(|i| numa_groups.iter().position(|(_, g)| g.contains(i)).map_or(0, |p| 1u64 << (p % 64)))
             .collect();
-        GpuTopology { gpus, links, costs, numa_groups, numa_bits, known }
+        let key = Arc::new(SelectionKey::new(links.clone(), gpus.iter().map(|g| g.numa).collect(), known));
+        GpuTopology { gpus, links, costs, numa_groups, numa_bits, known, key }
     }
 
     /// What selection and scoring read of this topology (links, NUMA placement, whether it is
     /// known; not UUIDs or memory): nodes with equal keys get the same GPU choices.
-    pub fn selection_key(&self) -> SelectionKey {
-        SelectionKey { links: self.links.clone(), numa: self.gpus.iter().map(|g| g.numa).collect(), known: self.known }
+    pub fn selection_key(&self) -> Arc<SelectionKey> {
+        self.key.clone()
     }
 
     /// Number of GPUs.

@@ -106,6 +106,10 @@ pub struct ClusterState {
     gpu_pods: Kept<Arc<GpuPod>>,
     /// Bumped by every change that alters what a snapshot would hold.
     generation: u64,
+    /// The snapshot of the nodes alone (no pod counted yet), assembled once per change of
+    /// the nodes: a cycle's snapshot starts from a copy of it instead of sorting and indexing
+    /// 5,000 nodes again (most cycles see pods change, few see nodes change).
+    nodes_only: std::sync::OnceLock<Snapshot>,
 }
 
 fn node_key(node: &Node) -> String {
@@ -138,6 +142,9 @@ impl ClusterState {
         self.gpu_nodes.change(change, node_key, |n| Some(Arc::new(GpuNode::of(n))));
         let changed = self.nodes.change(change, node_key, |n| Some(NodeInfo::from_node(n)));
         self.generation += u64::from(changed);
+        if changed {
+            self.nodes_only = std::sync::OnceLock::new();
+        }
         changed
     }
 
@@ -189,14 +196,19 @@ impl ClusterState {
     /// The snapshot of the state: [`Snapshot::from_cluster`] of the objects applied last,
     /// assembled without reading them again.
     pub fn snapshot(&self) -> Snapshot {
-        let mut problems = Vec::new();
-        let infos = self
-            .nodes
-            .by_key
-            .values()
-            .filter_map(|n| n.as_ref().map_err(|e| problems.push(e.clone())).ok().cloned())
-            .collect();
-        let mut snapshot = Snapshot::with_problems(infos, problems);
+        let mut snapshot = self
+            .nodes_only
+            .get_or_init(|| {
+                let mut problems = Vec::new();
+                let infos = self
+                    .nodes
+                    .by_key
+                    .values()
+                    .filter_map(|n| n.as_ref().map_err(|e| problems.push(e.clone())).ok().cloned())
+                    .collect();
+                Snapshot::with_problems(infos, problems)
+            })
+            .clone();
         for usage in self.pods.by_key.values() {
             snapshot.add_usage(usage);
         }

@@ -313,8 +313,10 @@ impl PodUsage {
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     nodes: Vec<NodeInfo>,
-    by_name: HashMap<String, u32>,
-    by_hostname: HashMap<String, u32>,
+    /// Shared by the snapshots assembled from one kept set of nodes (they change with the
+    /// nodes only, not with the pods).
+    by_name: std::sync::Arc<HashMap<String, u32>>,
+    by_hostname: std::sync::Arc<HashMap<String, u32>>,
     problems: Vec<SnapshotError>,
     /// Pods bound or admitted, in the order they were added.
     pods: Vec<NodePod>,
@@ -369,8 +371,8 @@ impl Snapshot {
         let pods_by_node = vec![Vec::new(); nodes.len()];
         Self {
             nodes,
-            by_name,
-            by_hostname,
+            by_name: std::sync::Arc::new(by_name),
+            by_hostname: std::sync::Arc::new(by_hostname),
             problems,
             pods: Vec::new(),
             pods_by_node,

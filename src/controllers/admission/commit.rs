@@ -662,7 +662,7 @@ impl Admitter {
             remaining_fits,
             refused: refused.as_ref(),
         };
-        let version = group.version();
+        let version = self.writer.unseen().fence(key, group.version());
         match scheduler::next_step(&input) {
             Step::Drop => {
                 tracing::info!(namespace = %ns, root = %root, "dropping a plan no pod saw; planning afresh");
@@ -815,7 +815,7 @@ impl Admitter {
         let mut history = group.history();
         let since = plan.admitted_at.as_ref().or(plan.created_at.as_ref()).map(|t| t.0);
         let recorded = history.last.zip(since).is_some_and(|(last, since)| last >= since);
-        let mut version = group.version();
+        let mut version = self.writer.unseen().fence(key, group.version());
         if !recorded {
             history.record(&rollback.avoid_nodes, Timestamp::now(), &ROLLBACK_POLICY);
             match self.writer.merge_group_status(key, version, history_status(&history)).await? {

@@ -176,8 +176,12 @@ struct Admitter {
     status_errors: HashMap<RootKey, (u32, Instant, String)>,
     /// When each group's status was last written (kept for the status pace, see `status::may_wait`).
     status_written: HashMap<RootKey, Instant>,
-    /// The group status writes in flight, with each write's outcome (see `apply_statuses`).
-    /// Group status writes in flight, each with its outcome (see `apply_statuses`).
+    /// PodGroups whose status, as last computed, is the one cached: a fingerprint of what it
+    /// was computed from (see `status::status_inputs`). While that stands the status is not
+    /// computed again: with a thousand gangs, computing every status every cycle was a large
+    /// part of a cycle.
+    status_settled: HashMap<RootKey, u64>,
+    /// The group status writes in flight, each with its outcome (see `apply_statuses`).
     status_batch: Option<Detached<Outcomes>>,
     /// The plan clears in flight.
     clears: Option<Clears>,
@@ -254,6 +258,19 @@ struct Unseen {
     ungated: HashMap<String, (RootKey, PlannedPod, Instant)>,
     /// Claims (namespace, name) a commit allocated (true) or freed (false).
     claims: HashMap<(String, String), (bool, Instant)>,
+    /// Groups whose status this process wrote, the cache still showing the version before:
+    /// (that version, the version the write made). A plan write on such a root is fenced by
+    /// the version the write made (see `Unseen::fence`), not the cached one, which the API
+    /// server would refuse as a conflict (a round trip and a cycle spent for nothing).
+    statuses: HashMap<RootKey, (String, String, Instant)>,
+    /// Groups whose status write is in flight, since when: their roots are neither followed
+    /// nor decided until it ends (a plan write fenced by the version before it would be
+    /// refused as a conflict).
+    status_writes: HashMap<RootKey, Instant>,
+    /// Roots with a commit in flight: a status write of theirs still waiting for its turn in
+    /// a batch is not sent (it was computed before the decision, and would move the version
+    /// the commit's plan writes are fenced by).
+    committing: HashSet<RootKey>,
 }
 
 /// Runs admission until `shutdown` resolves.
@@ -305,6 +322,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         gpu_problems: BTreeMap::new(),
         status_errors: HashMap::new(),
         status_written: HashMap::new(),
+        status_settled: HashMap::new(),
         status_batch: None,
         clears: None,
         node_events: None,

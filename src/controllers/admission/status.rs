@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector;
@@ -479,21 +480,35 @@ impl Admitter {
             });
         }
         let empty = Vec::new();
-        let mut writes: Vec<(RootKey, bool, serde_json::Value)> = Vec::new();
+        let mut writes: Vec<(RootKey, Pace, Option<String>, serde_json::Value)> = Vec::new();
         let mut leaf_status: HashMap<RootKey, crate::crds::scheduling::PodGroupStatus> = HashMap::new();
+        let mut settled = HashMap::with_capacity(self.status_settled.len());
         for pg in pgs {
             let key = RootKey::leaf(&pg.namespace().unwrap_or_default(), &pg.name_any());
             let pods = by_group.get(&key).unwrap_or(&empty);
             let outcome = outcome_of.get(&key).and_then(Option::as_ref);
-            let mut status = pod_group_status(pg, pods, outcome, now);
             let error = self.roots.get(&key).and_then(|m| m.error.as_deref());
+            let inputs = status_inputs(pg, pods, outcome, error);
+            if self.status_settled.get(&key) == Some(&inputs) {
+                // Computed from the same inputs before, and it was the status cached then.
+                if pg.spec.parent_composite_pod_group_name.is_some() {
+                    leaf_status.insert(key.clone(), pg.status.clone().unwrap_or_default());
+                }
+                settled.insert(key, inputs);
+                continue;
+            }
+            let mut status = pod_group_status(pg, pods, outcome, now);
             error_condition(&mut status.conditions, error, pg.metadata.generation, now);
-            if !keep.contains(&key) && !same_status(pg.status.as_ref(), &status) {
-                let paced = may_wait(pg.status.as_ref(), &status);
-                writes.push((key.clone(), paced, serde_json::to_value(&status).unwrap_or_default()));
+            if same_status(pg.status.as_ref(), &status) {
+                settled.insert(key.clone(), inputs);
+            } else if !keep.contains(&key) {
+                let pace = pace_of(pg.status.as_ref(), &status, pg.metadata.creation_timestamp.as_ref(), now);
+                let version = pg.metadata.resource_version.clone();
+                writes.push((key.clone(), pace, version, serde_json::to_value(&status).unwrap_or_default()));
             }
             leaf_status.insert(key, status);
         }
+        self.status_settled = settled;
         for cpg in cpgs {
             let ns = cpg.namespace().unwrap_or_default();
             let name = cpg.name_any();
@@ -529,26 +544,33 @@ impl Admitter {
             let error = self.roots.get(&key).and_then(|m| m.error.as_deref());
             error_condition(&mut status.conditions, error, cpg.metadata.generation, now);
             if !keep.contains(&key) && !same_status(cpg.status.as_ref(), &status) {
-                let paced = may_wait(cpg.status.as_ref(), &status);
-                writes.push((key, paced, serde_json::to_value(&status).unwrap_or_default()));
+                let pace = pace_of(cpg.status.as_ref(), &status, cpg.metadata.creation_timestamp.as_ref(), now);
+                let version = cpg.metadata.resource_version.clone();
+                writes.push((key, pace, version, serde_json::to_value(&status).unwrap_or_default()));
             }
         }
         // A change that may wait is written at most once per STATUS_PACE per group.
         let at = Instant::now();
         self.status_written.retain(|_, t| at.duration_since(*t) < STATUS_PACE);
         let mut wait: Option<Instant> = None;
-        let mut due: Vec<(RootKey, serde_json::Value)> = writes
+        let mut due: Vec<StatusWrite> = writes
             .into_iter()
-            .filter_map(|(key, paced, status)| match self.status_written.get(&key) {
-                Some(t) if paced => {
-                    let next = *t + STATUS_PACE;
-                    wait = Some(wait.map_or(next, |w| w.min(next)));
-                    None
+            .filter_map(|(key, pace, version, status)| {
+                let next = match pace {
+                    Pace::Paced => self.status_written.get(&key).map(|t| *t + STATUS_PACE),
+                    Pace::Young(left) => Some(at + left),
+                    Pace::Now => None,
+                };
+                match next {
+                    Some(next) => {
+                        wait = Some(wait.map_or(next, |w| w.min(next)));
+                        None
+                    }
+                    None => Some((key, version, status)),
                 }
-                _ => Some((key, status)),
             })
             .collect();
-        due.extend(unmanaged);
+        due.extend(unmanaged.into_iter().map(|(key, status)| (key, None, status)));
         let retry = self.apply_statuses(due).await;
         match (retry, wait) {
             (Some(r), Some(w)) => Some(r.min(w)),
@@ -562,36 +584,55 @@ impl Admitter {
     /// the next cycle after it ends (its end wakes one) books it, and writes what is still due
     /// then. Groups backing off after a failed write are skipped. Returns when the first of
     /// those may be tried again.
-    async fn apply_statuses(&mut self, writes: Vec<(RootKey, serde_json::Value)>) -> Option<Instant> {
+    async fn apply_statuses(&mut self, writes: Vec<StatusWrite>) -> Option<Instant> {
         let mut retry = self.book_statuses().await;
         if self.status_batch.as_ref().is_some_and(|b| !b.is_finished()) {
             return retry;
         }
         let now = Instant::now();
         let mut due = Vec::with_capacity(writes.len());
-        for (key, status) in writes {
+        for (key, version, status) in writes {
             if let Some((_, until, _)) = self.status_errors.get(&key).filter(|(_, until, _)| *until > now) {
                 retry = Some(retry.map_or(*until, |r| r.min(*until)));
                 continue;
             }
-            due.push((key, status));
+            due.push((key, version, status));
         }
         if due.is_empty() {
             return retry;
         }
-        let (ctx, signal) = (self.ctx.clone(), self.signal.clone());
+        let (ctx, writer, signal) = (self.ctx.clone(), self.writer.clone(), self.signal.clone());
         self.status_batch = Some(Detached::spawn(async move {
             let sends: Vec<_> = due
                 .into_iter()
-                .map(|(key, status)| {
-                    let ctx = ctx.clone();
+                .map(|(key, before, status)| {
+                    let (ctx, writer) = (ctx.clone(), writer.clone());
                     async move {
+                        // A write waits for its turn in the batch; when it comes, the root
+                        // may have a commit in flight (the status is stale then: skipped).
+                        // Otherwise the root is held back while the write is in flight.
+                        {
+                            let mut unseen = writer.unseen();
+                            if unseen.committing.contains(&key) {
+                                return (key, Ok(()));
+                            }
+                            if before.is_some() {
+                                unseen.status_writes.insert(key.clone(), Instant::now());
+                            }
+                        }
                         let result = if key.composite {
                             apply_status::<CompositePodGroup>(&ctx, &key, "CompositePodGroup", status).await
                         } else {
                             apply_status::<PodGroup>(&ctx, &key, "PodGroup", status).await
                         };
-                        (key, result)
+                        // The root may be decided again; until the cache shows this write, a
+                        // plan write on it is fenced by the version it made (`Unseen::fence`).
+                        let mut unseen = writer.unseen();
+                        unseen.status_writes.remove(&key);
+                        if let (Some(before), Ok(Some(after))) = (before, &result) {
+                            unseen.statuses.insert(key.clone(), (before, after.clone(), Instant::now()));
+                        }
+                        (key, result.map(|_| ()))
                     }
                 })
                 .collect();
@@ -607,7 +648,7 @@ impl Admitter {
     /// may be tried again.
     pub(super) async fn book_statuses(&mut self) -> Option<Instant> {
         let mut batch = self.status_batch.take_if(|b| b.is_finished())?;
-        let results: Vec<(RootKey, Result<()>)> = match batch.join().await {
+        let results = match batch.join().await {
             Ok(results) => results,
             Err(e) => {
                 tracing::warn!(error = %e, "the group status writes ended without an answer");
@@ -699,8 +740,14 @@ impl Admitter {
 }
 
 /// Applies one group's status (server-side apply, this reconciler's manager), without the
-/// fields the commit protocol writes. A group gone meanwhile is no error.
-async fn apply_status<K>(ctx: &Context, key: &RootKey, kind: &str, mut status: serde_json::Value) -> Result<()>
+/// fields the commit protocol writes. Returns the group's resourceVersion after it; a group
+/// gone meanwhile is no error (`None`).
+async fn apply_status<K>(
+    ctx: &Context,
+    key: &RootKey,
+    kind: &str,
+    mut status: serde_json::Value,
+) -> Result<Option<String>>
 where
     K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
         + Clone
@@ -715,8 +762,8 @@ where
     let body = json!({"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": kind, "status": status});
     let api = Api::<K>::namespaced(ctx.client.clone(), &key.ns);
     match bounded(api.patch_status(&key.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body))).await {
-        Ok(_) => Ok(()),
-        Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 => Ok(()),
+        Ok(group) => Ok(group.resource_version()),
+        Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 => Ok(None),
         Err(e) => Err(e),
     }
 }
@@ -780,6 +827,15 @@ impl CommitRecord for CompositePodGroupStatus {
 }
 
 /// Status equality that ignores what the commit protocol writes.
+/// PURE: how long the first status of a group created at `created` may still wait at `now`:
+/// until [`STATUS_PACE`] after its creation, so a gang admitted within that time gets one
+/// status write (admitted) instead of two (pending, then admitted). `None`: write it now (older,
+/// or a creation time ahead of this clock).
+fn first_status_wait(created: Option<&Time>, now: Timestamp) -> Option<std::time::Duration> {
+    let age = std::time::Duration::try_from(now.duration_since(created?.0)).ok()?;
+    STATUS_PACE.checked_sub(age).filter(|left| !left.is_zero())
+}
+
 fn same_status<S: CommitRecord>(old: Option<&S>, new: &S) -> bool {
     old.is_some_and(|old| old.without_commit_record() == new.without_commit_record())
 }
@@ -791,6 +847,49 @@ fn same_status<S: CommitRecord>(old: Option<&S>, new: &S) -> bool {
 fn may_wait<S: CommitRecord>(old: Option<&S>, new: &S) -> bool {
     old.is_some_and(|old| old.standing() == new.standing())
 }
+
+/// PURE: a fingerprint of what a PodGroup's status is computed from: the group as cached (its
+/// resourceVersion), its pods as cached (each UID and resourceVersion), its root's outcome
+/// and last error. Equal fingerprints, equal statuses (the clock only stamps transitions).
+fn status_inputs(pg: &PodGroup, pods: &[&Pod], outcome: Option<&Outcome>, error: Option<&str>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    pg.metadata.uid.hash(&mut h);
+    pg.metadata.resource_version.hash(&mut h);
+    for pod in pods {
+        pod.metadata.uid.hash(&mut h);
+        pod.metadata.resource_version.hash(&mut h);
+    }
+    outcome.map(|o| (std::mem::discriminant(o), o.message())).hash(&mut h);
+    error.hash(&mut h);
+    h.finish()
+}
+
+/// When a group's changed status is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pace {
+    /// At once: its phase or a condition changed.
+    Now,
+    /// Counts and messages only: at most once per [`STATUS_PACE`] (see [`may_wait`]).
+    Paced,
+    /// Its first status, the group younger than [`STATUS_PACE`]: after this much more (see
+    /// [`first_status_wait`]).
+    Young(std::time::Duration),
+}
+
+/// PURE: when a group's status, changed from `old` to `new`, is written at `now`.
+fn pace_of<S: CommitRecord>(old: Option<&S>, new: &S, created: Option<&Time>, now: Timestamp) -> Pace {
+    if may_wait(old, new) {
+        return Pace::Paced;
+    }
+    match (old, first_status_wait(created, now)) {
+        (None, Some(left)) => Pace::Young(left),
+        _ => Pace::Now,
+    }
+}
+
+/// A group status to write: the group, the resourceVersion it was computed on, the status.
+type StatusWrite = (RootKey, Option<String>, serde_json::Value);
 
 #[cfg(test)]
 mod error_condition_tests {
@@ -841,6 +940,55 @@ mod tests {
 
     fn now() -> Timestamp {
         Timestamp::from_second(1_000).expect("ts")
+    }
+
+    #[test]
+    fn a_status_is_computed_again_when_what_it_is_computed_from_changes() {
+        let mut g = group(2);
+        g.metadata.resource_version = Some("5".into());
+        let (a, b) = (pod("Pending", true, None), pod("Pending", true, None));
+        let pods: Vec<&Pod> = vec![&a, &b];
+        let waiting = Outcome::Waiting("waiting for quorum".into());
+        let base = status_inputs(&g, &pods, Some(&waiting), None);
+        assert_eq!(base, status_inputs(&g, &pods, Some(&waiting), None), "same inputs, same fingerprint");
+        let mut moved = b.clone();
+        moved.metadata.resource_version = Some("9".into());
+        let changed: [(&str, u64); 5] = [
+            ("a pod changed", status_inputs(&g, &[&a, &moved], Some(&waiting), None)),
+            ("a pod less", status_inputs(&g, &[&a], Some(&waiting), None)),
+            ("another outcome", status_inputs(&g, &pods, Some(&Outcome::Admitted("x".into())), None)),
+            ("an error", status_inputs(&g, &pods, Some(&waiting), Some("forbidden"))),
+            ("the group changed", {
+                let mut g2 = g.clone();
+                g2.metadata.resource_version = Some("6".into());
+                status_inputs(&g2, &pods, Some(&waiting), None)
+            }),
+        ];
+        for (case, fingerprint) in changed {
+            assert_ne!(fingerprint, base, "{case}");
+        }
+    }
+
+    #[test]
+    fn a_young_groups_first_status_waits_until_the_group_is_a_pace_old() {
+        use std::time::Duration;
+        let created = Time(Timestamp::from_second(1_000).expect("ts"));
+        let at = |ms: i64| Timestamp::from_millisecond(1_000_000 + ms).expect("ts");
+        assert_eq!(first_status_wait(Some(&created), at(200)), Some(Duration::from_millis(800)));
+        assert_eq!(first_status_wait(Some(&created), at(1_000)), None);
+        assert_eq!(first_status_wait(Some(&created), at(5_000)), None);
+        assert_eq!(first_status_wait(Some(&created), at(-500)), None, "created ahead of this clock: now");
+        assert_eq!(first_status_wait(None, at(0)), None);
+
+        let pods = [pod("Pending", true, None)];
+        let refs: Vec<&Pod> = pods.iter().collect();
+        let first = pod_group_status(&group(2), &refs, None, now());
+        assert_eq!(pace_of(None, &first, Some(&created), at(200)), Pace::Young(Duration::from_millis(800)));
+        assert_eq!(pace_of(None, &first, Some(&created), at(2_000)), Pace::Now);
+        let counted = PodGroupStatus { pods: first.pods + 1, ..first.clone() };
+        assert_eq!(pace_of(Some(&first), &counted, Some(&created), at(200)), Pace::Paced);
+        let admitted = PodGroupStatus { phase: Some(GroupPhase::Admitted), ..first.clone() };
+        assert_eq!(pace_of(Some(&first), &admitted, Some(&created), at(200)), Pace::Now, "not the first: at once");
     }
 
     #[test]

@@ -519,15 +519,15 @@ impl Admitter {
         pods: &[Arc<Pod>],
     ) -> Option<Settling> {
         let plan = |s: Option<&AdmissionPlan>| s.map(|p| (p.id.clone(), p.state));
-        let plans: HashMap<RootKey, Option<(String, PlanState)>> = pgs
+        let plans: HashMap<RootKey, CachedGroup> = pgs
             .iter()
             .map(|g| {
                 let key = RootKey::leaf(&g.namespace().unwrap_or_default(), &g.name_any());
-                (key, plan(g.status.as_ref().and_then(|s| s.plan.as_ref())))
+                (key, (plan(g.status.as_ref().and_then(|s| s.plan.as_ref())), g.metadata.resource_version.clone()))
             })
             .chain(cpgs.iter().map(|g| {
                 let key = RootKey::composite(&g.namespace().unwrap_or_default(), &g.name_any());
-                (key, plan(g.status.as_ref().and_then(|s| s.plan.as_ref())))
+                (key, (plan(g.status.as_ref().and_then(|s| s.plan.as_ref())), g.metadata.resource_version.clone()))
             }))
             .collect();
         let gated: HashSet<&str> =
@@ -553,7 +553,20 @@ impl Admitter {
     }
 }
 
+/// What [`Unseen::settle`] reads of a cached group: its plan (id, state) and resourceVersion.
+pub(super) type CachedGroup = (Option<(String, PlanState)>, Option<String>);
+
 impl Unseen {
+    /// PURE: the resourceVersion a write on `key` is fenced by, `cached` being the cached one:
+    /// the version a status write of ours made when the cache still shows the version before
+    /// it (the group changed since only by that write), else the cached one.
+    pub(super) fn fence(&self, key: &RootKey, cached: Option<String>) -> Option<String> {
+        match self.statuses.get(key) {
+            Some((before, after, _)) if cached.as_deref() == Some(before.as_str()) => Some(after.clone()),
+            _ => cached,
+        }
+    }
+
     /// PURE: forgets the writes the caches show now (or that waited [`CACHE_SYNC_TIMEOUT`])
     /// and says which roots the rest hold back and which pins they count. `plans`: each group's
     /// cached plan (id, state); `gated`: the UIDs of the pods cached gated; `claims`: each
@@ -561,14 +574,14 @@ impl Unseen {
     /// decision on such a cache could give the claim's devices again.
     pub(super) fn settle(
         &mut self,
-        plans: &HashMap<RootKey, Option<(String, PlanState)>>,
+        plans: &HashMap<RootKey, CachedGroup>,
         gated: &HashSet<&str>,
         claims: Option<&HashMap<(String, String), bool>>,
         now: Instant,
     ) -> Option<Settling> {
         let fresh = |at: &Instant| now.duration_since(*at) < CACHE_SYNC_TIMEOUT;
         // A plan write is seen once the cached plan is the one written (or the group is gone).
-        self.plans.retain(|key, (want, at)| fresh(at) && plans.get(key).is_some_and(|cached| cached != want));
+        self.plans.retain(|key, (want, at)| fresh(at) && plans.get(key).is_some_and(|(cached, _)| cached != want));
         // No time limit here: at 5,000 nodes the pod watch lagged more than 10 s behind the
         // pins, and a pin forgotten then was neither counted (its GPUs were given again) nor
         // followed (its plan looked unseen by every pod and was dropped, the pods left pinned
@@ -583,8 +596,15 @@ impl Unseen {
         if !self.claims.is_empty() {
             return None;
         }
+        // A status write is seen once the cache shows another version than it was made on.
+        self.statuses.retain(|key, (before, _, at)| {
+            fresh(at) && plans.get(key).is_some_and(|(_, cached)| cached.as_deref() == Some(before.as_str()))
+        });
+        // A status write in flight moves the version a plan write would be fenced by.
+        self.status_writes.retain(|_, at| fresh(at));
         let mut settling = Settling::default();
         settling.roots.extend(self.plans.keys().cloned());
+        settling.roots.extend(self.status_writes.keys().cloned());
         for (uid, (key, planned, _)) in &self.ungated {
             settling.roots.insert(key.clone());
             settling.pins.insert(uid.clone(), planned.clone());
@@ -644,7 +664,7 @@ mod tests {
         unseen.ungated.insert("u2".into(), (b.clone(), pin("u2", "n2"), t0));
 
         // Nothing seen yet: both roots wait, both pins of b are counted.
-        let plans = HashMap::from([(a.clone(), None), (b.clone(), None)]);
+        let plans = HashMap::from([(a.clone(), (None, None)), (b.clone(), (None, None))]);
         let gated = HashSet::from(["u1", "u2"]);
         let s = unseen.settle(&plans, &gated, None, t0).expect("no claim write pending");
         assert_eq!(s.roots, HashSet::from([a.clone(), b.clone()]));
@@ -652,7 +672,7 @@ mod tests {
         assert_eq!(s.pins["u2"].node, "n2");
 
         // a's plan and u1's patch show: only u2 holds b back.
-        let plans = HashMap::from([(a.clone(), committing.clone()), (b.clone(), None)]);
+        let plans = HashMap::from([(a.clone(), (committing.clone(), None)), (b.clone(), (None, None))]);
         let gated = HashSet::from(["u2"]);
         let s = unseen.settle(&plans, &gated, None, t0).expect("no claim write pending");
         assert_eq!(s.roots, HashSet::from([b.clone()]));
@@ -662,7 +682,7 @@ mod tests {
         // however long the cache lags (and its pin stays counted).
         let later = t0 + CACHE_SYNC_TIMEOUT * 6;
         unseen.plans.insert(a.clone(), (committing.clone(), t0));
-        let plans = HashMap::from([(a.clone(), None), (b.clone(), None)]);
+        let plans = HashMap::from([(a.clone(), (None, None)), (b.clone(), (None, None))]);
         let s = unseen.settle(&plans, &gated, None, later).expect("no claim write pending");
         assert!(unseen.plans.is_empty());
         assert_eq!(s.roots, HashSet::from([b.clone()]));
@@ -670,6 +690,38 @@ mod tests {
         // Once the cache shows it ungated (or gone), it is forgotten.
         let s = unseen.settle(&plans, &HashSet::new(), None, later).expect("no claim write pending");
         assert!(s.roots.is_empty() && s.pins.is_empty() && unseen.ungated.is_empty());
+    }
+
+    #[test]
+    fn a_status_write_holds_its_root_back_while_in_flight_then_fences_by_the_version_it_made() {
+        let t0 = Instant::now();
+        let (a, b) = (RootKey::leaf("ns", "a"), RootKey::leaf("ns", "b"));
+        let mut unseen = Unseen::default();
+        unseen.statuses.insert(a.clone(), ("7".to_string(), "8".to_string(), t0));
+        unseen.statuses.insert(b.clone(), ("9".to_string(), "12".to_string(), t0));
+        let v = |s: &str| Some(s.to_string());
+        let cached = |va: &str, vb: &str| HashMap::from([(a.clone(), (None, v(va))), (b.clone(), (None, v(vb)))]);
+        // The cache still shows the versions the writes were made on: fenced by what they made.
+        let s = unseen.settle(&cached("7", "9"), &HashSet::new(), None, t0).expect("no claim write pending");
+        assert!(s.roots.is_empty() && s.pins.is_empty(), "a status write that ended holds no root back");
+        assert_eq!((unseen.fence(&a, v("7")), unseen.fence(&b, v("9"))), (v("8"), v("12")));
+        // Another version cached than the one before the write: the cached one.
+        assert_eq!(unseen.fence(&a, v("10")), v("10"));
+        assert_eq!(unseen.fence(&RootKey::leaf("ns", "c"), v("3")), v("3"), "no write of ours");
+        // a's write shows: a is forgotten, b still fenced by what its write made.
+        unseen.settle(&cached("8", "9"), &HashSet::new(), None, t0).expect("no claim write pending");
+        assert_eq!((unseen.fence(&a, v("7")), unseen.fence(&b, v("9"))), (v("7"), v("12")));
+        // A write in flight holds its root back, for the sync timeout at most.
+        unseen.status_writes.insert(a.clone(), t0);
+        let s = unseen.settle(&cached("8", "9"), &HashSet::new(), None, t0).expect("no claim write pending");
+        assert_eq!(s.roots, HashSet::from([a.clone()]));
+        // A write never seen is forgotten after the sync timeout, and so is one on a group gone.
+        let later = t0 + CACHE_SYNC_TIMEOUT;
+        let s = unseen.settle(&cached("8", "9"), &HashSet::new(), None, later).expect("no claim write pending");
+        assert!(s.roots.is_empty() && unseen.statuses.is_empty() && unseen.status_writes.is_empty());
+        unseen.statuses.insert(a.clone(), ("8".to_string(), "9".to_string(), t0));
+        unseen.settle(&HashMap::new(), &HashSet::new(), None, t0).expect("no claim write pending");
+        assert!(unseen.statuses.is_empty());
     }
 
     #[test]

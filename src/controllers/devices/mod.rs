@@ -12,7 +12,8 @@
 
 pub mod prometheus;
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,13 +33,22 @@ use crate::scheduler::Snapshot;
 pub use crate::pods::gpus_wanted;
 
 /// The node a pod holds GPUs on: where it is bound, or where admission pinned it.
-fn node_of(pod: &dyn DevicePod, snapshot: &Snapshot) -> Option<String> {
-    let class = pod.class();
-    match &class.placement {
-        _ if class.finished() => None,
-        Placement::Bound(node) => Some(node.clone()),
-        Placement::Admitted(host) => snapshot.node_by_hostname(host).map(|n| n.name.clone()),
-        Placement::Gated | Placement::Unpinned => None,
+fn node_of<'a>(pod: &'a dyn DevicePod, snapshot: &'a Snapshot) -> Option<Cow<'a, str>> {
+    // Borrowed where the pod's class is (the kept `GpuPod`s): a pass over 10,000 pods copies
+    // no node name.
+    match pod.class() {
+        Cow::Borrowed(class) => match &class.placement {
+            _ if class.finished() => None,
+            Placement::Bound(node) => Some(Cow::Borrowed(node.as_str())),
+            Placement::Admitted(host) => snapshot.node_by_hostname(host).map(|n| Cow::Borrowed(n.name.as_str())),
+            Placement::Gated | Placement::Unpinned => None,
+        },
+        Cow::Owned(class) => match class.placement {
+            _ if class.finished() => None,
+            Placement::Bound(node) => Some(Cow::Owned(node)),
+            Placement::Admitted(host) => snapshot.node_by_hostname(&host).map(|n| Cow::Borrowed(n.name.as_str())),
+            Placement::Gated | Placement::Unpinned => None,
+        },
     }
 }
 
@@ -214,7 +224,7 @@ pub fn plan_with<'a, P: DevicePod>(
     chosen: &HashMap<String, (String, GpuSet)>,
 ) -> DevicePlan<'a> {
     // Terminating pods stay: in their grace period they still run on their GPUs.
-    let located: Vec<(&dyn DevicePod, String)> =
+    let located: Vec<(&dyn DevicePod, Cow<'_, str>)> =
         pods.iter().map(|p| p as &dyn DevicePod).filter_map(|p| node_of(p, snapshot).map(|n| (p, n))).collect();
     let mut reports = Vec::new();
     let held: Vec<Option<Held>> =
@@ -243,7 +253,7 @@ pub fn plan_with<'a, P: DevicePod>(
             let written = pod.gpu_indices().and_then(|v| parse_indices(v).ok());
             (written != Some(held.gpus) && !is_finished(*pod)).then(|| Assignment {
                 pod: *pod,
-                node: node.clone(),
+                node: node.to_string(),
                 gpus: held.gpus,
                 write: !is_terminating(*pod),
                 source: held.source,
@@ -252,7 +262,7 @@ pub fn plan_with<'a, P: DevicePod>(
         .collect();
     // GPU pods kube-scheduler bound without muster (and not read back yet): give them indices
     // right after binding.
-    let mut unassigned: Vec<&(&dyn DevicePod, String)> = located
+    let mut unassigned: Vec<&(&dyn DevicePod, Cow<'_, str>)> = located
         .iter()
         .zip(&held_text)
         .filter(|(_, confirmed)| confirmed.is_none())
@@ -272,7 +282,7 @@ pub fn plan_with<'a, P: DevicePod>(
         fresh(*a, na).cmp(&fresh(*b, nb)).then_with(|| age(*a).cmp(&age(*b))).then_with(|| a.uid().cmp(b.uid()))
     });
     for (pod, node) in unassigned {
-        let Some(node_gpus) = gpus.get(node) else { continue };
+        let Some(node_gpus) = gpus.get(node.as_ref()) else { continue };
         let wanted = usize::try_from(pod.gpus_wanted()).unwrap_or(usize::MAX);
         let terminating = is_terminating(*pod);
         let used = ledger.used_mask(node);
@@ -316,7 +326,7 @@ pub fn plan_with<'a, P: DevicePod>(
         if ledger.assign(node, uid, choice.gpus).is_ok() {
             assignments.push(Assignment {
                 pod: *pod,
-                node: node.clone(),
+                node: node.to_string(),
                 gpus: choice.gpus,
                 write: !terminating,
                 source: Source::Chosen,
@@ -324,6 +334,23 @@ pub fn plan_with<'a, P: DevicePod>(
         }
     }
     DevicePlan { ledger, reports, assignments }
+}
+
+/// The GPU gauges of one node, as last set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct NodeGauges {
+    total: i64,
+    allocated: i64,
+    unhealthy: i64,
+}
+
+impl NodeGauges {
+    fn set(self, ctx: &Context, node: &str) {
+        let labels = NodeLabels { node: node.to_string() };
+        ctx.metrics.gpus_total.get_or_create(&labels).set(self.total);
+        ctx.metrics.gpus_allocated.get_or_create(&labels).set(self.allocated);
+        ctx.metrics.gpus_unhealthy.get_or_create(&labels).set(self.unhealthy);
+    }
 }
 
 /// The problems already reported, so each is reported once per change.
@@ -471,7 +498,7 @@ type Results = Arc<std::sync::Mutex<Vec<(Sent, Written)>>>;
 pub struct DeviceReconciler {
     reported: Reported,
     backoff: PatchBackoff,
-    gauged: BTreeSet<String>,
+    gauged: HashMap<String, NodeGauges>,
     patch_timeout: Duration,
     /// The batch of writes in flight (one at a time), and what it has done so far.
     batch: Option<Detached<()>>,
@@ -489,7 +516,7 @@ impl Default for DeviceReconciler {
         Self {
             reported: Reported::default(),
             backoff: PatchBackoff::default(),
-            gauged: BTreeSet::new(),
+            gauged: HashMap::new(),
             patch_timeout: PATCH_TIMEOUT,
             batch: None,
             results: Results::default(),
@@ -601,19 +628,42 @@ impl DeviceReconciler {
             }
         }
 
-        let mut held = HashMap::new();
+        // Each node's gauges are set when their values change (three labelled series per
+        // node, 5,000 nodes: setting them all every cycle was a measurable part of it).
+        let mut held = HashMap::with_capacity(gpus.len());
+        let (before, mut kept) = (self.gauged.len(), 0);
         for (node, g) in gpus {
-            let labels = NodeLabels { node: node.clone() };
             let used = plan.ledger.used_mask(node);
-            ctx.metrics.gpus_total.get_or_create(&labels).set(g.topology.len() as i64);
-            ctx.metrics.gpus_allocated.get_or_create(&labels).set(used.intersection(g.topology.all()).len() as i64);
-            ctx.metrics.gpus_unhealthy.get_or_create(&labels).set(g.unhealthy().len() as i64);
+            let values = NodeGauges {
+                total: g.topology.len() as i64,
+                allocated: used.intersection(g.topology.all()).len() as i64,
+                unhealthy: g.unhealthy().len() as i64,
+            };
+            match self.gauged.get_mut(node) {
+                Some(set) => {
+                    kept += 1;
+                    if *set != values {
+                        values.set(ctx, node);
+                        *set = values;
+                    }
+                }
+                None => {
+                    values.set(ctx, node);
+                    self.gauged.insert(node.clone(), values);
+                }
+            }
             held.insert(node.clone(), used);
         }
-        for node in self.gauged.iter().filter(|n| !gpus.contains_key(*n)) {
-            ctx.metrics.remove_node_gpus(node);
+        // Nodes gauged before and not seen now are gone: only then look for them.
+        if kept < before {
+            self.gauged.retain(|node, _| {
+                let live = gpus.contains_key(node);
+                if !live {
+                    ctx.metrics.remove_node_gpus(node);
+                }
+                live
+            });
         }
-        self.gauged = gpus.keys().cloned().collect();
         held
     }
 
