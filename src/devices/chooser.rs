@@ -209,7 +209,7 @@ impl FitCache {
     /// Most answers (and kinds) kept before the cache starts over.
     pub const LIMIT: usize = 1 << 18;
 
-    /// Lookups between two sweeps of the address memo.
+    /// Lookups the address memo missed between two sweeps of it.
     const PRUNE_EVERY: usize = 1 << 16;
 
     /// The id of a node kind.

@@ -825,8 +825,8 @@ impl MusterMetrics {
     }
 }
 
-/// The API server's request counts now (`None` when its /metrics cannot be read).
-/// The API server's request counts, seconds and conflicts by kind, from its `/metrics`.
+/// The API server's request counts, seconds and conflicts by kind now, from its `/metrics`
+/// (`None` when it cannot be read).
 async fn api_requests(client: &Client) -> Option<ApiRequests> {
     let request = axum::http::Request::get("/metrics").body(Vec::new()).ok()?;
     match client.request_text(request).await {

@@ -826,7 +826,6 @@ impl CommitRecord for CompositePodGroupStatus {
     }
 }
 
-/// Status equality that ignores what the commit protocol writes.
 /// PURE: how long the first status of a group created at `created` may still wait at `now`:
 /// until [`STATUS_PACE`] after its creation, so a gang admitted within that time gets one
 /// status write (admitted) instead of two (pending, then admitted). `None`: write it now (older,
@@ -836,6 +835,7 @@ fn first_status_wait(created: Option<&Time>, now: Timestamp) -> Option<std::time
     STATUS_PACE.checked_sub(age).filter(|left| !left.is_zero())
 }
 
+/// Status equality that ignores what the commit protocol writes.
 fn same_status<S: CommitRecord>(old: Option<&S>, new: &S) -> bool {
     old.is_some_and(|old| old.without_commit_record() == new.without_commit_record())
 }

@@ -518,16 +518,18 @@ impl Admitter {
         cpgs: &[CompositePodGroup],
         pods: &[Arc<Pod>],
     ) -> Option<Settling> {
-        let plan = |s: Option<&AdmissionPlan>| s.map(|p| (p.id.clone(), p.state));
+        let cached = |plan: Option<&AdmissionPlan>, version: &Option<String>| -> CachedGroup {
+            (plan.map(|p| (p.id.clone(), p.state)), version.clone())
+        };
         let plans: HashMap<RootKey, CachedGroup> = pgs
             .iter()
             .map(|g| {
                 let key = RootKey::leaf(&g.namespace().unwrap_or_default(), &g.name_any());
-                (key, (plan(g.status.as_ref().and_then(|s| s.plan.as_ref())), g.metadata.resource_version.clone()))
+                (key, cached(g.status.as_ref().and_then(|s| s.plan.as_ref()), &g.metadata.resource_version))
             })
             .chain(cpgs.iter().map(|g| {
                 let key = RootKey::composite(&g.namespace().unwrap_or_default(), &g.name_any());
-                (key, (plan(g.status.as_ref().and_then(|s| s.plan.as_ref())), g.metadata.resource_version.clone()))
+                (key, cached(g.status.as_ref().and_then(|s| s.plan.as_ref()), &g.metadata.resource_version))
             }))
             .collect();
         let gated: HashSet<&str> =

@@ -27,28 +27,26 @@ use crate::crds::GPU_INDICES_ANNOTATION;
 use crate::devices::chooser::NodeGpus;
 use crate::devices::report::kubelet_indices;
 use crate::devices::{GpuSet, Ledger, LedgerProblem, PodRecord, SelectOptions, format_indices, parse_indices, select};
-use crate::pods::{DevicePod, Placement};
+use crate::pods::{DevicePod, Placement, PodClass};
 use crate::scheduler::Snapshot;
 
 pub use crate::pods::gpus_wanted;
 
-/// The node a pod holds GPUs on: where it is bound, or where admission pinned it.
+/// The node a pod holds GPUs on: where it is bound, or where admission pinned it. Borrowed
+/// where the pod's class is (the kept `GpuPod`s): a pass over 10,000 pods copies no node name.
 fn node_of<'a>(pod: &'a dyn DevicePod, snapshot: &'a Snapshot) -> Option<Cow<'a, str>> {
-    // Borrowed where the pod's class is (the kept `GpuPod`s): a pass over 10,000 pods copies
-    // no node name.
     match pod.class() {
-        Cow::Borrowed(class) => match &class.placement {
-            _ if class.finished() => None,
-            Placement::Bound(node) => Some(Cow::Borrowed(node.as_str())),
-            Placement::Admitted(host) => snapshot.node_by_hostname(host).map(|n| Cow::Borrowed(n.name.as_str())),
-            Placement::Gated | Placement::Unpinned => None,
-        },
-        Cow::Owned(class) => match class.placement {
-            _ if class.finished() => None,
-            Placement::Bound(node) => Some(Cow::Owned(node)),
-            Placement::Admitted(host) => snapshot.node_by_hostname(&host).map(|n| Cow::Borrowed(n.name.as_str())),
-            Placement::Gated | Placement::Unpinned => None,
-        },
+        Cow::Borrowed(class) => node_in(class, snapshot).map(Cow::Borrowed),
+        Cow::Owned(class) => node_in(&class, snapshot).map(|n| Cow::Owned(n.to_string())),
+    }
+}
+
+fn node_in<'a>(class: &'a PodClass, snapshot: &'a Snapshot) -> Option<&'a str> {
+    match &class.placement {
+        _ if class.finished() => None,
+        Placement::Bound(node) => Some(node),
+        Placement::Admitted(host) => snapshot.node_by_hostname(host).map(|n| n.name.as_str()),
+        Placement::Gated | Placement::Unpinned => None,
     }
 }
 
