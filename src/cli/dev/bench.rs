@@ -204,6 +204,44 @@ pub fn stat_cpu_ticks(stat: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
+/// PURE: the command name of a /proc/<pid>/stat line (between the first `(` and the last `)`).
+pub fn stat_command(stat: &str) -> Option<&str> {
+    stat.get(stat.find('(')? + 1..stat.rfind(')')?)
+}
+
+/// PURE: CPU seconds per command during a path, from `(command, ticks)` of every process
+/// before and after it (a process gone by the end is left out; one started during the path
+/// counts from zero). Largest first; commands under 0.05 s are left out.
+pub fn cpu_by_command(before: &HashMap<u32, (String, u64)>, after: &HashMap<u32, (String, u64)>) -> Vec<(String, f64)> {
+    let mut by: BTreeMap<&str, u64> = BTreeMap::new();
+    for (pid, (command, ticks)) in after {
+        // A pid reused by another command counts from zero too.
+        let earlier = before.get(pid).filter(|(c, _)| c == command).map_or(0, |(_, t)| *t);
+        *by.entry(command.as_str()).or_default() += ticks.saturating_sub(earlier);
+    }
+    let mut out: Vec<(String, f64)> = by
+        .into_iter()
+        .map(|(c, t)| (c.to_string(), t as f64 / CLOCK_TICKS_PER_S))
+        .filter(|(_, s)| *s >= 0.05)
+        .collect();
+    out.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    out
+}
+
+/// `(command, CPU ticks)` of every process this user can read, by pid; this process is named
+/// `bench` (it is a `muster` too).
+fn process_ticks() -> HashMap<u32, (String, u64)> {
+    let me = std::process::id();
+    let Ok(dir) = std::fs::read_dir("/proc") else { return HashMap::new() };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = read_proc(pid, "stat")?;
+            let command = if pid == me { "bench" } else { stat_command(&stat)? };
+            Some((pid, (command.to_string(), stat_cpu_ticks(&stat)?)))
+        })
+        .collect()
+}
+
 /// PURE: the value of the series `name{...}` whose labels include `label` in a Prometheus or
 /// OpenMetrics text exposition.
 pub fn counter_value(text: &str, name: &str, label: &str) -> Option<f64> {
@@ -415,6 +453,11 @@ pub struct PathReport {
     /// Write requests answered `409 Conflict` during the path, by kind, largest first.
     #[serde(default)]
     pub api_conflicts: Vec<(String, f64)>,
+    /// CPU seconds per process command during the path (the API server, etcd, kube-scheduler,
+    /// kwok, the controllers, muster, the bench itself), largest first: where the machine's
+    /// CPU went.
+    #[serde(default)]
+    pub cpu_s_by_process: Vec<(String, f64)>,
     /// muster path only.
     pub muster: Option<MusterNumbers>,
 }
@@ -520,6 +563,16 @@ pub fn format_table(report: &Report) -> String {
         out.push_str(&format!(
             "\n{} path: {total:.0} writes refused as conflicts (409): {}",
             p.path.map_or("?", BenchPath::name),
+            top.join(", ")
+        ));
+    }
+    for p in report.paths.iter().filter(|p| !p.cpu_s_by_process.is_empty()) {
+        let total: f64 = p.cpu_s_by_process.iter().map(|(_, s)| s).sum();
+        let top: Vec<String> = p.cpu_s_by_process.iter().take(8).map(|(c, s)| format!("{c} {s:.1}")).collect();
+        out.push_str(&format!(
+            "\n{} path: CPU seconds {total:.1} ({:.2} per pod bound): {}",
+            p.path.map_or("?", BenchPath::name),
+            total / p.throughput.pods_bound.max(1) as f64,
             top.join(", ")
         ));
     }
@@ -892,6 +945,7 @@ async fn run_path(
         _ => None,
     };
     let requests_before = api_requests(client).await;
+    let processes_before = process_ticks();
     let ticks_before = muster_pid.and_then(|pid| read_proc(pid, "stat")).and_then(|s| stat_cpu_ticks(&s));
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = muster_pid.map(|pid| tokio::spawn(sample_rss(pid, stop.clone())));
@@ -961,6 +1015,7 @@ async fn run_path(
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     stop.store(true, Ordering::Relaxed);
+    let cpu_s_by_process = cpu_by_command(&processes_before, &process_ticks());
     let ticks_after = muster_pid.and_then(|pid| read_proc(pid, "stat")).and_then(|s| stat_cpu_ticks(&s));
     let hwm = muster_pid.and_then(|pid| read_proc(pid, "status")).and_then(|s| status_kib(&s, "VmHWM"));
     let metrics_after = match (&args.muster_metrics_url, is_muster) {
@@ -1017,6 +1072,7 @@ async fn run_path(
         api_writes,
         api_time,
         api_conflicts,
+        cpu_s_by_process,
         muster,
     })
 }
@@ -1221,6 +1277,35 @@ mod tests {
     }
 
     #[test]
+    fn cpu_per_command_over_a_path() {
+        let at = |rows: &[(u32, &str, u64)]| -> HashMap<u32, (String, u64)> {
+            rows.iter().map(|(pid, c, t)| (*pid, (c.to_string(), *t))).collect()
+        };
+        let before =
+            at(&[(1, "kube-apiserver", 1000), (2, "etcd", 500), (3, "muster", 10), (4, "gone", 7), (6, "old", 900)]);
+        let after = at(&[
+            (1, "kube-apiserver", 9000),
+            (2, "etcd", 700),
+            (3, "muster", 3010),
+            // Started during the path: counted from zero.
+            (5, "kube-apiserver", 1000),
+            // pid 6 reused by another command: from zero too.
+            (6, "kwok", 300),
+            // Idle: left out.
+            (7, "sleep", 2),
+        ]);
+        assert_eq!(
+            cpu_by_command(&before, &after),
+            vec![
+                ("kube-apiserver".to_string(), 90.0),
+                ("muster".into(), 30.0),
+                ("kwok".into(), 3.0),
+                ("etcd".into(), 2.0)
+            ]
+        );
+    }
+
+    #[test]
     fn proc_and_metrics_parsers() {
         let status = "Name:\tmuster\nVmPeak:\t 999 kB\nVmHWM:\t  204800 kB\nVmRSS:\t  102400 kB\n";
         assert_eq!(status_kib(status, "VmRSS"), Some(102400));
@@ -1229,6 +1314,8 @@ mod tests {
         // A command name with spaces and a parenthesis; utime 250, stime 50.
         let stat = "4242 (mus ter) x) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 9 0 1000 0 0";
         assert_eq!(stat_cpu_ticks(stat), Some(300));
+        assert_eq!(stat_command(stat), Some("mus ter) x"));
+        assert_eq!(stat_command("4242 no command"), None);
         assert_eq!(stat_cpu_ticks("4242 (muster) S 1"), None);
         let metrics = "# TYPE muster_reconciles counter\n\
             muster_reconciles_total{controller=\"job\"} 5\n\
