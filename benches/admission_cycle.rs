@@ -8,8 +8,10 @@
 //! - a cycle with nothing to do: no event changed anything and no timer is due;
 //! - the GPU part of a cycle with decisions to make, every node carrying an 8-GPU H100
 //!   topology annotation and every pod one GPU with its indices: each node's GPU model
-//!   (`node_gpus_of` over the kept `GpuNode`s) and the device pass's plan over the kept
-//!   `GpuPod`s (the ledger rebuilt, nothing to assign).
+//!   (`node_gpus_of` over the kept `GpuNode`s, as every cycle did before; `GpuModels::update`
+//!   with no node changed, as a cycle does now, and with every node changed, as after a
+//!   relist) and the device pass's plan over the kept `GpuPod`s (the ledger rebuilt, nothing
+//!   to assign).
 //!
 //! Node names share a long prefix and UIDs are UUID-shaped, as in a cluster: with short
 //! names, maps ordered by them look cheaper than they are.
@@ -27,7 +29,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use muster::crds::{GPU_INDICES_ANNOTATION, GPU_RESOURCE, GPU_TOPOLOGY_ANNOTATION, HOSTNAME_LABEL, POD_GROUP_LABEL};
-use muster::devices::chooser::node_gpus_of;
+use muster::devices::chooser::{FitCache, node_gpus_of};
+use muster::devices::models::GpuModels;
 use muster::devices::{HealthThresholds, MetricsCache};
 use muster::scheduler::{ClusterState, Quiet, Snapshot};
 
@@ -151,8 +154,31 @@ fn bench(c: &mut Criterion) {
     };
     let gpus = gpus_of();
     assert!(gpus.values().all(|g| g.topology_problem.is_none()), "every topology read");
-    c.bench_function("GPU state: 5,000 nodes' GPU models from the kept nodes (each cycle)", |b| {
+    c.bench_function("GPU state: 5,000 nodes' GPU models from the kept nodes (each cycle before)", |b| {
         b.iter(|| black_box(gpus_of()))
+    });
+    let (mut models, kinds) = (GpuModels::default(), FitCache::default());
+    let kept = || gpu_nodes.iter().map(|(name, g)| (name.as_str(), g));
+    assert!(models.update(kept(), &published, &metrics, &thresholds, now, &kinds));
+    c.bench_function("GPU state: 5,000 nodes' GPU models kept, no node changed (each cycle)", |b| {
+        b.iter(|| assert!(!models.update(kept(), &published, &metrics, &thresholds, now, &kinds)))
+    });
+    let changed = state.gpu_nodes();
+    c.bench_function("GPU state: 5,000 nodes' GPU models kept, every node changed (a relist)", |b| {
+        b.iter(|| {
+            // Every node a new `Arc` (as a relist makes), the model the same: each is built
+            // again and compared.
+            let fresh: Vec<(String, std::sync::Arc<muster::devices::chooser::GpuNode>)> =
+                changed.iter().map(|(n, g)| (n.clone(), std::sync::Arc::new((**g).clone()))).collect();
+            black_box(models.update(
+                fresh.iter().map(|(n, g)| (n.as_str(), g)),
+                &published,
+                &metrics,
+                &thresholds,
+                now,
+                &kinds,
+            ))
+        })
     });
     let snapshot = state.snapshot();
     let plan = muster::controllers::devices::plan(&gpu_pods, &snapshot, &gpus);

@@ -11,8 +11,8 @@ use k8s_openapi::api::core::v1::Node;
 use super::problem::GpuProblemKind;
 use super::report::{self, AssignedAnnotation, HealthAnnotation};
 use super::{
-    Fit, GpuProblem, GpuSet, GpuTopology, HealthThresholds, MetricsCache, NodeHealth, SelectOptions, SelectionKey,
-    TopologyProblem, fit, healthy_mask,
+    Fit, GpuProblem, GpuSet, GpuTopology, HealthThresholds, MetricsCache, NodeHealth, NodeMetrics, SelectOptions,
+    SelectionKey, TopologyProblem, fit, healthy_mask,
 };
 use crate::crds::{GPU_ASSIGNED_ANNOTATION, GPU_HEALTH_ANNOTATION, GPU_RESOURCE, GPU_TOPOLOGY_ANNOTATION};
 use crate::devices::TopologyError;
@@ -62,6 +62,45 @@ impl NodeGpus {
             report_problems: Vec::new(),
             agent_health: false,
         }
+    }
+}
+
+/// Each node's GPU model and its kind ([`FitCache::kind_of`]), by node name: what the chooser
+/// reads.
+pub type ChooserNodes = HashMap<String, (usize, NodeGpus), foldhash::fast::RandomState>;
+
+/// Each node's GPU model by node name, however it is held: a map built for one pass, or the
+/// models kept between cycles.
+pub trait NodeModels {
+    /// The model of `node`, if it has GPUs.
+    fn model(&self, node: &str) -> Option<&NodeGpus>;
+    /// Every node with a model.
+    fn models(&self) -> impl Iterator<Item = (&String, &NodeGpus)>;
+    /// How many nodes have one.
+    fn count(&self) -> usize;
+}
+
+impl NodeModels for HashMap<String, NodeGpus> {
+    fn model(&self, node: &str) -> Option<&NodeGpus> {
+        self.get(node)
+    }
+    fn models(&self) -> impl Iterator<Item = (&String, &NodeGpus)> {
+        self.iter()
+    }
+    fn count(&self) -> usize {
+        self.len()
+    }
+}
+
+impl NodeModels for ChooserNodes {
+    fn model(&self, node: &str) -> Option<&NodeGpus> {
+        self.get(node).map(|(_, g)| g)
+    }
+    fn models(&self) -> impl Iterator<Item = (&String, &NodeGpus)> {
+        self.iter().map(|(n, (_, g))| (n, g))
+    }
+    fn count(&self) -> usize {
+        self.len()
     }
 }
 
@@ -118,26 +157,41 @@ pub fn node_gpus_of<'a>(
 ) -> HashMap<String, NodeGpus> {
     let mut out = HashMap::new();
     for (name, node) in nodes {
-        let gpus = node.allocatable.max(published.get(name).copied().unwrap_or(0));
-        if gpus == 0 && node.topology.is_none() {
-            continue;
+        let count = node.gpus_with(published.get(name).copied().unwrap_or(0));
+        let samples = node.samples(metrics.node(name));
+        if let Some((model, _)) = node_model(node, count, samples.as_ref(), thresholds, now) {
+            out.insert(name.to_string(), model);
         }
-        let (topology, topology_problem) = GpuTopology::checked(node.topology.as_ref(), gpus);
-        let merged = report::newest(node.agent.as_ref(), metrics.node(name));
-        let health = healthy_mask(&topology, merged.as_ref(), thresholds, now);
-        out.insert(
-            name.to_string(),
-            NodeGpus {
-                topology,
-                topology_problem,
-                health,
-                assigned: node.assigned.clone(),
-                report_problems: node.report_problems.clone(),
-                agent_health: node.agent.is_some(),
-            },
-        );
     }
     out
+}
+
+/// PURE: one node's GPU model from the node as kept, its GPU count ([`GpuNode::gpus_with`])
+/// and its health samples ([`GpuNode::samples`]), with when a sample it read goes stale
+/// (`None`: the model holds until an input changes). `None` for a node without GPUs and
+/// without a topology annotation.
+pub fn node_model(
+    node: &GpuNode,
+    count: u64,
+    samples: Option<&NodeMetrics>,
+    thresholds: &HealthThresholds,
+    now: SystemTime,
+) -> Option<(NodeGpus, Option<SystemTime>)> {
+    if count == 0 && node.topology.is_none() {
+        return None;
+    }
+    let (topology, topology_problem) = GpuTopology::checked(node.topology.as_ref(), count);
+    let health = healthy_mask(&topology, samples, thresholds, now);
+    let valid_until = samples.and_then(|s| super::health::fresh_until(&topology, s, thresholds, now));
+    let model = NodeGpus {
+        topology,
+        topology_problem,
+        health,
+        assigned: node.assigned.clone(),
+        report_problems: node.report_problems.clone(),
+        agent_health: node.agent.is_some(),
+    };
+    Some((model, valid_until))
 }
 
 /// PURE: what the GPU model reads of a node, parsed once, when its watch event arrives: its
@@ -177,6 +231,18 @@ impl GpuNode {
     pub fn uid(&self) -> &str {
         &self.uid
     }
+
+    /// Its GPU count: the larger of its `nvidia.com/gpu` allocatable and the GPUs its DRA
+    /// driver publishes (a DRA node advertises no `nvidia.com/gpu`).
+    pub fn gpus_with(&self, published: u64) -> u64 {
+        self.allocatable.max(published)
+    }
+
+    /// Its health samples: the node agent's merged with the metrics source's (the newest per
+    /// GPU).
+    pub fn samples(&self, metrics: Option<&NodeMetrics>) -> Option<NodeMetrics> {
+        report::newest(self.agent.as_ref(), metrics)
+    }
 }
 
 /// The load-independent part of GPU choices ([`Fit`]), shared by every admission cycle: it
@@ -199,10 +265,10 @@ struct FitCacheInner {
     /// comparing the key (5,000 nodes a cycle). The `Weak` keeps the address from being
     /// reused while the entry lives; entries of keys no node holds any more are dropped now
     /// and then ([`FitCache::PRUNE_EVERY`]).
-    by_address: HashMap<usize, (Weak<SelectionKey>, usize)>,
+    by_address: HashMap<usize, (Weak<SelectionKey>, usize), foldhash::fast::RandomState>,
     lookups: usize,
     next_kind: usize,
-    fits: HashMap<(usize, GpuSet, u32, SelectOptions), Option<Fit>>,
+    fits: HashMap<(usize, GpuSet, u32, SelectOptions), Option<Fit>, foldhash::fast::RandomState>,
 }
 
 impl FitCache {
@@ -211,6 +277,11 @@ impl FitCache {
 
     /// Lookups the address memo missed between two sweeps of it.
     const PRUNE_EVERY: usize = 1 << 16;
+
+    /// The id of the kind of `model`'s node.
+    pub fn kind_of(&self, model: &NodeGpus) -> usize {
+        self.kind(model.topology.selection_key())
+    }
 
     /// The id of a node kind.
     fn kind(&self, key: Arc<SelectionKey>) -> usize {
@@ -282,7 +353,7 @@ impl FitCache {
 /// selection behind each answer comes from a [`FitCache`], and each node's load is added on
 /// top.
 pub struct TopologyChooser {
-    nodes: HashMap<String, (usize, NodeGpus)>,
+    nodes: Arc<ChooserNodes>,
     options: SelectOptions,
     cache: Arc<FitCache>,
 }
@@ -295,13 +366,13 @@ impl TopologyChooser {
 
     /// A chooser over `nodes` sharing `cache` with earlier and later choosers.
     pub fn with_cache(nodes: HashMap<String, NodeGpus>, options: SelectOptions, cache: Arc<FitCache>) -> Self {
-        let nodes = nodes
-            .into_iter()
-            .map(|(name, gpus)| {
-                let kind = cache.kind(gpus.topology.selection_key());
-                (name, (kind, gpus))
-            })
-            .collect();
+        let nodes = nodes.into_iter().map(|(name, gpus)| (name, (cache.kind_of(&gpus), gpus))).collect();
+        Self::shared(Arc::new(nodes), options, cache)
+    }
+
+    /// A chooser over models kept between cycles ([`super::models::GpuModels::shared`]),
+    /// their kinds named by `cache`.
+    pub fn shared(nodes: Arc<ChooserNodes>, options: SelectOptions, cache: Arc<FitCache>) -> Self {
         Self { nodes, options, cache }
     }
 }

@@ -149,6 +149,21 @@ fn valid(m: &GpuMetrics) -> bool {
     m.temperature_c.is_finite() && unit(m.memory_free_fraction) && unit(m.utilization)
 }
 
+/// PURE: until when [`healthy_mask`] of `model` over `samples` stays what it is at `now`: the
+/// soonest a fresh sample goes stale; `now` itself when a sample is stale already (its reason
+/// states its age, which grows); `None` when no sample can change it.
+pub fn fresh_until(
+    model: &GpuTopology,
+    samples: &NodeMetrics,
+    thresholds: &HealthThresholds,
+    now: SystemTime,
+) -> Option<SystemTime> {
+    (0..model.len())
+        .filter_map(|i| samples.gpus.get(&u32::try_from(i).ok()?))
+        .map(|m| m.observed_at.checked_add(thresholds.max_age).map_or(now, |t| t.max(now)))
+        .min()
+}
+
 /// Which GPUs of `model` are healthy enough to offer at `now`, and why the others are not.
 ///
 /// Missing, stale or invalid samples never exclude a GPU: they are reported and ignored, so a

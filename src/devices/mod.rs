@@ -13,6 +13,7 @@ pub mod dra;
 pub mod gpuset;
 pub mod health;
 pub mod ledger;
+pub mod models;
 pub mod nvidia_smi;
 pub mod probe;
 pub mod problem;

@@ -413,9 +413,9 @@ pub struct Forest {
 /// `spec.parentCompositePodGroupName`, so a missing child is simply absent (as upstream's
 /// hierarchy tracker counts it: not ready); a missing parent leaves its subtree unresolved.
 /// Children are sorted by name. Pods join through the `scheduling.muster.dev/pod-group` label.
-pub fn build_forest<P: std::borrow::Borrow<Pod>>(
-    pod_groups: &[PodGroup],
-    composites: &[CompositePodGroup],
+pub fn build_forest<'g, P: std::borrow::Borrow<Pod>>(
+    pod_groups: impl IntoIterator<Item = &'g PodGroup>,
+    composites: impl IntoIterator<Item = &'g CompositePodGroup>,
     pods: &[P],
 ) -> Forest {
     let mut pods_by_group: HashMap<(String, String), Vec<&Pod>> = HashMap::new();
@@ -425,9 +425,9 @@ pub fn build_forest<P: std::borrow::Borrow<Pod>>(
         pods_by_group.entry((namespace, group.clone())).or_default().push(pod);
     }
     let leaves: Vec<GroupObject<'_, PodGroup>> =
-        pod_groups.iter().filter_map(|pg| GroupObject::new(pg, &pg.metadata)).collect();
+        pod_groups.into_iter().filter_map(|pg| GroupObject::new(pg, &pg.metadata)).collect();
     let composites: Vec<GroupObject<'_, CompositePodGroup>> =
-        composites.iter().filter_map(|c| GroupObject::new(c, &c.metadata)).collect();
+        composites.into_iter().filter_map(|c| GroupObject::new(c, &c.metadata)).collect();
     let composite_index: HashMap<(String, String), usize> =
         composites.iter().enumerate().map(|(i, c)| (c.key.clone(), i)).collect();
 

@@ -33,18 +33,15 @@ impl Admitter {
     /// The cluster's DRA state for this cycle, from the caches. GPU nodes known only from their
     /// slices (no `nvidia.com/gpu`, no topology annotation) get an unknown topology of as many
     /// GPUs as their highest device index says, with health from the metrics.
-    pub(super) fn dra_state(
-        &mut self,
-        nodes: &[(String, Arc<GpuNode>)],
-        gpus: &mut HashMap<String, NodeGpus>,
-    ) -> Arc<Dra> {
+    pub(super) fn dra_state(&mut self, nodes: &[(String, Arc<GpuNode>)]) -> Arc<Dra> {
         let Some(caches) = &self.caches.dra else { return Arc::default() };
         // Only nodes that publish devices are joined by UUID: building (and comparing) the
         // index of every GPU node each cycle was a large share of a cycle at 5,000 nodes.
         let sliced: HashSet<String> = caches.slices.state().iter().filter_map(|s| s.spec.node_name.clone()).collect();
-        let uuid_index: HashMap<String, HashMap<String, usize>> = gpus
+        let gpus = self.gpu_models.shared();
+        let uuid_index: HashMap<String, HashMap<String, usize>> = sliced
             .iter()
-            .filter(|(node, _)| sliced.contains(node.as_str()))
+            .filter_map(|node| gpus.get(node).map(|(_, g)| (node, g)))
             .map(|(node, g)| {
                 let by_uuid = g
                     .topology
@@ -82,17 +79,22 @@ impl Admitter {
         };
         let thresholds = self.thresholds();
         let now = SystemTime::now();
+        let mut replaced = Vec::new();
         if let Some(inventory) = dra.inventory() {
             for (name, _) in nodes {
                 let name = name.as_str();
                 let count = inventory.node_gpus(name).iter().max().map_or(0, |i| i + 1);
-                if count == 0 || gpus.get(name).is_some_and(|g| g.topology.len() >= count) {
+                if count == 0 || gpus.get(name).is_some_and(|(_, g)| g.topology.len() >= count) {
                     continue;
                 }
                 let topology = GpuTopology::unknown(count);
                 let health = healthy_mask(&topology, self.gpu_metrics.node(name), &thresholds, now);
-                gpus.insert(name.to_string(), NodeGpus::from_model(topology, None, health));
+                replaced.push((name, NodeGpus::from_model(topology, None, health)));
             }
+        }
+        drop(gpus);
+        for (name, model) in replaced {
+            self.gpu_models.replace(name, model, &self.fits);
         }
         dra
     }

@@ -92,7 +92,7 @@ fn refusal(pod: &Pod) -> Option<Refusal> {
 
 /// The minCount of every PodGroup with pods in the plan (1 for basic groups, and for groups
 /// not in the cache).
-fn start_requirement(plan: &AdmissionPlan, ns: &str, root: &str, pod_groups: &[PodGroup]) -> StartRequirement {
+fn start_requirement(plan: &AdmissionPlan, ns: &str, root: &str, pod_groups: &[Arc<PodGroup>]) -> StartRequirement {
     let mut min_count = BTreeMap::new();
     for planned in &plan.pods {
         let group = if planned.pod_group.is_empty() { root } else { planned.pod_group.as_str() };
@@ -585,9 +585,16 @@ fn pod_patch(pod: &Pod, planned: &PlannedPod) -> serde_json::Value {
         .and_then(|s| s.scheduling_gates.as_ref())
         .map(|g| g.iter().filter(|g| g.name != ADMISSION_GATE).map(|g| json!({"name": g.name})).collect())
         .unwrap_or_default();
+    // The hostname selector is the pin muster reads back; the node-name affinity beside it
+    // lets kube-scheduler filter only that node (see `pods::node_name_pin`).
+    let terms = crate::pods::node_name_pin(pod, &planned.node);
     let mut patch = json!({
         "metadata": {"uid": planned.uid, "resourceVersion": pod.metadata.resource_version},
-        "spec": {"nodeSelector": {HOSTNAME_LABEL: planned.pin_hostname()}, "schedulingGates": remaining},
+        "spec": {
+            "nodeSelector": {HOSTNAME_LABEL: planned.pin_hostname()},
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}},
+            "schedulingGates": remaining,
+        },
     });
     if let Some(indices) = &planned.gpu_indices {
         patch["metadata"]["annotations"] = json!({GPU_INDICES_ANNOTATION: indices});
@@ -1124,6 +1131,11 @@ mod tests {
         assert_eq!(patch["metadata"]["uid"], "u1");
         assert_eq!(patch["spec"]["schedulingGates"], json!([{"name": "other"}]), "other gates stay");
         assert_eq!(patch["spec"]["nodeSelector"][HOSTNAME_LABEL], "n1", "an empty hostname is the node's name");
+        assert_eq!(
+            patch["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"],
+            json!([{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]),
+            "kube-scheduler filters the pinned node alone"
+        );
         assert_eq!(patch["metadata"]["annotations"][GPU_INDICES_ANNOTATION], "2,3");
     }
 
@@ -1192,7 +1204,7 @@ mod tests {
             }))
             .expect("pod group")
         };
-        let groups = [pg("a", Some(3)), pg("b", None)];
+        let groups = [pg("a", Some(3)), pg("b", None)].map(Arc::new);
         let plan = AdmissionPlan {
             id: "p".into(),
             state: PlanState::Admitted,

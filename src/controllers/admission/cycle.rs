@@ -19,7 +19,7 @@ use crate::controllers::context::{Error, Result};
 use crate::controllers::metrics::ReasonLabels;
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{CompositePodGroup, PlannedPod, PodGroup};
-use crate::devices::chooser::{GpuNode, NodeGpus, TopologyChooser};
+use crate::devices::chooser::{ChooserNodes, GpuNode, TopologyChooser};
 use crate::devices::{GpuProblem, GpuProblemKind, GpuSet, HealthThresholds, SelectOptions};
 use crate::scheduler::{
     self, Admission, Decision, Group, GroupTree, PatchRefused, PlaceOptions, PodState, Scoring, Snapshot,
@@ -41,9 +41,9 @@ impl Admitter {
     pub(super) async fn cycle(&mut self) -> Result<Option<Instant>> {
         let _timer = self.ctx.metrics.reconcile(CONTROLLER);
         let began = Instant::now();
-        let all_pgs = state(&self.caches.pod_groups);
-        let all_cpgs = state(&self.caches.composites);
         // The caches' objects are shared, never copied: a cycle holds `Arc`s.
+        let all_pgs = self.caches.pod_groups.state();
+        let all_cpgs = self.caches.composites.state();
         let pods = self.caches.pods.state();
         // Every node, by name, as the GPU model reads it (admission keeps no node objects).
         let nodes = super::watches::lock(&self.caches.cluster).gpu_nodes();
@@ -57,9 +57,9 @@ impl Admitter {
         // Groups where the webhook never gates pods are not muster's to admit.
         let excluded = excluded_namespaces(&self.ctx.config.namespace);
         let managed = |ns: Option<String>| !ns.is_some_and(|ns| excluded.contains(&ns));
-        let (pgs, unmanaged_pgs): (Vec<PodGroup>, Vec<PodGroup>) =
+        let (pgs, unmanaged_pgs): (Vec<Arc<PodGroup>>, Vec<Arc<PodGroup>>) =
             all_pgs.into_iter().partition(|g| managed(g.namespace()));
-        let (cpgs, unmanaged_cpgs): (Vec<CompositePodGroup>, Vec<CompositePodGroup>) =
+        let (cpgs, unmanaged_cpgs): (Vec<Arc<CompositePodGroup>>, Vec<Arc<CompositePodGroup>>) =
             all_cpgs.into_iter().partition(|g| managed(g.namespace()));
         // Pods in excluded namespaces are rare: copy the list only when there are some.
         let managed_pods: std::borrow::Cow<'_, [Arc<Pod>]> = if pods.iter().all(|p| managed(p.namespace())) {
@@ -86,7 +86,7 @@ impl Admitter {
         // Plans in flight first: finish (or drop) them, watch binds, roll failed attempts back.
         let mut busy: HashSet<RootKey> = HashSet::new();
         let mut done = Vec::new();
-        let roots = pgs.iter().map(GroupRef::Leaf).chain(cpgs.iter().map(GroupRef::Composite));
+        let roots = pgs.iter().map(|g| GroupRef::Leaf(g)).chain(cpgs.iter().map(|g| GroupRef::Composite(g)));
         busy.extend(settling.roots.iter().cloned());
         if let Some(at) = self.book_clears().await {
             soonest(at);
@@ -118,11 +118,11 @@ impl Admitter {
         }
 
         let followed_in = began.elapsed();
-        let mut forest = scheduler::build_forest(&pgs, &cpgs, &managed_pods);
+        let mut forest = scheduler::build_forest(pgs.iter().map(|g| &**g), cpgs.iter().map(|c| &**c), &managed_pods);
         scheduler::sort_for_admission(&mut forest.trees);
         let single_numa = self.ctx.config.require_single_numa;
         let chooser =
-            TopologyChooser::with_cache(gpus, SelectOptions { require_single_numa: single_numa }, self.fits.clone());
+            TopologyChooser::shared(gpus, SelectOptions { require_single_numa: single_numa }, self.fits.clone());
         let options = self.place_options();
         let capacity = self.capacity.load(Ordering::Relaxed);
         let wall = Timestamp::now();
@@ -362,7 +362,7 @@ impl Admitter {
         nodes: &[(String, Arc<GpuNode>)],
         settling: &Settling,
         by_uid: &HashMap<&str, &Arc<Pod>>,
-    ) -> Result<(Snapshot, HashMap<String, NodeGpus>)> {
+    ) -> Result<(Snapshot, Arc<ChooserNodes>)> {
         let (mut snapshot, uncounted, gpu_pods) = {
             let cluster = super::watches::lock(&self.caches.cluster);
             let uncounted: Vec<(&Arc<Pod>, &PlannedPod)> = settling
@@ -384,13 +384,17 @@ impl Admitter {
         let volumes: Vec<_> = self.caches.volumes.state().iter().map(|v| (**v).clone()).collect();
         let classes: Vec<_> = self.caches.classes.state().iter().map(|c| (**c).clone()).collect();
         snapshot.set_volumes(scheduler::Volumes::from_cluster(&claims, &volumes, &classes));
-        let mut gpus = self.gpu_state(nodes).await;
-        snapshot.set_dra(self.dra_state(nodes, &mut gpus));
-        let held = self.devices.pass(&self.ctx, &gpu_pods, &snapshot, &gpus).await;
-        for (node, g) in &gpus {
-            // Devices allocated to any claim (muster's, kube-scheduler's) stay taken too.
+        self.gpu_state(nodes).await;
+        snapshot.set_dra(self.dra_state(nodes));
+        let gpus = self.gpu_models.shared();
+        let held = self.devices.pass(&self.ctx, &gpu_pods, &snapshot, &*gpus).await;
+        for (node, (_, g)) in gpus.iter() {
+            // Devices allocated to any claim (muster's, kube-scheduler's) stay taken too: the
+            // snapshot counts those already, so a node with nothing else used is left as is.
             let used = held.get(node).copied().unwrap_or_default().union(g.unhealthy());
-            snapshot.set_gpu_used(node, used);
+            if !used.is_empty() {
+                snapshot.set_gpu_used(node, used);
+            }
         }
         for (pod, planned) in uncounted {
             reserve(&mut snapshot, pod, planned);
@@ -443,8 +447,10 @@ impl Admitter {
         }
     }
 
-    /// Each node's GPU model and health, refreshing the metrics cache when it is stale.
-    async fn gpu_state(&mut self, nodes: &[(String, Arc<GpuNode>)]) -> HashMap<String, NodeGpus> {
+    /// Each node's GPU model and health (kept between cycles: built again for the nodes whose
+    /// inputs changed), refreshing the metrics cache when it is stale. What depends on every
+    /// model (problems reported, the unhealthy GPUs) is worked out again only when one changed.
+    async fn gpu_state(&mut self, nodes: &[(String, Arc<GpuNode>)]) {
         let now = std::time::SystemTime::now();
         if let Some(source) = &self.metrics_source
             && self.gpu_metrics.refresh(source, now).await
@@ -457,14 +463,17 @@ impl Admitter {
             crate::devices::dra::published_gpus(&state(&d.slices), crate::devices::dra::NVIDIA_GPU_DRIVER)
         });
         let thresholds = self.thresholds();
-        let kept = nodes.iter().map(|(name, g)| (name.as_str(), &**g));
-        let gpus = crate::devices::chooser::node_gpus_of(kept, &published, &self.gpu_metrics, &thresholds, now);
-        self.agent_health = gpus.values().any(|g| g.agent_health);
+        let kept = nodes.iter().map(|(name, g)| (name.as_str(), g));
+        if !self.gpu_models.update(kept, &published, &self.gpu_metrics, &thresholds, now, &self.fits) {
+            return;
+        }
+        let gpus = self.gpu_models.shared();
+        self.agent_health = gpus.values().any(|(_, g)| g.agent_health);
         self.report_gpu_problems(nodes, &gpus).await;
         // Names copied only for the nodes that have some (5,000 nodes a cycle).
         let unhealthy: BTreeMap<String, GpuSet> = gpus
             .iter()
-            .filter_map(|(n, g)| {
+            .filter_map(|(n, (_, g))| {
                 let u = g.unhealthy();
                 (!u.is_empty()).then(|| (n.clone(), u))
             })
@@ -474,18 +483,17 @@ impl Admitter {
             self.capacity.fetch_add(1, Ordering::Relaxed);
             self.unhealthy = unhealthy;
         }
-        gpus
     }
 
     /// Tells operators, once per change, what keeps a node's GPUs from full use: a missing or
     /// malformed topology annotation, missing, stale or invalid metrics, GPUs too hot or full.
     /// A log line and an event on the Node, and `muster_gpu_node_problems{node, kind}`: one
     /// series per kind present, removed when it clears or the node goes.
-    async fn report_gpu_problems(&mut self, nodes: &[(String, Arc<GpuNode>)], gpus: &HashMap<String, NodeGpus>) {
+    async fn report_gpu_problems(&mut self, nodes: &[(String, Arc<GpuNode>)], gpus: &ChooserNodes) {
         let metrics_expected = self.metrics_source.is_some();
         let now: BTreeMap<String, Vec<GpuProblem>> = gpus
             .iter()
-            .filter_map(|(n, g)| {
+            .filter_map(|(n, (_, g))| {
                 let p = g.problems(metrics_expected);
                 (!p.is_empty()).then(|| (n.clone(), p))
             })
@@ -635,6 +643,10 @@ fn gated_count(tree: &GroupTree) -> usize {
 
 /// The root group objects by key (a lookup per tree: a scan per tree was quadratic in the
 /// groups, with two string copies per group looked at).
-fn roots_by_key<'a>(pgs: &'a [PodGroup], cpgs: &'a [CompositePodGroup]) -> HashMap<RootKey, GroupRef<'a>> {
-    pgs.iter().map(GroupRef::Leaf).chain(cpgs.iter().map(GroupRef::Composite)).map(|g| (g.key(), g)).collect()
+fn roots_by_key<'a>(pgs: &'a [Arc<PodGroup>], cpgs: &'a [Arc<CompositePodGroup>]) -> HashMap<RootKey, GroupRef<'a>> {
+    pgs.iter()
+        .map(|g| GroupRef::Leaf(g))
+        .chain(cpgs.iter().map(|g| GroupRef::Composite(g)))
+        .map(|g| (g.key(), g))
+        .collect()
 }

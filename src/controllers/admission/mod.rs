@@ -33,6 +33,7 @@ use crate::crds::POD_GROUP_LABEL;
 use crate::crds::scheduling::{AdmissionPlan, CompositePodGroup, PlanState, PlannedPod, PodGroup};
 use crate::devices::MetricsCache;
 use crate::devices::chooser::FitCache;
+use crate::devices::models::GpuModels;
 use crate::scheduler::{Group, PatchRefused, Quiet};
 use status::Outcome;
 
@@ -47,6 +48,23 @@ const MIN_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// The longest admission sleeps with no event and no timer: a cycle then runs anyway.
 const IDLE_WAKE: Duration = Duration::from_secs(30);
+/// The least time between the end of one cycle and the start of the next: a burst of events
+/// (a job creating its pods) settles into one cycle.
+const MIN_PAUSE: Duration = Duration::from_millis(50);
+/// The most: however long a cycle took, the next waits no longer than this after it.
+const MAX_PAUSE: Duration = Duration::from_millis(500);
+/// The pause after a cycle, as a multiple of the cycle's own (wall) time.
+const PAUSE_PER_CYCLE: u32 = 3;
+
+/// PURE: how long admission pauses after a cycle that took `cycle` before it runs the next:
+/// [`PAUSE_PER_CYCLE`] times as long, from [`MIN_PAUSE`] to [`MAX_PAUSE`]. Most of a cycle's
+/// cost is fixed (a snapshot of every node, the forest of every group), so on a busy cluster
+/// (5,000 nodes: cycles of tens of milliseconds, more when the API server saturates the
+/// machine) fewer, larger cycles decide as much for less CPU, leaving the rest of it to the
+/// API server; a small or idle cluster's short cycles keep the 50 ms pause.
+fn pause_after(cycle: Duration) -> Duration {
+    cycle.saturating_mul(PAUSE_PER_CYCLE).clamp(MIN_PAUSE, MAX_PAUSE)
+}
 
 /// A group's identity: its kind too, so a PodGroup and a CompositePodGroup of the same name
 /// never share backoff, plan tracking or status.
@@ -170,6 +188,8 @@ struct Admitter {
     agent_health: bool,
     /// GPU choices by node kind and occupancy, kept across cycles.
     fits: Arc<FitCache>,
+    /// Each node's GPU model, kept across cycles (built again when its inputs change).
+    gpu_models: GpuModels,
     /// GPU problems per node last reported (topology annotation, metrics, health).
     gpu_problems: BTreeMap<String, Vec<crate::devices::GpuProblem>>,
     /// Groups whose last status write failed: errors in a row, not before, the last message.
@@ -319,6 +339,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         unhealthy: BTreeMap::new(),
         agent_health: false,
         fits: Arc::default(),
+        gpu_models: GpuModels::default(),
         gpu_problems: BTreeMap::new(),
         status_errors: HashMap::new(),
         status_written: HashMap::new(),
@@ -351,6 +372,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
             }
             continue;
         }
+        let began = Instant::now();
         let result = tokio::select! {
             r = admitter.cycle() => r,
             _ = &mut shutdown => {
@@ -371,11 +393,14 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
                 Some(Instant::now() + MIN_BACKOFF)
             }
         };
-        let sleep = wake.map(|w| w.saturating_duration_since(Instant::now())).unwrap_or(IDLE_WAKE);
+        // The next cycle starts `pause` after this one ended at the soonest, and at least
+        // MIN_PAUSE after the event that wakes it.
+        let ended = Instant::now();
+        let pause = pause_after(ended - began);
+        let sleep = wake.map(|w| w.saturating_duration_since(ended)).unwrap_or(IDLE_WAKE).max(pause);
         tokio::select! {
             _ = notify.notify.notified() => {
-                // Let a burst of events (a job creating its pods) settle into one cycle.
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                tokio::time::sleep_until((ended + pause).max(Instant::now() + MIN_PAUSE).into()).await;
             }
             _ = tokio::time::sleep(sleep) => {}
             _ = &mut shutdown => return,
@@ -408,7 +433,7 @@ struct World<'a> {
     /// Every pod, by UID.
     pods_by_uid: HashMap<&'a str, &'a Pod>,
     /// Every PodGroup.
-    pod_groups: &'a [PodGroup],
+    pod_groups: &'a [Arc<PodGroup>],
     /// The pods of each PodGroup (by the pod-group label).
     by_group: &'a HashMap<RootKey, Vec<&'a Pod>>,
     /// The names of the nodes that exist.
@@ -444,6 +469,31 @@ fn visit<'a>(group: &'a Group, f: &mut impl FnMut(&'a Group)) {
     if let Group::Composite(c) = group {
         for child in &c.children {
             visit(child, f);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pause_after_a_cycle_grows_with_its_cost_within_bounds() {
+        let ms = Duration::from_millis;
+        for (cycle, pause) in [
+            // An idle or small cluster: the burst pause alone.
+            (ms(0), MIN_PAUSE),
+            (ms(5), MIN_PAUSE),
+            (ms(16), MIN_PAUSE),
+            // A 5,000-node cycle: three times its cost.
+            (ms(50), ms(150)),
+            (ms(120), ms(360)),
+            // Never longer than MAX_PAUSE, however long the cycle.
+            (ms(400), MAX_PAUSE),
+            (Duration::from_secs(3600), MAX_PAUSE),
+            (Duration::MAX, MAX_PAUSE),
+        ] {
+            assert_eq!(pause_after(cycle), pause, "after a cycle of {cycle:?}");
         }
     }
 }

@@ -4,6 +4,7 @@
 //! status that changed, and events on a root and its owner.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -453,8 +454,8 @@ impl Admitter {
     /// other groups are written. Returns when to retry the failed ones.
     pub(super) async fn write_statuses(
         &mut self,
-        pgs: &[PodGroup],
-        cpgs: &[CompositePodGroup],
+        pgs: &[Arc<PodGroup>],
+        cpgs: &[Arc<CompositePodGroup>],
         trees: &[GroupTree],
         by_group: &HashMap<RootKey, Vec<&Pod>>,
         settling: &HashSet<RootKey>,
@@ -687,9 +688,9 @@ impl Admitter {
     /// Warning event per group, and returns the status writes that say it on each group.
     pub(super) async fn report_unmanaged(
         &mut self,
-        pgs: &[PodGroup],
-        cpgs: &[CompositePodGroup],
-        pods: &[std::sync::Arc<Pod>],
+        pgs: &[Arc<PodGroup>],
+        cpgs: &[Arc<CompositePodGroup>],
+        pods: &[Arc<Pod>],
     ) -> Vec<(RootKey, serde_json::Value)> {
         if pgs.is_empty() && cpgs.is_empty() {
             self.excluded_reported.clear();

@@ -514,8 +514,8 @@ impl Admitter {
     /// is unseen: the cycle waits then.
     pub(super) fn settling(
         &mut self,
-        pgs: &[PodGroup],
-        cpgs: &[CompositePodGroup],
+        pgs: &[Arc<PodGroup>],
+        cpgs: &[Arc<CompositePodGroup>],
         pods: &[Arc<Pod>],
     ) -> Option<Settling> {
         let cached = |plan: Option<&AdmissionPlan>, version: &Option<String>| -> CachedGroup {

@@ -24,7 +24,7 @@ use serde_json::json;
 use super::context::{Context, Detached, at_most};
 use super::metrics::{NodeLabels, ReasonLabels};
 use crate::crds::GPU_INDICES_ANNOTATION;
-use crate::devices::chooser::NodeGpus;
+use crate::devices::chooser::NodeModels;
 use crate::devices::report::kubelet_indices;
 use crate::devices::{GpuSet, Ledger, LedgerProblem, PodRecord, SelectOptions, format_indices, parse_indices, select};
 use crate::pods::{DevicePod, Placement, PodClass};
@@ -148,13 +148,13 @@ fn held_by_node(
     pod: &dyn DevicePod,
     node: &str,
     snapshot: &Snapshot,
-    gpus: &HashMap<String, NodeGpus>,
+    gpus: &impl NodeModels,
     reports: &mut Vec<Report>,
 ) -> Option<Held> {
     if let Some((_, g)) = snapshot.dra().claims_gpus(pod.namespace(), &pod.own_claims()).filter(|(n, _)| n == node) {
         return Some(Held { gpus: g, source: Source::Claim });
     }
-    let node_gpus = gpus.get(node)?;
+    let node_gpus = gpus.model(node)?;
     let given = node_gpus.assigned.as_ref()?.pods.get(pod.uid())?;
     match kubelet_indices(&given.devices, &node_gpus.topology) {
         Ok(set) if !set.is_empty() => {
@@ -207,7 +207,7 @@ pub struct DevicePlan<'a> {
 /// next admission would plan another pod onto them. Choices are made oldest pod first on the
 /// ledger of the annotations, so a pod whose write keeps failing gets the same GPUs each pass
 /// while nothing else changes.
-pub fn plan<'a, P: DevicePod>(pods: &'a [P], snapshot: &Snapshot, gpus: &HashMap<String, NodeGpus>) -> DevicePlan<'a> {
+pub fn plan<'a, P: DevicePod>(pods: &'a [P], snapshot: &Snapshot, gpus: &impl NodeModels) -> DevicePlan<'a> {
     plan_with(pods, snapshot, gpus, &HashMap::new())
 }
 
@@ -218,7 +218,7 @@ pub fn plan<'a, P: DevicePod>(pods: &'a [P], snapshot: &Snapshot, gpus: &HashMap
 pub fn plan_with<'a, P: DevicePod>(
     pods: &'a [P],
     snapshot: &Snapshot,
-    gpus: &HashMap<String, NodeGpus>,
+    gpus: &impl NodeModels,
     chosen: &HashMap<String, (String, GpuSet)>,
 ) -> DevicePlan<'a> {
     // Terminating pods stay: in their grace period they still run on their GPUs.
@@ -280,7 +280,7 @@ pub fn plan_with<'a, P: DevicePod>(
         fresh(*a, na).cmp(&fresh(*b, nb)).then_with(|| age(*a).cmp(&age(*b))).then_with(|| a.uid().cmp(b.uid()))
     });
     for (pod, node) in unassigned {
-        let Some(node_gpus) = gpus.get(node.as_ref()) else { continue };
+        let Some(node_gpus) = gpus.model(node.as_ref()) else { continue };
         let wanted = usize::try_from(pod.gpus_wanted()).unwrap_or(usize::MAX);
         let terminating = is_terminating(*pod);
         let used = ledger.used_mask(node);
@@ -566,19 +566,19 @@ impl DeviceReconciler {
         self.on_batch_done = Some(Arc::new(f));
     }
 
-    /// One pass over every pod. Returns the GPU indices held per node afterwards (including
-    /// what this pass chose, written or not), for admission to plan around. Errors are per
-    /// pod and never fail the pass. The pass never waits for its writes: they go out in the
-    /// background, one batch at a time, [`WRITE_CONCURRENCY`] at a time within it (a thousand
-    /// pods bound at once by kube-scheduler never flood the API server, nor hold up the
-    /// admission cycle); the next pass books how they ended. A pod whose write is in flight
-    /// or backed off holds its GPUs all the same.
+    /// One pass over every pod. Returns the GPU indices held per node afterwards, on the nodes
+    /// where some are (including what this pass chose, written or not), for admission to plan
+    /// around. Errors are per pod and never fail the pass. The pass never waits for its
+    /// writes: they go out in the background, one batch at a time, [`WRITE_CONCURRENCY`] at a
+    /// time within it (a thousand pods bound at once by kube-scheduler never flood the API
+    /// server, nor hold up the admission cycle); the next pass books how they ended. A pod
+    /// whose write is in flight or backed off holds its GPUs all the same.
     pub async fn pass(
         &mut self,
         ctx: &Arc<Context>,
         pods: &[impl DevicePod],
         snapshot: &Snapshot,
-        gpus: &HashMap<String, NodeGpus>,
+        gpus: &impl NodeModels,
     ) -> HashMap<String, GpuSet> {
         self.book(ctx).await;
         let by_uid: HashMap<&str, &dyn DevicePod> = pods.iter().map(|p| (p.uid(), p as &dyn DevicePod)).collect();
@@ -628,9 +628,9 @@ impl DeviceReconciler {
 
         // Each node's gauges are set when their values change (three labelled series per
         // node, 5,000 nodes: setting them all every cycle was a measurable part of it).
-        let mut held = HashMap::with_capacity(gpus.len());
+        let mut held = HashMap::new();
         let (before, mut kept) = (self.gauged.len(), 0);
-        for (node, g) in gpus {
+        for (node, g) in gpus.models() {
             let used = plan.ledger.used_mask(node);
             let values = NodeGauges {
                 total: g.topology.len() as i64,
@@ -650,12 +650,14 @@ impl DeviceReconciler {
                     self.gauged.insert(node.clone(), values);
                 }
             }
-            held.insert(node.clone(), used);
+            if !used.is_empty() {
+                held.insert(node.clone(), used);
+            }
         }
         // Nodes gauged before and not seen now are gone: only then look for them.
         if kept < before {
             self.gauged.retain(|node, _| {
-                let live = gpus.contains_key(node);
+                let live = gpus.model(node).is_some();
                 if !live {
                     ctx.metrics.remove_node_gpus(node);
                 }

@@ -2,6 +2,7 @@
 //! namespace `status-<code>` answered with that code, as an admission policy would), and its
 //! pure parts on their own.
 
+use crate::devices::chooser::NodeGpus;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
