@@ -347,6 +347,18 @@ impl GpuTopology {
         Self::assemble(gpus, links, false)
     }
 
+    /// [`Self::unknown`], one `Arc` per GPU count for the whole process: every node without a
+    /// usable topology annotation and with as many GPUs shares it (5,000 such nodes held 5,000
+    /// copies, each with its link and cost matrices), and so shares its chooser kind.
+    pub fn unknown_shared(n: usize) -> Arc<Self> {
+        static UNKNOWN: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<usize, Arc<GpuTopology>>>> =
+            std::sync::LazyLock::new(Default::default);
+        let n = n.min(MAX_GPUS);
+        // A poisoned lock (a panic elsewhere): a copy of its own, as before.
+        let Ok(mut shared) = UNKNOWN.lock() else { return Arc::new(Self::unknown(n)) };
+        shared.entry(n).or_insert_with(|| Arc::new(Self::unknown(n))).clone()
+    }
+
     /// Parses an annotation value; errors say what is wrong, nothing panics.
     pub fn parse(json: &str) -> Result<Self, TopologyError> {
         let annotation: TopologyAnnotation =
@@ -426,10 +438,10 @@ impl GpuTopology {
     ) -> (Arc<Self>, Option<TopologyProblem>) {
         let unknown = |error: Option<TopologyError>| {
             let fallback = usize::try_from(allocatable).unwrap_or(usize::MAX);
-            (Arc::new(Self::unknown(fallback)), Some(TopologyProblem { error, allocatable }))
+            (Self::unknown_shared(fallback), Some(TopologyProblem { error, allocatable }))
         };
         match parsed {
-            None if allocatable == 0 => (Arc::new(Self::unknown(0)), None),
+            None if allocatable == 0 => (Self::unknown_shared(0), None),
             None => unknown(None),
             Some(Ok(model)) if model.len() as u64 == allocatable => (model.clone(), None),
             Some(Ok(model)) => unknown(Some(TopologyError::CountMismatch { annotated: model.len(), allocatable })),
@@ -695,6 +707,23 @@ mod tests {
         let problem = reason.map(|r| r.problem());
         assert_eq!(problem.as_ref().map(|p| p.kind), Some(GpuProblemKind::TopologyMalformed));
         assert!(problem.is_some_and(|p| p.message.contains("not valid topology JSON")));
+    }
+
+    #[test]
+    fn unknown_topologies_of_one_count_are_one_shared_model() {
+        let (a, b) = (GpuTopology::unknown_shared(8), GpuTopology::unknown_shared(8));
+        assert!(Arc::ptr_eq(&a, &b), "one model per count");
+        assert_eq!(*a, GpuTopology::unknown(8));
+        assert_eq!(*GpuTopology::unknown_shared(4), GpuTopology::unknown(4));
+        assert!(!Arc::ptr_eq(&a, &GpuTopology::unknown_shared(4)));
+        // Counts past MAX_GPUS are capped as `unknown` caps them.
+        assert_eq!(*GpuTopology::unknown_shared(MAX_GPUS + 5), GpuTopology::unknown(MAX_GPUS + 5));
+        let (missing, _) = GpuTopology::checked(None, 8);
+        let (mismatched, _) = GpuTopology::checked(Some(&Err(TopologyError::Json("x".into()))), 8);
+        assert!(
+            Arc::ptr_eq(&missing, &a) && Arc::ptr_eq(&mismatched, &a),
+            "nodes without a usable annotation share it"
+        );
     }
 
     #[test]
