@@ -96,26 +96,28 @@ pub fn node_name_pin(pod: &Pod, node: &str) -> Vec<NodeSelectorTerm> {
         operator: "In".into(),
         values: Some(vec![node.to_string()]),
     };
-    let terms = pod
-        .spec
+    let mut terms = required_node_terms(pod).to_vec();
+    if terms.is_empty() {
+        return vec![NodeSelectorTerm { match_fields: Some(vec![requirement]), ..Default::default() }];
+    }
+    for term in &mut terms {
+        let fields = term.match_fields.get_or_insert_with(Vec::new);
+        if !fields.contains(&requirement) {
+            fields.push(requirement.clone());
+        }
+    }
+    terms
+}
+
+/// The pod's required node-selector terms (`spec.affinity.nodeAffinity.
+/// requiredDuringSchedulingIgnoredDuringExecution`); empty where it has none.
+pub fn required_node_terms(pod: &Pod) -> &[NodeSelectorTerm] {
+    pod.spec
         .as_ref()
         .and_then(|s| s.affinity.as_ref())
         .and_then(|a| a.node_affinity.as_ref())
         .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
-        .map(|r| r.node_selector_terms.clone())
-        .filter(|t| !t.is_empty());
-    match terms {
-        None => vec![NodeSelectorTerm { match_fields: Some(vec![requirement]), ..Default::default() }],
-        Some(mut terms) => {
-            for term in &mut terms {
-                let fields = term.match_fields.get_or_insert_with(Vec::new);
-                if !fields.contains(&requirement) {
-                    fields.push(requirement.clone());
-                }
-            }
-            terms
-        }
-    }
+        .map_or(&[], |r| r.node_selector_terms.as_slice())
 }
 
 /// A pod, classified.

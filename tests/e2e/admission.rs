@@ -40,15 +40,9 @@ async fn a_gang_that_fits_is_admitted_whole_and_every_pod_binds_where_it_was_pin
         assert!(!gated(p), "pod {} is bound, so ungated", p.name_any());
         assert_eq!(pin_of(p), node_of(p), "pod {} bound where admission pinned it", p.name_any());
         // The pin's node-name affinity, what kube-scheduler's PreFilter narrows to one node.
-        let terms = p
-            .spec
-            .as_ref()
-            .and_then(|s| s.affinity.as_ref())
-            .and_then(|a| a.node_affinity.as_ref())
-            .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
-            .map(|r| serde_json::to_value(&r.node_selector_terms).expect("terms"));
+        let terms = serde_json::to_value(muster::pods::required_node_terms(p)).expect("terms");
         let want = json!([{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node_of(p)]}]}]);
-        assert_eq!(terms, Some(want), "pod {} pinned by node name too", p.name_any());
+        assert_eq!(terms, want, "pod {} pinned by node name too", p.name_any());
     }
     let by_node = indices_by_node(&bound);
     let want: BTreeMap<String, Vec<u32>> = nodes.names.iter().map(|n| (n.clone(), vec![0, 1, 2, 3])).collect();

@@ -180,6 +180,24 @@ pub fn throughput(pods: &[PodTimes], first_create: f64, last_create: Option<f64>
     Throughput { pods_bound: binds.len(), first_bind_s, last_bind_s, bound_per_s, last_create_to_last_bind_s }
 }
 
+/// PURE: one line per path whose `rows` are not empty, after a blank line: `<path> path:
+/// <head of the rows' total>: <the first 8 rows>` (the rows come largest first).
+fn top_lines<T>(
+    out: &mut String,
+    report: &Report,
+    rows: impl Fn(&PathReport) -> &[T],
+    value: impl Fn(&T) -> f64,
+    item: impl Fn(&PathReport, &T) -> String,
+    head: impl Fn(&PathReport, f64) -> String,
+) {
+    for p in report.paths.iter().filter(|p| !rows(p).is_empty()) {
+        let total: f64 = rows(p).iter().map(&value).sum();
+        let top: Vec<String> = rows(p).iter().take(8).map(|r| item(p, r)).collect();
+        let path = p.path.map_or("?", BenchPath::name);
+        out.push_str(&format!("\n{path} path: {}: {}", head(p, total), top.join(", ")));
+    }
+}
+
 /// PURE: `rate` as a multiple of the plain path's rate.
 pub fn ratio(rate: Option<f64>, plain: Option<f64>) -> Option<f64> {
     rate.zip(plain.filter(|p| *p > 0.0)).map(|(r, p)| r / p)
@@ -546,50 +564,40 @@ pub fn format_table(report: &Report) -> String {
             status
         ));
     }
-    for p in report.paths.iter().filter(|p| !p.api_writes.is_empty()) {
-        let total: f64 = p.api_writes.iter().map(|(_, n)| n).sum();
-        let per_pod = |n: f64| n / p.pods_expected.max(1) as f64;
-        let top: Vec<String> = p.api_writes.iter().take(8).map(|(k, n)| format!("{k} {:.2}", per_pod(*n))).collect();
-        out.push_str(&format!(
-            "\n{} path: {total:.0} API writes, {:.2} per pod: {}",
-            p.path.map_or("?", BenchPath::name),
-            per_pod(total),
-            top.join(", ")
-        ));
-    }
-    for p in report.paths.iter().filter(|p| !p.api_conflicts.is_empty()) {
-        let total: f64 = p.api_conflicts.iter().map(|(_, n)| n).sum();
-        let top: Vec<String> = p.api_conflicts.iter().take(8).map(|(k, n)| format!("{k} {n:.0}")).collect();
-        out.push_str(&format!(
-            "\n{} path: {total:.0} writes refused as conflicts (409): {}",
-            p.path.map_or("?", BenchPath::name),
-            top.join(", ")
-        ));
-    }
-    for p in report.paths.iter().filter(|p| !p.cpu_s_by_process.is_empty()) {
-        let total: f64 = p.cpu_s_by_process.iter().map(|(_, s)| s).sum();
-        let top: Vec<String> = p.cpu_s_by_process.iter().take(8).map(|(c, s)| format!("{c} {s:.1}")).collect();
-        out.push_str(&format!(
-            "\n{} path: CPU seconds {total:.1} ({:.2} per pod bound): {}",
-            p.path.map_or("?", BenchPath::name),
-            total / p.throughput.pods_bound.max(1) as f64,
-            top.join(", ")
-        ));
-    }
-    for p in report.paths.iter().filter(|p| !p.api_time.is_empty()) {
-        let total: f64 = p.api_time.iter().map(|(_, s, _)| s).sum();
-        let top: Vec<String> = p
-            .api_time
-            .iter()
-            .take(8)
-            .map(|(k, s, each)| format!("{k} {s:.0} s ({:.0} ms each)", each * 1000.0))
-            .collect();
-        out.push_str(&format!(
-            "\n{} path: the API server's time on requests {total:.0} s: {}",
-            p.path.map_or("?", BenchPath::name),
-            top.join(", ")
-        ));
-    }
+    top_lines(
+        &mut out,
+        report,
+        |p| &p.api_writes,
+        |(_, n)| *n,
+        |p, (k, n)| format!("{k} {:.2}", n / p.pods_expected.max(1) as f64),
+        |p, total| format!("{total:.0} API writes, {:.2} per pod", total / p.pods_expected.max(1) as f64),
+    );
+    top_lines(
+        &mut out,
+        report,
+        |p| &p.api_conflicts,
+        |(_, n)| *n,
+        |_, (k, n)| format!("{k} {n:.0}"),
+        |_, total| format!("{total:.0} writes refused as conflicts (409)"),
+    );
+    top_lines(
+        &mut out,
+        report,
+        |p| &p.cpu_s_by_process,
+        |(_, s)| *s,
+        |_, (c, s)| format!("{c} {s:.1}"),
+        |p, total| {
+            format!("CPU seconds {total:.1} ({:.2} per pod bound)", total / p.throughput.pods_bound.max(1) as f64)
+        },
+    );
+    top_lines(
+        &mut out,
+        report,
+        |p| &p.api_time,
+        |(_, s, _)| *s,
+        |_, (k, s, each)| format!("{k} {s:.0} s ({:.0} ms each)", each * 1000.0),
+        |_, total| format!("the API server's time on requests {total:.0} s"),
+    );
     if report.paths.iter().any(|p| !p.api_writes.is_empty()) {
         out.push('\n');
     }

@@ -24,8 +24,8 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
 use tokio::sync::Notify;
 
-use super::{Admitter, Caches, DraCaches, RootKey, Unseen, is_gated, trim};
-use crate::crds::scheduling::{AdmissionPlan, CompositePodGroup, PlanState, PlannedPod, PodGroup};
+use super::{Admitter, Caches, DraCaches, GroupRef, RootKey, Unseen, is_gated, trim};
+use crate::crds::scheduling::{CompositePodGroup, PlanState, PlannedPod, PodGroup};
 use crate::scheduler::{Change, ClusterState};
 
 /// How long to wait for the caches to show a plan or claim write before deciding anyway (another
@@ -518,19 +518,11 @@ impl Admitter {
         cpgs: &[Arc<CompositePodGroup>],
         pods: &[Arc<Pod>],
     ) -> Option<Settling> {
-        let cached = |plan: Option<&AdmissionPlan>, version: &Option<String>| -> CachedGroup {
-            (plan.map(|p| (p.id.clone(), p.state)), version.clone())
-        };
         let plans: HashMap<RootKey, CachedGroup> = pgs
             .iter()
-            .map(|g| {
-                let key = RootKey::leaf(&g.namespace().unwrap_or_default(), &g.name_any());
-                (key, cached(g.status.as_ref().and_then(|s| s.plan.as_ref()), &g.metadata.resource_version))
-            })
-            .chain(cpgs.iter().map(|g| {
-                let key = RootKey::composite(&g.namespace().unwrap_or_default(), &g.name_any());
-                (key, cached(g.status.as_ref().and_then(|s| s.plan.as_ref()), &g.metadata.resource_version))
-            }))
+            .map(|g| GroupRef::Leaf(g))
+            .chain(cpgs.iter().map(|g| GroupRef::Composite(g)))
+            .map(|g| (g.key(), (g.plan().map(|p| (p.id.clone(), p.state)), g.version())))
             .collect();
         let gated: HashSet<&str> =
             pods.iter().filter(|p| is_gated(p)).filter_map(|p| p.metadata.uid.as_deref()).collect();
