@@ -517,7 +517,30 @@ impl Writer {
         plan: Option<&AdmissionPlan>,
     ) -> Result<Option<String>> {
         // A merge patch of status.plan alone: the rest of the status is written on its own.
-        match self.merge_group_status(key, version, json!({"plan": plan})).await? {
+        self.plan_patch(key, version, plan, json!({"plan": plan})).await
+    }
+
+    /// Clears a root's plan, fenced like [`Self::write_plan`], with the root's status in the
+    /// same patch when it changed too (`status`, see `status::fold_body`).
+    pub(super) async fn clear_plan(
+        &self,
+        key: &RootKey,
+        version: Option<String>,
+        status: Option<serde_json::Value>,
+    ) -> Result<Option<String>> {
+        let body = status.unwrap_or_else(|| json!({"plan": null}));
+        self.plan_patch(key, version, None, body).await
+    }
+
+    /// Sends `body` as a merge patch of the root's status, recording the plan it leaves.
+    async fn plan_patch(
+        &self,
+        key: &RootKey,
+        version: Option<String>,
+        plan: Option<&AdmissionPlan>,
+        body: serde_json::Value,
+    ) -> Result<Option<String>> {
+        match self.merge_group_status(key, version, body).await? {
             Some(v) => {
                 let want = plan.map(|p| (p.id.clone(), p.state));
                 self.unseen().plans.insert(key.clone(), (want, Instant::now()));
@@ -617,6 +640,9 @@ impl Admitter {
     /// (sent in the background).
     pub(super) fn admitted(&mut self, job: &CommitJob) {
         let key = &job.key;
+        // Its status waits for the binds: the plan's clear writes it then (see
+        // `status::PLAN_STATUS_HOLD`).
+        self.status_not_before.insert(key.clone(), Instant::now() + super::status::PLAN_STATUS_HOLD);
         let memory = self.roots.entry(key.clone()).or_default();
         memory.failures = 0;
         memory.next_attempt = None;
@@ -634,7 +660,8 @@ impl Admitter {
     /// Follows a recorded plan: gathers the plan's pods as they are now, asks the core's commit
     /// state machine for the next step and carries it out. Returns when to look again. A plan
     /// that has served its purpose is not cleared here but added to `done` (root, version), for
-    /// [`Self::clear_plans`] to clear with the others.
+    /// [`Self::clear_plans`] to clear with the others at the end of the cycle, each with its
+    /// status.
     pub(super) async fn follow_plan(
         &mut self,
         key: &RootKey,
@@ -706,22 +733,24 @@ impl Admitter {
     }
 
     /// Clears the plans of roots whose pods are all bound (or gone), [`PLAN_CLEAR_CONCURRENCY`]
-    /// at a time: a cycle after a burst of binds clears hundreds. An error is that root's.
-    pub(super) async fn clear_plans(&mut self, done: Vec<(RootKey, Option<String>)>) -> Option<Instant> {
+    /// at a time: a cycle after a burst of binds clears hundreds. Each clear writes its root's
+    /// status too when that changed (one patch, see `status::fold_body`). An error is that
+    /// root's.
+    pub(super) async fn clear_plans(&mut self, done: Vec<super::status::PlanClear>) -> Option<Instant> {
         let retry = self.book_clears().await;
         if done.is_empty() || self.clears.is_some() {
             // Roots cleared now are followed again (and cleared) once the batch in flight ends.
             return retry;
         }
         let (writer, signal) = (self.writer.clone(), self.signal.clone());
-        let keys = done.iter().map(|(key, _)| key.clone()).collect();
+        let keys = done.iter().map(|(key, _, _)| key.clone()).collect();
         let task = Detached::spawn(async move {
             let clears: Vec<_> = done
                 .into_iter()
-                .map(|(key, version)| {
+                .map(|(key, version, status)| {
                     let writer = writer.clone();
                     async move {
-                        let result = writer.write_plan(&key, version, None).await;
+                        let result = writer.clear_plan(&key, version, status).await;
                         (key, result.map(|_| ()))
                     }
                 })
@@ -747,9 +776,15 @@ impl Admitter {
         };
         let mut retry: Option<Instant> = None;
         for (key, result) in results {
-            if let Err(e) = result {
-                let at = self.root_error(&key, "clear its plan", &e).await;
-                retry = Some(retry.map_or(at, |r| r.min(at)));
+            match result {
+                // A clear is a write of the group's status: the status pace counts it.
+                Ok(()) => {
+                    self.status_not_before.insert(key, Instant::now() + super::status::STATUS_PACE);
+                }
+                Err(e) => {
+                    let at = self.root_error(&key, "clear its plan", &e).await;
+                    retry = Some(retry.map_or(at, |r| r.min(at)));
+                }
             }
         }
         retry

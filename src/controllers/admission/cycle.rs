@@ -113,9 +113,6 @@ impl Admitter {
                 Err(e) => soonest(self.root_error(&key, "follow its plan", &e).await),
             }
         }
-        if let Some(at) = self.clear_plans(done).await {
-            soonest(at);
-        }
 
         let followed_in = began.elapsed();
         let mut forest = scheduler::build_forest(pgs.iter().map(|g| &**g), cpgs.iter().map(|c| &**c), &managed_pods);
@@ -247,9 +244,17 @@ impl Admitter {
         // would also move the resourceVersion a commit in flight fences its plan write by.
         let mut settled = settling.roots;
         settled.extend(self.in_flight.keys().cloned());
+        // So do roots whose plan is being cleared: the clear writes their status.
+        settled.extend(self.clears.iter().flat_map(|c| c.keys.iter().cloned()));
         let unmanaged = self.report_unmanaged(&unmanaged_pgs, &unmanaged_cpgs, &pods).await;
-        if let Some(t) = self.write_statuses(&pgs, &cpgs, &forest.trees, &by_group, &settled, unmanaged).await {
+        // Plans whose pods all bound are cleared last, each with its status in the same patch.
+        let groups = super::status::Groups { pgs: &pgs, cpgs: &cpgs, trees: &forest.trees };
+        let (retry, clears) = self.write_statuses(groups, &by_group, &settled, unmanaged, done).await;
+        if let Some(t) = retry {
             soonest(t);
+        }
+        if let Some(at) = self.clear_plans(clears).await {
+            soonest(at);
         }
         // Forget roots that are gone.
         let live: HashSet<RootKey> = forest.trees.iter().map(|t| RootKey::of(&t.namespace, &t.root)).collect();

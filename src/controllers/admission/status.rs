@@ -451,17 +451,24 @@ impl Admitter {
 
     /// Writes every group's status that changed (server-side apply, this reconciler's manager).
     /// A write that fails is that group's alone: reported, retried after a backoff, and the
-    /// other groups are written. Returns when to retry the failed ones.
+    /// other groups are written. Returns when to retry the failed ones, and the plans to clear
+    /// (`done`: root and the version its clear is fenced by), each with its root's status when
+    /// that changed too: one patch clears the plan and writes the status (see
+    /// [`Self::clear_plans`]), where two writes, one racing the other, went before.
     pub(super) async fn write_statuses(
         &mut self,
-        pgs: &[Arc<PodGroup>],
-        cpgs: &[Arc<CompositePodGroup>],
-        trees: &[GroupTree],
+        groups: Groups<'_>,
         by_group: &HashMap<RootKey, Vec<&Pod>>,
         settling: &HashSet<RootKey>,
         unmanaged: Vec<(RootKey, serde_json::Value)>,
-    ) -> Option<Instant> {
+        done: Vec<(RootKey, Option<String>)>,
+    ) -> (Option<Instant>, Vec<PlanClear>) {
+        let Groups { pgs, cpgs, trees } = groups;
+        // The batch that ended is booked first: the pace below counts its writes.
+        let booked = self.book_statuses().await;
         let now = Timestamp::now();
+        let clearing: HashSet<&RootKey> = done.iter().map(|(key, _)| key).collect();
+        let mut folded: HashMap<RootKey, serde_json::Value> = HashMap::new();
         // The outcome of a root applies to every group under it.
         let mut outcome_of: HashMap<RootKey, Option<Outcome>> = HashMap::new();
         let mut quorate_of: HashMap<RootKey, bool> = HashMap::new();
@@ -502,8 +509,10 @@ impl Admitter {
             error_condition(&mut status.conditions, error, pg.metadata.generation, now);
             if same_status(pg.status.as_ref(), &status) {
                 settled.insert(key.clone(), inputs);
+            } else if clearing.contains(&key) {
+                folded.insert(key.clone(), fold_body(pg.status.as_ref(), &status));
             } else if !keep.contains(&key) {
-                let pace = pace_of(pg.status.as_ref(), &status, pg.metadata.creation_timestamp.as_ref(), now);
+                let pace = pace_of(pg.status.as_ref(), pg.metadata.creation_timestamp.as_ref(), now);
                 let version = pg.metadata.resource_version.clone();
                 writes.push((key.clone(), pace, version, serde_json::to_value(&status).unwrap_or_default()));
             }
@@ -544,23 +553,28 @@ impl Admitter {
             let mut status = composite_status(cpg, &children, outcome, now);
             let error = self.roots.get(&key).and_then(|m| m.error.as_deref());
             error_condition(&mut status.conditions, error, cpg.metadata.generation, now);
-            if !keep.contains(&key) && !same_status(cpg.status.as_ref(), &status) {
-                let pace = pace_of(cpg.status.as_ref(), &status, cpg.metadata.creation_timestamp.as_ref(), now);
+            if same_status(cpg.status.as_ref(), &status) {
+                continue;
+            }
+            if clearing.contains(&key) {
+                folded.insert(key, fold_body(cpg.status.as_ref(), &status));
+            } else if !keep.contains(&key) {
+                let pace = pace_of(cpg.status.as_ref(), cpg.metadata.creation_timestamp.as_ref(), now);
                 let version = cpg.metadata.resource_version.clone();
                 writes.push((key, pace, version, serde_json::to_value(&status).unwrap_or_default()));
             }
         }
-        // A change that may wait is written at most once per STATUS_PACE per group.
+        // A group's status is written at most once per STATUS_PACE (its plan writes count).
         let at = Instant::now();
-        self.status_written.retain(|_, t| at.duration_since(*t) < STATUS_PACE);
+        self.status_not_before.retain(|_, t| *t > at);
         let mut wait: Option<Instant> = None;
         let mut due: Vec<StatusWrite> = writes
             .into_iter()
             .filter_map(|(key, pace, version, status)| {
+                let paced = self.status_not_before.get(&key).copied();
                 let next = match pace {
-                    Pace::Paced => self.status_written.get(&key).map(|t| *t + STATUS_PACE),
-                    Pace::Young(left) => Some(at + left),
-                    Pace::Now => None,
+                    Pace::Paced => paced,
+                    Pace::Young(left) => Some(paced.map_or(at + left, |p| p.max(at + left))),
                 };
                 match next {
                     Some(next) => {
@@ -572,11 +586,15 @@ impl Admitter {
             })
             .collect();
         due.extend(unmanaged.into_iter().map(|(key, status)| (key, None, status)));
-        let retry = self.apply_statuses(due).await;
-        match (retry, wait) {
-            (Some(r), Some(w)) => Some(r.min(w)),
-            (r, w) => r.or(w),
-        }
+        let retry = [booked, self.apply_statuses(due).await, wait].into_iter().flatten().min();
+        let clears = done
+            .into_iter()
+            .map(|(key, version)| {
+                let status = folded.remove(&key);
+                (key, version, status)
+            })
+            .collect();
+        (retry, clears)
     }
 
     /// Sends the statuses due, [`STATUS_CONCURRENCY`] at a time, on a task of its own: a cycle
@@ -586,6 +604,7 @@ impl Admitter {
     /// then. Groups backing off after a failed write are skipped. Returns when the first of
     /// those may be tried again.
     async fn apply_statuses(&mut self, writes: Vec<StatusWrite>) -> Option<Instant> {
+        // Booked at the start of the cycle; one that ended since is booked now, not dropped.
         let mut retry = self.book_statuses().await;
         if self.status_batch.as_ref().is_some_and(|b| !b.is_finished()) {
             return retry;
@@ -661,7 +680,7 @@ impl Admitter {
             match result {
                 Ok(()) => {
                     self.status_errors.remove(&key);
-                    self.status_written.insert(key, Instant::now());
+                    self.status_not_before.insert(key, Instant::now() + STATUS_PACE);
                 }
                 Err(e) => {
                     let kind = if key.composite { "CompositePodGroup" } else { "PodGroup" };
@@ -771,10 +790,16 @@ where
 
 /// How many group status writes of a cycle are in flight at once.
 const STATUS_CONCURRENCY: usize = 16;
-/// The least time between two writes of a group's status whose phase and conditions stand
-/// (see [`may_wait`]): a gang's pods created, bound and started one by one make one write a
-/// second, not one each (as kube's Job controller batches its status updates).
-const STATUS_PACE: std::time::Duration = std::time::Duration::from_secs(1);
+/// The least time between two writes of a group's status (its plan writes count): a gang
+/// created, admitted, bound and started within a second or two makes one or two status
+/// writes, not one per step (as kube's Job controller batches its status updates). At 1,000
+/// gangs a second the API server spent more on muster's group status writes than on any
+/// other write of muster's; a status a second late costs a user nothing.
+pub(super) const STATUS_PACE: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long a root's status waits after its commit went through: kube-scheduler binds its
+/// pods meanwhile, and the plan's clear then writes the status (admitted and scheduled at
+/// once) in the same patch. A gang whose binds take longer gets its admitted status then.
+pub(super) const PLAN_STATUS_HOLD: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Status fields written by the commit protocol with their own merge patches (the plan, and
 /// the rollback record beside it); the server-side apply of the rest leaves them alone, so a
@@ -784,13 +809,6 @@ const COMMIT_FIELDS: [&str; 5] = ["plan", "rollbacks", "recentRollbacks", "lastR
 /// A group status part of which is written by the commit protocol.
 trait CommitRecord: Clone + PartialEq {
     fn without_commit_record(&self) -> Self;
-    /// The phase and each condition's type, status and reason: what a change of that must be
-    /// written at once for (counts and messages may wait, see [`may_wait`]).
-    fn standing(&self) -> (Option<GroupPhase>, Vec<(&str, &str, &str)>);
-}
-
-fn condition_keys(conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]) -> Vec<(&str, &str, &str)> {
-    conditions.iter().map(|c| (c.type_.as_str(), c.status.as_str(), c.reason.as_str())).collect()
 }
 
 impl CommitRecord for PodGroupStatus {
@@ -803,10 +821,6 @@ impl CommitRecord for PodGroupStatus {
             avoid_nodes: Vec::new(),
             ..self.clone()
         }
-    }
-
-    fn standing(&self) -> (Option<GroupPhase>, Vec<(&str, &str, &str)>) {
-        (self.phase, condition_keys(&self.conditions))
     }
 }
 
@@ -821,32 +835,21 @@ impl CommitRecord for CompositePodGroupStatus {
             ..self.clone()
         }
     }
-
-    fn standing(&self) -> (Option<GroupPhase>, Vec<(&str, &str, &str)>) {
-        (self.phase, condition_keys(&self.conditions))
-    }
 }
 
 /// PURE: how long the first status of a group created at `created` may still wait at `now`:
-/// until [`STATUS_PACE`] after its creation, so a gang admitted within that time gets one
-/// status write (admitted) instead of two (pending, then admitted). `None`: write it now (older,
-/// or a creation time ahead of this clock).
+/// until it is at least [`STATUS_PACE`] old, so a gang admitted within that time gets no
+/// pending status before its admitted one. `creationTimestamp` has whole seconds (the group
+/// may be up to a second younger than it says), so that is [`STATUS_PACE`] and a second after
+/// the stamp. `None`: write it now (older, or a creation time ahead of this clock).
 fn first_status_wait(created: Option<&Time>, now: Timestamp) -> Option<std::time::Duration> {
     let age = std::time::Duration::try_from(now.duration_since(created?.0)).ok()?;
-    STATUS_PACE.checked_sub(age).filter(|left| !left.is_zero())
+    (STATUS_PACE + std::time::Duration::from_secs(1)).checked_sub(age).filter(|left| !left.is_zero())
 }
 
 /// Status equality that ignores what the commit protocol writes.
 fn same_status<S: CommitRecord>(old: Option<&S>, new: &S) -> bool {
     old.is_some_and(|old| old.without_commit_record() == new.without_commit_record())
-}
-
-/// PURE: whether a status change may wait for the next paced write ([`STATUS_PACE`]): the
-/// phase and every condition's type, status and reason stand, only counts and messages
-/// moved (a gang's pods being created, bound, started one by one). A first status never
-/// waits.
-fn may_wait<S: CommitRecord>(old: Option<&S>, new: &S) -> bool {
-    old.is_some_and(|old| old.standing() == new.standing())
 }
 
 /// PURE: a fingerprint of what a PodGroup's status is computed from: the group as cached (its
@@ -869,24 +872,52 @@ fn status_inputs(pg: &PodGroup, pods: &[&Pod], outcome: Option<&Outcome>, error:
 /// When a group's changed status is written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Pace {
-    /// At once: its phase or a condition changed.
-    Now,
-    /// Counts and messages only: at most once per [`STATUS_PACE`] (see [`may_wait`]).
+    /// At once, unless the group was written less than [`STATUS_PACE`] ago: then once that
+    /// has passed.
     Paced,
-    /// Its first status, the group younger than [`STATUS_PACE`]: after this much more (see
-    /// [`first_status_wait`]).
+    /// Its first status, the group young: after this much more (see [`first_status_wait`]),
+    /// and paced as well.
     Young(std::time::Duration),
 }
 
-/// PURE: when a group's status, changed from `old` to `new`, is written at `now`.
-fn pace_of<S: CommitRecord>(old: Option<&S>, new: &S, created: Option<&Time>, now: Timestamp) -> Pace {
-    if may_wait(old, new) {
-        return Pace::Paced;
-    }
+/// PURE: when a group's changed status (`old` the one cached) is written at `now`.
+fn pace_of<S>(old: Option<&S>, created: Option<&Time>, now: Timestamp) -> Pace {
     match (old, first_status_wait(created, now)) {
         (None, Some(left)) => Pace::Young(left),
-        _ => Pace::Now,
+        _ => Pace::Paced,
     }
+}
+
+/// PURE: the merge patch of a root's status that clears its plan and writes `new`, the status
+/// computed from `old` (the one cached): every field admission computes, a field it no longer
+/// sets as `null` (a merge patch removes only what it names), `plan` as `null`, and nothing
+/// of the rollback record or the job controller's claim statuses, which have writers of their
+/// own.
+fn fold_body<S: serde::Serialize>(old: Option<&S>, new: &S) -> serde_json::Value {
+    let fields = |s: Option<&S>| match s.map(serde_json::to_value) {
+        Some(Ok(serde_json::Value::Object(map))) => map,
+        _ => serde_json::Map::new(),
+    };
+    let not_ours = |field: &str| COMMIT_FIELDS.contains(&field) || field == "resourceClaimStatuses";
+    let mut body = fields(Some(new));
+    body.retain(|field, _| !not_ours(field));
+    for field in fields(old).keys().filter(|f| !not_ours(f)) {
+        body.entry(field.clone()).or_insert(serde_json::Value::Null);
+    }
+    body.insert("plan".into(), serde_json::Value::Null);
+    serde_json::Value::Object(body)
+}
+
+/// A plan to clear: the root, the resourceVersion the clear is fenced by, and the status
+/// folded into the same patch ([`fold_body`]) when it changed too.
+pub(super) type PlanClear = (RootKey, Option<String>, Option<serde_json::Value>);
+
+/// The groups a cycle writes statuses for, as the caches show them, and the roots' trees.
+#[derive(Clone, Copy)]
+pub(super) struct Groups<'a> {
+    pub pgs: &'a [Arc<PodGroup>],
+    pub cpgs: &'a [Arc<CompositePodGroup>],
+    pub trees: &'a [GroupTree],
 }
 
 /// A group status to write: the group, the resourceVersion it was computed on, the status.
@@ -975,8 +1006,10 @@ mod tests {
         use std::time::Duration;
         let created = Time(Timestamp::from_second(1_000).expect("ts"));
         let at = |ms: i64| Timestamp::from_millisecond(1_000_000 + ms).expect("ts");
-        assert_eq!(first_status_wait(Some(&created), at(200)), Some(Duration::from_millis(800)));
-        assert_eq!(first_status_wait(Some(&created), at(1_000)), None);
+        // The stamp has whole seconds: a group stamped 1,000 s was made before 1,001 s.
+        assert_eq!(first_status_wait(Some(&created), at(200)), Some(Duration::from_millis(1_800)));
+        assert_eq!(first_status_wait(Some(&created), at(1_500)), Some(Duration::from_millis(500)));
+        assert_eq!(first_status_wait(Some(&created), at(2_000)), None);
         assert_eq!(first_status_wait(Some(&created), at(5_000)), None);
         assert_eq!(first_status_wait(Some(&created), at(-500)), None, "created ahead of this clock: now");
         assert_eq!(first_status_wait(None, at(0)), None);
@@ -984,12 +1017,9 @@ mod tests {
         let pods = [pod("Pending", true, None)];
         let refs: Vec<&Pod> = pods.iter().collect();
         let first = pod_group_status(&group(2), &refs, None, now());
-        assert_eq!(pace_of(None, &first, Some(&created), at(200)), Pace::Young(Duration::from_millis(800)));
-        assert_eq!(pace_of(None, &first, Some(&created), at(2_000)), Pace::Now);
-        let counted = PodGroupStatus { pods: first.pods + 1, ..first.clone() };
-        assert_eq!(pace_of(Some(&first), &counted, Some(&created), at(200)), Pace::Paced);
-        let admitted = PodGroupStatus { phase: Some(GroupPhase::Admitted), ..first.clone() };
-        assert_eq!(pace_of(Some(&first), &admitted, Some(&created), at(200)), Pace::Now, "not the first: at once");
+        assert_eq!(pace_of::<PodGroupStatus>(None, Some(&created), at(200)), Pace::Young(Duration::from_millis(1_800)));
+        assert_eq!(pace_of::<PodGroupStatus>(None, Some(&created), at(2_000)), Pace::Paced);
+        assert_eq!(pace_of(Some(&first), Some(&created), at(200)), Pace::Paced, "not the first: paced only");
     }
 
     #[test]
@@ -1149,25 +1179,37 @@ mod pace_tests {
     }
 
     #[test]
-    fn only_counts_and_messages_wait_for_the_pace() {
-        let waiting = |pods, m| status(GroupPhase::Pending, pods, ("False", "Waiting", m));
-        let old = waiting(1, "1 of 3 pods exist");
-        let cases = [
-            ("a pod more, its message too: may wait", waiting(2, "2 of 3 pods exist"), true),
-            ("the phase moves: at once", status(GroupPhase::Admitted, 3, ("False", "Waiting", "")), false),
-            ("a condition's status moves: at once", status(GroupPhase::Pending, 3, ("True", "Waiting", "")), false),
-            (
-                "a condition's reason moves: at once",
-                status(GroupPhase::Pending, 1, ("False", "Unschedulable", "")),
-                false,
-            ),
-        ];
-        for (name, new, want) in cases {
-            assert_eq!(may_wait(Some(&old), &new), want, "{name}");
+    fn the_plan_clear_carries_the_status_fields_admission_computes() {
+        let waiting = status(GroupPhase::Pending, 1, ("False", "Waiting", "1 of 3 pods exist"));
+        let old = PodGroupStatus {
+            message: Some("waiting".into()),
+            observed_generation: Some(1),
+            rollbacks: 2,
+            resource_claim_statuses: vec![crate::crds::scheduling::PodGroupResourceClaimStatus {
+                name: "shared".into(),
+                resource_claim_name: Some("c".into()),
+            }],
+            ..waiting
+        };
+        let new = PodGroupStatus {
+            message: None,
+            observed_generation: Some(2),
+            ..status(GroupPhase::Admitted, 3, ("True", "Admitted", "fits"))
+        };
+        let body = fold_body(Some(&old), &new);
+        let map = body.as_object().expect("an object");
+        assert_eq!(map["plan"], serde_json::Value::Null, "the plan is cleared");
+        assert_eq!(map["phase"], "Admitted");
+        assert_eq!(map["pods"], 3);
+        assert_eq!(map["observedGeneration"], 2);
+        assert_eq!(map["conditions"][0]["reason"], "Admitted", "the conditions as computed");
+        assert_eq!(map["message"], serde_json::Value::Null, "a field no longer set is removed");
+        for theirs in ["rollbacks", "recentRollbacks", "lastRollbackTime", "avoidNodes", "resourceClaimStatuses"] {
+            assert!(!map.contains_key(theirs), "{theirs} has a writer of its own");
         }
-        assert!(!may_wait(None, &old), "a first status never waits");
-        let mut extra = old.clone();
-        extra.conditions.push(Condition { type_: "AdmissionError".into(), ..old.conditions[0].clone() });
-        assert!(!may_wait(Some(&old), &extra), "a condition added: at once");
+        // Nothing cached before: the computed fields and the plan's null only.
+        let first = fold_body::<PodGroupStatus>(None, &new);
+        assert_eq!(first["plan"], serde_json::Value::Null);
+        assert!(!first.as_object().expect("an object").contains_key("message"));
     }
 }
