@@ -10,8 +10,9 @@
 //!   topology annotation and every pod one GPU with its indices: each node's GPU model
 //!   (`node_gpus_of` over the kept `GpuNode`s, as every cycle did before; `GpuModels::update`
 //!   with no node changed, as a cycle does now, and with every node changed, as after a
-//!   relist) and the device pass's plan over the kept `GpuPod`s (the ledger rebuilt, nothing
-//!   to assign).
+//!   relist) and the device pass's plan over the kept `GpuPod`s, nothing to assign: the
+//!   ledger rebuilt (as every cycle did before) and kept (`plan_kept` with no pod changed, as
+//!   a cycle does now).
 //!
 //! Node names share a long prefix and UIDs are UUID-shaped, as in a cluster: with short
 //! names, maps ordered by them look cheaper than they are.
@@ -183,9 +184,22 @@ fn bench(c: &mut Criterion) {
     let snapshot = state.snapshot();
     let plan = muster::controllers::devices::plan(&gpu_pods, &snapshot, &gpus);
     assert!(plan.assignments.is_empty() && plan.reports.is_empty(), "every pod has its GPUs, no conflict");
-    c.bench_function("GPU state: device pass plan over 10,000 GPU pods (each cycle)", |b| {
+    c.bench_function("GPU state: device pass plan over 10,000 GPU pods, ledger rebuilt (each cycle before)", |b| {
         b.iter(|| black_box(muster::controllers::devices::plan(&gpu_pods, &snapshot, &gpus).assignments.len()))
     });
+    let mut kept = muster::devices::KeptLedger::default();
+    let chosen = HashMap::new();
+    let first = muster::controllers::devices::plan_kept(&gpu_pods, &snapshot, &gpus, &chosen, &mut kept);
+    assert_eq!(first.ledger, plan.ledger, "the kept ledger is the rebuilt one");
+    c.bench_function(
+        "GPU state: device pass plan over 10,000 GPU pods, ledger kept, no pod changed (each cycle)",
+        |b| {
+            b.iter(|| {
+                let plan = muster::controllers::devices::plan_kept(&gpu_pods, &snapshot, &gpus, &chosen, &mut kept);
+                black_box(plan.assignments.len())
+            })
+        },
+    );
     let mut quiet = Quiet::default();
     let now = Instant::now();
     quiet.cycled(7, state.generation(), None);

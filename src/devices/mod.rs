@@ -36,7 +36,8 @@ pub use health::{
     NodeMetrics, healthy_mask,
 };
 pub use ledger::{
-    Claim, Conflict, IndicesError, Ledger, LedgerProblem, PodPhase, PodRecord, format_indices, parse_indices,
+    Claim, Conflict, IndicesError, KeptLedger, Ledger, LedgerProblem, PodPhase, PodRecord, format_indices,
+    parse_indices,
 };
 pub use problem::{GpuProblem, GpuProblemKind};
 pub use score::{Fit, NodeScore, fit, node_score};

@@ -16,7 +16,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::status::Outcome;
+use super::status::{Outcome, StatusPacing};
 use super::{Admitter, FAULT_EXIT_ENV, GroupRef, MIN_BACKOFF, RootKey, World, Writer, error_backoff, is_gated};
 use crate::controllers::context::{Context, Detached, Error, Result, at_most, bounded};
 use crate::controllers::metrics::ObjectErrorLabels;
@@ -642,7 +642,9 @@ impl Admitter {
         let key = &job.key;
         // Its status waits for the binds: the plan's clear writes it then (see
         // `status::PLAN_STATUS_HOLD`).
-        self.status_not_before.insert(key.clone(), Instant::now() + super::status::PLAN_STATUS_HOLD);
+        let now = Instant::now();
+        let pacing = self.status_pacing.entry(key.clone()).or_default();
+        (pacing.written, pacing.hold) = (Some(now), Some(now + super::status::PLAN_STATUS_HOLD));
         let memory = self.roots.entry(key.clone()).or_default();
         memory.failures = 0;
         memory.next_attempt = None;
@@ -779,7 +781,8 @@ impl Admitter {
             match result {
                 // A clear is a write of the group's status: the status pace counts it.
                 Ok(()) => {
-                    self.status_not_before.insert(key, Instant::now() + super::status::STATUS_PACE);
+                    // The hold ends: the clear wrote the status.
+                    self.status_pacing.insert(key, StatusPacing { written: Some(Instant::now()), hold: None });
                 }
                 Err(e) => {
                     let at = self.root_error(&key, "clear its plan", &e).await;

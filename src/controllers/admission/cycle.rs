@@ -313,6 +313,9 @@ impl Admitter {
         let job = Arc::new(job);
         let (writer, signal, task_job) = (self.writer.clone(), self.signal.clone(), job.clone());
         writer.unseen().committing.insert(key.clone());
+        // A status of its sent in a batch still waiting for its turn is dropped (see
+        // `apply_statuses`): it must not count as sent.
+        self.status_sent.remove(&key);
         let task = self.commits.spawn(async move {
             let result = writer.commit(&task_job).await;
             writer.unseen().committing.remove(&task_job.key);

@@ -194,10 +194,10 @@ struct Admitter {
     gpu_problems: BTreeMap<String, Vec<crate::devices::GpuProblem>>,
     /// Groups whose last status write failed: errors in a row, not before, the last message.
     status_errors: HashMap<RootKey, (u32, Instant, String)>,
-    /// Groups whose next status write waits, until when: a write (of its status or plan) was
-    /// less than `status::STATUS_PACE` ago, or its plan's pods are binding
-    /// (`status::PLAN_STATUS_HOLD`).
-    status_not_before: HashMap<RootKey, Instant>,
+    /// What paces each group's next status write (see `status::StatusPacing`).
+    status_pacing: HashMap<RootKey, status::StatusPacing>,
+    /// The status last sent per group with a write to make (see `status::SentStatus`).
+    status_sent: HashMap<RootKey, status::SentStatus>,
     /// PodGroups whose status, as last computed, is the one cached: a fingerprint of what it
     /// was computed from (see `status::status_inputs`). While that stands the status is not
     /// computed again: with a thousand gangs, computing every status every cycle was a large
@@ -344,7 +344,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         gpu_models: GpuModels::default(),
         gpu_problems: BTreeMap::new(),
         status_errors: HashMap::new(),
-        status_not_before: HashMap::new(),
+        status_pacing: HashMap::new(),
+        status_sent: HashMap::new(),
         status_settled: HashMap::new(),
         status_batch: None,
         clears: None,

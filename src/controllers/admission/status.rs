@@ -512,7 +512,7 @@ impl Admitter {
             } else if clearing.contains(&key) {
                 folded.insert(key.clone(), fold_body(pg.status.as_ref(), &status));
             } else if !keep.contains(&key) {
-                let pace = pace_of(pg.status.as_ref(), pg.metadata.creation_timestamp.as_ref(), now);
+                let pace = pace_of(pg.status.as_ref(), &status, pg.metadata.creation_timestamp.as_ref(), now);
                 let version = pg.metadata.resource_version.clone();
                 writes.push((key.clone(), pace, version, serde_json::to_value(&status).unwrap_or_default()));
             }
@@ -559,23 +559,23 @@ impl Admitter {
             if clearing.contains(&key) {
                 folded.insert(key, fold_body(cpg.status.as_ref(), &status));
             } else if !keep.contains(&key) {
-                let pace = pace_of(cpg.status.as_ref(), cpg.metadata.creation_timestamp.as_ref(), now);
+                let pace = pace_of(cpg.status.as_ref(), &status, cpg.metadata.creation_timestamp.as_ref(), now);
                 let version = cpg.metadata.resource_version.clone();
                 writes.push((key, pace, version, serde_json::to_value(&status).unwrap_or_default()));
             }
         }
-        // A group's status is written at most once per STATUS_PACE (its plan writes count).
+        // A group's status is paced by its last write (its plan writes count).
         let at = Instant::now();
-        self.status_not_before.retain(|_, t| *t > at);
+        self.status_pacing.retain(|_, p| p.live(at));
+        // What was sent for a group matters only while it has a write to make.
+        let pending: HashSet<&RootKey> = writes.iter().map(|(key, ..)| key).collect();
+        self.status_sent.retain(|key, _| pending.contains(key));
         let mut wait: Option<Instant> = None;
         let mut due: Vec<StatusWrite> = writes
             .into_iter()
+            .filter(|(key, _, version, status)| !self.status_sent.get(key).is_some_and(|sent| sent.is(version, status)))
             .filter_map(|(key, pace, version, status)| {
-                let paced = self.status_not_before.get(&key).copied();
-                let next = match pace {
-                    Pace::Paced => paced,
-                    Pace::Young(left) => Some(paced.map_or(at + left, |p| p.max(at + left))),
-                };
+                let next = due_at(pace, self.status_pacing.get(&key).copied().unwrap_or_default(), at);
                 match next {
                     Some(next) => {
                         wait = Some(wait.map_or(next, |w| w.min(next)));
@@ -615,6 +615,9 @@ impl Admitter {
             if let Some((_, until, _)) = self.status_errors.get(&key).filter(|(_, until, _)| *until > now) {
                 retry = Some(retry.map_or(*until, |r| r.min(*until)));
                 continue;
+            }
+            if version.is_some() {
+                self.status_sent.insert(key.clone(), SentStatus::of(&version, &status));
             }
             due.push((key, version, status));
         }
@@ -680,9 +683,10 @@ impl Admitter {
             match result {
                 Ok(()) => {
                     self.status_errors.remove(&key);
-                    self.status_not_before.insert(key, Instant::now() + STATUS_PACE);
+                    self.status_pacing.entry(key).or_default().written = Some(Instant::now());
                 }
                 Err(e) => {
+                    self.status_sent.remove(&key);
                     let kind = if key.composite { "CompositePodGroup" } else { "PodGroup" };
                     self.ctx.metrics.reconcile_error(CONTROLLER, e.metric_label());
                     self.ctx.metrics.object_errors.get_or_create(&object_labels(kind, e.reason())).inc();
@@ -799,6 +803,10 @@ pub(super) const STATUS_PACE: std::time::Duration = std::time::Duration::from_se
 /// How long a root's status waits after its commit went through: kube-scheduler binds its
 /// pods meanwhile, and the plan's clear then writes the status (admitted and scheduled at
 /// once) in the same patch. A gang whose binds take longer gets its admitted status then.
+/// The least time between a group's last write and a write of its counts and messages only
+/// (its phase and conditions standing): pods started one by one, seconds apart on a busy
+/// cluster, make one write, not one each.
+pub(super) const COUNT_PACE: std::time::Duration = std::time::Duration::from_secs(5);
 pub(super) const PLAN_STATUS_HOLD: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Status fields written by the commit protocol with their own merge patches (the plan, and
@@ -809,6 +817,13 @@ const COMMIT_FIELDS: [&str; 5] = ["plan", "rollbacks", "recentRollbacks", "lastR
 /// A group status part of which is written by the commit protocol.
 trait CommitRecord: Clone + PartialEq {
     fn without_commit_record(&self) -> Self;
+    /// The phase and each condition's type, status and reason: a change of that is written
+    /// at [`STATUS_PACE`], of counts and messages only at [`COUNT_PACE`].
+    fn standing(&self) -> (Option<GroupPhase>, Vec<(&str, &str, &str)>);
+}
+
+fn condition_keys(conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]) -> Vec<(&str, &str, &str)> {
+    conditions.iter().map(|c| (c.type_.as_str(), c.status.as_str(), c.reason.as_str())).collect()
 }
 
 impl CommitRecord for PodGroupStatus {
@@ -822,6 +837,10 @@ impl CommitRecord for PodGroupStatus {
             ..self.clone()
         }
     }
+
+    fn standing(&self) -> (Option<GroupPhase>, Vec<(&str, &str, &str)>) {
+        (self.phase, condition_keys(&self.conditions))
+    }
 }
 
 impl CommitRecord for CompositePodGroupStatus {
@@ -834,6 +853,10 @@ impl CommitRecord for CompositePodGroupStatus {
             avoid_nodes: Vec::new(),
             ..self.clone()
         }
+    }
+
+    fn standing(&self) -> (Option<GroupPhase>, Vec<(&str, &str, &str)>) {
+        (self.phase, condition_keys(&self.conditions))
     }
 }
 
@@ -872,20 +895,51 @@ fn status_inputs(pg: &PodGroup, pods: &[&Pod], outcome: Option<&Outcome>, error:
 /// When a group's changed status is written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Pace {
-    /// At once, unless the group was written less than [`STATUS_PACE`] ago: then once that
-    /// has passed.
-    Paced,
+    /// Its phase or a condition moved: [`STATUS_PACE`] after the group's last write.
+    Standing,
+    /// Counts and messages only (its pods created, bound, started one by one):
+    /// [`COUNT_PACE`] after the group's last write.
+    Counts,
     /// Its first status, the group young: after this much more (see [`first_status_wait`]),
-    /// and paced as well.
+    /// and [`STATUS_PACE`] after the group's last write (its plan's).
     Young(std::time::Duration),
 }
 
-/// PURE: when a group's changed status (`old` the one cached) is written at `now`.
-fn pace_of<S>(old: Option<&S>, created: Option<&Time>, now: Timestamp) -> Pace {
+/// PURE: how a group's status, changed from `old` (the one cached) to `new`, is paced at
+/// `now`.
+fn pace_of<S: CommitRecord>(old: Option<&S>, new: &S, created: Option<&Time>, now: Timestamp) -> Pace {
     match (old, first_status_wait(created, now)) {
         (None, Some(left)) => Pace::Young(left),
-        _ => Pace::Paced,
+        (Some(old), _) if old.standing() == new.standing() => Pace::Counts,
+        _ => Pace::Standing,
     }
+}
+
+/// What paces a group's next status write: when the group was last written (its status, its
+/// plan, its plan's clear), and until when its status waits for its plan's binds
+/// ([`PLAN_STATUS_HOLD`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct StatusPacing {
+    pub written: Option<Instant>,
+    pub hold: Option<Instant>,
+}
+
+impl StatusPacing {
+    /// Whether it still paces anything after `at`.
+    pub(super) fn live(&self, at: Instant) -> bool {
+        self.written.is_some_and(|w| w + COUNT_PACE > at) || self.hold.is_some_and(|h| h > at)
+    }
+}
+
+/// PURE: when a status write paced `pace` may go at `at`: `None` now.
+fn due_at(pace: Pace, pacing: StatusPacing, at: Instant) -> Option<Instant> {
+    let after = |d: std::time::Duration| pacing.written.map(|w| w + d);
+    let due = match pace {
+        Pace::Standing => after(STATUS_PACE),
+        Pace::Counts => after(COUNT_PACE),
+        Pace::Young(left) => Some(after(STATUS_PACE).map_or(at + left, |d| d.max(at + left))),
+    };
+    [due, pacing.hold].into_iter().flatten().max().filter(|due| *due > at)
 }
 
 /// PURE: the merge patch of a root's status that clears its plan and writes `new`, the status
@@ -918,6 +972,42 @@ pub(super) struct Groups<'a> {
     pub pgs: &'a [Arc<PodGroup>],
     pub cpgs: &'a [Arc<CompositePodGroup>],
     pub trees: &'a [GroupTree],
+}
+
+/// A status sent for a group: the group's resourceVersion it was computed on, and the
+/// status without its conditions' transition times. While the cache still shows that version
+/// (it lags behind the write, seconds on a busy API server), the status computed again is the
+/// one sent: it is not sent again (on a busy cluster a tenth of the group status writes were
+/// such repeats). A status computed on another version, or another status, is sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct SentStatus {
+    version: Option<String>,
+    status: u64,
+}
+
+impl SentStatus {
+    fn of(version: &Option<String>, status: &serde_json::Value) -> Self {
+        SentStatus { version: version.clone(), status: without_transition_times(status) }
+    }
+
+    fn is(&self, version: &Option<String>, status: &serde_json::Value) -> bool {
+        self.version == *version && self.status == without_transition_times(status)
+    }
+}
+
+/// PURE: a fingerprint of a status without its conditions' transition times (computed again on
+/// a stale cache, a transition is stamped again).
+fn without_transition_times(status: &serde_json::Value) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut status = status.clone();
+    if let Some(conditions) = status.get_mut("conditions").and_then(serde_json::Value::as_array_mut) {
+        for c in conditions.iter_mut().filter_map(serde_json::Value::as_object_mut) {
+            c.remove("lastTransitionTime");
+        }
+    }
+    let mut h = std::hash::DefaultHasher::new();
+    status.to_string().hash(&mut h);
+    h.finish()
 }
 
 /// A group status to write: the group, the resourceVersion it was computed on, the status.
@@ -1017,9 +1107,12 @@ mod tests {
         let pods = [pod("Pending", true, None)];
         let refs: Vec<&Pod> = pods.iter().collect();
         let first = pod_group_status(&group(2), &refs, None, now());
-        assert_eq!(pace_of::<PodGroupStatus>(None, Some(&created), at(200)), Pace::Young(Duration::from_millis(1_800)));
-        assert_eq!(pace_of::<PodGroupStatus>(None, Some(&created), at(2_000)), Pace::Paced);
-        assert_eq!(pace_of(Some(&first), Some(&created), at(200)), Pace::Paced, "not the first: paced only");
+        assert_eq!(pace_of(None, &first, Some(&created), at(200)), Pace::Young(Duration::from_millis(1_800)));
+        assert_eq!(pace_of(None, &first, Some(&created), at(2_000)), Pace::Standing);
+        let counted = PodGroupStatus { pods: first.pods + 1, ..first.clone() };
+        assert_eq!(pace_of(Some(&first), &counted, Some(&created), at(200)), Pace::Counts);
+        let admitted = PodGroupStatus { phase: Some(GroupPhase::Admitted), ..first.clone() };
+        assert_eq!(pace_of(Some(&first), &admitted, Some(&created), at(200)), Pace::Standing);
     }
 
     #[test]
@@ -1176,6 +1269,66 @@ mod pace_tests {
             }],
             ..PodGroupStatus::default()
         }
+    }
+
+    #[test]
+    fn a_write_waits_for_its_pace_after_the_groups_last_write_and_for_a_plans_hold() {
+        use std::time::Duration;
+        let t0 = Instant::now();
+        let s = |ms: u64| t0 + Duration::from_millis(ms);
+        let written = |ms| StatusPacing { written: Some(s(ms)), hold: None };
+        let held = |w, h| StatusPacing { written: Some(s(w)), hold: Some(s(h)) };
+        let cases = [
+            ("never written: now", Pace::Standing, StatusPacing::default(), 0, None),
+            ("counts, never written: now", Pace::Counts, StatusPacing::default(), 0, None),
+            ("a phase 0.3 s after a write: at 1 s", Pace::Standing, written(0), 300, Some(s(1_000))),
+            ("a phase 1 s after a write: now", Pace::Standing, written(0), 1_000, None),
+            ("counts 1 s after a write: at 5 s", Pace::Counts, written(0), 1_000, Some(s(5_000))),
+            ("counts 5 s after a write: now", Pace::Counts, written(0), 5_000, None),
+            (
+                "a phase while a plan's binds are held: at the hold's end",
+                Pace::Standing,
+                held(0, 5_000),
+                1_200,
+                Some(s(5_000)),
+            ),
+            ("counts past the hold: their own pace", Pace::Counts, held(4_000, 4_500), 4_600, Some(s(9_000))),
+            (
+                "a young group, never written: when old enough",
+                Pace::Young(Duration::from_millis(700)),
+                StatusPacing::default(),
+                0,
+                Some(s(700)),
+            ),
+            (
+                "a young group just committed: its plan's pace",
+                Pace::Young(Duration::from_millis(200)),
+                written(100),
+                100,
+                Some(s(1_100)),
+            ),
+        ];
+        for (case, pace, pacing, at, want) in cases {
+            assert_eq!(due_at(pace, pacing, s(at)), want, "{case}");
+        }
+        assert!(written(0).live(s(4_999)) && !written(0).live(s(5_000)), "kept while a count pace can wait on it");
+        assert!(held(0, 6_000).live(s(5_500)));
+    }
+
+    #[test]
+    fn a_status_sent_is_not_sent_again_while_the_cache_shows_the_version_it_was_computed_on() {
+        let stamped = |secs: i64, running: i32| {
+            let mut s = status(GroupPhase::Admitted, 3, ("True", "Admitted", "fits"));
+            s.running = running;
+            s.conditions[0].last_transition_time = Time(Timestamp::from_second(secs).expect("ts"));
+            serde_json::to_value(&s).expect("json")
+        };
+        let v7 = Some("7".to_string());
+        let sent = SentStatus::of(&v7, &stamped(10, 1));
+        assert!(sent.is(&v7, &stamped(10, 1)), "the same status on the same version");
+        assert!(sent.is(&v7, &stamped(12, 1)), "stamped again on the stale cache: still the same");
+        assert!(!sent.is(&v7, &stamped(10, 2)), "another status: sent");
+        assert!(!sent.is(&Some("9".to_string()), &stamped(10, 1)), "computed on another version: sent");
     }
 
     #[test]

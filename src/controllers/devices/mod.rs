@@ -2,7 +2,8 @@
 //! node gave it (allocated DRA claims; kubelet's assignment as the node agent reads it back,
 //! correcting muster's plan where kubelet chose otherwise), gives concrete indices to
 //! GPU pods that were bound without muster's admission, forgets the indices of finished and
-//! deleted pods at once (the ledger is rebuilt from live pods), reports a GPU claimed by two
+//! deleted pods at once (the ledger is kept from the live pods, each node's part built again
+//! when its pods change), reports a GPU claimed by two
 //! live pods as a conflict (event + `muster_gpu_conflicts`), and exports per-node GPU gauges.
 //! It runs on the leader, right after each admission cycle, on the same watch caches.
 //!
@@ -26,7 +27,9 @@ use super::metrics::{NodeLabels, ReasonLabels};
 use crate::crds::GPU_INDICES_ANNOTATION;
 use crate::devices::chooser::NodeModels;
 use crate::devices::report::kubelet_indices;
-use crate::devices::{GpuSet, Ledger, LedgerProblem, PodRecord, SelectOptions, format_indices, parse_indices, select};
+use crate::devices::{
+    GpuSet, KeptLedger, Ledger, LedgerProblem, PodRecord, SelectOptions, format_indices, parse_indices, select,
+};
 use crate::pods::{DevicePod, Placement, PodClass};
 use crate::scheduler::Snapshot;
 
@@ -184,12 +187,38 @@ fn held_by_node(
 pub struct DevicePlan<'a> {
     /// Every live pod's GPUs: what the nodes confirmed, the annotations, and the choices of
     /// [`Self::assignments`].
-    pub ledger: Ledger,
+    pub ledger: PlanLedger<'a>,
     /// Problems present now, each once.
     pub reports: Vec<Report>,
     /// Annotations to write: what nodes confirmed where the pod says otherwise, then GPU pods
     /// bound without indices, in the order they were given GPUs (oldest first).
     pub assignments: Vec<Assignment<'a>>,
+}
+
+/// The ledger a pass plans on: every live pod's GPUs as the pods state them (what the nodes
+/// confirmed, the annotations), kept across passes or built for this one, and the GPUs this
+/// pass chose for pods without indices.
+#[derive(Debug, PartialEq)]
+pub struct PlanLedger<'a> {
+    stated: Cow<'a, Ledger>,
+    chosen: Ledger,
+}
+
+impl PlanLedger<'_> {
+    /// GPUs of `node` held by some pod.
+    pub fn used_mask(&self, node: &str) -> GpuSet {
+        self.stated.used_mask(node).union(self.chosen.used_mask(node))
+    }
+
+    /// What `pod_uid` holds.
+    pub fn claim(&self, pod_uid: &str) -> Option<&crate::devices::Claim> {
+        self.stated.claim(pod_uid).or_else(|| self.chosen.claim(pod_uid))
+    }
+
+    /// The pod holding GPU `index` of `node`.
+    pub fn holder(&self, node: &str, index: usize) -> Option<&str> {
+        self.stated.holder(node, index).or_else(|| self.chosen.holder(node, index))
+    }
 }
 
 /// The ledger of `pods`, and indices for every bound GPU pod whose annotation is missing or
@@ -214,124 +243,174 @@ pub fn plan<'a, P: DevicePod>(pods: &'a [P], snapshot: &Snapshot, gpus: &impl No
 /// [`plan`], where `chosen` (pod UID -> node and GPUs) holds what earlier passes chose for
 /// pods whose annotation the cache does not show yet (written, or being written): those pods
 /// get the same GPUs again, before any other pod is given GPUs, so no pass hands them to
-/// another pod while the write is on its way to the cache.
+/// another pod while the write is on its way to the cache. The ledger of what the pods state
+/// is built afresh ([`Ledger::rebuild`]).
 pub fn plan_with<'a, P: DevicePod>(
     pods: &'a [P],
     snapshot: &Snapshot,
     gpus: &impl NodeModels,
     chosen: &HashMap<String, (String, GpuSet)>,
 ) -> DevicePlan<'a> {
-    // Terminating pods stay: in their grace period they still run on their GPUs.
-    let located: Vec<(&dyn DevicePod, Cow<'_, str>)> =
-        pods.iter().map(|p| p as &dyn DevicePod).filter_map(|p| node_of(p, snapshot).map(|n| (p, n))).collect();
-    let mut reports = Vec::new();
-    let held: Vec<Option<Held>> =
-        located.iter().map(|(p, node)| held_by_node(*p, node, snapshot, gpus, &mut reports)).collect();
-    let held_text: Vec<Option<String>> = held.iter().map(|h| h.as_ref().map(|h| format_indices(h.gpus))).collect();
-    let records = located.iter().zip(&held_text).map(|((p, node), truth)| PodRecord {
-        node,
-        uid: p.uid(),
-        created: p.created(),
-        indices: truth.as_deref().or_else(|| p.gpu_indices()),
-        phase: phase_of(*p),
-        bound: is_bound(*p),
-        terminating: is_terminating(*p),
-        node_gpus: snapshot.node(node).map_or(0, |n| n.gpu_count as usize),
-        confirmed: truth.is_some(),
-    });
-    let (mut ledger, problems) = Ledger::rebuild(records);
-    reports.extend(problems.iter().map(Report::from_ledger));
+    let inputs = Inputs::of(pods, snapshot, gpus);
+    let (ledger, problems) = Ledger::rebuild(inputs.records(snapshot));
+    inputs.plan(Cow::Owned(ledger), problems.iter(), gpus, chosen)
+}
 
-    // `gpu.muster.dev/indices` states what the node gave the pod.
-    let mut assignments: Vec<Assignment<'a>> = located
-        .iter()
-        .zip(held)
-        .filter_map(|((pod, node), held)| {
-            let held = held?;
-            let written = pod.gpu_indices().and_then(|v| parse_indices(v).ok());
-            (written != Some(held.gpus) && !is_finished(*pod)).then(|| Assignment {
-                pod: *pod,
-                node: node.to_string(),
-                gpus: held.gpus,
-                write: !is_terminating(*pod),
-                source: held.source,
-            })
+/// [`plan_with`] on the ledger `kept` across passes: only the nodes whose pods' records
+/// changed are built again ([`KeptLedger::update`]; always equal to a rebuild).
+pub fn plan_kept<'a, P: DevicePod>(
+    pods: &'a [P],
+    snapshot: &Snapshot,
+    gpus: &impl NodeModels,
+    chosen: &HashMap<String, (String, GpuSet)>,
+    kept: &'a mut KeptLedger,
+) -> DevicePlan<'a> {
+    let inputs = Inputs::of(pods, snapshot, gpus);
+    kept.update(inputs.records(snapshot));
+    let kept: &'a KeptLedger = kept;
+    inputs.plan(Cow::Borrowed(kept.ledger()), kept.problems(), gpus, chosen)
+}
+
+/// What a pass reads of its pods before it plans: the located ones (terminating pods stay: in
+/// their grace period they still run on their GPUs), what each one's node gave it, and the
+/// problems met reading that.
+struct Inputs<'a, 's> {
+    located: Vec<(&'a dyn DevicePod, Cow<'s, str>)>,
+    held: Vec<Option<Held>>,
+    /// `held` as annotation values, what the ledger records read.
+    held_text: Vec<Option<String>>,
+    reports: Vec<Report>,
+}
+
+impl<'a: 's, 's> Inputs<'a, 's> {
+    fn of<P: DevicePod>(pods: &'a [P], snapshot: &'s Snapshot, gpus: &impl NodeModels) -> Self {
+        let located: Vec<(&dyn DevicePod, Cow<'_, str>)> =
+            pods.iter().map(|p| p as &dyn DevicePod).filter_map(|p| node_of(p, snapshot).map(|n| (p, n))).collect();
+        let mut reports = Vec::new();
+        let held: Vec<Option<Held>> =
+            located.iter().map(|(p, node)| held_by_node(*p, node, snapshot, gpus, &mut reports)).collect();
+        let held_text = held.iter().map(|h| h.as_ref().map(|h| format_indices(h.gpus))).collect();
+        Inputs { located, held, held_text, reports }
+    }
+
+    /// The ledger's record of each located pod.
+    fn records<'r>(&'r self, snapshot: &'r Snapshot) -> impl Iterator<Item = PodRecord<'r>> {
+        self.located.iter().zip(&self.held_text).map(|((p, node), truth)| PodRecord {
+            node,
+            uid: p.uid(),
+            created: p.created(),
+            indices: truth.as_deref().or_else(|| p.gpu_indices()),
+            phase: phase_of(*p),
+            bound: is_bound(*p),
+            terminating: is_terminating(*p),
+            node_gpus: snapshot.node(node).map_or(0, |n| n.gpu_count as usize),
+            confirmed: truth.is_some(),
         })
-        .collect();
-    // GPU pods kube-scheduler bound without muster (and not read back yet): give them indices
-    // right after binding.
-    let mut unassigned: Vec<&(&dyn DevicePod, Cow<'_, str>)> = located
-        .iter()
-        .zip(&held_text)
-        .filter(|(_, confirmed)| confirmed.is_none())
-        .map(|(located, _)| located)
-        .filter(|(p, _)| {
-            !phase_of(*p).is_terminal() && is_bound(*p) && p.gpus_wanted() > 0 && p.gpu_indices().is_none()
-        })
-        .collect();
-    // Pods chosen for before come first, then the oldest.
-    let earlier = |p: &dyn DevicePod, node: &str| chosen.get(p.uid()).filter(|(n, _)| n == node).map(|(_, g)| *g);
-    unassigned.sort_by(|(a, na), (b, nb)| {
-        let age = |p: &dyn DevicePod| {
-            let created = p.created();
-            (created.is_none(), created)
-        };
-        let fresh = |p: &dyn DevicePod, n: &str| earlier(p, n).is_none();
-        fresh(*a, na).cmp(&fresh(*b, nb)).then_with(|| age(*a).cmp(&age(*b))).then_with(|| a.uid().cmp(b.uid()))
-    });
-    for (pod, node) in unassigned {
-        let Some(node_gpus) = gpus.model(node.as_ref()) else { continue };
-        let wanted = usize::try_from(pod.gpus_wanted()).unwrap_or(usize::MAX);
-        let terminating = is_terminating(*pod);
-        let used = ledger.used_mask(node);
-        let free = node_gpus.topology.all().difference(used);
-        // What an earlier pass chose, while those GPUs are still free; else prefer healthy
-        // GPUs (the pod is bound already, so fall back to any free one).
-        let again = earlier(*pod, node)
-            .filter(|g| {
-                g.len() == wanted
-                    && g.intersection(used).is_empty()
-                    && g.difference(node_gpus.topology.all()).is_empty()
+    }
+
+    /// The plan on `stated` (the ledger of these pods' records) and its `problems`.
+    fn plan<'p>(
+        self,
+        stated: Cow<'a, Ledger>,
+        problems: impl Iterator<Item = &'p LedgerProblem>,
+        gpus: &impl NodeModels,
+        chosen: &HashMap<String, (String, GpuSet)>,
+    ) -> DevicePlan<'a> {
+        let Inputs { located, held, held_text, mut reports } = self;
+        reports.extend(problems.map(Report::from_ledger));
+        // `gpu.muster.dev/indices` states what the node gave the pod.
+        let mut assignments: Vec<Assignment<'a>> = located
+            .iter()
+            .zip(held)
+            .filter_map(|((pod, node), held)| {
+                let held = held?;
+                let written = pod.gpu_indices().and_then(|v| parse_indices(v).ok());
+                (written != Some(held.gpus) && !is_finished(*pod)).then(|| Assignment {
+                    pod: *pod,
+                    node: node.to_string(),
+                    gpus: held.gpus,
+                    write: !is_terminating(*pod),
+                    source: held.source,
+                })
             })
-            .map(|gpus| crate::devices::select::Selection { gpus, cost: 0 });
-        let choice = again
-            .or_else(|| {
-                select(
-                    &node_gpus.topology,
-                    crate::devices::available(&node_gpus.health, used),
-                    wanted,
-                    SelectOptions::default(),
-                )
+            .collect();
+        // GPU pods kube-scheduler bound without muster (and not read back yet): give them
+        // indices right after binding.
+        let mut unassigned: Vec<&(&dyn DevicePod, Cow<'_, str>)> = located
+            .iter()
+            .zip(&held_text)
+            .filter(|(_, confirmed)| confirmed.is_none())
+            .map(|(located, _)| located)
+            .filter(|(p, _)| {
+                !phase_of(*p).is_terminal() && is_bound(*p) && p.gpus_wanted() > 0 && p.gpu_indices().is_none()
             })
-            .or_else(|| select(&node_gpus.topology, free, wanted, SelectOptions::default()));
-        let uid = pod.uid();
-        let Some(choice) = choice else {
-            if !terminating {
-                reports.push(Report {
-                    key: format!("no-free-gpus/{uid}/{node}/{wanted}"),
-                    uid: uid.to_string(),
-                    reason: "GPUConflict",
-                    message: format!(
-                        "no {wanted} free GPU indices on node {node} for pod {}: the ledger holds {}",
-                        pod.name(),
-                        format_indices(used)
-                    ),
-                    conflict: true,
+            .collect();
+        // Pods chosen for before come first, then the oldest.
+        let earlier = |p: &dyn DevicePod, node: &str| chosen.get(p.uid()).filter(|(n, _)| n == node).map(|(_, g)| *g);
+        unassigned.sort_by(|(a, na), (b, nb)| {
+            let age = |p: &dyn DevicePod| {
+                let created = p.created();
+                (created.is_none(), created)
+            };
+            let fresh = |p: &dyn DevicePod, n: &str| earlier(p, n).is_none();
+            fresh(*a, na).cmp(&fresh(*b, nb)).then_with(|| age(*a).cmp(&age(*b))).then_with(|| a.uid().cmp(b.uid()))
+        });
+        let mut ledger = PlanLedger { stated, chosen: Ledger::new() };
+        for (pod, node) in unassigned {
+            let Some(node_gpus) = gpus.model(node.as_ref()) else { continue };
+            let wanted = usize::try_from(pod.gpus_wanted()).unwrap_or(usize::MAX);
+            let terminating = is_terminating(*pod);
+            let used = ledger.used_mask(node);
+            let free = node_gpus.topology.all().difference(used);
+            // What an earlier pass chose, while those GPUs are still free; else prefer healthy
+            // GPUs (the pod is bound already, so fall back to any free one).
+            let again = earlier(*pod, node)
+                .filter(|g| {
+                    g.len() == wanted
+                        && g.intersection(used).is_empty()
+                        && g.difference(node_gpus.topology.all()).is_empty()
+                })
+                .map(|gpus| crate::devices::select::Selection { gpus, cost: 0 });
+            let choice = again
+                .or_else(|| {
+                    select(
+                        &node_gpus.topology,
+                        crate::devices::available(&node_gpus.health, used),
+                        wanted,
+                        SelectOptions::default(),
+                    )
+                })
+                .or_else(|| select(&node_gpus.topology, free, wanted, SelectOptions::default()));
+            let uid = pod.uid();
+            let Some(choice) = choice else {
+                if !terminating {
+                    reports.push(Report {
+                        key: format!("no-free-gpus/{uid}/{node}/{wanted}"),
+                        uid: uid.to_string(),
+                        reason: "GPUConflict",
+                        message: format!(
+                            "no {wanted} free GPU indices on node {node} for pod {}: the ledger holds {}",
+                            pod.name(),
+                            format_indices(used)
+                        ),
+                        conflict: true,
+                    });
+                }
+                continue;
+            };
+            // Chosen on what is free of both parts, for a pod the stated part has no claim of.
+            if ledger.stated.claim(uid).is_none() && ledger.chosen.assign(node, uid, choice.gpus).is_ok() {
+                assignments.push(Assignment {
+                    pod: *pod,
+                    node: node.to_string(),
+                    gpus: choice.gpus,
+                    write: !terminating,
+                    source: Source::Chosen,
                 });
             }
-            continue;
-        };
-        if ledger.assign(node, uid, choice.gpus).is_ok() {
-            assignments.push(Assignment {
-                pod: *pod,
-                node: node.to_string(),
-                gpus: choice.gpus,
-                write: !terminating,
-                source: Source::Chosen,
-            });
         }
+        DevicePlan { ledger, reports, assignments }
     }
-    DevicePlan { ledger, reports, assignments }
 }
 
 /// The GPU gauges of one node, as last set.
@@ -507,6 +586,8 @@ pub struct DeviceReconciler {
     /// annotation: pod UID -> node, GPUs, whether the write went through. Later passes give
     /// those pods the same GPUs (see [`plan_with`]) and do not write them twice.
     chosen: HashMap<String, (String, GpuSet, bool)>,
+    /// The ledger of what the pods state, kept across passes (see [`plan_kept`]).
+    kept: KeptLedger,
 }
 
 impl Default for DeviceReconciler {
@@ -520,6 +601,7 @@ impl Default for DeviceReconciler {
             results: Results::default(),
             on_batch_done: None,
             chosen: HashMap::new(),
+            kept: KeptLedger::default(),
         }
     }
 }
@@ -586,7 +668,7 @@ impl DeviceReconciler {
         self.chosen.retain(|uid, _| by_uid.get(uid.as_str()).is_some_and(|p| p.gpu_indices().is_none()));
         let earlier: HashMap<String, (String, GpuSet)> =
             self.chosen.iter().map(|(uid, (node, gpus, _))| (uid.clone(), (node.clone(), *gpus))).collect();
-        let plan = plan_with(pods, snapshot, gpus, &earlier);
+        let plan = plan_kept(pods, snapshot, gpus, &earlier, &mut self.kept);
         for a in plan.assignments.iter().filter(|a| a.source == Source::Chosen) {
             let entry = self.chosen.entry(a.pod.uid().to_string()).or_insert((a.node.clone(), a.gpus, false));
             if (entry.0.as_str(), entry.1) != (a.node.as_str(), a.gpus) {
