@@ -1,7 +1,9 @@
 //! Status and events. First, PURE: what the status of a PodGroup or CompositePodGroup says,
 //! from its pods (or children), its previous status and the last admission outcome of its
 //! root (no client, no clock). Then the shell's writes of it: server-side apply of each
-//! status that changed, and events on a root and its owner.
+//! status that changed, paced per group by its last write (`due_at`), or the same status in
+//! the merge patch that clears its root's plan (`fold_body`), and events on a root and its
+//! owner.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -794,19 +796,20 @@ where
 
 /// How many group status writes of a cycle are in flight at once.
 const STATUS_CONCURRENCY: usize = 16;
-/// The least time between two writes of a group's status (its plan writes count): a gang
-/// created, admitted, bound and started within a second or two makes one or two status
-/// writes, not one per step (as kube's Job controller batches its status updates). At 1,000
-/// gangs a second the API server spent more on muster's group status writes than on any
-/// other write of muster's; a status a second late costs a user nothing.
+/// The least time between a group's last write (its status, its plan, its plan's clear) and a
+/// write of a new phase or condition: a gang created, admitted, bound and started within a
+/// second or two makes one or two status writes, not one per step (as kube's Job controller
+/// batches its status updates). In a saturated run the API server spent more on muster's
+/// group status writes than on any other write of muster's; a status a second late costs a
+/// user nothing.
 pub(super) const STATUS_PACE: std::time::Duration = std::time::Duration::from_secs(1);
-/// How long a root's status waits after its commit went through: kube-scheduler binds its
-/// pods meanwhile, and the plan's clear then writes the status (admitted and scheduled at
-/// once) in the same patch. A gang whose binds take longer gets its admitted status then.
 /// The least time between a group's last write and a write of its counts and messages only
 /// (its phase and conditions standing): pods started one by one, seconds apart on a busy
 /// cluster, make one write, not one each.
 pub(super) const COUNT_PACE: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long a root's status waits after its commit went through: kube-scheduler binds its
+/// pods meanwhile, and the plan's clear then writes the status (admitted and scheduled at
+/// once) in the same patch. A gang whose binds take longer gets its admitted status then.
 pub(super) const PLAN_STATUS_HOLD: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Status fields written by the commit protocol with their own merge patches (the plan, and

@@ -651,3 +651,42 @@ proptest::proptest! {
         proptest::prop_assert_eq!(refs(&whole), refs(&compact));
     }
 }
+
+#[test]
+fn a_plan_on_the_kept_ledger_equals_one_on_a_rebuilt_ledger_pass_after_pass() {
+    // Each pass changes something: a conflict appears, kubelet's truth arrives, a pod is bound
+    // without indices, a pod finishes. The kept ledger follows; the plans agree each time.
+    let nodes = [reported_node("n1", 4, &[("uid-old", &["GPU-n1-0", "GPU-n1-2"])]), node("n2", 8)];
+    let passes: Vec<Vec<Pod>> = vec![
+        vec![pod("ns", "old", 1, "n1", 2, Some("0,1")), pod("ns", "other", 2, "n2", 2, Some("0,1"))],
+        vec![
+            pod("ns", "old", 1, "n1", 2, Some("0,1")),
+            pod("ns", "young", 2, "n1", 2, Some("2,3")),
+            pod("ns", "other", 2, "n2", 2, Some("0,1")),
+        ],
+        vec![pod("ns", "old", 1, "n1", 2, Some("0,2")), pod("ns", "plain", 3, "n2", 2, None)],
+        vec![pod("ns", "plain", 3, "n2", 2, None)],
+    ];
+    let mut kept = crate::devices::KeptLedger::default();
+    let chosen = HashMap::new();
+    for (i, pods) in passes.iter().enumerate() {
+        let (snapshot, gpus) = world(&nodes, pods);
+        let rebuilt = plan_with(pods, &snapshot, &gpus, &chosen);
+        let on_kept = plan_kept(pods, &snapshot, &gpus, &chosen, &mut kept);
+        assert_eq!(on_kept.ledger, rebuilt.ledger, "pass {i}");
+        let gpus_of =
+            |p: &DevicePlan<'_>| p.assignments.iter().map(|a| (a.pod.uid().to_string(), a.gpus)).collect::<Vec<_>>();
+        assert_eq!(gpus_of(&on_kept), gpus_of(&rebuilt), "pass {i}");
+        let keys = |p: &DevicePlan<'_>| {
+            let mut k: Vec<String> = p.reports.iter().map(|r| r.key.clone()).collect();
+            k.sort();
+            k
+        };
+        assert_eq!(keys(&on_kept), keys(&rebuilt), "pass {i}");
+        // The passes do what they are for.
+        let conflict = rebuilt.reports.iter().any(|r| r.reason == "GPUConflict");
+        assert_eq!(conflict, i == 1, "pass {i}: {:?}", rebuilt.reports);
+        let plain_given = rebuilt.assignments.iter().any(|a| a.pod.uid() == "uid-plain" && a.source == Source::Chosen);
+        assert_eq!(plain_given, i >= 2, "pass {i}");
+    }
+}
