@@ -745,7 +745,13 @@ impl Admitter {
             return retry;
         }
         let (writer, signal) = (self.writer.clone(), self.signal.clone());
-        let keys = done.iter().map(|(key, _, _)| key.clone()).collect();
+        let keys: HashSet<RootKey> = done.iter().map(|(key, _, _)| key.clone()).collect();
+        // A status of theirs queued in a batch is not sent now (`Unseen::clearing`): it must
+        // not count as sent.
+        for key in &keys {
+            self.status_sent.remove(key);
+        }
+        writer.unseen().clearing.extend(keys.iter().cloned());
         let task = Detached::spawn(async move {
             let clears: Vec<_> = done
                 .into_iter()
@@ -753,6 +759,7 @@ impl Admitter {
                     let writer = writer.clone();
                     async move {
                         let result = writer.clear_plan(&key, version, status).await;
+                        writer.unseen().clearing.remove(&key);
                         (key, result.map(|_| ()))
                     }
                 })
@@ -769,6 +776,9 @@ impl Admitter {
     /// error. Returns when to retry those.
     pub(super) async fn book_clears(&mut self) -> Option<Instant> {
         let mut batch = self.clears.take_if(|b| b.task.is_finished())?;
+        // Each clear marks its root done on its own; a batch that ended without an answer
+        // must not leave its roots marked.
+        self.writer.unseen().clearing.retain(|k| !batch.keys.contains(k));
         let results = match batch.task.join().await {
             Ok(results) => results,
             Err(e) => {

@@ -293,6 +293,10 @@ struct Unseen {
     /// a batch is not sent (it was computed before the decision, and would move the version
     /// the commit's plan writes are fenced by).
     committing: HashSet<RootKey>,
+    /// Roots whose plan is being cleared: a status write of theirs still waiting for its turn
+    /// in a batch is not sent (the clear's patch carries a newer status, which it would
+    /// overwrite).
+    clearing: HashSet<RootKey>,
 }
 
 /// Runs admission until `shutdown` resolves.

@@ -499,7 +499,8 @@ impl Admitter {
             let outcome = outcome_of.get(&key).and_then(Option::as_ref);
             let error = self.roots.get(&key).and_then(|m| m.error.as_deref());
             let inputs = status_inputs(pg, pods, outcome, error);
-            if self.status_settled.get(&key) == Some(&inputs) {
+            let clears = clearing.contains(&key);
+            if !clears && self.status_settled.get(&key) == Some(&inputs) {
                 // Computed from the same inputs before, and it was the status cached then.
                 if pg.spec.parent_composite_pod_group_name.is_some() {
                     leaf_status.insert(key.clone(), pg.status.clone().unwrap_or_default());
@@ -507,11 +508,24 @@ impl Admitter {
                 settled.insert(key, inputs);
                 continue;
             }
-            let mut status = pod_group_status(pg, pods, outcome, now);
+            // A root whose plan this cycle clears: its status as it stands without that plan
+            // (the phase counts a plan in flight as admitted; its pods may be gone).
+            let without_plan;
+            let pg_now: &PodGroup = if clears && pg.status.as_ref().is_some_and(|s| s.plan.is_some()) {
+                let mut g = (**pg).clone();
+                if let Some(s) = g.status.as_mut() {
+                    s.plan = None;
+                }
+                without_plan = g;
+                &without_plan
+            } else {
+                pg
+            };
+            let mut status = pod_group_status(pg_now, pods, outcome, now);
             error_condition(&mut status.conditions, error, pg.metadata.generation, now);
             if same_status(pg.status.as_ref(), &status) {
                 settled.insert(key.clone(), inputs);
-            } else if clearing.contains(&key) {
+            } else if clears {
                 folded.insert(key.clone(), fold_body(pg.status.as_ref(), &status));
             } else if !keep.contains(&key) {
                 let pace = pace_of(pg.status.as_ref(), &status, pg.metadata.creation_timestamp.as_ref(), now);
@@ -638,7 +652,8 @@ impl Admitter {
                         // Otherwise the root is held back while the write is in flight.
                         {
                             let mut unseen = writer.unseen();
-                            if unseen.committing.contains(&key) {
+                            // Being cleared too: the clear's patch carries a newer status.
+                            if unseen.committing.contains(&key) || unseen.clearing.contains(&key) {
                                 return (key, Ok(()));
                             }
                             if before.is_some() {
@@ -677,6 +692,8 @@ impl Admitter {
             Ok(results) => results,
             Err(e) => {
                 tracing::warn!(error = %e, "the group status writes ended without an answer");
+                // Which of them went out is unknown: none counts as sent.
+                self.status_sent.clear();
                 return None;
             }
         };
