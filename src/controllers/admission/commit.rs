@@ -384,7 +384,7 @@ impl Writer {
         .buffer_unordered(DRY_RUN_CONCURRENCY)
         .collect::<Vec<_>>();
         plan.state = PlanState::Committing;
-        let (checks, recorded) = futures::join!(checks, self.write_plan(key, job.version.clone(), Some(&plan)));
+        let (checks, recorded) = futures::join!(checks, self.write_plan(key, job.version.clone(), &plan));
         let mut refused = None;
         for (uid, result) in checks {
             match patched(result)? {
@@ -399,7 +399,7 @@ impl Writer {
         let Some(version) = recorded? else { return Ok(refused.unwrap_or(Committed::Stale)) };
         if let Some(stop) = refused {
             // Nothing was ungated: the plan goes, the root is decided again (or backs off).
-            self.write_plan(key, Some(version), None).await?;
+            self.clear_plan(key, Some(version), None).await?;
             return Ok(stop);
         }
         // Shared claims first (every pod needs them), then per pod its own claims and its
@@ -508,16 +508,16 @@ impl Writer {
         }
     }
 
-    /// Writes (or clears) a root's plan, fenced by the group's resourceVersion when given.
-    /// Returns the group's new resourceVersion, `None` when the group is gone or changed since.
+    /// Writes a root's plan, fenced by the group's resourceVersion when given. Returns the
+    /// group's new resourceVersion, `None` when the group is gone or changed since.
     pub(super) async fn write_plan(
         &self,
         key: &RootKey,
         version: Option<String>,
-        plan: Option<&AdmissionPlan>,
+        plan: &AdmissionPlan,
     ) -> Result<Option<String>> {
         // A merge patch of status.plan alone: the rest of the status is written on its own.
-        self.plan_patch(key, version, plan, json!({"plan": plan})).await
+        self.plan_patch(key, version, Some(plan), json!({"plan": plan})).await
     }
 
     /// Clears a root's plan, fenced like [`Self::write_plan`], with the root's status in the
@@ -704,7 +704,7 @@ impl Admitter {
                 tracing::info!(namespace = %ns, root = %root, "dropping a plan no pod saw; planning afresh");
                 // Its claims first: devices held for pods that did not start are freed.
                 self.free_claims(ns, plan, world).await?;
-                self.writer.write_plan(key, version, None).await?;
+                self.writer.clear_plan(key, version, None).await?;
                 Ok(Some(Instant::now()))
             }
             Step::Patch(uids) => {
@@ -838,7 +838,7 @@ impl Admitter {
         done.state = PlanState::Admitted;
         // The pods just ungated get the whole bind timeout, however long muster was down.
         done.admitted_at = Some(Time(Timestamp::now()));
-        if self.writer.write_plan(key, version, Some(&done)).await?.is_none() {
+        if self.writer.write_plan(key, version, &done).await?.is_none() {
             return Ok(Committed::Stale);
         }
         self.roots.entry(key.clone()).or_default().outcome =
@@ -894,7 +894,7 @@ impl Admitter {
         if !all_deleted {
             return Ok(Instant::now() + MIN_BACKOFF);
         }
-        self.writer.write_plan(key, version, None).await?;
+        self.writer.clear_plan(key, version, None).await?;
         let avoided = rollback.avoid_nodes.iter().cloned().collect::<Vec<_>>().join(", ");
         let avoid = if avoided.is_empty() { String::new() } else { format!("; the next plans avoid {avoided}") };
         let message = format!(
@@ -985,7 +985,7 @@ impl Admitter {
                 Err(e) => return Err(e.into()),
             }
         }
-        self.writer.write_plan(key, version, None).await?;
+        self.writer.clear_plan(key, version, None).await?;
         let outcome_msg = if delete.is_empty() {
             message
         } else {
