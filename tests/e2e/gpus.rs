@@ -123,13 +123,23 @@ async fn gpu_gauges_and_conflicts_are_on_metrics() {
     })
     .await;
     assert_eq!(metric(&text, "muster_gpus_unhealthy", &[("node", node)]), 0.0, "{text}");
-    let mut warned = BTreeSet::new();
-    for name in ["claim-a", "claim-b"] {
-        let events = events_of(&ns.name, name).await;
-        if events.iter().any(|(t, r, m)| t == "Warning" && r == "GPUConflict" && m.contains("GPU 0")) {
-            warned.insert(name);
+    // The conflict is counted before its event is posted: wait for the event, then check that
+    // only one of the two claims was reported.
+    let warned_of = || async {
+        let mut warned = BTreeSet::new();
+        for name in ["claim-a", "claim-b"] {
+            let events = events_of(&ns.name, name).await;
+            if events.iter().any(|(t, r, m)| t == "Warning" && r == "GPUConflict" && m.contains("GPU 0")) {
+                warned.insert(name);
+            }
         }
-    }
+        warned
+    };
+    wait_for("a GPUConflict event on one of the claims", LONG, || async {
+        (!warned_of().await.is_empty()).then_some(())
+    })
+    .await;
+    let warned = warned_of().await;
     assert_eq!(warned.len(), 1, "one of the two claims is reported: {warned:?}");
 }
 
