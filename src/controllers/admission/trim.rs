@@ -109,6 +109,29 @@ pub fn pod(p: &mut Pod) {
     }
 }
 
+/// What admission's store keeps of one of muster's pods once it is bound (after [`pod`]): the
+/// cycle shapes only the pods that wait for placement, and what a bound pod uses is kept in the
+/// cluster state from the same event, so its containers, affinity, tolerations, spread
+/// constraints and claims are dropped. What the rest reads stays: the node, the pin's node
+/// selector, the gates, and the scheduler and volumes that `AllOrNothing` reads. About 3 KiB
+/// a pod (the containers alone, most of it: a `Container` is large even when nearly empty).
+pub fn bound_pod(p: &mut Pod) {
+    let Some(spec) = p.spec.as_mut() else { return };
+    if spec.node_name.as_deref().is_none_or(str::is_empty) {
+        return;
+    }
+    let spec = std::mem::take(spec);
+    p.spec = Some(PodSpec {
+        node_name: spec.node_name,
+        node_selector: spec.node_selector,
+        scheduling_gates: spec.scheduling_gates,
+        scheduler_name: spec.scheduler_name,
+        volumes: spec.volumes,
+        priority: spec.priority,
+        ..Default::default()
+    });
+}
+
 /// Drops `managedFields`, the bulk of an object nobody here reads.
 pub fn managed_fields<K: kube::Resource>(k: &mut K) {
     k.meta_mut().managed_fields = None;
@@ -317,6 +340,50 @@ mod tests {
             v["status"]["conditions"],
             json!([{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes"}])
         );
+    }
+
+    #[test]
+    fn a_bound_pod_keeps_what_status_reads_and_a_waiting_pod_keeps_its_shape() {
+        let mut p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "uid": "u", "labels": {"a": "b"}, "annotations": {GPU_INDICES_ANNOTATION: "0"}},
+            "spec": {"nodeSelector": {"kubernetes.io/hostname": "n"}, "schedulerName": "other", "priority": 5,
+                     "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}],
+                     "containers": [{"name": "c", "resources": {"requests": {"cpu": "1", "nvidia.com/gpu": "1"}},
+                                     "ports": [{"containerPort": 81, "hostPort": 8081}]}],
+                     "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                         {"matchExpressions": [{"key": "metadata.name", "operator": "In", "values": ["n"]}]}]}}},
+                     "tolerations": [{"operator": "Exists"}],
+                     "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}],
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}]},
+            "status": {"phase": "Running"}
+        }))
+        .expect("pod");
+        pod(&mut p);
+        // Not bound yet: nothing more is dropped (placement and the pin read it all).
+        let waiting = p.clone();
+        bound_pod(&mut p);
+        assert_eq!(p, waiting);
+        p.spec.as_mut().expect("spec").node_name = Some(String::new());
+        bound_pod(&mut p);
+        assert_eq!(p.spec.as_ref().expect("spec").containers.len(), 1, "an empty node name is not bound");
+
+        p.spec.as_mut().expect("spec").node_name = Some("n".into());
+        let before = p.clone();
+        bound_pod(&mut p);
+        let v = serde_json::to_value(&p).expect("json");
+        assert_eq!(
+            v["spec"],
+            json!({"nodeName": "n", "nodeSelector": {"kubernetes.io/hostname": "n"}, "schedulerName": "other",
+                   "priority": 5, "containers": [],
+                   "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]})
+        );
+        assert_eq!((p.metadata.clone(), p.status.clone()), (before.metadata.clone(), before.status.clone()));
+        // What the cycle reads of a bound pod reads the same.
+        assert_eq!(crate::pods::PodClass::of(&p), crate::pods::PodClass::of(&before));
+        assert_eq!(super::super::status::pinned_hostname(&p), Some("n"));
+        let unmodelled = |p: &Pod| crate::scheduler::unmodelled(p.spec.as_ref().expect("spec"));
+        assert_eq!(unmodelled(&p), unmodelled(&before));
+        assert!(!unmodelled(&p).is_empty(), "the scheduler and the volume are still reported");
     }
 
     #[test]

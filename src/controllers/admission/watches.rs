@@ -45,17 +45,19 @@ where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
-    spawn_watch_keeping(api, config, trim, |_| true, notify, capacity, seen)
+    spawn_watch_keeping(api, config, trim, |_| true, None, notify, capacity, seen)
 }
 
-/// [`spawn_watch`], its store keeping only the objects `keep` accepts: `seen` still sees
-/// every event (the cluster state reads every pod), the store holds only what the cycle reads
-/// whole (muster's pods).
+/// [`spawn_watch`], its store keeping only the objects `keep` accepts, each trimmed further by
+/// `slim`: `seen` still sees every event whole (the cluster state reads every pod), the store
+/// holds only what the cycle reads (muster's pods, a bound one without its shape).
+#[allow(clippy::too_many_arguments)]
 fn spawn_watch_keeping<K>(
     api: Api<K>,
     config: watcher::Config,
     trim: fn(&mut K),
     keep: fn(&K) -> bool,
+    slim: Option<fn(&mut K)>,
     notify: Arc<Signal>,
     capacity: Arc<AtomicU64>,
     mut seen: impl FnMut(&Event<K>) -> Wake + Send + 'static,
@@ -75,7 +77,10 @@ where
                     // The store first, as kube's `reflect` does: what wakes a cycle is in it.
                     let held = |o: &K| reader.get(&reflector::ObjectRef::from_obj(o)).is_some();
                     match stored(&ev, keep, held) {
-                        Stored::Whole => writer.apply_watcher_event(&ev),
+                        Stored::Whole => match slim {
+                            Some(slim) => writer.apply_watcher_event(&slimmed(&ev, slim)),
+                            None => writer.apply_watcher_event(&ev),
+                        },
                         Stored::Dropped(o) => writer.apply_watcher_event(&Event::Delete(o)),
                         Stored::Nothing => {}
                     }
@@ -86,6 +91,22 @@ where
         }
     });
     store
+}
+
+/// `ev` with its object trimmed by `slim`.
+fn slimmed<K: Clone>(ev: &Event<K>, slim: fn(&mut K)) -> Event<K> {
+    let slimmed = |o: &K| {
+        let mut o = o.clone();
+        slim(&mut o);
+        o
+    };
+    match ev {
+        Event::Apply(o) => Event::Apply(slimmed(o)),
+        Event::InitApply(o) => Event::InitApply(slimmed(o)),
+        Event::Delete(o) => Event::Delete(slimmed(o)),
+        Event::Init => Event::Init,
+        Event::InitDone => Event::InitDone,
+    }
 }
 
 /// What a store keeping only some objects does with one event.
@@ -406,6 +427,7 @@ pub(super) fn watch_caches(
             cfg(),
             trim::pod,
             ours,
+            Some(trim::bound_pod),
             notify.clone(),
             capacity.clone(),
             {
@@ -423,6 +445,7 @@ pub(super) fn watch_caches(
             cfg(),
             trim::node,
             |_| false,
+            None,
             notify.clone(),
             capacity.clone(),
             {

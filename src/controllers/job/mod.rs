@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Future, StreamExt};
+use futures::{Future, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -36,7 +36,7 @@ use crate::crds::{GROUP_TEMPLATE_ANNOTATION, JOB_NAME_LABEL, JOBSET_NAME_LABEL, 
 use crate::workloadbuilder::job::{JOB_TEMPLATE_NAME, build_options, job_item, validate_job};
 use crate::workloadbuilder::{Builder, FieldPath};
 use claims::GroupClaim;
-use plan::{ObservedPod, condition};
+use plan::{JobPod, ObservedPod, condition};
 
 /// Name of this controller in metrics and logs.
 pub const CONTROLLER: &str = "job";
@@ -56,7 +56,7 @@ const CLAIM_RETRY: Duration = Duration::from_secs(15);
 /// compiles to (a reconcile, one per pod event, read them with two GETs before).
 pub struct JobContext {
     ctx: Arc<Context>,
-    pods: Store<Pod>,
+    pods: Store<JobPod>,
     /// Whether `pods` has its first list (awaited by many reconciles at once).
     pods_ready: StoreReady,
     expected: expected::Expected,
@@ -108,16 +108,28 @@ where
     }
 }
 
+/// The event of the job controller's cache for a pod event: the same event of the pods' records.
+fn job_pod_event(ev: &watcher::Event<Pod>) -> watcher::Event<JobPod> {
+    use watcher::Event;
+    match ev {
+        Event::Apply(p) => Event::Apply(JobPod::of(p)),
+        Event::Delete(p) => Event::Delete(JobPod::of(p)),
+        Event::Init => Event::Init,
+        Event::InitApply(p) => Event::InitApply(JobPod::of(p)),
+        Event::InitDone => Event::InitDone,
+    }
+}
+
 /// Runs the controller until `shutdown` resolves.
 pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
     let jobs = Api::<DeserializeGuard<MusterJob>>::all(ctx.client.clone());
     let pods = Api::<Pod>::all(ctx.client.clone());
-    let (store, writer) = reflector::store();
-    // Only what a reconcile reads of a pod is kept (`plan::trim_pod`).
+    // The cache keeps a record of what a reconcile reads of each pod (`plan::JobPod`), written
+    // before the pod's event triggers its job, as kube's `reflect` does.
+    let (store, mut writer) = reflector::store();
     let pod_events = watcher::watcher(pods, watcher::Config::default().labels(JOB_NAME_LABEL).any_semantic())
         .default_backoff()
-        .modify(plan::trim_pod)
-        .reflect(writer)
+        .inspect_ok(move |ev| writer.apply_watcher_event(&job_pod_event(ev)))
         .touched_objects();
     let context = Arc::new(JobContext {
         groups: cache(&ctx.client),
@@ -414,20 +426,14 @@ async fn sync_pods(
     // The job's pods as the watch cache shows them, once it has listed them all.
     jc.pods_ready.wait().await?;
     let cached = jc.pods.state();
-    let pods: Vec<&Pod> = cached
-        .iter()
-        .map(|p| &**p)
-        .filter(|p| p.metadata.namespace.as_deref() == Some(ns.as_str()))
-        .filter(|p| p.labels().get(JOB_NAME_LABEL) == Some(&name))
-        .filter(|p| controller_uid(&p.metadata) == Some(uid.as_str()))
-        .collect();
-    let names: std::collections::HashSet<&str> = pods.iter().filter_map(|p| p.metadata.name.as_deref()).collect();
+    let pods: Vec<&JobPod> = cached.iter().map(|p| &**p).filter(|p| p.of_job(&ns, &name, &uid)).collect();
+    let names: std::collections::HashSet<&str> = pods.iter().map(|p| p.observed.name.as_str()).collect();
     if !jc.expected.satisfied(&uid, &names, std::time::Instant::now()) {
         // Pods it created are not in the cache yet: their events sync the job again.
         tracing::debug!(job = %name, namespace = %ns, cached = names.len(), "pods created are not cached yet");
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
-    let observed: Vec<ObservedPod> = pods.iter().map(|p| ObservedPod::from_pod(p)).collect();
+    let observed: Vec<ObservedPod> = pods.iter().map(|p| p.observed.clone()).collect();
     let prev = job.status.clone().unwrap_or_default();
     let mut decision = plan::plan(&job.spec, job.metadata.generation, &prev, &observed, groups.gang_all, now);
     decision.status.workload_name = Some(groups.workload.clone());

@@ -1,10 +1,11 @@
 //! PURE: batch/v1 Job semantics for a MusterJob. From the spec, the last status and the pods
 //! observed, decide which pods to create and delete, and the new status. No client, no clock.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{
-    Container, ContainerStatus, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, PodSchedulingGate, PodSpec, PodStatus,
+    Container, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, PodSchedulingGate, PodSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -109,38 +110,73 @@ pub fn status_may_wait(old: Option<&MusterJobStatus>, new: &MusterJobStatus) -> 
     old.is_some_and(|old| old != new && MusterJobStatus { active: new.active, ready: new.ready, ..old.clone() } == *new)
 }
 
-/// Keeps what the job controller reads of a pod ([`ObservedPod::from_pod`], its name, labels
-/// and controller reference): the watch cache of every job's pods holds no spec but the gates,
-/// and of the status only the phase, the Ready condition and restart counts.
-pub fn trim_pod(pod: &mut Pod) {
-    let meta = &mut pod.metadata;
-    meta.managed_fields = None;
-    if let Some(a) = meta.annotations.as_mut() {
-        let read = [COMPLETION_INDEX_ANNOTATION, GANG_ATTEMPT_ANNOTATION, ROLLED_BACK_ANNOTATION];
-        a.retain(|k, _| read.contains(&k.as_str()));
+/// What the job controller's watch cache keeps of one of its pods: the job it belongs to and
+/// what the job logic reads ([`ObservedPod`]). A few hundred bytes: the trimmed `Pod` it
+/// replaced was about 4 KiB (13 MiB for the 3,000 pods of a 5,000-node bench run).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobPod {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// Its job name label.
+    pub job: Option<String>,
+    /// The UID of its controller (owner reference).
+    pub controller_uid: Option<String>,
+    /// What the job logic reads.
+    pub observed: ObservedPod,
+}
+
+impl JobPod {
+    /// Reads the record of `pod`.
+    pub fn of(pod: &Pod) -> Self {
+        let meta = &pod.metadata;
+        JobPod {
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            job: meta.labels.as_ref().and_then(|l| l.get(JOB_NAME_LABEL)).cloned(),
+            controller_uid: crate::controllers::controller_uid(meta).map(str::to_string),
+            observed: ObservedPod::from_pod(pod),
+        }
     }
-    let gates = pod.spec.take().and_then(|s| s.scheduling_gates);
-    pod.spec = Some(PodSpec { scheduling_gates: gates, containers: Vec::new(), ..PodSpec::default() });
-    if let Some(status) = pod.status.take() {
-        let restarts = |statuses: Option<Vec<ContainerStatus>>| {
-            statuses.map(|cs| {
-                cs.into_iter()
-                    .map(|c| ContainerStatus {
-                        name: c.name,
-                        restart_count: c.restart_count,
-                        ..ContainerStatus::default()
-                    })
-                    .collect()
-            })
-        };
-        let ready = status.conditions.map(|cs| cs.into_iter().filter(|c| c.type_ == "Ready").collect());
-        pod.status = Some(PodStatus {
-            phase: status.phase,
-            conditions: ready,
-            container_statuses: restarts(status.container_statuses),
-            init_container_statuses: restarts(status.init_container_statuses),
-            ..PodStatus::default()
-        });
+
+    /// Whether it is a pod of the job `name` in `namespace` with UID `uid`.
+    pub fn of_job(&self, namespace: &str, name: &str, uid: &str) -> bool {
+        self.namespace == namespace && self.job.as_deref() == Some(name) && self.controller_uid.as_deref() == Some(uid)
+    }
+}
+
+/// A reflector store of records keys them by name and namespace, as it does pods.
+impl kube::runtime::reflector::Lookup for JobPod {
+    type DynamicType = ();
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        "Pod".into()
+    }
+
+    fn group(_: &()) -> Cow<'_, str> {
+        "".into()
+    }
+
+    fn version(_: &()) -> Cow<'_, str> {
+        "v1".into()
+    }
+
+    fn plural(_: &()) -> Cow<'_, str> {
+        "pods".into()
+    }
+
+    fn name(&self) -> Option<Cow<'_, str>> {
+        Some(self.observed.name.as_str().into())
+    }
+
+    fn namespace(&self) -> Option<Cow<'_, str>> {
+        Some(self.namespace.as_str().into())
+    }
+
+    fn resource_version(&self) -> Option<Cow<'_, str>> {
+        None
+    }
+
+    fn uid(&self) -> Option<Cow<'_, str>> {
+        None
     }
 }
 

@@ -471,7 +471,7 @@ fn observed_pods_read_phase_index_and_gate() {
 }
 
 #[test]
-fn a_trimmed_pod_reads_as_the_whole_pod() {
+fn a_job_pod_record_reads_as_the_whole_pod_and_names_its_job() {
     let mut job = MusterJob::new("train", spec(2, Some(2), CompletionMode::Indexed));
     job.metadata.uid = Some("uid".into());
     let mut pod = new_pod(&job, &NewPod { index: Some(1), attempt: 1 }, "train", Some("train"), 2);
@@ -493,18 +493,24 @@ fn a_trimmed_pod_reads_as_the_whole_pod() {
         if !gated {
             pod.spec.as_mut().expect("spec").scheduling_gates = None;
         }
-        let mut trimmed = pod.clone();
-        trim_pod(&mut trimmed);
-        assert_eq!(ObservedPod::from_pod(&trimmed), ObservedPod::from_pod(&pod), "gated: {gated}");
-        assert_eq!(ObservedPod::from_pod(&trimmed).restarts, 3);
-        assert_eq!(trimmed.metadata.labels, pod.metadata.labels);
-        assert_eq!(trimmed.metadata.owner_references, pod.metadata.owner_references);
-        // The rest is dropped: the containers, the other annotations, other conditions.
-        assert!(trimmed.spec.as_ref().expect("spec").containers.is_empty());
-        let annotations = trimmed.metadata.annotations.as_ref().expect("annotations");
-        assert!(!annotations.contains_key("other.example.com/note"));
-        assert_eq!(trimmed.status.as_ref().and_then(|s| s.conditions.as_ref()).map(Vec::len), Some(1));
+        let record = JobPod::of(&pod);
+        assert_eq!(record.observed, ObservedPod::from_pod(&pod), "gated: {gated}");
+        assert_eq!((record.observed.restarts, record.observed.gated, record.observed.ready), (3, gated, true));
+        assert!(record.observed.terminating && record.observed.rolled_back);
+        assert!(record.of_job("ns", "train", "uid"));
+        assert!(!record.of_job("other", "train", "uid"), "another namespace");
+        assert!(!record.of_job("ns", "train-2", "uid"), "another job");
+        assert!(!record.of_job("ns", "train", "uid-2"), "a job of the same name made again");
+        // Keyed in a reflector store as the pod is.
+        let key = kube::runtime::reflector::Lookup::to_object_ref(&record, ());
+        assert_eq!((key.name.as_str(), key.namespace.as_deref()), ("train-1-abc", Some("ns")));
     }
+    // A pod without the job label or a controller belongs to no job.
+    pod.metadata.labels.as_mut().expect("labels").remove(JOB_NAME_LABEL);
+    pod.metadata.owner_references = None;
+    let record = JobPod::of(&pod);
+    assert_eq!((record.job.as_deref(), record.controller_uid.as_deref()), (None, None));
+    assert!(!record.of_job("ns", "train", "uid"));
 }
 
 #[test]
