@@ -14,6 +14,7 @@ use crate::controllers::{self, Config, ManagerOptions, PlacementStrategy};
 use crate::webhook::certs::Lifetimes;
 use crate::webhook::config::Endpoint;
 use crate::webhook::{CertSource, WebhookOptions};
+use crate::workloadbuilder::native::SchedulingApi;
 
 /// Log output format.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -108,6 +109,36 @@ pub struct Args {
     /// DeviceClass of the GPUs claimed by a MusterJob with `spec.gpuClaims` that names none.
     #[arg(long, env = "MUSTER_DRA_GPU_DEVICE_CLASS", default_value = crate::controllers::context::DEFAULT_DRA_GPU_DEVICE_CLASS, value_parser = device_class)]
     dra_gpu_device_class: String,
+    /// The scheduling API new MusterJobs compile to: `muster` (muster's PodGroups, admitted
+    /// by muster with GPU-topology-aware placement), `upstream` (the native scheduling.k8s.io
+    /// Workload and PodGroup, admitted by kube-scheduler's GangScheduling), or `auto` (upstream
+    /// where the API server serves the native kinds, else muster). A job keeps the API it was
+    /// first synced with; a job may choose its own with the annotation
+    /// `batch.muster.dev/scheduling-api` at creation.
+    #[arg(long, value_enum, env = "MUSTER_SCHEDULING_API", default_value = "muster")]
+    scheduling_api: SchedulingApiFlag,
+}
+
+/// `--scheduling-api`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SchedulingApiFlag {
+    /// Upstream where the native kinds are served, else muster.
+    Auto,
+    /// muster's own API.
+    Muster,
+    /// The native scheduling.k8s.io API.
+    Upstream,
+}
+
+impl SchedulingApiFlag {
+    /// The API asked for (`None`: auto).
+    pub fn requested(self) -> Option<SchedulingApi> {
+        match self {
+            SchedulingApiFlag::Auto => None,
+            SchedulingApiFlag::Muster => Some(SchedulingApi::Muster),
+            SchedulingApiFlag::Upstream => Some(SchedulingApi::Upstream),
+        }
+    }
 }
 
 fn device_class(s: &str) -> Result<String, String> {
@@ -194,6 +225,9 @@ impl Args {
             identity,
             namespace: self.namespace.clone(),
             dra_gpu_device_class: self.dra_gpu_device_class.clone(),
+            // Resolved at start, against what the API server serves (`controllers::run`).
+            scheduling_api: SchedulingApi::Muster,
+            native_scheduling_served: false,
         }
     }
 }
@@ -216,6 +250,7 @@ pub fn run(args: Args) -> ExitCode {
             leader_elect: args.leader_elect,
             webhook: args.webhook()?,
             install_crds: args.install_crds,
+            scheduling_api: args.scheduling_api.requested(),
         };
         controllers::run(client, args.config(), opts).await
     });

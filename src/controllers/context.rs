@@ -45,6 +45,12 @@ pub struct Config {
     pub namespace: String,
     /// DeviceClass of the GPUs a MusterJob with `spec.gpuClaims` claims when it names none.
     pub dra_gpu_device_class: String,
+    /// The scheduling API new MusterJobs are compiled to (`--scheduling-api`, resolved at
+    /// start against what the API server serves).
+    pub scheduling_api: crate::workloadbuilder::native::SchedulingApi,
+    /// Whether the API server serves the native `scheduling.k8s.io/v1beta1` Workload and
+    /// PodGroup (a job recorded as `upstream` needs them).
+    pub native_scheduling_served: bool,
 }
 
 /// Default of [`Config::dra_gpu_device_class`]: the class of NVIDIA's DRA driver.
@@ -63,6 +69,8 @@ impl Default for Config {
             identity: "muster".into(),
             namespace: "muster-system".into(),
             dra_gpu_device_class: DEFAULT_DRA_GPU_DEVICE_CLASS.into(),
+            scheduling_api: Default::default(),
+            native_scheduling_served: false,
         }
     }
 }

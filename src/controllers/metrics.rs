@@ -118,6 +118,17 @@ pub struct Metrics {
     /// metadata and dirty pages not yet purged included), `retained` (unmapped lazily, not in
     /// RSS) and `metadata`. How much of RSS is live data, and how much the allocator holds.
     pub heap_bytes: Family<HeapLabels, Gauge>,
+    /// 1 for the scheduling API new MusterJobs compile to (`--scheduling-api`, resolved).
+    pub scheduling_api: Family<SchedulingApiLabels, Gauge>,
+}
+
+/// Labels of the scheduling API in use.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SchedulingApiLabels {
+    /// `muster` or `upstream`: what new jobs compile to.
+    pub api: String,
+    /// The flag: `auto`, `muster` or `upstream`.
+    pub requested: String,
 }
 
 /// Labels of an allocator figure.
@@ -169,9 +180,15 @@ impl Default for Metrics {
             webhook_requests: Family::default(),
             webhook_duration: Family::new_with_constructor(histogram_seconds),
             heap_bytes: Family::default(),
+            scheduling_api: Family::default(),
             registry: Registry::default(),
         };
         registry.register("reconciles", "Reconciles run", m.reconciles.clone());
+        registry.register(
+            "scheduling_api",
+            "1 for the scheduling API new MusterJobs compile to (muster or upstream) and the flag asked for",
+            m.scheduling_api.clone(),
+        );
         registry.register("reconcile_errors", "Reconcile errors by reason", m.reconcile_errors.clone());
         registry.register("reconcile_duration_seconds", "Reconcile duration", m.reconcile_duration.clone());
         registry.register("gangs_pending", "Quorate gangs waiting for admission", m.gangs_pending.clone());

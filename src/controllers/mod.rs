@@ -193,6 +193,8 @@ pub struct ManagerOptions {
     /// Apply muster's CRDs before anything else (upgrades through Helm, which never upgrades
     /// `crds/`).
     pub install_crds: bool,
+    /// `--scheduling-api` (`None`: auto).
+    pub scheduling_api: Option<crate::workloadbuilder::native::SchedulingApi>,
 }
 
 #[derive(Clone)]
@@ -279,11 +281,17 @@ async fn run_reconcilers(ctx: Arc<Context>, stop: oneshot::Receiver<()>) {
 
 /// Runs the controller manager: health and metrics on this replica, reconcilers on the leader.
 /// Returns after SIGTERM/Ctrl-C once the reconcilers have stopped.
-pub async fn run(client: Client, config: Config, opts: ManagerOptions) -> anyhow::Result<()> {
+pub async fn run(client: Client, mut config: Config, opts: ManagerOptions) -> anyhow::Result<()> {
     if opts.install_crds {
         install::install_crds(&client).await.context("installing muster's CRDs (--install-crds)")?;
     }
     let metrics = Arc::new(Metrics::default());
+    config.native_scheduling_served = native_scheduling_served(&client).await;
+    let (api, why) = crate::workloadbuilder::native::choose(opts.scheduling_api, config.native_scheduling_served);
+    config.scheduling_api = api;
+    tracing::info!(api = api.as_str(), why, "new MusterJobs compile to this scheduling API");
+    let requested = opts.scheduling_api.map_or("auto", |a| a.as_str()).to_string();
+    metrics.scheduling_api.get_or_create(&metrics::SchedulingApiLabels { api: api.as_str().into(), requested }).set(1);
     let ready = Arc::new(AtomicBool::new(false));
     let webhook_ready = Arc::new(AtomicBool::new(opts.webhook.is_none()));
     // Bound here, so a taken port stops muster at once instead of leaving it never ready.
@@ -324,6 +332,18 @@ pub async fn run(client: Client, config: Config, opts: ManagerOptions) -> anyhow
         let _ = w.await;
     }
     result
+}
+
+/// Whether the API server serves the native `scheduling.k8s.io/v1beta1` Workload and PodGroup
+/// (Kubernetes 1.37+, feature gate `GenericWorkload`).
+async fn native_scheduling_served(client: &Client) -> bool {
+    match client.list_api_group_resources("scheduling.k8s.io/v1beta1").await {
+        Ok(list) => ["workloads", "podgroups"].iter().all(|r| list.resources.iter().any(|s| s.name == *r)),
+        Err(e) => {
+            tracing::info!(error = %e, "scheduling.k8s.io/v1beta1 is not served");
+            false
+        }
+    }
 }
 
 async fn run_leader(

@@ -147,7 +147,17 @@ fn validate_rules(req: &AdmissionRequest<DynamicObject>) -> (AdmissionResponse, 
         return (AdmissionResponse::from(req), Outcome::Allowed);
     }
     match (req.kind.group.as_str(), req.kind.kind.as_str()) {
-        ("batch.muster.dev", "MusterJob") => check::<MusterJob>(req, |j| spec_json(&j.spec), validate_job),
+        // The scheduling API a job was recorded with is checked like its spec (frozen).
+        ("batch.muster.dev", "MusterJob") => check::<MusterJob>(
+            req,
+            |j| {
+                serde_json::json!([
+                    spec_json(&j.spec),
+                    j.metadata.annotations.as_ref().and_then(|a| a.get(crate::crds::SCHEDULING_API_ANNOTATION))
+                ])
+            },
+            validate_job,
+        ),
         ("batch.muster.dev", "MusterJobSet") => check::<MusterJobSet>(req, |s| spec_json(&s.spec), validate_jobset),
         ("scheduling.muster.dev", "Workload") => check::<Workload>(req, |w| spec_json(&w.spec), validate_workload),
         ("scheduling.muster.dev", "PodGroup") => check::<PodGroup>(req, |g| spec_json(&g.spec), validate_pod_group),

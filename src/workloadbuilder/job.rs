@@ -340,7 +340,28 @@ pub fn validate_job_spec(spec: &MusterJobSpec, old: Option<&MusterJobSpec>, path
 /// Every rule for a MusterJob: its name, its spec, and on update the frozen fields.
 pub fn validate_job(job: &MusterJob, old: Option<&MusterJob>) -> ErrorList {
     let mut errs = name_errors(job.metadata.name.as_deref());
+    errs.extend(scheduling_api_errors(job, old));
     errs.extend(validate_job_spec(&job.spec, old.map(|o| &o.spec), &FieldPath::new("spec")));
+    errs
+}
+
+/// The job's `batch.muster.dev/scheduling-api` annotation: `muster` or `upstream`, and once
+/// set never changed nor removed (the job's groups live in that API).
+fn scheduling_api_errors(job: &MusterJob, old: Option<&MusterJob>) -> ErrorList {
+    use crate::crds::SCHEDULING_API_ANNOTATION;
+    use crate::workloadbuilder::native::SchedulingApi;
+    let of = |j: &MusterJob| j.metadata.annotations.as_ref().and_then(|a| a.get(SCHEDULING_API_ANNOTATION)).cloned();
+    let path = FieldPath::new("metadata").child("annotations").key(SCHEDULING_API_ANNOTATION);
+    let (now, before) = (of(job), old.and_then(of));
+    let mut errs = Vec::new();
+    if let Some(v) = now.as_deref().filter(|v| SchedulingApi::parse(v).is_none()) {
+        errs.push(FieldError::not_supported(&path, quote(v), &["muster", "upstream"]));
+    }
+    if let Some(before) = before
+        && now.as_ref() != Some(&before)
+    {
+        errs.push(FieldError::invalid(&path, quote(now.as_deref().unwrap_or_default()), "field is immutable"));
+    }
     errs
 }
 

@@ -7,6 +7,7 @@ mod build;
 pub mod field;
 mod item;
 pub mod job;
+pub mod native;
 pub mod objects;
 mod validate;
 

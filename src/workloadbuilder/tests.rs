@@ -591,6 +591,32 @@ fn job_template_and_completions_are_frozen() {
 }
 
 #[test]
+fn the_scheduling_api_annotation_is_muster_or_upstream_and_frozen_once_set() {
+    let key = crate::crds::SCHEDULING_API_ANNOTATION;
+    let with = |value: Option<&str>| {
+        let mut j = job("j", job_spec(2, None));
+        if let Some(v) = value {
+            j.metadata.annotations = Some([(key.to_string(), v.to_string())].into());
+        }
+        j
+    };
+    let path = format!("metadata.annotations[{key}]");
+    assert!(validate_job(&with(Some("upstream")), None).is_empty());
+    assert!(validate_job(&with(Some("muster")), None).is_empty());
+    let errs = validate_job(&with(Some("kube")), None);
+    assert_eq!(paths(&errs), vec![path.as_str()]);
+    assert_eq!(errs[0].kind, ErrorType::NotSupported);
+    // Recorded later (by the controller): allowed. Changed or removed after: refused.
+    assert!(validate_job(&with(Some("muster")), Some(&with(None))).is_empty());
+    assert!(validate_job(&with(Some("upstream")), Some(&with(Some("upstream")))).is_empty());
+    for changed in [Some("upstream"), None] {
+        let errs = validate_job(&with(changed), Some(&with(Some("muster"))));
+        assert_eq!(paths(&errs), vec![path.as_str()], "{changed:?}");
+        assert_eq!(errs[0].detail, "field is immutable");
+    }
+}
+
+#[test]
 fn scheduling_and_its_policy_cannot_be_set_or_cleared() {
     let basic =
         || PodGroupScheduling { scheduling_policy: Some(PodGroupSchedulingPolicy::basic()), ..Default::default() };

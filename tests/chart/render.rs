@@ -46,6 +46,7 @@ fn schema_rejects_typos_and_wrong_types() {
         ("controller.gpu.maxTemp=90", "additional properties 'maxTemp' not allowed"),
         ("logFormat=yaml", "value must be one of"),
         ("controller.placementStrategy=random", "value must be one of"),
+        ("controller.schedulingApi=kube", "value must be one of"),
         ("webhook.certificate.mode=vault", "value must be one of"),
         ("controller.gpu.minFreeMemory=3", "maximum"),
         ("webhook.url=http://127.0.0.1:9443", "does not match pattern"),

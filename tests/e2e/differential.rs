@@ -161,6 +161,70 @@ async fn jobs_and_musterjobs_compile_to_the_same_workload_and_podgroup() {
     assert!(differences.is_empty(), "{} difference(s):\n{}", differences.len(), differences.join("\n"));
 }
 
+/// Upstream mode: a MusterJob recorded as `upstream` makes the native Workload and PodGroup
+/// itself; for every variant the native path carries (not the shared claims, which stay on
+/// muster's API), they hold what the Job controller makes of the same `spec.scheduling`.
+#[tokio::test]
+async fn jobs_and_upstream_musterjobs_compile_to_the_same_native_objects() {
+    let _muster = muster().await;
+    let ns = namespace("diff-native");
+    let priority_class = "muster-e2e-diff";
+    match cluster().kubectl(&["create", "priorityclass", priority_class, "--value=1000"]) {
+        Ok(_) => {}
+        Err(e) if e.contains("AlreadyExists") => {}
+        Err(e) => panic!("{e}"),
+    }
+    let c = client().await;
+    let wl_api: Api<DynamicObject> = Api::namespaced_with(c.clone(), &ns.name, &native("Workload"));
+    let pg_api: Api<DynamicObject> = Api::namespaced_with(c.clone(), &ns.name, &native("PodGroup"));
+    let variants: Vec<_> = variants(priority_class)
+        .into_iter()
+        .filter(|(_, spec)| spec.pointer("/scheduling/resourceClaims").is_none())
+        .collect();
+    for (name, spec) in &variants {
+        let job = job_manifest("Job", name, spec).to_string();
+        cluster().kubectl_stdin(&["-n", &ns.name, "create", "-f", "-"], Some(&job)).unwrap();
+        let mut musterjob = job_manifest("MusterJob", name, spec);
+        musterjob["metadata"]["annotations"] = json!({muster::crds::SCHEDULING_API_ANNOTATION: "upstream"});
+        cluster().kubectl_stdin(&["-n", &ns.name, "create", "-f", "-"], Some(&musterjob.to_string())).unwrap();
+    }
+    let mut differences = Vec::new();
+    for (name, _) in &variants {
+        let name = *name;
+        let by = |kind: &'static str| {
+            let (wl_api, pg_api) = (wl_api.clone(), pg_api.clone());
+            move || {
+                let (wl_api, pg_api) = (wl_api.clone(), pg_api.clone());
+                async move {
+                    let wls = wl_api.list(&ListParams::default()).await.ok()?.items;
+                    let wl = wls.into_iter().find(|w| {
+                        w.data["spec"]["controllerRef"]["name"] == name
+                            && w.data["spec"]["controllerRef"]["kind"] == kind
+                    })?;
+                    let wl_name = wl.metadata.name.clone()?;
+                    let pgs = pg_api.list(&ListParams::default()).await.ok()?.items;
+                    let pg =
+                        pgs.into_iter().find(|g| g.data["spec"]["workloadRef"]["workloadName"] == wl_name.as_str())?;
+                    Some((wl, pg))
+                }
+            }
+        };
+        let (uwl, upg) = wait_for(&format!("the Job controller's objects of {name}"), TIMEOUT, by("Job")).await;
+        let (mwl, mpg) = wait_for(&format!("muster's native objects of {name}"), TIMEOUT, by("MusterJob")).await;
+        assert_eq!(mwl.metadata.name.as_deref(), Some(name));
+        let (u, m) = (workload_content(&uwl), workload_content(&mwl));
+        if u != m {
+            differences.push(format!("{name}: Workload spec\n  Job       {u}\n  MusterJob {m}"));
+        }
+        let (u, m) = (pod_group_content(&upg), pod_group_content(&mpg));
+        if u != m {
+            differences.push(format!("{name}: PodGroup spec\n  Job       {u}\n  MusterJob {m}"));
+        }
+    }
+    assert!(variants.len() >= 10, "{} variants compared", variants.len());
+    assert!(differences.is_empty(), "{} difference(s):\n{}", differences.len(), differences.join("\n"));
+}
+
 /// `Ok(paths)`: the paths of the refusal (empty when admitted).
 fn outcome(result: Result<String, String>) -> Result<BTreeSet<String>, String> {
     match result {

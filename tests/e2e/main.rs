@@ -20,4 +20,5 @@ mod jobs;
 mod node_agent;
 mod placement_diff;
 mod rollback;
+mod upstream;
 mod webhook;

@@ -32,8 +32,12 @@ use crate::crds::batch::{CompletionMode, JobPhase, MusterJob, MusterJobStatus};
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::blocks::PodGroupResourceClaim;
 use crate::crds::scheduling::{CompositePodGroup, MAX_DEPTH, PodGroup, PodGroupResourceClaimStatus, Workload};
-use crate::crds::{GROUP_TEMPLATE_ANNOTATION, JOB_NAME_LABEL, JOBSET_NAME_LABEL, PARENT_COMPOSITE_ANNOTATION};
+use crate::crds::{
+    GROUP_TEMPLATE_ANNOTATION, JOB_NAME_LABEL, JOBSET_NAME_LABEL, PARENT_COMPOSITE_ANNOTATION,
+    SCHEDULING_API_ANNOTATION,
+};
 use crate::workloadbuilder::job::{JOB_TEMPLATE_NAME, build_options, job_item, validate_job};
+use crate::workloadbuilder::native::SchedulingApi;
 use crate::workloadbuilder::{Builder, FieldPath};
 use claims::GroupClaim;
 use plan::{JobPod, ObservedPod, condition};
@@ -63,6 +67,9 @@ pub struct JobContext {
     groups: Store<PodGroup>,
     composites: Store<CompositePodGroup>,
     workloads: Store<Workload>,
+    /// The native PodGroups and Workloads (jobs in upstream mode), where they are served.
+    native_groups: Option<Store<k8s_openapi::api::scheduling::v1beta1::PodGroup>>,
+    native_workloads: Option<Store<k8s_openapi::api::scheduling::v1beta1::Workload>>,
     /// Jobs (by UID) whose count-only status change waits since then ([`STATUS_PACE`]).
     paced: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
@@ -131,10 +138,29 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         .default_backoff()
         .inspect_ok(move |ev| writer.apply_watcher_event(&job_pod_event(ev)))
         .touched_objects();
+    // Jobs in upstream mode follow their native PodGroups (kube-scheduler's conditions): the
+    // groups' events trigger their jobs, through the cache the reconciles read.
+    let native = ctx.config.native_scheduling_served;
+    let (native_groups, native_group_events) = if native {
+        let (store, writer) = reflector::store();
+        let events = watcher::watcher(
+            Api::<k8s_openapi::api::scheduling::v1beta1::PodGroup>::all(ctx.client.clone()),
+            watcher::Config::default().any_semantic(),
+        )
+        .default_backoff()
+        .modify(|g| g.metadata.managed_fields = None)
+        .reflect(writer)
+        .touched_objects();
+        (Some(store), Some(events))
+    } else {
+        (None, None)
+    };
     let context = Arc::new(JobContext {
         groups: cache(&ctx.client),
         composites: cache(&ctx.client),
         workloads: cache(&ctx.client),
+        native_groups,
+        native_workloads: native.then(|| cache(&ctx.client)),
         ctx,
         pods_ready: StoreReady::of(store.clone()),
         pods: store,
@@ -142,9 +168,13 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         paced: Default::default(),
     });
     let (jobs_store, jobs_writer) = reflector::store();
-    Controller::for_stream(super::trimmed_objects(jobs, jobs_writer), jobs_store)
+    let mut controller = Controller::for_stream(super::trimmed_objects(jobs, jobs_writer), jobs_store)
         .with_config(controller::Config::default().concurrency(super::RECONCILE_CONCURRENCY))
-        .owns_stream(pod_events)
+        .owns_stream(pod_events);
+    if let Some(events) = native_group_events {
+        controller = controller.owns_stream(events);
+    }
+    controller
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, context)
         .for_each(|res| async move {
@@ -184,16 +214,32 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, jc: Arc<JobContext>)
         let message = errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
         return set_invalid(job, ctx, "InvalidSpec", &message, now, None).await;
     }
-    let group = match ensure_groups(job, &jc).await? {
+    let api = match scheduling_api(job, &jc).await? {
+        Ok(api) => api,
+        Err((reason, message)) => return set_invalid(job, ctx, reason, &message, now, None).await,
+    };
+    let groups = match api {
+        SchedulingApi::Muster => ensure_groups(job, &jc).await?,
+        SchedulingApi::Upstream => ensure_native_groups(job, &jc).await?,
+    };
+    let group = match groups {
         Ok(group) => group,
         Err((reason, message)) => return set_invalid(job, ctx, reason, &message, now, None).await,
     };
-    // The GPU template comes before the pods that claim from it.
-    let gpu_template = match ensure_gpu_template(job, ctx).await? {
-        Ok(template) => template,
-        Err((reason, message)) => return set_invalid(job, ctx, reason, &message, now, Some(CLAIM_RETRY)).await,
+    // The GPU template comes before the pods that claim from it (muster's API only: a job with
+    // claims is never compiled to the native one, see `plan::first_scheduling_api`).
+    let (gpu_template, group_claims) = match api {
+        SchedulingApi::Muster => {
+            let gpu_template = match ensure_gpu_template(job, ctx).await? {
+                Ok(template) => template,
+                Err((reason, message)) => {
+                    return set_invalid(job, ctx, reason, &message, now, Some(CLAIM_RETRY)).await;
+                }
+            };
+            (gpu_template, ensure_group_claims(job, ctx, &group).await?)
+        }
+        SchedulingApi::Upstream => (None, GroupClaims { claims: Vec::new(), problems: Vec::new() }),
     };
-    let group_claims = ensure_group_claims(job, ctx, &group).await?;
     let standalone = !is_child(job);
     if standalone && job.spec.completion_mode == CompletionMode::Indexed {
         let name = job.name_any();
@@ -226,6 +272,10 @@ struct Groups {
     /// The PodGroup's `status.rollbacks` when this reconcile created it: the API server's
     /// answer, as fresh as a read ([`admission_attempt`] asks again otherwise).
     created_rollbacks: Option<i32>,
+    /// The API the groups are in.
+    api: SchedulingApi,
+    /// The native PodGroup's conditions (upstream API), as cached.
+    native_conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
 }
 
 /// The claims a job's new pods reference.
@@ -373,6 +423,123 @@ async fn ensure_groups(
         resource_claims: applied.spec.resource_claims.clone().unwrap_or_default(),
         created_rollbacks: created.then_some(status.rollbacks),
         claim_statuses: status.resource_claim_statuses,
+        api: SchedulingApi::Muster,
+        native_conditions: Vec::new(),
+    }))
+}
+
+/// The scheduling API of `job`: the one recorded on it (`batch.muster.dev/scheduling-api`),
+/// or, on its first sync, the one chosen now ([`plan::first_scheduling_api`]), recorded before
+/// anything is compiled, so the job keeps it whatever `--scheduling-api` says later.
+async fn scheduling_api(
+    job: &MusterJob,
+    jc: &JobContext,
+) -> Result<std::result::Result<SchedulingApi, (&'static str, String)>> {
+    let ctx = &*jc.ctx;
+    if let Some(recorded) = job.annotations().get(SCHEDULING_API_ANNOTATION) {
+        // validate_job accepted the value.
+        let api = SchedulingApi::parse(recorded).unwrap_or_default();
+        // Changed behind the webhook: the job's groups are in the other API.
+        let (ns, name, uid) = (job.namespace().unwrap_or_default(), job.name_any(), job.uid());
+        let key = reflector::ObjectRef::new(&name).within(&ns);
+        let other = match api {
+            SchedulingApi::Upstream => {
+                jc.groups.get(&key).is_some_and(|g| controller_uid(&g.metadata) == uid.as_deref())
+            }
+            SchedulingApi::Muster => jc
+                .native_groups
+                .as_ref()
+                .and_then(|s| s.get(&reflector::ObjectRef::new(&name).within(&ns)))
+                .is_some_and(|g| controller_uid(&g.metadata) == uid.as_deref()),
+        };
+        if other {
+            let message = format!(
+                "{SCHEDULING_API_ANNOTATION} changed to {recorded} after the job's PodGroup was made in the other API; muster does not move a job between APIs (set it back)"
+            );
+            return Ok(Err(("SchedulingAPIChanged", message)));
+        }
+        if api == SchedulingApi::Upstream && !ctx.config.native_scheduling_served {
+            let message = format!(
+                "{SCHEDULING_API_ANNOTATION} is upstream, but the API server does not serve the scheduling.k8s.io/v1beta1 Workload and PodGroup (feature gate GenericWorkload)"
+            );
+            return Ok(Err(("UpstreamNotServed", message)));
+        }
+        return Ok(Ok(api));
+    }
+    let (ns, name) = (job.namespace().unwrap_or_default(), job.name_any());
+    let existing = jc.groups.get(&reflector::ObjectRef::new(&name).within(&ns));
+    let mine = existing.is_some_and(|g| controller_uid(&g.metadata) == job.uid().as_deref());
+    let (api, why) = plan::first_scheduling_api(&job.spec, is_child(job), ctx.config.scheduling_api, mine);
+    let patch = json!({"metadata": {"annotations": {SCHEDULING_API_ANNOTATION: api.as_str()}}});
+    Api::<MusterJob>::namespaced(ctx.client.clone(), &ns)
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    if let Some(why) = why {
+        ctx.event(&job.object_ref(&()), false, "SchedulingAPI", "Compile", why).await;
+    }
+    Ok(Ok(api))
+}
+
+/// The native Workload and PodGroup of a job in upstream mode, created once (upstream's
+/// objects are immutable where it matters; kube-scheduler admits the gang from them), owned
+/// like muster's: the PodGroup by the job and by its Workload.
+async fn ensure_native_groups(
+    job: &MusterJob,
+    jc: &JobContext,
+) -> Result<std::result::Result<Groups, (&'static str, String)>> {
+    use k8s_openapi::api::scheduling::v1beta1 as native;
+    let ctx = &*jc.ctx;
+    let (ns, name) = (job.namespace().unwrap_or_default(), job.name_any());
+    let owner = owner_ref(job)?;
+    let uid = owner.uid.clone();
+    let (Some(workloads), Some(groups)) = (&jc.native_workloads, &jc.native_groups) else {
+        return Ok(Err(("UpstreamNotServed", "the native scheduling kinds are not watched".into())));
+    };
+    let wl_api = Api::<native::Workload>::namespaced(ctx.client.clone(), &ns);
+    let pg_api = Api::<native::PodGroup>::namespaced(ctx.client.clone(), &ns);
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let item = job_item(&job.spec, JOB_TEMPLATE_NAME, &FieldPath::new("spec"));
+    let builder = Builder::new(item, build_options(&name, &ns, Some(owner.clone())));
+    let not_ours = |kind: &str| {
+        (
+            "NameConflict",
+            format!("{kind} {name} (scheduling.k8s.io) already exists and is not controlled by this MusterJob"),
+        )
+    };
+    let workload = match cached(workloads, &wl_api, &ns, &name).await? {
+        Some(w) if controller_uid(&w.metadata) != Some(uid.as_str()) => return Ok(Err(not_ours("Workload"))),
+        Some(w) => w,
+        None => {
+            let compiled = builder.build_workload()?;
+            let desired =
+                crate::workloadbuilder::native::workload(compiled).map_err(|e| Error::Missing(e.to_string()))?;
+            wl_api.patch(&name, &params, &Patch::Apply(&desired)).await?
+        }
+    };
+    let group = match cached(groups, &pg_api, &ns, &name).await? {
+        Some(g) if controller_uid(&g.metadata) != Some(uid.as_str()) => return Ok(Err(not_ours("PodGroup"))),
+        Some(g) => g,
+        None => {
+            let mut compiled = builder.new_pod_group(&name, JOB_TEMPLATE_NAME)?;
+            let workload_owner = workload.controller_owner_ref(&()).map(|o| plan::plain_owner_ref(&o));
+            compiled.metadata.owner_references.get_or_insert_with(Vec::new).extend(workload_owner);
+            let desired =
+                crate::workloadbuilder::native::pod_group(&compiled).map_err(|e| Error::Missing(e.to_string()))?;
+            pg_api.patch(&name, &params, &Patch::Apply(&desired)).await?
+        }
+    };
+    let gang_all = group.spec.disruption_mode.as_ref().is_some_and(|m| m.all.is_some());
+    Ok(Ok(Groups {
+        workload: name.clone(),
+        pod_group: name,
+        gang_all,
+        parent: None,
+        pod_group_owner: super::controller_ref(&group),
+        resource_claims: Vec::new(),
+        claim_statuses: Vec::new(),
+        created_rollbacks: Some(0),
+        api: SchedulingApi::Upstream,
+        native_conditions: group.status.and_then(|s| s.conditions).unwrap_or_default(),
     }))
 }
 
@@ -438,6 +605,12 @@ async fn sync_pods(
     let mut decision = plan::plan(&job.spec, job.metadata.generation, &prev, &observed, groups.gang_all, now);
     decision.status.workload_name = Some(groups.workload.clone());
     decision.status.pod_group_name = Some(groups.pod_group.clone());
+    let mirrored = match groups.api {
+        SchedulingApi::Upstream => {
+            plan::mirror_group_conditions(&mut decision.status.conditions, &groups.native_conditions, &prev.conditions)
+        }
+        SchedulingApi::Muster => Vec::new(),
+    };
     tracing::debug!(
         job = %name,
         namespace = %ns,
@@ -448,6 +621,12 @@ async fn sync_pods(
         "job synced"
     );
     let reference = job.object_ref(&());
+    for c in &mirrored {
+        let warning = c.status == "False" && c.type_ == "PodGroupInitiallyScheduled";
+        let note =
+            format!("PodGroup {} (scheduling.k8s.io): {}={}: {}", groups.pod_group, c.type_, c.status, c.message);
+        ctx.event(&reference, warning, &c.reason, "Schedule", note).await;
+    }
 
     for (pod, why) in &decision.delete {
         match pods_api.delete(pod, &DeleteParams::background()).await {
@@ -479,6 +658,9 @@ async fn sync_pods(
         .iter()
         .map(|new| {
             let mut pod = plan::new_pod(job, new, &groups.pod_group, subdomain.as_deref(), attempt);
+            if groups.api == SchedulingApi::Upstream {
+                plan::native_pod(&mut pod, &groups.pod_group);
+            }
             if let Some(spec) = pod.spec.as_mut() {
                 if let Some(template) = &pod_claims.gpu_template {
                     claims::use_gpu_claim(spec, template);
@@ -553,7 +735,8 @@ async fn create_pods(api: &Api<Pod>, pods: Vec<Pod>) -> (Vec<String>, Option<kub
     let mut pods = pods.into_iter().peekable();
     let mut batch = 1;
     while pods.peek().is_some() {
-        let creates = pods.by_ref().take(batch).map(|pod| async move { api.create(&PostParams::default(), &pod).await });
+        let creates =
+            pods.by_ref().take(batch).map(|pod| async move { api.create(&PostParams::default(), &pod).await });
         let mut failed = None;
         for result in futures::future::join_all(creates).await {
             match result {
@@ -857,13 +1040,19 @@ mod tests {
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        let client = kube::Client::try_from(kube::Config::new(format!("http://{addr}").parse().expect("url")))
-            .expect("client");
+        let client =
+            kube::Client::try_from(kube::Config::new(format!("http://{addr}").parse().expect("url"))).expect("client");
         (Api::namespaced(client, "ns"), names, peak)
     }
 
     fn pods(names: &[&str]) -> Vec<Pod> {
-        names.iter().map(|n| Pod { metadata: kube::api::ObjectMeta { name: Some(n.to_string()), ..Default::default() }, ..Default::default() }).collect()
+        names
+            .iter()
+            .map(|n| Pod {
+                metadata: kube::api::ObjectMeta { name: Some(n.to_string()), ..Default::default() },
+                ..Default::default()
+            })
+            .collect()
     }
 
     #[tokio::test]

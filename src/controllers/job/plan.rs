@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::{
     Container, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, PodSchedulingGate, PodSpec,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::controllers::conditions;
@@ -17,6 +17,7 @@ use crate::crds::{
     JOB_NAME_LABEL, JOBSET_NAME_LABEL, POD_GROUP_LABEL, REPLICATED_JOB_LABEL, ROLLED_BACK_ANNOTATION,
 };
 use crate::pods::Lifecycle;
+use crate::workloadbuilder::native::SchedulingApi;
 
 /// Pod annotation: the gang attempt a pod belongs to (with disruption mode `all`, a failure
 /// restarts every pod of its attempt).
@@ -567,6 +568,84 @@ pub fn new_pod(job: &MusterJob, new: &NewPod, pod_group: &str, subdomain: Option
         spec: Some(spec),
         status: None,
     }
+}
+
+/// Turns a pod made by [`new_pod`] into one of a native PodGroup (upstream scheduling API):
+/// it joins `pod_group` through `spec.schedulingGroup.podGroupName`, and carries neither
+/// muster's pod-group label (muster's webhook and admission leave it alone) nor its gate, so
+/// kube-scheduler's GangScheduling admits its gang.
+pub fn native_pod(pod: &mut Pod, pod_group: &str) {
+    if let Some(labels) = pod.metadata.labels.as_mut() {
+        labels.remove(POD_GROUP_LABEL);
+    }
+    pod.metadata.annotations.as_mut().map(|a| a.remove(ADMISSION_ATTEMPT_ANNOTATION));
+    if let Some(spec) = pod.spec.as_mut() {
+        if let Some(gates) = spec.scheduling_gates.as_mut() {
+            gates.retain(|g| g.name != ADMISSION_GATE);
+        }
+        if spec.scheduling_gates.as_ref().is_some_and(Vec::is_empty) {
+            spec.scheduling_gates = None;
+        }
+        spec.scheduling_group =
+            Some(k8s_openapi::api::core::v1::PodSchedulingGroup { pod_group_name: Some(pod_group.to_string()) });
+    }
+}
+
+/// PURE: the scheduling API a job not recorded yet gets, and why when it is not the default:
+/// a job muster compiled before (its muster PodGroup exists) keeps muster's; in upstream mode,
+/// what the native path does not carry yet stays on muster's (a MusterJobSet's child, GPU
+/// claims, the group's shared claims).
+pub fn first_scheduling_api(
+    spec: &MusterJobSpec,
+    child: bool,
+    default: SchedulingApi,
+    muster_group_exists: bool,
+) -> (SchedulingApi, Option<String>) {
+    if muster_group_exists {
+        return (SchedulingApi::Muster, None);
+    }
+    if default == SchedulingApi::Muster {
+        return (SchedulingApi::Muster, None);
+    }
+    let claims = spec.scheduling.as_ref().and_then(|s| s.resource_claims.as_ref()).is_some_and(|c| !c.is_empty());
+    let why = if child {
+        Some(
+            "a MusterJobSet's child compiles with its set, to muster's API (upstream mode covers standalone MusterJobs)",
+        )
+    } else if spec.gpu_claims.is_some() {
+        Some("spec.gpuClaims is allocated by muster: the job compiles to muster's API")
+    } else if claims {
+        Some("spec.scheduling.resourceClaims are made by muster: the job compiles to muster's API")
+    } else {
+        None
+    };
+    match why {
+        Some(why) => (SchedulingApi::Muster, Some(why.to_string())),
+        None => (SchedulingApi::Upstream, None),
+    }
+}
+
+/// The native PodGroup's conditions a MusterJob in upstream mode shows as its own.
+pub const MIRRORED_CONDITIONS: [&str; 2] = ["PodGroupInitiallyScheduled", "DisruptionTarget"];
+
+/// PURE: copies the native PodGroup's [`MIRRORED_CONDITIONS`] into a job's `conditions` (a
+/// type the group no longer has goes), and returns those whose status or reason changed from
+/// `before` (for events).
+pub fn mirror_group_conditions(
+    conditions: &mut Vec<Condition>,
+    group: &[Condition],
+    before: &[Condition],
+) -> Vec<Condition> {
+    conditions.retain(|c| !MIRRORED_CONDITIONS.contains(&c.type_.as_str()));
+    let mut changed = Vec::new();
+    for c in group.iter().filter(|c| MIRRORED_CONDITIONS.contains(&c.type_.as_str())) {
+        conditions.push(c.clone());
+        let old = before.iter().find(|b| b.type_ == c.type_);
+        if old.is_none_or(|o| (&o.status, &o.reason) != (&c.status, &c.reason)) {
+            changed.push(c.clone());
+        }
+    }
+    changed
 }
 
 /// The labels muster puts on what it makes for `job` (pods, the GPU claim template): the job's

@@ -542,3 +542,100 @@ fn only_active_and_ready_counts_wait_for_the_status_pace() {
         })
     ));
 }
+
+#[test]
+fn a_native_pod_joins_its_group_by_scheduling_group_without_muster_label_or_gate() {
+    let mut job = MusterJob::new("train", spec(2, Some(2), CompletionMode::Indexed));
+    job.metadata.uid = Some("uid".into());
+    let mut pod = new_pod(&job, &NewPod { index: Some(0), attempt: 0 }, "train", None, 3);
+    pod.spec
+        .as_mut()
+        .expect("spec")
+        .scheduling_gates
+        .get_or_insert_default()
+        .push(PodSchedulingGate { name: "other.example.com/gate".into() });
+    native_pod(&mut pod, "train");
+    let labels = pod.metadata.labels.as_ref().expect("labels");
+    assert!(!labels.contains_key(POD_GROUP_LABEL), "muster's webhook and admission leave it alone");
+    assert_eq!(labels.get(JOB_NAME_LABEL).map(String::as_str), Some("train"), "the job still finds it");
+    let annotations = pod.metadata.annotations.as_ref().expect("annotations");
+    assert!(!annotations.contains_key(ADMISSION_ATTEMPT_ANNOTATION));
+    assert_eq!(annotations.get(COMPLETION_INDEX_ANNOTATION).map(String::as_str), Some("0"));
+    let spec = pod.spec.as_ref().expect("spec");
+    let gates: Vec<&str> = spec.scheduling_gates.iter().flatten().map(|g| g.name.as_str()).collect();
+    assert_eq!(gates, vec!["other.example.com/gate"], "only muster's gate goes");
+    assert_eq!(spec.scheduling_group.as_ref().and_then(|g| g.pod_group_name.as_deref()), Some("train"));
+    // With only muster's gate, no gate list is left at all.
+    let mut pod = new_pod(&job, &NewPod { index: Some(1), attempt: 0 }, "train", None, 0);
+    native_pod(&mut pod, "train");
+    assert_eq!(pod.spec.as_ref().expect("spec").scheduling_gates, None);
+}
+
+#[test]
+fn a_new_job_gets_the_default_api_unless_muster_compiled_it_or_the_native_path_lacks_what_it_uses() {
+    use crate::workloadbuilder::native::SchedulingApi::{Muster, Upstream};
+    let plain = spec(2, None, CompletionMode::NonIndexed);
+    let mut gpu_claims = plain.clone();
+    gpu_claims.gpu_claims = Some(Default::default());
+    let claims: MusterJobSpec = serde_json::from_value(serde_json::json!({
+        "parallelism": 2,
+        "template": {"spec": {"containers": [{"name": "c", "image": "x"}]}},
+        "scheduling": {"resourceClaims": [{"name": "shared", "resourceClaimName": "dataset"}]},
+    }))
+    .expect("fixture");
+    let empty_claims: MusterJobSpec = serde_json::from_value(serde_json::json!({
+        "parallelism": 2,
+        "template": {"spec": {"containers": [{"name": "c", "image": "x"}]}},
+        "scheduling": {"resourceClaims": []},
+    }))
+    .expect("fixture");
+    // (spec, child, default, muster group exists) -> api, a reason given
+    let table = [
+        (&plain, false, Upstream, false, Upstream, false),
+        (&plain, false, Muster, false, Muster, false),
+        (&plain, false, Upstream, true, Muster, false),
+        (&plain, true, Upstream, false, Muster, true),
+        (&plain, true, Muster, false, Muster, false),
+        (&gpu_claims, false, Upstream, false, Muster, true),
+        (&claims, false, Upstream, false, Muster, true),
+        (&empty_claims, false, Upstream, false, Upstream, false),
+    ];
+    for (i, (spec, child, default, exists, want, reason)) in table.into_iter().enumerate() {
+        let (api, why) = first_scheduling_api(spec, child, default, exists);
+        assert_eq!((api, why.is_some()), (want, reason), "row {i}: {why:?}");
+    }
+}
+
+#[test]
+fn the_native_groups_conditions_are_mirrored_and_their_changes_reported() {
+    let cond = |t: &str, status: &str, reason: &str| Condition {
+        type_: t.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: format!("{t} {reason}"),
+        last_transition_time: Time(Timestamp::UNIX_EPOCH),
+        observed_generation: None,
+    };
+    let own = cond(condition::COMPLETE, "False", "Running");
+    let unschedulable = cond("PodGroupInitiallyScheduled", "False", "Unschedulable");
+    let mut conditions = vec![own.clone()];
+    let group = vec![unschedulable.clone(), cond("SomethingElse", "True", "X")];
+    let changed = mirror_group_conditions(&mut conditions, &group, &[]);
+    assert_eq!(conditions, vec![own.clone(), unschedulable.clone()], "only the mirrored types");
+    assert_eq!(changed, vec![unschedulable.clone()]);
+    // The same again: nothing to report; a new message alone is not a change.
+    let mut again = conditions.clone();
+    let mut reworded = unschedulable.clone();
+    reworded.message = "0/3 nodes".into();
+    assert!(mirror_group_conditions(&mut again, &[reworded.clone()], &conditions).is_empty());
+    assert_eq!(again, vec![own.clone(), reworded]);
+    // Scheduled: reported; a DisruptionTarget too; a type the group dropped goes.
+    let scheduled = cond("PodGroupInitiallyScheduled", "True", "Scheduled");
+    let disrupted = cond("DisruptionTarget", "True", "PreemptionByScheduler");
+    let mut next = again.clone();
+    let changed = mirror_group_conditions(&mut next, &[scheduled.clone(), disrupted.clone()], &again);
+    assert_eq!(changed, vec![scheduled.clone(), disrupted.clone()]);
+    let mut last = next.clone();
+    assert!(mirror_group_conditions(&mut last, std::slice::from_ref(&scheduled), &next).is_empty());
+    assert_eq!(last, vec![own, scheduled]);
+}

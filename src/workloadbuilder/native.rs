@@ -1,0 +1,214 @@
+//! PURE: what the builder compiled, as the native `scheduling.k8s.io/v1beta1` Workload and
+//! PodGroup (muster's upstream scheduling API, `--scheduling-api=upstream`). muster's shapes
+//! mirror upstream's field for field, so a spec converts as it is; only the API group changes.
+//! The PodGroup's `priority` is left to the API server's Priority admission plugin, which
+//! resolves it from `priorityClassName` as it does for the Job controller's PodGroups.
+
+use k8s_openapi::api::scheduling::v1beta1 as native;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::crds::scheduling::{PodGroup, Workload};
+
+/// Which scheduling API a MusterJob's groups are compiled to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SchedulingApi {
+    /// muster's own `scheduling.muster.dev` objects; muster admits the gang.
+    #[default]
+    Muster,
+    /// The native `scheduling.k8s.io` objects; kube-scheduler admits the gang.
+    Upstream,
+}
+
+impl SchedulingApi {
+    /// The value of the job annotation and the metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SchedulingApi::Muster => "muster",
+            SchedulingApi::Upstream => "upstream",
+        }
+    }
+
+    /// Reads an annotation value.
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "muster" => Some(SchedulingApi::Muster),
+            "upstream" => Some(SchedulingApi::Upstream),
+            _ => None,
+        }
+    }
+}
+
+/// PURE: the API new jobs are compiled to. `requested` is the flag (`None`: `auto`);
+/// `served` whether the API server serves the native Workload and PodGroup. Returns the choice
+/// and why, for the log line: `auto` picks upstream where it is served; an `upstream` asked
+/// for where it is not falls back to muster's API (nothing could be admitted otherwise).
+pub fn choose(requested: Option<SchedulingApi>, served: bool) -> (SchedulingApi, &'static str) {
+    match (requested, served) {
+        (Some(SchedulingApi::Muster), _) => (SchedulingApi::Muster, "--scheduling-api=muster"),
+        (Some(SchedulingApi::Upstream), true) => (SchedulingApi::Upstream, "--scheduling-api=upstream"),
+        (Some(SchedulingApi::Upstream), false) => (
+            SchedulingApi::Muster,
+            "--scheduling-api=upstream, but scheduling.k8s.io/v1beta1 Workload and PodGroup are not served (feature gate GenericWorkload off?): muster's API instead",
+        ),
+        (None, true) => (SchedulingApi::Upstream, "auto: scheduling.k8s.io/v1beta1 Workload and PodGroup are served"),
+        (None, false) => {
+            (SchedulingApi::Muster, "auto: scheduling.k8s.io/v1beta1 Workload and PodGroup are not served")
+        }
+    }
+}
+
+/// A compiled spec the native API has no room for (a field muster added that upstream lacks).
+#[derive(Debug, thiserror::Error)]
+#[error("{kind} {name}: the compiled spec is not a scheduling.k8s.io/v1beta1 {kind}: {source}")]
+pub struct NativeError {
+    /// `Workload` or `PodGroup`.
+    pub kind: &'static str,
+    /// The object's name.
+    pub name: String,
+    /// What did not convert.
+    pub source: serde_json::Error,
+}
+
+fn convert<From: Serialize, To: DeserializeOwned>(
+    kind: &'static str,
+    meta: &ObjectMeta,
+    spec: &From,
+) -> Result<To, NativeError> {
+    let name = meta.name.clone().unwrap_or_default();
+    let error = |source| NativeError { kind, name: name.clone(), source };
+    serde_json::to_value(spec).and_then(serde_json::from_value).map_err(error)
+}
+
+/// What the native object keeps of the compiled one's metadata: name, namespace, labels,
+/// annotations and owners.
+fn metadata(meta: &ObjectMeta) -> ObjectMeta {
+    ObjectMeta {
+        name: meta.name.clone(),
+        namespace: meta.namespace.clone(),
+        labels: meta.labels.clone(),
+        annotations: meta.annotations.clone(),
+        owner_references: meta.owner_references.clone(),
+        ..Default::default()
+    }
+}
+
+/// The native Workload of a compiled one.
+pub fn workload(w: &Workload) -> Result<native::Workload, NativeError> {
+    Ok(native::Workload { metadata: metadata(&w.metadata), spec: convert("Workload", &w.metadata, &w.spec)? })
+}
+
+/// The native PodGroup of a compiled one (its spec only: the status is kube-scheduler's).
+pub fn pod_group(g: &PodGroup) -> Result<native::PodGroup, NativeError> {
+    let mut spec: native::PodGroupSpec = convert("PodGroup", &g.metadata, &g.spec)?;
+    spec.priority = None;
+    Ok(native::PodGroup { metadata: metadata(&g.metadata), spec, status: None })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::workloadbuilder::job::{JOB_TEMPLATE_NAME, build_options, job_item};
+    use crate::workloadbuilder::{Builder, FieldPath};
+
+    /// A MusterJob spec with `scheduling`, compiled as the job controller compiles it.
+    fn compiled(scheduling: Value) -> (Workload, PodGroup) {
+        let spec: crate::crds::batch::MusterJobSpec = serde_json::from_value(json!({
+            "parallelism": 4,
+            "template": {"spec": {"priorityClassName": "high", "containers": [{"name": "c", "image": "x"}]}},
+            "scheduling": scheduling,
+        }))
+        .expect("spec");
+        let owner = k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "batch.muster.dev/v1alpha1".into(),
+            kind: "MusterJob".into(),
+            name: "train".into(),
+            uid: "uid-1".into(),
+            controller: Some(true),
+            ..Default::default()
+        };
+        let item = job_item(&spec, JOB_TEMPLATE_NAME, &FieldPath::new("spec"));
+        let builder = Builder::new(item, build_options("train", "ns", Some(owner)));
+        let workload = builder.build_workload().expect("workload").clone();
+        let mut group = builder.new_pod_group("train", JOB_TEMPLATE_NAME).expect("group");
+        group.spec.priority = Some(1000);
+        (workload, group)
+    }
+
+    /// `v` as JSON without `null` members, for comparison.
+    fn json<T: serde::Serialize>(v: &T) -> Value {
+        let mut v = serde_json::to_value(v).expect("json");
+        fn walk(v: &mut Value) {
+            match v {
+                Value::Object(m) => {
+                    m.retain(|_, x| !x.is_null());
+                    m.values_mut().for_each(walk);
+                }
+                Value::Array(a) => a.iter_mut().for_each(walk),
+                _ => {}
+            }
+        }
+        walk(&mut v);
+        v
+    }
+
+    #[test]
+    fn auto_picks_upstream_where_it_is_served_and_upstream_falls_back_where_it_is_not() {
+        use SchedulingApi::{Muster, Upstream};
+        let table = [
+            (None, true, Upstream),
+            (None, false, Muster),
+            (Some(Muster), true, Muster),
+            (Some(Muster), false, Muster),
+            (Some(Upstream), true, Upstream),
+            (Some(Upstream), false, Muster),
+        ];
+        for (requested, served, want) in table {
+            let (got, why) = choose(requested, served);
+            assert_eq!(got, want, "{requested:?} served={served}: {why}");
+            assert!(!why.is_empty());
+        }
+        for api in [Muster, Upstream] {
+            assert_eq!(SchedulingApi::parse(api.as_str()), Some(api));
+        }
+        assert_eq!(SchedulingApi::parse("Upstream"), None);
+    }
+
+    #[test]
+    fn the_native_objects_carry_the_compiled_specs_field_for_field() {
+        let cases = [
+            json!({"schedulingPolicy": {"gang": {"minCount": 3}}}),
+            json!({"schedulingPolicy": {"basic": {}}, "disruptionMode": {"single": {}}}),
+            json!({"schedulingPolicy": {"gang": {}}, "disruptionMode": {"all": {}},
+                   "schedulingConstraints": {"topology": [{"key": "topology.muster.dev/rack"}]}}),
+            json!({"schedulingPolicy": {"gang": {}}, "resourceClaims": [
+                {"name": "slice", "resourceClaimTemplateName": "gpu-slice"},
+                {"name": "shared", "resourceClaimName": "dataset"}]}),
+        ];
+        for scheduling in cases {
+            let (w, g) = compiled(scheduling.clone());
+            let nw = workload(&w).expect("native workload");
+            let ng = pod_group(&g).expect("native group");
+            assert_eq!(json(&nw.spec), json(&w.spec), "Workload spec of {scheduling}");
+            // Everything but the priority, which the API server's Priority plugin resolves.
+            let mut want = json(&g.spec);
+            want.as_object_mut().expect("object").remove("priority");
+            assert_eq!(json(&ng.spec), want, "PodGroup spec of {scheduling}");
+            assert_eq!(ng.spec.priority, None);
+            assert_eq!(ng.spec.priority_class_name.as_deref(), Some("high"));
+            for (native, compiled) in [(&nw.metadata, &w.metadata), (&ng.metadata, &g.metadata)] {
+                assert_eq!(native.name, compiled.name);
+                assert_eq!(native.namespace.as_deref(), Some("ns"));
+                assert_eq!(native.owner_references, compiled.owner_references);
+                assert!(native.owner_references.as_ref().is_some_and(|o| o[0].uid == "uid-1"));
+            }
+            // And the JSON the API server gets names the native group.
+            let body = serde_json::to_value(&nw).expect("json");
+            assert_eq!(body["apiVersion"], "scheduling.k8s.io/v1beta1");
+            assert_eq!(serde_json::to_value(&ng).expect("json")["kind"], "PodGroup");
+        }
+    }
+}
