@@ -131,7 +131,7 @@ bench:
 BENCH_NODES ?= 1000
 BENCH_GANGS ?= 200
 BENCH_SIZE ?= 3
-BENCH_PATHS ?= plain,gang,muster
+BENCH_PATHS ?= plain,gang,muster,muster-upstream
 BENCH_OUT ?= target/bench-e2e.json
 bench-e2e: controlplane
 	BENCH_NODES=$(BENCH_NODES) BENCH_GANGS=$(BENCH_GANGS) BENCH_SIZE=$(BENCH_SIZE) BENCH_PATHS=$(BENCH_PATHS) \

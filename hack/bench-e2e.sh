@@ -6,7 +6,7 @@
 # path after the other. Prints the table and writes the numbers as JSON. Everything it started
 # is stopped on exit.
 #
-#   BENCH_NODES (1000)  BENCH_GANGS (200)  BENCH_SIZE (3)  BENCH_PATHS (plain,gang,muster)
+#   BENCH_NODES (1000)  BENCH_GANGS (200)  BENCH_SIZE (3)  BENCH_PATHS (plain,gang,muster,muster-upstream)
 #   BENCH_OUT (target/bench-e2e.json)  BENCH_TIMEOUT (600 s per path)  BENCH_CONCURRENCY (16)
 #   BENCH_RATE (gangs created per second per path; 0, the default: as fast as creates go)
 #   BENCH_PROFILE=perf|heaptrack: record muster's CPU samples (perf record) or its heap
@@ -24,7 +24,7 @@ bin=${MUSTER_K8S_BIN:-$(bash "$root/tools/k8s/bindir.sh")}
 nodes=${BENCH_NODES:-1000}
 gangs=${BENCH_GANGS:-200}
 size=${BENCH_SIZE:-3}
-paths=${BENCH_PATHS:-plain,gang,muster}
+paths=${BENCH_PATHS:-plain,gang,muster,muster-upstream}
 out=${BENCH_OUT:-$root/target/bench-e2e.json}
 timeout=${BENCH_TIMEOUT:-600}
 concurrency=${BENCH_CONCURRENCY:-16}

@@ -53,7 +53,7 @@ pub struct Args {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     size: u32,
     /// Paths to run, in this order (comma separated): plain, gang, muster.
-    #[arg(long, value_enum, value_delimiter = ',', default_values = ["plain", "gang", "muster"])]
+    #[arg(long, value_enum, value_delimiter = ',', default_values = ["plain", "gang", "muster", "muster-upstream"])]
     paths: Vec<BenchPath>,
     /// muster's pid: peak RSS and CPU seconds during the muster path (from /proc).
     #[arg(long)]
@@ -89,6 +89,11 @@ pub enum BenchPath {
     Gang,
     /// MusterJobs with a gang of minCount = size.
     Muster,
+    /// The same MusterJobs in upstream mode (`batch.muster.dev/scheduling-api: upstream`): muster
+    /// compiles the native Workload and PodGroup, kube-scheduler admits the gang.
+    #[value(name = "muster-upstream")]
+    #[serde(rename = "muster-upstream")]
+    MusterUpstream,
 }
 
 impl BenchPath {
@@ -98,6 +103,7 @@ impl BenchPath {
             BenchPath::Plain => "plain",
             BenchPath::Gang => "gang",
             BenchPath::Muster => "muster",
+            BenchPath::MusterUpstream => "muster-upstream",
         }
     }
 
@@ -397,13 +403,17 @@ pub fn gang_manifest(path: BenchPath, name: &str, size: u32) -> Value {
     let mut spec = json!({"parallelism": size, "completions": size, "template": pod_template()});
     match path {
         BenchPath::Plain => {}
-        BenchPath::Gang | BenchPath::Muster => spec["scheduling"] = gang,
+        BenchPath::Gang | BenchPath::Muster | BenchPath::MusterUpstream => spec["scheduling"] = gang,
     }
     let (api_version, kind) = match path {
         BenchPath::Plain | BenchPath::Gang => ("batch/v1", "Job"),
-        BenchPath::Muster => ("batch.muster.dev/v1alpha1", "MusterJob"),
+        BenchPath::Muster | BenchPath::MusterUpstream => ("batch.muster.dev/v1alpha1", "MusterJob"),
     };
-    json!({"apiVersion": api_version, "kind": kind, "metadata": {"name": name}, "spec": spec})
+    let mut metadata = json!({"name": name});
+    if path == BenchPath::MusterUpstream {
+        metadata["annotations"] = json!({crate::crds::SCHEDULING_API_ANNOTATION: "upstream"});
+    }
+    json!({"apiVersion": api_version, "kind": kind, "metadata": metadata, "spec": spec})
 }
 
 /// muster's own cost during a path.
@@ -486,9 +496,9 @@ impl PathReport {
         !self.timed_out && !self.scheduling_dropped && self.create_errors == 0 && !self.gang_not_honoured()
     }
 
-    /// Gang path only: some of its pods carry no `spec.schedulingGroup`.
+    /// Upstream gang paths only: some of its pods carry no `spec.schedulingGroup`.
     pub fn gang_not_honoured(&self) -> bool {
-        self.path == Some(BenchPath::Gang)
+        matches!(self.path, Some(BenchPath::Gang | BenchPath::MusterUpstream))
             && (self.scheduling_dropped || self.pods_with_scheduling_group < self.pods_seen)
     }
 }
@@ -827,7 +837,7 @@ async fn create_gang(client: &Client, path: BenchPath, ns: &str, name: &str, siz
                     .await
                     .map(|j| path != BenchPath::Gang || j.spec.is_some_and(|s| s.scheduling.is_some()))
             }
-            BenchPath::Muster => {
+            BenchPath::Muster | BenchPath::MusterUpstream => {
                 let job: MusterJob = serde_json::from_value(manifest.clone())?;
                 Api::<MusterJob>::namespaced(client.clone(), ns).create(&pp, &job).await.map(|_| true)
             }
@@ -946,7 +956,7 @@ async fn run_path(
         return Err(BenchError::Setup(format!("the pod watch of {ns} did not start")));
     }
 
-    let is_muster = path == BenchPath::Muster;
+    let is_muster = matches!(path, BenchPath::Muster | BenchPath::MusterUpstream);
     let muster_pid = args.muster_pid.filter(|_| is_muster);
     let metrics_before = match (&args.muster_metrics_url, is_muster) {
         (Some(url), true) => fetch_metrics(http, url).await,
@@ -1401,10 +1411,18 @@ mod tests {
     }
 
     #[test]
-    fn the_three_paths_share_one_pod_template() {
+    fn the_paths_share_one_pod_template() {
         let plain = gang_manifest(BenchPath::Plain, "plain-00000", 3);
         let gang = gang_manifest(BenchPath::Gang, "gang-00000", 3);
         let muster = gang_manifest(BenchPath::Muster, "muster-00000", 3);
+        let upstream = gang_manifest(BenchPath::MusterUpstream, "muster-upstream-00000", 3);
+        // The upstream-mode MusterJob is the muster one, recorded as upstream.
+        let mut recorded = muster.clone();
+        recorded["metadata"] = json!({"name": "muster-upstream-00000",
+            "annotations": {crate::crds::SCHEDULING_API_ANNOTATION: "upstream"}});
+        assert_eq!(upstream, recorded);
+        assert!(muster["metadata"].get("annotations").is_none(), "the muster path takes muster's default");
+        assert_eq!(serde_json::to_value(BenchPath::MusterUpstream).expect("json"), "muster-upstream");
         for m in [&plain, &gang, &muster] {
             assert_eq!(m["spec"]["template"], pod_template());
             assert_eq!((m["spec"]["parallelism"].as_u64(), m["spec"]["completions"].as_u64()), (Some(3), Some(3)));
