@@ -65,6 +65,15 @@ fn pod_group_content(g: &DynamicObject) -> Value {
     spec
 }
 
+/// Creates PriorityClass `name` (value 1000) unless it exists: two tests may race to make it.
+fn priority_class_1000(name: &str) {
+    match cluster().kubectl(&["create", "priorityclass", name, "--value=1000"]) {
+        Ok(_) => {}
+        Err(e) if e.contains("AlreadyExists") || e.contains("already exists") => {}
+        Err(e) => panic!("{e}"),
+    }
+}
+
 /// The scheduling variants compared; each becomes a Job and a MusterJob of the same name.
 fn variants(priority_class: &str) -> Vec<(&'static str, Value)> {
     let sched = |s: Value| json!({"scheduling": s});
@@ -103,11 +112,7 @@ async fn jobs_and_musterjobs_compile_to_the_same_workload_and_podgroup() {
     let _muster = muster().await;
     let ns = namespace("diff-compile");
     let priority_class = "muster-e2e-diff";
-    match cluster().kubectl(&["create", "priorityclass", priority_class, "--value=1000"]) {
-        Ok(_) => {}
-        Err(e) if e.contains("AlreadyExists") => {}
-        Err(e) => panic!("{e}"),
-    }
+    priority_class_1000(priority_class);
     let c = client().await;
     let upstream_wl: Api<DynamicObject> = Api::namespaced_with(c.clone(), &ns.name, &native("Workload"));
     let upstream_pg: Api<DynamicObject> = Api::namespaced_with(c.clone(), &ns.name, &native("PodGroup"));
@@ -169,11 +174,7 @@ async fn jobs_and_upstream_musterjobs_compile_to_the_same_native_objects() {
     let _muster = muster().await;
     let ns = namespace("diff-native");
     let priority_class = "muster-e2e-diff";
-    match cluster().kubectl(&["create", "priorityclass", priority_class, "--value=1000"]) {
-        Ok(_) => {}
-        Err(e) if e.contains("AlreadyExists") => {}
-        Err(e) => panic!("{e}"),
-    }
+    priority_class_1000(priority_class);
     let c = client().await;
     let wl_api: Api<DynamicObject> = Api::namespaced_with(c.clone(), &ns.name, &native("Workload"));
     let pg_api: Api<DynamicObject> = Api::namespaced_with(c.clone(), &ns.name, &native("PodGroup"));
