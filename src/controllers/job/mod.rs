@@ -621,12 +621,6 @@ async fn sync_pods(
         "job synced"
     );
     let reference = job.object_ref(&());
-    for c in &mirrored {
-        let warning = c.status == "False" && c.type_ == "PodGroupInitiallyScheduled";
-        let note =
-            format!("PodGroup {} (scheduling.k8s.io): {}={}: {}", groups.pod_group, c.type_, c.status, c.message);
-        ctx.event(&reference, warning, &c.reason, "Schedule", note).await;
-    }
 
     for (pod, why) in &decision.delete {
         match pods_api.delete(pod, &DeleteParams::background()).await {
@@ -699,6 +693,16 @@ async fn sync_pods(
     }
     let claims_pending = report_claims(job, ctx, pod_claims, &mut decision.status, now).await;
     let paced = write_status(job, jc, &decision.status).await?;
+    // A mirrored condition's change is told once, with the write that records it (a paced write
+    // comes back here, its change still new against the job's status).
+    if paced.is_none() {
+        for c in &mirrored {
+            let warning = c.status == "False" && c.type_ == "PodGroupInitiallyScheduled";
+            let note =
+                format!("PodGroup {} (scheduling.k8s.io): {}={}: {}", groups.pod_group, c.type_, c.status, c.message);
+            ctx.event(&reference, warning, &c.reason, "Schedule", note).await;
+        }
+    }
     if decision.delete_job {
         let api = Api::<MusterJob>::namespaced(ctx.client.clone(), &ns);
         match api.delete(&name, &DeleteParams::background()).await {

@@ -103,12 +103,21 @@ impl ObservedPod {
     }
 }
 
-/// PURE: whether a new status may wait for the next paced write: only `active` and `ready`
-/// moved. Both are counted from the live pods on every pass, so nothing is lost by writing
-/// them a moment later; a phase, a condition, a completion or a failure is written at once
-/// (the failure count must be recorded before its pod is deleted).
+/// PURE: whether a new status may wait for the next paced write: only `active`, `ready` and
+/// the conditions mirrored from a native PodGroup ([`MIRRORED_CONDITIONS`], upstream mode)
+/// moved. All are read afresh on every pass (the counts from the live pods, the conditions from
+/// the group), so nothing is lost by writing them a moment later, and kube-scheduler's quick
+/// flips of a group's condition go out as one write; a phase, a job's own condition, a
+/// completion or a failure is written at once (the failure count must be recorded before its
+/// pod is deleted).
 pub fn status_may_wait(old: Option<&MusterJobStatus>, new: &MusterJobStatus) -> bool {
-    old.is_some_and(|old| old != new && MusterJobStatus { active: new.active, ready: new.ready, ..old.clone() } == *new)
+    let mirrored = |c: &&Condition| MIRRORED_CONDITIONS.contains(&c.type_.as_str());
+    old.is_some_and(|old| {
+        let mut moved = MusterJobStatus { active: new.active, ready: new.ready, ..old.clone() };
+        moved.conditions.retain(|c| !mirrored(&c));
+        moved.conditions.extend(new.conditions.iter().filter(mirrored).cloned());
+        old != new && moved == *new
+    })
 }
 
 /// What the job controller's watch cache keeps of one of its pods: the job it belongs to and

@@ -541,6 +541,26 @@ fn only_active_and_ready_counts_wait_for_the_status_pace() {
             s.progress = Some("1/3".into());
         })
     ));
+    // A native PodGroup's condition (upstream mode) may wait; the job's own may not.
+    let cond = |t: &str, status: &str| Condition {
+        type_: t.into(),
+        status: status.into(),
+        reason: "R".into(),
+        message: String::new(),
+        last_transition_time: Time(Timestamp::UNIX_EPOCH),
+        observed_generation: None,
+    };
+    let scheduled = with(&|s| s.conditions.push(cond("PodGroupInitiallyScheduled", "True")));
+    assert!(status_may_wait(Some(&old), &scheduled));
+    let mut flipped = scheduled.clone();
+    flipped.conditions[0].status = "False".into();
+    flipped.ready = 2;
+    assert!(status_may_wait(Some(&scheduled), &flipped));
+    assert!(status_may_wait(Some(&scheduled), &old), "a mirrored condition that went");
+    assert!(!status_may_wait(Some(&old), &with(&|s| s.conditions.push(cond(condition::COMPLETE, "True")))));
+    let mut both = scheduled.clone();
+    both.conditions.push(cond(condition::SUSPENDED, "True"));
+    assert!(!status_may_wait(Some(&old), &both));
 }
 
 #[test]
