@@ -46,6 +46,9 @@ pub enum CompletionMode {
     printcolumn(name = "Completions", type_ = "string", json_path = ".status.progress"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "PodGroup", type_ = "string", json_path = ".status.podGroupName", priority = 1),
+    // Upstream mode: kube-scheduler's reason for the job's native PodGroup (`Scheduled`,
+    // `Unschedulable`), mirrored from its PodGroupInitiallyScheduled condition.
+    printcolumn(name = "Scheduling", type_ = "string", json_path = ".status.conditions[?(@.type==\"PodGroupInitiallyScheduled\")].reason", priority = 1),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]

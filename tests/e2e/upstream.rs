@@ -104,6 +104,12 @@ async fn an_upstream_musterjob_is_gang_scheduled_by_kube_scheduler_and_a_too_big
     })
     .await;
     assert!(job_pods(&pods, "too-big").await.iter().all(|p| node_of(p).is_none()), "nothing of it bound");
+    // `kubectl get mjob -o wide` says why, in the Scheduling column.
+    let wide = cluster().kubectl(&["-n", &ns.name, "get", "mjob", "-o", "wide"]).expect("kubectl get mjob");
+    let row =
+        |name: &str| wide.lines().find(|l| l.split_whitespace().next() == Some(name)).unwrap_or_default().to_string();
+    assert!(wide.lines().next().is_some_and(|h| h.contains("SCHEDULING")), "{wide}");
+    assert!(row("too-big").contains("Unschedulable") && row("fits").contains("Scheduled"), "{wide}");
 
     // A job without the annotation gets the flag's API (muster here) recorded, and keeps it.
     apply(&ns.name, &gpu_job("default", 1, 1, &nodes, gang(1), json!({})));
