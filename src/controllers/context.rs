@@ -190,6 +190,9 @@ pub enum Error {
     /// The workloadbuilder could not build (a bug or a changed Workload).
     #[error("build: {0}")]
     Build(#[from] crate::workloadbuilder::BuildError),
+    /// A compiled spec did not convert to the native scheduling API (a bug).
+    #[error("native scheduling API: {0}")]
+    Native(#[from] crate::workloadbuilder::native::NativeError),
     /// An object muster wants to own is owned by someone else.
     #[error("{0}")]
     Conflict(String),
@@ -381,7 +384,7 @@ impl Error {
         match self {
             Error::Kube(kube::Error::Api(_)) => "api",
             Error::Kube(_) => "kube",
-            Error::Build(_) => "build",
+            Error::Build(_) | Error::Native(_) => "build",
             Error::Conflict(_) => "conflict",
             Error::Missing(_) => "missing",
             Error::Serde(_) => "serde",

@@ -144,6 +144,19 @@ pub fn holds(object: &serde_json::Value, wanted: &serde_json::Value) -> bool {
     }
 }
 
+/// PURE: the same watch event with each object it carries read through `f` (a store that keeps
+/// something else than the objects themselves: a slimmer copy, a record).
+pub fn map_event<A, B>(ev: &kube::runtime::watcher::Event<A>, f: impl Fn(&A) -> B) -> kube::runtime::watcher::Event<B> {
+    use kube::runtime::watcher::Event;
+    match ev {
+        Event::Apply(o) => Event::Apply(f(o)),
+        Event::InitApply(o) => Event::InitApply(f(o)),
+        Event::Delete(o) => Event::Delete(f(o)),
+        Event::Init => Event::Init,
+        Event::InitDone => Event::InitDone,
+    }
+}
+
 /// The objects of `api` as a controller's trigger, each kept in `writer`'s store without its
 /// managed fields (no reconciler reads them): `Controller::new` keeps them whole, and a
 /// thousand MusterJobs held 12 MiB, most of it managed fields.

@@ -59,6 +59,75 @@ pub fn choose(requested: Option<SchedulingApi>, served: bool) -> (SchedulingApi,
     }
 }
 
+/// PURE: the scheduling API a job not recorded yet gets, and why when it is not the default:
+/// a job muster compiled before (its muster PodGroup exists) keeps muster's; in upstream mode,
+/// what the native path does not carry yet stays on muster's (a MusterJobSet's child, GPU
+/// claims, the group's shared claims).
+pub fn first_scheduling_api(
+    spec: &crate::crds::batch::MusterJobSpec,
+    child: bool,
+    default: SchedulingApi,
+    muster_group_exists: bool,
+) -> (SchedulingApi, Option<String>) {
+    if muster_group_exists {
+        return (SchedulingApi::Muster, None);
+    }
+    if default == SchedulingApi::Muster {
+        return (SchedulingApi::Muster, None);
+    }
+    let claims = spec.scheduling.as_ref().and_then(|s| s.resource_claims.as_ref()).is_some_and(|c| !c.is_empty());
+    let why = if child {
+        Some(
+            "a MusterJobSet's child compiles with its set, to muster's API (upstream mode covers standalone MusterJobs)",
+        )
+    } else if spec.gpu_claims.is_some() {
+        Some("spec.gpuClaims is allocated by muster: the job compiles to muster's API")
+    } else if claims {
+        Some("spec.scheduling.resourceClaims are made by muster: the job compiles to muster's API")
+    } else {
+        None
+    };
+    match why {
+        Some(why) => (SchedulingApi::Muster, Some(why.to_string())),
+        None => (SchedulingApi::Upstream, None),
+    }
+}
+
+/// Why a job that recorded an API cannot go on with it: a reason and a message.
+pub type ApiRefusal = (&'static str, String);
+
+/// PURE: the API of a job that recorded `recorded` (validated already), and whether it can go on
+/// with it. `muster_group` and `native_group`: whether the job's PodGroup exists in muster's
+/// API and in the native one; a group in the other API means the annotation was changed
+/// behind the webhook, and muster does not move a job between APIs. `served`: whether the
+/// native Workload and PodGroup are served.
+pub fn recorded_scheduling_api(
+    recorded: &str,
+    muster_group: bool,
+    native_group: bool,
+    served: bool,
+) -> Result<SchedulingApi, ApiRefusal> {
+    use crate::crds::SCHEDULING_API_ANNOTATION;
+    let api = SchedulingApi::parse(recorded).unwrap_or_default();
+    let other = match api {
+        SchedulingApi::Upstream => muster_group,
+        SchedulingApi::Muster => native_group,
+    };
+    if other {
+        let message = format!(
+            "{SCHEDULING_API_ANNOTATION} changed to {recorded} after the job's PodGroup was made in the other API; muster does not move a job between APIs (set it back)"
+        );
+        return Err(("SchedulingAPIChanged", message));
+    }
+    if api == SchedulingApi::Upstream && !served {
+        let message = format!(
+            "{SCHEDULING_API_ANNOTATION} is upstream, but the API server does not serve the scheduling.k8s.io/v1beta1 Workload and PodGroup (feature gate GenericWorkload)"
+        );
+        return Err(("UpstreamNotServed", message));
+    }
+    Ok(api)
+}
+
 /// A compiled spec the native API has no room for (a field muster added that upstream lacks).
 #[derive(Debug, thiserror::Error)]
 #[error("{kind} {name}: the compiled spec is not a scheduling.k8s.io/v1beta1 {kind}: {source}")]
@@ -175,6 +244,70 @@ mod tests {
             assert_eq!(SchedulingApi::parse(api.as_str()), Some(api));
         }
         assert_eq!(SchedulingApi::parse("Upstream"), None);
+    }
+
+    #[test]
+    fn a_new_job_gets_the_default_api_unless_muster_compiled_it_or_the_native_path_lacks_what_it_uses() {
+        use crate::crds::batch::{CompletionMode, MusterJobSpec};
+        use SchedulingApi::{Muster, Upstream};
+        let plain: MusterJobSpec = serde_json::from_value(json!({
+            "parallelism": 2,
+            "template": {"spec": {"containers": [{"name": "c", "image": "x",
+                "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}},
+        }))
+        .expect("fixture");
+        assert_eq!(plain.completion_mode, CompletionMode::NonIndexed);
+        let mut gpu_claims = plain.clone();
+        gpu_claims.gpu_claims = Some(Default::default());
+        let claims: MusterJobSpec = serde_json::from_value(json!({
+            "parallelism": 2,
+            "template": {"spec": {"containers": [{"name": "c", "image": "x"}]}},
+            "scheduling": {"resourceClaims": [{"name": "shared", "resourceClaimName": "dataset"}]},
+        }))
+        .expect("fixture");
+        let empty_claims: MusterJobSpec = serde_json::from_value(json!({
+            "parallelism": 2,
+            "template": {"spec": {"containers": [{"name": "c", "image": "x"}]}},
+            "scheduling": {"resourceClaims": []},
+        }))
+        .expect("fixture");
+        // (spec, child, default, muster group exists) -> api, a reason given
+        let table = [
+            (&plain, false, Upstream, false, Upstream, false),
+            (&plain, false, Muster, false, Muster, false),
+            (&plain, false, Upstream, true, Muster, false),
+            (&plain, true, Upstream, false, Muster, true),
+            (&plain, true, Muster, false, Muster, false),
+            (&gpu_claims, false, Upstream, false, Muster, true),
+            (&claims, false, Upstream, false, Muster, true),
+            (&empty_claims, false, Upstream, false, Upstream, false),
+        ];
+        for (i, (spec, child, default, exists, want, reason)) in table.into_iter().enumerate() {
+            let (api, why) = first_scheduling_api(spec, child, default, exists);
+            assert_eq!((api, why.is_some()), (want, reason), "row {i}: {why:?}");
+        }
+    }
+
+    #[test]
+    fn a_recorded_api_goes_on_unless_the_group_is_in_the_other_api_or_upstream_is_not_served() {
+        use SchedulingApi::{Muster, Upstream};
+        // (recorded, muster group, native group, served) -> api or refusal reason
+        let table = [
+            ("muster", false, false, false, Ok(Muster)),
+            ("muster", true, false, true, Ok(Muster)),
+            ("upstream", false, false, true, Ok(Upstream)),
+            ("upstream", false, true, true, Ok(Upstream)),
+            ("upstream", false, false, false, Err("UpstreamNotServed")),
+            ("upstream", true, false, true, Err("SchedulingAPIChanged")),
+            ("muster", false, true, true, Err("SchedulingAPIChanged")),
+        ];
+        for (i, (recorded, muster_group, native_group, served, want)) in table.into_iter().enumerate() {
+            let got = recorded_scheduling_api(recorded, muster_group, native_group, served);
+            assert_eq!(got.as_ref().map_err(|(reason, _)| *reason), want.as_ref().map_err(|r| *r), "row {i}: {got:?}");
+            if let Err((_, message)) = got {
+                assert!(message.contains(crate::crds::SCHEDULING_API_ANNOTATION), "{message}");
+            }
+        }
     }
 
     #[test]

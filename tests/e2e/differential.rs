@@ -74,6 +74,46 @@ fn priority_class_1000(name: &str) {
     }
 }
 
+/// The native Workload that a `kind` named `name` controls in `namespace` (the Job
+/// controller's `<job>-<hash>`, or muster's in upstream mode), and its PodGroup, once both exist.
+async fn native_objects(namespace: &str, kind: &str, name: &str) -> Option<(DynamicObject, DynamicObject)> {
+    let c = client().await;
+    let wls = Api::<DynamicObject>::namespaced_with(c.clone(), namespace, &native("Workload"));
+    let pgs = Api::<DynamicObject>::namespaced_with(c, namespace, &native("PodGroup"));
+    let wl = wls.list(&ListParams::default()).await.ok()?.items.into_iter().find(|w| {
+        let owner = &w.data["spec"]["controllerRef"];
+        owner["name"] == name && owner["kind"] == kind
+    })?;
+    let wl_name = wl.metadata.name.clone()?;
+    let pg = pgs
+        .list(&ListParams::default())
+        .await
+        .ok()?
+        .items
+        .into_iter()
+        .find(|g| g.data["spec"]["workloadRef"]["workloadName"] == wl_name.as_str())?;
+    Some((wl, pg))
+}
+
+/// The differences of the Workload and PodGroup contents of `name` between two compilations,
+/// each labelled.
+fn differences_of(
+    name: &str,
+    (a, a_wl, a_pg): (&str, &DynamicObject, &DynamicObject),
+    (b, b_wl, b_pg): (&str, &DynamicObject, &DynamicObject),
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let (u, m) = (workload_content(a_wl), workload_content(b_wl));
+    if u != m {
+        out.push(format!("{name}: Workload spec\n  {a:<9} {u}\n  {b:<9} {m}"));
+    }
+    let (u, m) = (pod_group_content(a_pg), pod_group_content(b_pg));
+    if u != m {
+        out.push(format!("{name}: PodGroup spec\n  {a:<9} {u}\n  {b:<9} {m}"));
+    }
+    out
+}
+
 /// The scheduling variants compared; each becomes a Job and a MusterJob of the same name.
 fn variants(priority_class: &str) -> Vec<(&'static str, Value)> {
     let sched = |s: Value| json!({"scheduling": s});
@@ -114,8 +154,6 @@ async fn jobs_and_musterjobs_compile_to_the_same_workload_and_podgroup() {
     let priority_class = "muster-e2e-diff";
     priority_class_1000(priority_class);
     let c = client().await;
-    let upstream_wl: Api<DynamicObject> = Api::namespaced_with(c.clone(), &ns.name, &native("Workload"));
-    let upstream_pg: Api<DynamicObject> = Api::namespaced_with(c.clone(), &ns.name, &native("PodGroup"));
     let muster_wl: Api<DynamicObject> = Api::namespaced_with(c.clone(), &ns.name, &muster_kind("Workload"));
     let muster_pg: Api<DynamicObject> = Api::namespaced_with(c.clone(), &ns.name, &muster_kind("PodGroup"));
 
@@ -129,13 +167,8 @@ async fn jobs_and_musterjobs_compile_to_the_same_workload_and_podgroup() {
     let mut differences = Vec::new();
     for (name, _) in &variants {
         let name = *name;
-        let (uwl, upg) = wait_for(&format!("upstream Workload and PodGroup of Job {name}"), TIMEOUT, || async {
-            let wls = upstream_wl.list(&ListParams::default()).await.ok()?.items;
-            let wl = wls.into_iter().find(|w| w.data["spec"]["controllerRef"]["name"] == name)?;
-            let wl_name = wl.metadata.name.clone()?;
-            let pgs = upstream_pg.list(&ListParams::default()).await.ok()?.items;
-            let pg = pgs.into_iter().find(|g| g.data["spec"]["workloadRef"]["workloadName"] == wl_name.as_str())?;
-            Some((wl, pg))
+        let (uwl, upg) = wait_for(&format!("upstream Workload and PodGroup of Job {name}"), TIMEOUT, || {
+            native_objects(&ns.name, "Job", name)
         })
         .await;
         let mwl = wait_for(&format!("muster's Workload {name}"), TIMEOUT, || async {
@@ -151,14 +184,7 @@ async fn jobs_and_musterjobs_compile_to_the_same_workload_and_podgroup() {
             mwl.data["spec"]["controllerRef"],
             json!({"apiGroup": "batch.muster.dev", "kind": "MusterJob", "name": name})
         );
-        let (u, m) = (workload_content(&uwl), workload_content(&mwl));
-        if u != m {
-            differences.push(format!("{name}: Workload spec\n  upstream {u}\n  muster   {m}"));
-        }
-        let (u, m) = (pod_group_content(&upg), pod_group_content(&mpg));
-        if u != m {
-            differences.push(format!("{name}: PodGroup spec\n  upstream {u}\n  muster   {m}"));
-        }
+        differences.extend(differences_of(name, ("upstream", &uwl, &upg), ("muster", &mwl, &mpg)));
         let want = if name == "priority-class" { 1000 } else { 0 };
         assert_eq!(upg.data["spec"]["priority"], json!(want), "upstream priority: {name}");
         assert_eq!(mpg.data["spec"]["priority"], json!(want), "muster priority: {name}");
@@ -175,9 +201,6 @@ async fn jobs_and_upstream_musterjobs_compile_to_the_same_native_objects() {
     let ns = namespace("diff-native");
     let priority_class = "muster-e2e-diff";
     priority_class_1000(priority_class);
-    let c = client().await;
-    let wl_api: Api<DynamicObject> = Api::namespaced_with(c.clone(), &ns.name, &native("Workload"));
-    let pg_api: Api<DynamicObject> = Api::namespaced_with(c.clone(), &ns.name, &native("PodGroup"));
     let variants: Vec<_> = variants(priority_class)
         .into_iter()
         .filter(|(_, spec)| spec.pointer("/scheduling/resourceClaims").is_none())
@@ -192,35 +215,16 @@ async fn jobs_and_upstream_musterjobs_compile_to_the_same_native_objects() {
     let mut differences = Vec::new();
     for (name, _) in &variants {
         let name = *name;
-        let by = |kind: &'static str| {
-            let (wl_api, pg_api) = (wl_api.clone(), pg_api.clone());
-            move || {
-                let (wl_api, pg_api) = (wl_api.clone(), pg_api.clone());
-                async move {
-                    let wls = wl_api.list(&ListParams::default()).await.ok()?.items;
-                    let wl = wls.into_iter().find(|w| {
-                        w.data["spec"]["controllerRef"]["name"] == name
-                            && w.data["spec"]["controllerRef"]["kind"] == kind
-                    })?;
-                    let wl_name = wl.metadata.name.clone()?;
-                    let pgs = pg_api.list(&ListParams::default()).await.ok()?.items;
-                    let pg =
-                        pgs.into_iter().find(|g| g.data["spec"]["workloadRef"]["workloadName"] == wl_name.as_str())?;
-                    Some((wl, pg))
-                }
-            }
-        };
-        let (uwl, upg) = wait_for(&format!("the Job controller's objects of {name}"), TIMEOUT, by("Job")).await;
-        let (mwl, mpg) = wait_for(&format!("muster's native objects of {name}"), TIMEOUT, by("MusterJob")).await;
+        let (uwl, upg) = wait_for(&format!("the Job controller's objects of {name}"), TIMEOUT, || {
+            native_objects(&ns.name, "Job", name)
+        })
+        .await;
+        let (mwl, mpg) = wait_for(&format!("muster's native objects of {name}"), TIMEOUT, || {
+            native_objects(&ns.name, "MusterJob", name)
+        })
+        .await;
         assert_eq!(mwl.metadata.name.as_deref(), Some(name));
-        let (u, m) = (workload_content(&uwl), workload_content(&mwl));
-        if u != m {
-            differences.push(format!("{name}: Workload spec\n  Job       {u}\n  MusterJob {m}"));
-        }
-        let (u, m) = (pod_group_content(&upg), pod_group_content(&mpg));
-        if u != m {
-            differences.push(format!("{name}: PodGroup spec\n  Job       {u}\n  MusterJob {m}"));
-        }
+        differences.extend(differences_of(name, ("Job", &uwl, &upg), ("MusterJob", &mwl, &mpg)));
     }
     assert!(variants.len() >= 10, "{} variants compared", variants.len());
     assert!(differences.is_empty(), "{} difference(s):\n{}", differences.len(), differences.join("\n"));

@@ -95,18 +95,11 @@ where
 
 /// `ev` with its object trimmed by `slim`.
 fn slimmed<K: Clone>(ev: &Event<K>, slim: fn(&mut K)) -> Event<K> {
-    let slimmed = |o: &K| {
+    crate::controllers::map_event(ev, |o| {
         let mut o = o.clone();
         slim(&mut o);
         o
-    };
-    match ev {
-        Event::Apply(o) => Event::Apply(slimmed(o)),
-        Event::InitApply(o) => Event::InitApply(slimmed(o)),
-        Event::Delete(o) => Event::Delete(slimmed(o)),
-        Event::Init => Event::Init,
-        Event::InitDone => Event::InitDone,
-    }
+    })
 }
 
 /// What a store keeping only some objects does with one event.

@@ -37,7 +37,7 @@ use crate::crds::{
     SCHEDULING_API_ANNOTATION,
 };
 use crate::workloadbuilder::job::{JOB_TEMPLATE_NAME, build_options, job_item, validate_job};
-use crate::workloadbuilder::native::SchedulingApi;
+use crate::workloadbuilder::native::{self, SchedulingApi};
 use crate::workloadbuilder::{Builder, FieldPath};
 use claims::GroupClaim;
 use plan::{JobPod, ObservedPod, condition};
@@ -115,18 +115,6 @@ where
     }
 }
 
-/// The event of the job controller's cache for a pod event: the same event of the pods' records.
-fn job_pod_event(ev: &watcher::Event<Pod>) -> watcher::Event<JobPod> {
-    use watcher::Event;
-    match ev {
-        Event::Apply(p) => Event::Apply(JobPod::of(p)),
-        Event::Delete(p) => Event::Delete(JobPod::of(p)),
-        Event::Init => Event::Init,
-        Event::InitApply(p) => Event::InitApply(JobPod::of(p)),
-        Event::InitDone => Event::InitDone,
-    }
-}
-
 /// Runs the controller until `shutdown` resolves.
 pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
     let jobs = Api::<DeserializeGuard<MusterJob>>::all(ctx.client.clone());
@@ -136,7 +124,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
     let (store, mut writer) = reflector::store();
     let pod_events = watcher::watcher(pods, watcher::Config::default().labels(JOB_NAME_LABEL).any_semantic())
         .default_backoff()
-        .inspect_ok(move |ev| writer.apply_watcher_event(&job_pod_event(ev)))
+        .inspect_ok(move |ev| writer.apply_watcher_event(&super::map_event(ev, JobPod::of)))
         .touched_objects();
     // Jobs in upstream mode follow their native PodGroups (kube-scheduler's conditions): the
     // groups' events trigger their jobs, through the cache the reconciles read.
@@ -227,7 +215,7 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, jc: Arc<JobContext>)
         Err((reason, message)) => return set_invalid(job, ctx, reason, &message, now, None).await,
     };
     // The GPU template comes before the pods that claim from it (muster's API only: a job with
-    // claims is never compiled to the native one, see `plan::first_scheduling_api`).
+    // claims is never compiled to the native one, see `native::first_scheduling_api`).
     let (gpu_template, group_claims) = match api {
         SchedulingApi::Muster => {
             let gpu_template = match ensure_gpu_template(job, ctx).await? {
@@ -429,47 +417,27 @@ async fn ensure_groups(
 }
 
 /// The scheduling API of `job`: the one recorded on it (`batch.muster.dev/scheduling-api`),
-/// or, on its first sync, the one chosen now ([`plan::first_scheduling_api`]), recorded before
+/// or, on its first sync, the one chosen now ([`native::first_scheduling_api`]), recorded before
 /// anything is compiled, so the job keeps it whatever `--scheduling-api` says later.
 async fn scheduling_api(
     job: &MusterJob,
     jc: &JobContext,
 ) -> Result<std::result::Result<SchedulingApi, (&'static str, String)>> {
     let ctx = &*jc.ctx;
+    let (ns, name, uid) = (job.namespace().unwrap_or_default(), job.name_any(), job.uid());
+    let mine = |owner: Option<&str>| owner == uid.as_deref();
+    let muster_group =
+        jc.groups.get(&reflector::ObjectRef::new(&name).within(&ns)).is_some_and(|g| mine(controller_uid(&g.metadata)));
     if let Some(recorded) = job.annotations().get(SCHEDULING_API_ANNOTATION) {
-        // validate_job accepted the value.
-        let api = SchedulingApi::parse(recorded).unwrap_or_default();
-        // Changed behind the webhook: the job's groups are in the other API.
-        let (ns, name, uid) = (job.namespace().unwrap_or_default(), job.name_any(), job.uid());
-        let key = reflector::ObjectRef::new(&name).within(&ns);
-        let other = match api {
-            SchedulingApi::Upstream => {
-                jc.groups.get(&key).is_some_and(|g| controller_uid(&g.metadata) == uid.as_deref())
-            }
-            SchedulingApi::Muster => jc
-                .native_groups
-                .as_ref()
-                .and_then(|s| s.get(&reflector::ObjectRef::new(&name).within(&ns)))
-                .is_some_and(|g| controller_uid(&g.metadata) == uid.as_deref()),
-        };
-        if other {
-            let message = format!(
-                "{SCHEDULING_API_ANNOTATION} changed to {recorded} after the job's PodGroup was made in the other API; muster does not move a job between APIs (set it back)"
-            );
-            return Ok(Err(("SchedulingAPIChanged", message)));
-        }
-        if api == SchedulingApi::Upstream && !ctx.config.native_scheduling_served {
-            let message = format!(
-                "{SCHEDULING_API_ANNOTATION} is upstream, but the API server does not serve the scheduling.k8s.io/v1beta1 Workload and PodGroup (feature gate GenericWorkload)"
-            );
-            return Ok(Err(("UpstreamNotServed", message)));
-        }
-        return Ok(Ok(api));
+        let native_group = jc
+            .native_groups
+            .as_ref()
+            .and_then(|s| s.get(&reflector::ObjectRef::new(&name).within(&ns)))
+            .is_some_and(|g| mine(controller_uid(&g.metadata)));
+        let served = ctx.config.native_scheduling_served;
+        return Ok(native::recorded_scheduling_api(recorded, muster_group, native_group, served));
     }
-    let (ns, name) = (job.namespace().unwrap_or_default(), job.name_any());
-    let existing = jc.groups.get(&reflector::ObjectRef::new(&name).within(&ns));
-    let mine = existing.is_some_and(|g| controller_uid(&g.metadata) == job.uid().as_deref());
-    let (api, why) = plan::first_scheduling_api(&job.spec, is_child(job), ctx.config.scheduling_api, mine);
+    let (api, why) = native::first_scheduling_api(&job.spec, is_child(job), ctx.config.scheduling_api, muster_group);
     let patch = json!({"metadata": {"annotations": {SCHEDULING_API_ANNOTATION: api.as_str()}}});
     Api::<MusterJob>::namespaced(ctx.client.clone(), &ns)
         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -487,7 +455,7 @@ async fn ensure_native_groups(
     job: &MusterJob,
     jc: &JobContext,
 ) -> Result<std::result::Result<Groups, (&'static str, String)>> {
-    use k8s_openapi::api::scheduling::v1beta1 as native;
+    use k8s_openapi::api::scheduling::v1beta1;
     let ctx = &*jc.ctx;
     let (ns, name) = (job.namespace().unwrap_or_default(), job.name_any());
     let owner = owner_ref(job)?;
@@ -495,8 +463,8 @@ async fn ensure_native_groups(
     let (Some(workloads), Some(groups)) = (&jc.native_workloads, &jc.native_groups) else {
         return Ok(Err(("UpstreamNotServed", "the native scheduling kinds are not watched".into())));
     };
-    let wl_api = Api::<native::Workload>::namespaced(ctx.client.clone(), &ns);
-    let pg_api = Api::<native::PodGroup>::namespaced(ctx.client.clone(), &ns);
+    let wl_api = Api::<v1beta1::Workload>::namespaced(ctx.client.clone(), &ns);
+    let pg_api = Api::<v1beta1::PodGroup>::namespaced(ctx.client.clone(), &ns);
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let item = job_item(&job.spec, JOB_TEMPLATE_NAME, &FieldPath::new("spec"));
     let builder = Builder::new(item, build_options(&name, &ns, Some(owner.clone())));
@@ -511,8 +479,7 @@ async fn ensure_native_groups(
         Some(w) => w,
         None => {
             let compiled = builder.build_workload()?;
-            let desired =
-                crate::workloadbuilder::native::workload(compiled).map_err(|e| Error::Missing(e.to_string()))?;
+            let desired = native::workload(compiled)?;
             wl_api.patch(&name, &params, &Patch::Apply(&desired)).await?
         }
     };
@@ -523,8 +490,7 @@ async fn ensure_native_groups(
             let mut compiled = builder.new_pod_group(&name, JOB_TEMPLATE_NAME)?;
             let workload_owner = workload.controller_owner_ref(&()).map(|o| plan::plain_owner_ref(&o));
             compiled.metadata.owner_references.get_or_insert_with(Vec::new).extend(workload_owner);
-            let desired =
-                crate::workloadbuilder::native::pod_group(&compiled).map_err(|e| Error::Missing(e.to_string()))?;
+            let desired = native::pod_group(&compiled)?;
             pg_api.patch(&name, &params, &Patch::Apply(&desired)).await?
         }
     };

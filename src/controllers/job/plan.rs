@@ -17,7 +17,6 @@ use crate::crds::{
     JOB_NAME_LABEL, JOBSET_NAME_LABEL, POD_GROUP_LABEL, REPLICATED_JOB_LABEL, ROLLED_BACK_ANNOTATION,
 };
 use crate::pods::Lifecycle;
-use crate::workloadbuilder::native::SchedulingApi;
 
 /// Pod annotation: the gang attempt a pod belongs to (with disruption mode `all`, a failure
 /// restarts every pod of its attempt).
@@ -587,7 +586,9 @@ pub fn native_pod(pod: &mut Pod, pod_group: &str) {
     if let Some(labels) = pod.metadata.labels.as_mut() {
         labels.remove(POD_GROUP_LABEL);
     }
-    pod.metadata.annotations.as_mut().map(|a| a.remove(ADMISSION_ATTEMPT_ANNOTATION));
+    if let Some(annotations) = pod.metadata.annotations.as_mut() {
+        annotations.remove(ADMISSION_ATTEMPT_ANNOTATION);
+    }
     if let Some(spec) = pod.spec.as_mut() {
         if let Some(gates) = spec.scheduling_gates.as_mut() {
             gates.retain(|g| g.name != ADMISSION_GATE);
@@ -597,40 +598,6 @@ pub fn native_pod(pod: &mut Pod, pod_group: &str) {
         }
         spec.scheduling_group =
             Some(k8s_openapi::api::core::v1::PodSchedulingGroup { pod_group_name: Some(pod_group.to_string()) });
-    }
-}
-
-/// PURE: the scheduling API a job not recorded yet gets, and why when it is not the default:
-/// a job muster compiled before (its muster PodGroup exists) keeps muster's; in upstream mode,
-/// what the native path does not carry yet stays on muster's (a MusterJobSet's child, GPU
-/// claims, the group's shared claims).
-pub fn first_scheduling_api(
-    spec: &MusterJobSpec,
-    child: bool,
-    default: SchedulingApi,
-    muster_group_exists: bool,
-) -> (SchedulingApi, Option<String>) {
-    if muster_group_exists {
-        return (SchedulingApi::Muster, None);
-    }
-    if default == SchedulingApi::Muster {
-        return (SchedulingApi::Muster, None);
-    }
-    let claims = spec.scheduling.as_ref().and_then(|s| s.resource_claims.as_ref()).is_some_and(|c| !c.is_empty());
-    let why = if child {
-        Some(
-            "a MusterJobSet's child compiles with its set, to muster's API (upstream mode covers standalone MusterJobs)",
-        )
-    } else if spec.gpu_claims.is_some() {
-        Some("spec.gpuClaims is allocated by muster: the job compiles to muster's API")
-    } else if claims {
-        Some("spec.scheduling.resourceClaims are made by muster: the job compiles to muster's API")
-    } else {
-        None
-    };
-    match why {
-        Some(why) => (SchedulingApi::Muster, Some(why.to_string())),
-        None => (SchedulingApi::Upstream, None),
     }
 }
 

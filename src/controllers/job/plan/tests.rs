@@ -592,41 +592,6 @@ fn a_native_pod_joins_its_group_by_scheduling_group_without_muster_label_or_gate
 }
 
 #[test]
-fn a_new_job_gets_the_default_api_unless_muster_compiled_it_or_the_native_path_lacks_what_it_uses() {
-    use crate::workloadbuilder::native::SchedulingApi::{Muster, Upstream};
-    let plain = spec(2, None, CompletionMode::NonIndexed);
-    let mut gpu_claims = plain.clone();
-    gpu_claims.gpu_claims = Some(Default::default());
-    let claims: MusterJobSpec = serde_json::from_value(serde_json::json!({
-        "parallelism": 2,
-        "template": {"spec": {"containers": [{"name": "c", "image": "x"}]}},
-        "scheduling": {"resourceClaims": [{"name": "shared", "resourceClaimName": "dataset"}]},
-    }))
-    .expect("fixture");
-    let empty_claims: MusterJobSpec = serde_json::from_value(serde_json::json!({
-        "parallelism": 2,
-        "template": {"spec": {"containers": [{"name": "c", "image": "x"}]}},
-        "scheduling": {"resourceClaims": []},
-    }))
-    .expect("fixture");
-    // (spec, child, default, muster group exists) -> api, a reason given
-    let table = [
-        (&plain, false, Upstream, false, Upstream, false),
-        (&plain, false, Muster, false, Muster, false),
-        (&plain, false, Upstream, true, Muster, false),
-        (&plain, true, Upstream, false, Muster, true),
-        (&plain, true, Muster, false, Muster, false),
-        (&gpu_claims, false, Upstream, false, Muster, true),
-        (&claims, false, Upstream, false, Muster, true),
-        (&empty_claims, false, Upstream, false, Upstream, false),
-    ];
-    for (i, (spec, child, default, exists, want, reason)) in table.into_iter().enumerate() {
-        let (api, why) = first_scheduling_api(spec, child, default, exists);
-        assert_eq!((api, why.is_some()), (want, reason), "row {i}: {why:?}");
-    }
-}
-
-#[test]
 fn the_native_groups_conditions_are_mirrored_and_their_changes_reported() {
     let cond = |t: &str, status: &str, reason: &str| Condition {
         type_: t.into(),
