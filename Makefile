@@ -24,7 +24,8 @@ host-deps-demo:
 ## Every test: formatting, lints, CRD drift, the chart's lint, unit and property tests, then the
 ## real control plane (the e2e suite, its controller tests again with muster as the chart's
 ## ServiceAccount, the webhooks through their Service, then the chart on a control plane of its
-## own). host-deps comes first, so a missing package stops it before anything is built.
+## own, then the demo in both modes). host-deps comes first, so a missing package stops it
+## before anything is built.
 test: host-deps
 	$(MAKE) crds-check chart-lint
 	$(CARGO) fmt --all -- --check
@@ -35,6 +36,7 @@ test: host-deps
 	$(MAKE) e2e-service
 	$(MAKE) chart-test
 	MUSTER_DEMO_PROFILE=debug $(MAKE) demo-check
+	MUSTER_DEMO_PROFILE=debug $(MAKE) demo-check MODE=upstream
 
 unit:
 	$(CARGO) test --lib --bins
@@ -163,8 +165,11 @@ run: build controlplane
 	  --webhook-url https://$(RUN_WEBHOOK_ADDRESS) --webhook-manage-configurations=true
 
 ## A local GPU cluster running muster end to end (left running; stop with `make demo-down`).
+## `make demo MODE=upstream`: the upstream workload-scheduling gates on, muster in upstream
+## mode, the same examples admitted by kube-scheduler.
+MODE ?= muster
 demo: host-deps-demo
-	@bash hack/demo.sh
+	@MUSTER_DEMO_MODE=$(MODE) bash hack/demo.sh
 
 demo-down:
 	@bash hack/demo.sh --down
@@ -174,4 +179,4 @@ demo-down:
 ## neither reused nor stopped.
 DEMO_CHECK_DIR ?= $(CURDIR)/target/demo-check
 demo-check:
-	@MUSTER_DEMO_DIR=$(DEMO_CHECK_DIR) bash hack/demo.sh --check
+	@MUSTER_DEMO_MODE=$(MODE) MUSTER_DEMO_DIR=$(DEMO_CHECK_DIR) bash hack/demo.sh --check

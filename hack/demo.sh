@@ -7,6 +7,10 @@
 #   hack/demo.sh --down   stop muster and the cluster
 # MUSTER_DEMO_DIR (default target/demo) holds the cluster, muster's log and pid.
 # MUSTER_DEMO_PROFILE=release (default) or debug picks the muster build.
+# MUSTER_DEMO_MODE=muster (default) or upstream (`make demo MODE=upstream`): upstream turns the
+# native workload-scheduling gates on, runs muster with --scheduling-api=upstream and shows the
+# same examples admitted by kube-scheduler (the bring-your-own example in its native form,
+# examples/upstream/).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -14,6 +18,8 @@ cd "$root"
 dir=${MUSTER_DEMO_DIR:-$root/target/demo}
 profile=${MUSTER_DEMO_PROFILE:-release}
 mode=${1:-run}
+api=${MUSTER_DEMO_MODE:-muster}
+case $api in muster | upstream) ;; *) echo "demo: MODE must be muster or upstream, not '$api'" >&2; exit 2 ;; esac
 began=$SECONDS
 
 step() { printf '\n\033[1m==> %s\033[0m (%ss)\n' "$*" "$((SECONDS - began))"; }
@@ -74,11 +80,18 @@ fi
 muster=${CARGO_TARGET_DIR:-$root/target}/$profile/muster
 [ -x "$muster" ] || die "$muster was not built"
 
-step "local cluster in $dir"
-# The upstream workload-scheduling gates stay off here, as on most clusters today, so
-# `kubectl get podgroups` means muster's PodGroups.
-MUSTER_CLUSTER_DIR=$dir MUSTER_K8S_BIN=$bin MUSTER_FEATURE_GATES= MUSTER_RUNTIME_CONFIG= \
-  bash "$root/hack/cluster-up.sh" > "$dir.cluster-up.log" 2>&1 || { cat "$dir.cluster-up.log"; die "cluster-up failed"; }
+step "local cluster in $dir ($api mode)"
+if [ "$api" = upstream ]; then
+  # The upstream workload-scheduling gates on (cluster-up's defaults): kube-scheduler admits
+  # the gangs from the native Workload, PodGroup and CompositePodGroup muster compiles.
+  MUSTER_CLUSTER_DIR=$dir MUSTER_K8S_BIN=$bin bash "$root/hack/cluster-up.sh" > "$dir.cluster-up.log" 2>&1 \
+    || { cat "$dir.cluster-up.log"; die "cluster-up failed"; }
+else
+  # The upstream workload-scheduling gates stay off here, as on most clusters today, so
+  # `kubectl get podgroups` means muster's PodGroups.
+  MUSTER_CLUSTER_DIR=$dir MUSTER_K8S_BIN=$bin MUSTER_FEATURE_GATES= MUSTER_RUNTIME_CONFIG= \
+    bash "$root/hack/cluster-up.sh" > "$dir.cluster-up.log" 2>&1 || { cat "$dir.cluster-up.log"; die "cluster-up failed"; }
+fi
 grep -m1 "ready in" "$dir.cluster-up.log" || true
 export KUBECONFIG=$dir/kubeconfig
 
@@ -94,7 +107,7 @@ mkdir -p "$dir/logs"
 setsid "$muster" run --kubeconfig "$dir/kubeconfig" --namespace muster-system --leader-elect=true \
   --metrics-bind-address "127.0.0.1:$metrics_port" --webhook-bind-address "127.0.0.1:$webhook_port" \
   --webhook-url "https://127.0.0.1:$webhook_port" --webhook-manage-configurations=true \
-  > "$dir/logs/muster.log" 2>&1 < /dev/null &
+  --scheduling-api="$api" > "$dir/logs/muster.log" 2>&1 < /dev/null &
 echo $! > "$dir/muster.pid"
 printf 'METRICS=http://127.0.0.1:%s/metrics\nWEBHOOK=https://127.0.0.1:%s\n' "$metrics_port" "$webhook_port" > "$dir/muster.env"
 for _ in $(seq 100); do
@@ -105,14 +118,21 @@ for _ in $(seq 100); do
 done
 echo "muster is up: log $dir/logs/muster.log, metrics http://127.0.0.1:$metrics_port/metrics"
 
+# The examples: every one in examples/; in upstream mode the bring-your-own one in its native
+# form (examples/upstream/) instead of muster's.
+examples=()
+for f in "$root"/examples/*.yaml; do
+  [ "$api" = upstream ] && [ -f "$root/examples/upstream/${f##*/}" ] && f=$root/examples/upstream/${f##*/}
+  examples+=(-f "$f")
+done
 step "applying examples/"
 for _ in 1 2 3 4 5; do
-  kc apply -f "$root/examples/" && break
+  kc apply "${examples[@]}" && break
   echo "(retrying: the webhook may still be starting)"; sleep 1
 done
 
 expect=(--admitted hello,train-2x4,inference,kv-cache,ray-train-driver-0,ray-train-workers-0
-        --admitted-composite ray-train --unschedulable too-big)
+        --admitted-composite ray-train --unschedulable too-big --api "$api")
 step "waiting for the gangs"
 ok=0
 for _ in $(seq 60); do
@@ -122,16 +142,32 @@ for _ in $(seq 60); do
 done
 
 step "what a user sees"
-echo "\$ kubectl get musterjobs,musterjobsets,podgroups,compositepodgroups"
-kc get musterjobs,musterjobsets,podgroups,compositepodgroups
+if [ "$api" = upstream ]; then
+  # With the gates on, `podgroups` and `compositepodgroups` resolve to the native kinds.
+  echo "\$ kubectl get musterjobs,musterjobsets -o wide; kubectl get podgroups,compositepodgroups"
+  kc get musterjobs,musterjobsets -o wide
+  echo
+  kc get podgroups,compositepodgroups
+else
+  echo "\$ kubectl get musterjobs,musterjobsets,podgroups,compositepodgroups"
+  kc get musterjobs,musterjobsets,podgroups,compositepodgroups
+fi
 echo
+# A pod's group: muster's label, or (upstream mode) the native spec.schedulingGroup.
+group_column='.metadata.labels.scheduling\.muster\.dev/pod-group'
+[ "$api" = upstream ] && group_column=.spec.schedulingGroup.podGroupName
 echo "\$ kubectl get pods -o custom-columns=POD:...,NODE:...,GPUS:...   (admitted pods, their node and GPU indices)"
 kc get pods --field-selector=status.phase!=Pending -o \
-  custom-columns='POD:.metadata.name,PODGROUP:.metadata.labels.scheduling\.muster\.dev/pod-group,NODE:.spec.nodeName,GPUS:.metadata.annotations.gpu\.muster\.dev/indices,PHASE:.status.phase' \
+  custom-columns="POD:.metadata.name,PODGROUP:$group_column,NODE:.spec.nodeName,GPUS:.metadata.annotations.gpu\\.muster\\.dev/indices,PHASE:.status.phase" \
   --sort-by=.spec.nodeName
 echo
-echo "\$ kubectl get podgroup too-big -o jsonpath='{.status.message}'"
-kc get podgroup too-big -o jsonpath='{.status.message}{"\n"}'
+if [ "$api" = upstream ]; then
+  echo "\$ kubectl get musterjob too-big -o jsonpath='{.status.conditions[?(@.type==\"PodGroupInitiallyScheduled\")].message}'"
+  kc get musterjob too-big -o jsonpath='{.status.conditions[?(@.type=="PodGroupInitiallyScheduled")].message}{"\n"}'
+else
+  echo "\$ kubectl get podgroup too-big -o jsonpath='{.status.message}'"
+  kc get podgroup too-big -o jsonpath='{.status.message}{"\n"}'
+fi
 echo
 "$muster" dev demo-check "${expect[@]}" || ok=0
 

@@ -228,6 +228,7 @@ impl Args {
             // Resolved at start, against what the API server serves (`controllers::run`).
             scheduling_api: SchedulingApi::Muster,
             native_scheduling_served: false,
+            native_composite_served: false,
         }
     }
 }

@@ -40,6 +40,27 @@ pub fn set(
     true
 }
 
+/// PURE: copies the conditions of `types` from `source` (a native group's, kube-scheduler's)
+/// into `conditions` (a type `source` no longer has goes), and returns those whose status or
+/// reason changed from `before` (for events).
+pub fn mirror(
+    conditions: &mut Vec<Condition>,
+    source: &[Condition],
+    before: &[Condition],
+    types: &[&str],
+) -> Vec<Condition> {
+    conditions.retain(|c| !types.contains(&c.type_.as_str()));
+    let mut changed = Vec::new();
+    for c in source.iter().filter(|c| types.contains(&c.type_.as_str())) {
+        conditions.push(c.clone());
+        let old = before.iter().find(|b| b.type_ == c.type_);
+        if old.is_none_or(|o| (&o.status, &o.reason) != (&c.status, &c.reason)) {
+            changed.push(c.clone());
+        }
+    }
+    changed
+}
+
 /// True when condition `type_` is present with status True.
 pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
     conditions.iter().any(|c| c.type_ == type_ && c.status == "True")

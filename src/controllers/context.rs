@@ -51,6 +51,9 @@ pub struct Config {
     /// Whether the API server serves the native `scheduling.k8s.io/v1beta1` Workload and
     /// PodGroup (a job recorded as `upstream` needs them).
     pub native_scheduling_served: bool,
+    /// Whether the API server serves the native `scheduling.k8s.io/v1alpha3`
+    /// CompositePodGroup (a MusterJobSet with `spec.scheduling` in upstream mode needs it).
+    pub native_composite_served: bool,
 }
 
 /// Default of [`Config::dra_gpu_device_class`]: the class of NVIDIA's DRA driver.
@@ -71,6 +74,7 @@ impl Default for Config {
             dra_gpu_device_class: DEFAULT_DRA_GPU_DEVICE_CLASS.into(),
             scheduling_api: Default::default(),
             native_scheduling_served: false,
+            native_composite_served: false,
         }
     }
 }

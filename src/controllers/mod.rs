@@ -299,10 +299,16 @@ pub async fn run(client: Client, mut config: Config, opts: ManagerOptions) -> an
         install::install_crds(&client).await.context("installing muster's CRDs (--install-crds)")?;
     }
     let metrics = Arc::new(Metrics::default());
-    config.native_scheduling_served = native_scheduling_served(&client).await;
+    config.native_scheduling_served = served(&client, "scheduling.k8s.io/v1beta1", &["workloads", "podgroups"]).await;
+    config.native_composite_served = served(&client, "scheduling.k8s.io/v1alpha3", &["compositepodgroups"]).await;
     let (api, why) = crate::workloadbuilder::native::choose(opts.scheduling_api, config.native_scheduling_served);
     config.scheduling_api = api;
     tracing::info!(api = api.as_str(), why, "new MusterJobs compile to this scheduling API");
+    if api == crate::workloadbuilder::native::SchedulingApi::Upstream && !config.native_composite_served {
+        tracing::info!(
+            "scheduling.k8s.io/v1alpha3 CompositePodGroup is not served (feature gate CompositePodGroup): new MusterJobSets with spec.scheduling compile to muster's API"
+        );
+    }
     let requested = opts.scheduling_api.map_or("auto", |a| a.as_str()).to_string();
     metrics.scheduling_api.get_or_create(&metrics::SchedulingApiLabels { api: api.as_str().into(), requested }).set(1);
     let ready = Arc::new(AtomicBool::new(false));
@@ -347,13 +353,14 @@ pub async fn run(client: Client, mut config: Config, opts: ManagerOptions) -> an
     result
 }
 
-/// Whether the API server serves the native `scheduling.k8s.io/v1beta1` Workload and PodGroup
-/// (Kubernetes 1.37+, feature gate `GenericWorkload`).
-async fn native_scheduling_served(client: &Client) -> bool {
-    match client.list_api_group_resources("scheduling.k8s.io/v1beta1").await {
-        Ok(list) => ["workloads", "podgroups"].iter().all(|r| list.resources.iter().any(|s| s.name == *r)),
+/// Whether the API server serves every one of `resources` in `group_version` (the native
+/// `scheduling.k8s.io/v1beta1` Workload and PodGroup: Kubernetes 1.37+, feature gate
+/// `GenericWorkload`; the `v1alpha3` CompositePodGroup: gate `CompositePodGroup`).
+async fn served(client: &Client, group_version: &str, resources: &[&str]) -> bool {
+    match client.list_api_group_resources(group_version).await {
+        Ok(list) => resources.iter().all(|r| list.resources.iter().any(|s| s.name == *r)),
         Err(e) => {
-            tracing::info!(error = %e, "scheduling.k8s.io/v1beta1 is not served");
+            tracing::info!(error = %e, "{group_version} is not served");
             false
         }
     }

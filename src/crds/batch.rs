@@ -272,6 +272,9 @@ pub struct FailurePolicy {
     printcolumn(name = "Completed", type_ = "string", json_path = ".status.progress"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Restarts", type_ = "integer", json_path = ".status.restarts"),
+    // Upstream mode: where kube-scheduler has the set's native CompositePodGroup (`Scheduled`,
+    // `Unschedulable`).
+    printcolumn(name = "Scheduling", type_ = "string", json_path = ".status.conditions[?(@.type==\"CompositePodGroupInitiallyScheduled\")].reason", priority = 1),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]

@@ -98,6 +98,15 @@ fn spec_json<T: serde::Serialize>(spec: &T) -> serde_json::Value {
     serde_json::to_value(spec).unwrap_or_default()
 }
 
+/// A spec with the scheduling API it was recorded with (both frozen).
+fn spec_and_api<T: serde::Serialize>(
+    spec: &T,
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> serde_json::Value {
+    let api = meta.annotations.as_ref().and_then(|a| a.get(crate::crds::SCHEDULING_API_ANNOTATION));
+    serde_json::json!([spec_json(spec), api])
+}
+
 /// What placement does not model in the pod templates of a MusterJob or MusterJobSet, as
 /// admission warnings with the full field path (see [`unmodelled`]).
 fn template_warnings(req: &AdmissionRequest<DynamicObject>) -> Vec<String> {
@@ -147,18 +156,13 @@ fn validate_rules(req: &AdmissionRequest<DynamicObject>) -> (AdmissionResponse, 
         return (AdmissionResponse::from(req), Outcome::Allowed);
     }
     match (req.kind.group.as_str(), req.kind.kind.as_str()) {
-        // The scheduling API a job was recorded with is checked like its spec (frozen).
-        ("batch.muster.dev", "MusterJob") => check::<MusterJob>(
-            req,
-            |j| {
-                serde_json::json!([
-                    spec_json(&j.spec),
-                    j.metadata.annotations.as_ref().and_then(|a| a.get(crate::crds::SCHEDULING_API_ANNOTATION))
-                ])
-            },
-            validate_job,
-        ),
-        ("batch.muster.dev", "MusterJobSet") => check::<MusterJobSet>(req, |s| spec_json(&s.spec), validate_jobset),
+        // The scheduling API a job or set was recorded with is checked like its spec (frozen).
+        ("batch.muster.dev", "MusterJob") => {
+            check::<MusterJob>(req, |j| spec_and_api(&j.spec, &j.metadata), validate_job)
+        }
+        ("batch.muster.dev", "MusterJobSet") => {
+            check::<MusterJobSet>(req, |s| spec_and_api(&s.spec, &s.metadata), validate_jobset)
+        }
         ("scheduling.muster.dev", "Workload") => check::<Workload>(req, |w| spec_json(&w.spec), validate_workload),
         ("scheduling.muster.dev", "PodGroup") => check::<PodGroup>(req, |g| spec_json(&g.spec), validate_pod_group),
         ("scheduling.muster.dev", "CompositePodGroup") => {

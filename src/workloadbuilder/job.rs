@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::PodTemplateSpec;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use crate::crds::batch::{
     CompletionMode, MAX_SCHEDULED_REPLICATED_JOBS, MusterJob, MusterJobSet, MusterJobSetSpec, MusterJobSpec,
@@ -340,19 +340,19 @@ pub fn validate_job_spec(spec: &MusterJobSpec, old: Option<&MusterJobSpec>, path
 /// Every rule for a MusterJob: its name, its spec, and on update the frozen fields.
 pub fn validate_job(job: &MusterJob, old: Option<&MusterJob>) -> ErrorList {
     let mut errs = name_errors(job.metadata.name.as_deref());
-    errs.extend(scheduling_api_errors(job, old));
+    errs.extend(scheduling_api_errors(&job.metadata, old.map(|o| &o.metadata)));
     errs.extend(validate_job_spec(&job.spec, old.map(|o| &o.spec), &FieldPath::new("spec")));
     errs
 }
 
-/// The job's `batch.muster.dev/scheduling-api` annotation: `muster` or `upstream`, and once
-/// set never changed nor removed (the job's groups live in that API).
-fn scheduling_api_errors(job: &MusterJob, old: Option<&MusterJob>) -> ErrorList {
+/// The `batch.muster.dev/scheduling-api` annotation of a MusterJob or MusterJobSet: `muster` or
+/// `upstream`, and once set never changed nor removed (the groups live in that API).
+fn scheduling_api_errors(meta: &ObjectMeta, old: Option<&ObjectMeta>) -> ErrorList {
     use crate::crds::SCHEDULING_API_ANNOTATION;
     use crate::workloadbuilder::native::SchedulingApi;
-    let of = |j: &MusterJob| j.metadata.annotations.as_ref().and_then(|a| a.get(SCHEDULING_API_ANNOTATION)).cloned();
+    let of = |m: &ObjectMeta| m.annotations.as_ref().and_then(|a| a.get(SCHEDULING_API_ANNOTATION)).cloned();
     let path = FieldPath::new("metadata").child("annotations").key(SCHEDULING_API_ANNOTATION);
-    let (now, before) = (of(job), old.and_then(of));
+    let (now, before) = (of(meta), old.and_then(of));
     let mut errs = Vec::new();
     if let Some(v) = now.as_deref().filter(|v| SchedulingApi::parse(v).is_none()) {
         errs.push(FieldError::not_supported(&path, quote(v), &["muster", "upstream"]));
@@ -378,6 +378,7 @@ pub fn validate_jobset(set: &MusterJobSet, old: Option<&MusterJobSet>) -> ErrorL
             errs.push(FieldError::invalid(&FieldPath::new("metadata").child("name"), quote(set_name), msg));
         }
     }
+    errs.extend(scheduling_api_errors(&set.metadata, old.map(|o| &o.metadata)));
     if spec.replicated_jobs.is_empty() {
         errs.push(FieldError::required(&rjobs_path, ""));
         return errs;

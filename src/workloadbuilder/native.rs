@@ -1,15 +1,18 @@
 //! PURE: what the builder compiled, as the native `scheduling.k8s.io/v1beta1` Workload and
-//! PodGroup (muster's upstream scheduling API, `--scheduling-api=upstream`). muster's shapes
-//! mirror upstream's field for field, so a spec converts as it is; only the API group changes.
-//! The PodGroup's `priority` is left to the API server's Priority admission plugin, which
-//! resolves it from `priorityClassName` as it does for the Job controller's PodGroups.
+//! PodGroup and the `v1alpha3` CompositePodGroup (muster's upstream scheduling API,
+//! `--scheduling-api=upstream`). muster's shapes mirror upstream's field for field, so a spec
+//! converts as it is; only the API group changes. The groups' `priority` is left to the API
+//! server's Priority admission plugin, which resolves it from `priorityClassName` as it does
+//! for the Job controller's PodGroups.
 
+use k8s_openapi::api::scheduling::v1alpha3;
 use k8s_openapi::api::scheduling::v1beta1 as native;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::crds::scheduling::{PodGroup, Workload};
+use crate::crds::batch::MusterJobSetSpec;
+use crate::crds::scheduling::{CompositePodGroup, PodGroup, Workload};
 
 /// Which scheduling API a MusterJob's groups are compiled to.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -78,7 +81,7 @@ pub fn first_scheduling_api(
     let claims = spec.scheduling.as_ref().and_then(|s| s.resource_claims.as_ref()).is_some_and(|c| !c.is_empty());
     let why = if child {
         Some(
-            "a MusterJobSet's child compiles with its set, to muster's API (upstream mode covers standalone MusterJobs)",
+            "a MusterJobSet's child without the set's scheduling API (made before its set recorded one) compiles to muster's API",
         )
     } else if spec.gpu_claims.is_some() {
         Some("spec.gpuClaims is allocated by muster: the job compiles to muster's API")
@@ -93,6 +96,44 @@ pub fn first_scheduling_api(
     }
 }
 
+/// PURE: the scheduling API a MusterJobSet not recorded yet gets, and why when it is not the
+/// default. Its children follow it (the set stamps its API on each), so the whole tree is in
+/// one API: a set with `spec.scheduling` needs the native CompositePodGroup
+/// (`composite_served`), and a template using what muster allocates (`spec.gpuClaims`,
+/// `spec.scheduling.resourceClaims`) keeps the set on muster's API. `muster_root_exists`: muster
+/// compiled the set before (its Workload or CompositePodGroup exists).
+pub fn first_set_scheduling_api(
+    spec: &MusterJobSetSpec,
+    default: SchedulingApi,
+    muster_root_exists: bool,
+    composite_served: bool,
+) -> (SchedulingApi, Option<String>) {
+    if muster_root_exists || default == SchedulingApi::Muster {
+        return (SchedulingApi::Muster, None);
+    }
+    let uses = |f: fn(&crate::crds::batch::MusterJobSpec) -> bool| {
+        spec.replicated_jobs.iter().find(|r| f(&r.template.spec)).map(|r| r.name.clone())
+    };
+    let claims = |s: &crate::crds::batch::MusterJobSpec| {
+        s.scheduling.as_ref().and_then(|x| x.resource_claims.as_ref()).is_some_and(|c| !c.is_empty())
+    };
+    let why = if spec.scheduling.is_some() && !composite_served {
+        Some("the API server does not serve scheduling.k8s.io/v1alpha3 CompositePodGroup (feature gate CompositePodGroup): the set compiles to muster's API".to_string())
+    } else if let Some(r) = uses(|s| s.gpu_claims.is_some()) {
+        Some(format!("replicatedJob {r} uses spec.gpuClaims, which muster allocates: the set compiles to muster's API"))
+    } else {
+        uses(claims).map(|r| {
+            format!(
+                "replicatedJob {r} uses spec.scheduling.resourceClaims, which muster makes: the set compiles to muster's API"
+            )
+        })
+    };
+    match why {
+        Some(why) => (SchedulingApi::Muster, Some(why)),
+        None => (SchedulingApi::Upstream, None),
+    }
+}
+
 /// Why a job that recorded an API cannot go on with it: a reason and a message.
 pub type ApiRefusal = (&'static str, String);
 
@@ -100,7 +141,8 @@ pub type ApiRefusal = (&'static str, String);
 /// with it. `muster_group` and `native_group`: whether the job's PodGroup exists in muster's
 /// API and in the native one; a group in the other API means the annotation was changed
 /// behind the webhook, and muster does not move a job between APIs. `served`: whether the
-/// native Workload and PodGroup are served.
+/// native kinds it needs are served (the Workload and PodGroup; for a MusterJobSet with
+/// `spec.scheduling` and its children, the CompositePodGroup too).
 pub fn recorded_scheduling_api(
     recorded: &str,
     muster_group: bool,
@@ -121,7 +163,7 @@ pub fn recorded_scheduling_api(
     }
     if api == SchedulingApi::Upstream && !served {
         let message = format!(
-            "{SCHEDULING_API_ANNOTATION} is upstream, but the API server does not serve the scheduling.k8s.io/v1beta1 Workload and PodGroup (feature gate GenericWorkload)"
+            "{SCHEDULING_API_ANNOTATION} is upstream, but the API server does not serve the scheduling.k8s.io/v1beta1 Workload and PodGroup (feature gate GenericWorkload) or, for a MusterJobSet with spec.scheduling and its children, the v1alpha3 CompositePodGroup (feature gate CompositePodGroup)"
         );
         return Err(("UpstreamNotServed", message));
     }
@@ -130,9 +172,9 @@ pub fn recorded_scheduling_api(
 
 /// A compiled spec the native API has no room for (a field muster added that upstream lacks).
 #[derive(Debug, thiserror::Error)]
-#[error("{kind} {name}: the compiled spec is not a scheduling.k8s.io/v1beta1 {kind}: {source}")]
+#[error("{kind} {name}: the compiled spec is not a native scheduling.k8s.io {kind}: {source}")]
 pub struct NativeError {
-    /// `Workload` or `PodGroup`.
+    /// `Workload`, `PodGroup` or `CompositePodGroup`.
     pub kind: &'static str,
     /// The object's name.
     pub name: String,
@@ -173,6 +215,22 @@ pub fn pod_group(g: &PodGroup) -> Result<native::PodGroup, NativeError> {
     let mut spec: native::PodGroupSpec = convert("PodGroup", &g.metadata, &g.spec)?;
     spec.priority = None;
     Ok(native::PodGroup { metadata: metadata(&g.metadata), spec, status: None })
+}
+
+/// The native CompositePodGroup (`v1alpha3`, the one version serving it) of a compiled one
+/// (its spec only: the status is kube-scheduler's).
+pub fn composite_pod_group(g: &CompositePodGroup) -> Result<v1alpha3::CompositePodGroup, NativeError> {
+    let mut spec: v1alpha3::CompositePodGroupSpec = convert("CompositePodGroup", &g.metadata, &g.spec)?;
+    spec.priority = None;
+    Ok(v1alpha3::CompositePodGroup { metadata: metadata(&g.metadata), spec, status: None })
+}
+
+/// A native Workload read back as muster's shape, so the builder can make a child's PodGroup
+/// from the set's templates (as it does from muster's Workload).
+pub fn from_native_workload(w: &native::Workload) -> Result<Workload, NativeError> {
+    let mut out = Workload::new("", convert("Workload", &w.metadata, &w.spec)?);
+    out.metadata = metadata(&w.metadata);
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -286,6 +344,120 @@ mod tests {
             let (api, why) = first_scheduling_api(spec, child, default, exists);
             assert_eq!((api, why.is_some()), (want, reason), "row {i}: {why:?}");
         }
+    }
+
+    #[test]
+    fn a_new_set_gets_the_default_api_unless_its_tree_needs_what_only_muster_has() {
+        use SchedulingApi::{Muster, Upstream};
+        let set = |scheduling: bool, template: Value| -> MusterJobSetSpec {
+            let mut spec = json!({"replicatedJobs": [
+                {"name": "driver", "replicas": 1, "template": {"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "x"}]}}}}},
+                {"name": "workers", "replicas": 1, "template": {"spec": template}},
+            ]});
+            if scheduling {
+                spec["scheduling"] = json!({"schedulingPolicy": {"gang": {}}});
+            }
+            serde_json::from_value(spec).expect("fixture")
+        };
+        let plain = json!({"template": {"spec": {"containers": [{"name": "c", "image": "x"}]}}});
+        let mut gpu_claims = plain.clone();
+        gpu_claims["gpuClaims"] = json!({});
+        let mut claims = plain.clone();
+        claims["scheduling"] = json!({"resourceClaims": [{"name": "shared", "resourceClaimName": "dataset"}]});
+        // (set, default, muster root exists, composite served) -> api, the reason names
+        let table = [
+            (set(true, plain.clone()), Upstream, false, true, Upstream, None),
+            (set(true, plain.clone()), Muster, false, true, Muster, None),
+            (set(true, plain.clone()), Upstream, true, true, Muster, None),
+            (set(true, plain.clone()), Upstream, false, false, Muster, Some("CompositePodGroup")),
+            // Without spec.scheduling there is no composite: the children are standalone.
+            (set(false, plain.clone()), Upstream, false, false, Upstream, None),
+            (
+                set(true, gpu_claims.clone()),
+                Upstream,
+                false,
+                true,
+                Muster,
+                Some("replicatedJob workers uses spec.gpuClaims"),
+            ),
+            (set(false, gpu_claims), Upstream, false, true, Muster, Some("spec.gpuClaims")),
+            (
+                set(true, claims),
+                Upstream,
+                false,
+                true,
+                Muster,
+                Some("replicatedJob workers uses spec.scheduling.resourceClaims"),
+            ),
+        ];
+        for (i, (spec, default, exists, served, want, reason)) in table.into_iter().enumerate() {
+            let (api, why) = first_set_scheduling_api(&spec, default, exists, served);
+            assert_eq!(api, want, "row {i}: {why:?}");
+            match reason {
+                Some(r) => assert!(why.as_deref().is_some_and(|w| w.contains(r)), "row {i}: {why:?}"),
+                None => assert_eq!(why, None, "row {i}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_sets_native_workload_and_composite_carry_the_compiled_tree() {
+        use crate::workloadbuilder::job::{jobset_item, root_template_name};
+        let spec: MusterJobSetSpec = serde_json::from_value(json!({
+            "scheduling": {"schedulingPolicy": {"gang": {}}, "disruptionMode": {"all": {}},
+                           "schedulingConstraints": {"topology": [{"key": "topology.muster.dev/rack"}]}},
+            "replicatedJobs": [
+                {"name": "driver", "replicas": 1, "template": {"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "x"}]}}}}},
+                {"name": "workers", "replicas": 2, "template": {"spec": {"parallelism": 4,
+                    "scheduling": {"schedulingPolicy": {"gang": {"minCount": 3}}},
+                    "template": {"spec": {"containers": [{"name": "c", "image": "x"}]}}}}},
+            ],
+        }))
+        .expect("fixture");
+        let owner = k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "batch.muster.dev/v1alpha1".into(),
+            kind: "MusterJobSet".into(),
+            name: "s".into(),
+            uid: "uid-s".into(),
+            controller: Some(true),
+            ..Default::default()
+        };
+        let item = jobset_item(&spec).expect("a tree");
+        let builder = Builder::new(item, build_options("s", "ns", Some(owner)));
+        let compiled = builder.build_workload().expect("workload").clone();
+        let mut cpg = builder.new_composite_pod_group("s", &root_template_name(&spec)).expect("composite");
+        cpg.spec.priority = Some(7);
+        let nw = workload(&compiled).expect("native workload");
+        let ncpg = composite_pod_group(&cpg).expect("native composite");
+        assert_eq!(json(&nw.spec), json(&compiled.spec));
+        let mut want = json(&cpg.spec);
+        want.as_object_mut().expect("object").remove("priority");
+        assert_eq!(json(&ncpg.spec), want);
+        assert_eq!(
+            ncpg.spec.scheduling_policy.gang.as_ref().map(|g| g.min_group_count),
+            Some(3),
+            "1 driver + 2 workers"
+        );
+        assert_eq!(serde_json::to_value(&ncpg).expect("json")["apiVersion"], "scheduling.k8s.io/v1alpha3");
+        assert_eq!(ncpg.metadata.owner_references, cpg.metadata.owner_references);
+        // A child's PodGroup made from the native Workload read back equals one made from the
+        // compiled Workload (what muster's API does), parent aside.
+        let child = k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            kind: "MusterJob".into(),
+            name: "s-x-0".into(),
+            uid: "uid-c".into(),
+            ..Default::default()
+        };
+        let back = from_native_workload(&nw).expect("read back");
+        let from_native = Builder::from_existing_workload(back, build_options("s", "ns", Some(child.clone())));
+        let from_compiled = Builder::from_existing_workload(compiled, build_options("s", "ns", Some(child)));
+        for template in ["driver", "workers"] {
+            let a = from_native.new_pod_group("s-x-0", template).expect("from native");
+            let b = from_compiled.new_pod_group("s-x-0", template).expect("from compiled");
+            assert_eq!(json(&a.spec), json(&b.spec), "{template}");
+        }
+        let workers = from_native.new_pod_group("s-workers-0", "workers").expect("workers");
+        assert_eq!(workers.spec.scheduling_policy.gang.as_ref().and_then(|g| g.min_count), Some(3));
     }
 
     #[test]

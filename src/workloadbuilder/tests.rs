@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use proptest::prelude::*;
 
 use super::field::ErrorType;
@@ -593,26 +593,43 @@ fn job_template_and_completions_are_frozen() {
 #[test]
 fn the_scheduling_api_annotation_is_muster_or_upstream_and_frozen_once_set() {
     let key = crate::crds::SCHEDULING_API_ANNOTATION;
-    let with = |value: Option<&str>| {
-        let mut j = job("j", job_spec(2, None));
+    let annotated = |meta: &mut ObjectMeta, value: Option<&str>| {
         if let Some(v) = value {
-            j.metadata.annotations = Some([(key.to_string(), v.to_string())].into());
+            meta.annotations = Some([(key.to_string(), v.to_string())].into());
         }
-        j
+    };
+    // The same rule for a MusterJob and a MusterJobSet: (new value, old value) -> errors.
+    let job_errors = |now: Option<&str>, old: Option<Option<&str>>| {
+        let of = |v| {
+            let mut j = job("j", job_spec(2, None));
+            annotated(&mut j.metadata, v);
+            j
+        };
+        validate_job(&of(now), old.map(of).as_ref())
+    };
+    let set_errors = |now: Option<&str>, old: Option<Option<&str>>| {
+        let of = |v| {
+            let mut s = MusterJobSet::new("s", set_spec(Some(composite_gang(None)), &[("a", 1, 1)]));
+            annotated(&mut s.metadata, v);
+            s
+        };
+        validate_jobset(&of(now), old.map(of).as_ref())
     };
     let path = format!("metadata.annotations[{key}]");
-    assert!(validate_job(&with(Some("upstream")), None).is_empty());
-    assert!(validate_job(&with(Some("muster")), None).is_empty());
-    let errs = validate_job(&with(Some("kube")), None);
-    assert_eq!(paths(&errs), vec![path.as_str()]);
-    assert_eq!(errs[0].kind, ErrorType::NotSupported);
-    // Recorded later (by the controller): allowed. Changed or removed after: refused.
-    assert!(validate_job(&with(Some("muster")), Some(&with(None))).is_empty());
-    assert!(validate_job(&with(Some("upstream")), Some(&with(Some("upstream")))).is_empty());
-    for changed in [Some("upstream"), None] {
-        let errs = validate_job(&with(changed), Some(&with(Some("muster"))));
-        assert_eq!(paths(&errs), vec![path.as_str()], "{changed:?}");
-        assert_eq!(errs[0].detail, "field is immutable");
+    for (kind, errors) in [("MusterJob", &job_errors as &dyn Fn(_, _) -> ErrorList), ("MusterJobSet", &set_errors)] {
+        assert!(errors(Some("upstream"), None).is_empty(), "{kind}");
+        assert!(errors(Some("muster"), None).is_empty(), "{kind}");
+        let errs = errors(Some("kube"), None);
+        assert_eq!(paths(&errs), vec![path.as_str()], "{kind}");
+        assert_eq!(errs[0].kind, ErrorType::NotSupported);
+        // Recorded later (by the controller): allowed. Changed or removed after: refused.
+        assert!(errors(Some("muster"), Some(None)).is_empty(), "{kind}");
+        assert!(errors(Some("upstream"), Some(Some("upstream"))).is_empty(), "{kind}");
+        for changed in [Some("upstream"), None] {
+            let errs = errors(changed, Some(Some("muster")));
+            assert_eq!(paths(&errs), vec![path.as_str()], "{kind} {changed:?}");
+            assert_eq!(errs[0].detail, "field is immutable");
+        }
     }
 }
 

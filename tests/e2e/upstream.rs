@@ -132,3 +132,120 @@ async fn an_upstream_musterjob_is_gang_scheduled_by_kube_scheduler_and_a_too_big
         .expect_err("the recorded API cannot change");
     assert!(refused.contains("field is immutable") && refused.contains(SCHEDULING_API_ANNOTATION), "{refused}");
 }
+
+/// A MusterJobSet of a driver (1 pod, `driver_gpus` GPUs) and workers (2 pods of `worker_gpus`
+/// GPUs, a gang) under one composite gang, in upstream mode.
+fn upstream_set(name: &str, driver_gpus: u32, worker_gpus: u32, nodes: &TestNodes) -> Value {
+    let template = |pods: u32, gpus: u32, scheduling: Value| {
+        let job = gpu_job("unused", pods, gpus, nodes, scheduling, json!({}));
+        json!({"spec": job["spec"].clone()})
+    };
+    upstream(json!({
+        "apiVersion": "batch.muster.dev/v1alpha1",
+        "kind": "MusterJobSet",
+        "metadata": {"name": name},
+        "spec": {
+            "scheduling": {"schedulingPolicy": {"gang": {}},
+                           "schedulingConstraints": {"topology": [{"key": "topology.muster.dev/rack"}]}},
+            "replicatedJobs": [
+                {"name": "driver", "replicas": 1, "template": template(1, driver_gpus, json!({"schedulingPolicy": {"basic": {}}}))},
+                {"name": "workers", "replicas": 1, "template": template(2, worker_gpus, gang(2))},
+            ],
+        },
+    }))
+}
+
+#[tokio::test]
+async fn an_upstream_musterjobset_is_admitted_by_kube_scheduler_only_whole() {
+    use muster::crds::{JOBSET_NAME_LABEL, MusterJobSet};
+    let _muster = muster().await;
+    let ns = namespace("upstream-set");
+    // Two 8-GPU nodes in one rack.
+    let nodes = TestNodes::add(&ns.name, 2, 8, 1).await;
+    let c = client().await;
+    let pods: Api<Pod> = Api::namespaced(c.clone(), &ns.name);
+    let sets: Api<MusterJobSet> = Api::namespaced(c.clone(), &ns.name);
+    let native_cpg: Api<DynamicObject> =
+        Api::namespaced_with(c.clone(), &ns.name, &api_of("scheduling.k8s.io", "v1alpha3", "CompositePodGroup"));
+    let native_pg: Api<DynamicObject> =
+        Api::namespaced_with(c.clone(), &ns.name, &api_of("scheduling.k8s.io", "v1beta1", "PodGroup"));
+    let muster_cpg: Api<DynamicObject> =
+        Api::namespaced_with(c.clone(), &ns.name, &api_of("scheduling.muster.dev", "v1alpha1", "CompositePodGroup"));
+    let set_pods = |set: &'static str| {
+        let pods = pods.clone();
+        async move {
+            let lp = kube::api::ListParams::default().labels(&format!("{JOBSET_NAME_LABEL}={set}"));
+            pods.list(&lp).await.map(|l| l.items).unwrap_or_default()
+        }
+    };
+    let set_condition = |set: MusterJobSet| {
+        let c = set.status?.conditions.into_iter().find(|c| c.type_ == "CompositePodGroupInitiallyScheduled")?;
+        Some((c.status, c.reason, c.message))
+    };
+
+    // 4 + 2 x 8 GPUs on 16: the driver alone would fit, the whole set does not. Nothing binds.
+    apply(&ns.name, &upstream_set("too-big", 4, 8, &nodes));
+    let (_, reason, message) = wait_for("the set's composite condition False", LONG, || async {
+        set_condition(sets.get("too-big").await.ok()?).filter(|c| c.0 == "False")
+    })
+    .await;
+    assert_eq!(reason, "Unschedulable", "{message}");
+    assert!(message.starts_with("child PodGroup too-big-"), "{message}");
+    let waiting = set_pods("too-big").await;
+    assert_eq!(waiting.len(), 3, "every pod exists");
+    assert!(waiting.iter().all(|p| node_of(p).is_none()), "no pod of a set that does not fit whole is bound");
+    let cpg = native_cpg.get("too-big").await.expect("native CompositePodGroup");
+    let set_uid = sets.get("too-big").await.expect("set").uid().expect("uid");
+    assert!(cpg.owner_references().iter().any(|o| o.kind == "MusterJobSet" && o.uid == set_uid));
+    assert_eq!(cpg.data["spec"]["schedulingPolicy"]["gang"]["minGroupCount"], json!(2));
+    for child in ["too-big-driver-0", "too-big-workers-0"] {
+        let pg = native_pg.get(child).await.expect("the child's native PodGroup");
+        assert_eq!(pg.data["spec"]["parentCompositePodGroupName"], json!("too-big"), "{child}");
+        assert_eq!(pg.data["spec"]["workloadRef"]["workloadName"], json!("too-big"), "{child}");
+    }
+    assert!(muster_cpg.get_opt("too-big").await.expect("get").is_none(), "none of muster's");
+    wait_for("a Warning event on the set", LONG, || async {
+        let events = events_of(&ns.name, "too-big").await;
+        events.iter().any(|(t, _, m)| t == "Warning" && m.contains("CompositePodGroup too-big")).then_some(())
+    })
+    .await;
+    sets.delete("too-big", &kube::api::DeleteParams::foreground()).await.expect("delete");
+
+    // 4 + 2 x 4 GPUs: the whole set binds, in one rack, and says so.
+    apply(&ns.name, &upstream_set("fits", 4, 4, &nodes));
+    let bound = wait_for("every pod of fits bound", LONG, || async {
+        let all = set_pods("fits").await;
+        (all.len() == 3 && all.iter().all(|p| node_of(p).is_some())).then_some(all)
+    })
+    .await;
+    for pod in &bound {
+        let gates = pod.spec.as_ref().and_then(|s| s.scheduling_gates.clone()).unwrap_or_default();
+        assert!(!gates.iter().any(|g| g.name == ADMISSION_GATE), "no muster gate");
+        assert!(!pod.labels().contains_key(POD_GROUP_LABEL), "not muster's to admit");
+    }
+    let (status, reason, _) = wait_for("the set's composite condition True", LONG, || async {
+        set_condition(sets.get("fits").await.ok()?).filter(|c| c.0 == "True")
+    })
+    .await;
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "Scheduled"));
+    let children: Vec<String> = bound
+        .iter()
+        .map(|p| p.spec.as_ref().and_then(|s| s.scheduling_group.as_ref()).and_then(|g| g.pod_group_name.clone()))
+        .map(Option::unwrap_or_default)
+        .collect();
+    assert!(children.iter().all(|g| g == "fits-driver-0" || g == "fits-workers-0"), "{children:?}");
+    let wide = cluster().kubectl(&["-n", &ns.name, "get", "musterjobset", "fits", "-o", "wide"]).expect("kubectl");
+    assert!(wide.lines().next().is_some_and(|h| h.contains("SCHEDULING")) && wide.contains("Scheduled"), "{wide}");
+    // The set's recorded API is frozen like a job's.
+    let refused = cluster()
+        .kubectl(&[
+            "-n",
+            &ns.name,
+            "annotate",
+            "--overwrite",
+            "musterjobset/fits",
+            &format!("{SCHEDULING_API_ANNOTATION}=muster"),
+        ])
+        .expect_err("the recorded API cannot change");
+    assert!(refused.contains("field is immutable") && refused.contains(SCHEDULING_API_ANNOTATION), "{refused}");
+}

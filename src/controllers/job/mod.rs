@@ -434,7 +434,7 @@ async fn scheduling_api(
             .as_ref()
             .and_then(|s| s.get(&reflector::ObjectRef::new(&name).within(&ns)))
             .is_some_and(|g| mine(controller_uid(&g.metadata)));
-        let served = ctx.config.native_scheduling_served;
+        let served = ctx.config.native_scheduling_served && (!is_child(job) || ctx.config.native_composite_served);
         return Ok(native::recorded_scheduling_api(recorded, muster_group, native_group, served));
     }
     let (api, why) = native::first_scheduling_api(&job.spec, is_child(job), ctx.config.scheduling_api, muster_group);
@@ -450,12 +450,14 @@ async fn scheduling_api(
 
 /// The native Workload and PodGroup of a job in upstream mode, created once (upstream's
 /// objects are immutable where it matters; kube-scheduler admits the gang from them), owned
-/// like muster's: the PodGroup by the job and by its Workload.
+/// like muster's: a standalone job's PodGroup by the job and by its Workload; a MusterJobSet
+/// child's by the job only, made from its set's native Workload and joined to the set's
+/// CompositePodGroup (`parentCompositePodGroupName`), so kube-scheduler admits the set whole.
 async fn ensure_native_groups(
     job: &MusterJob,
     jc: &JobContext,
 ) -> Result<std::result::Result<Groups, (&'static str, String)>> {
-    use k8s_openapi::api::scheduling::v1beta1;
+    use k8s_openapi::api::scheduling::{v1alpha3, v1beta1};
     let ctx = &*jc.ctx;
     let (ns, name) = (job.namespace().unwrap_or_default(), job.name_any());
     let owner = owner_ref(job)?;
@@ -466,44 +468,75 @@ async fn ensure_native_groups(
     let wl_api = Api::<v1beta1::Workload>::namespaced(ctx.client.clone(), &ns);
     let pg_api = Api::<v1beta1::PodGroup>::namespaced(ctx.client.clone(), &ns);
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    let item = job_item(&job.spec, JOB_TEMPLATE_NAME, &FieldPath::new("spec"));
-    let builder = Builder::new(item, build_options(&name, &ns, Some(owner.clone())));
     let not_ours = |kind: &str| {
         (
             "NameConflict",
             format!("{kind} {name} (scheduling.k8s.io) already exists and is not controlled by this MusterJob"),
         )
     };
-    let workload = match cached(workloads, &wl_api, &ns, &name).await? {
-        Some(w) if controller_uid(&w.metadata) != Some(uid.as_str()) => return Ok(Err(not_ours("Workload"))),
-        Some(w) => w,
-        None => {
-            let compiled = builder.build_workload()?;
-            let desired = native::workload(compiled)?;
-            wl_api.patch(&name, &params, &Patch::Apply(&desired)).await?
-        }
+    // A standalone job's Workload is its own; a child's is its set's.
+    enum Source {
+        Standalone(Box<(Builder, v1beta1::Workload)>),
+        Child { template: String, parent: String },
+    }
+    let source = if is_child(job) {
+        let a = job.annotations();
+        let get = |k: &str| a.get(k).cloned().unwrap_or_default();
+        Source::Child { template: get(GROUP_TEMPLATE_ANNOTATION), parent: get(PARENT_COMPOSITE_ANNOTATION) }
+    } else {
+        let item = job_item(&job.spec, JOB_TEMPLATE_NAME, &FieldPath::new("spec"));
+        let builder = Builder::new(item, build_options(&name, &ns, Some(owner.clone())));
+        let workload = match cached(workloads, &wl_api, &ns, &name).await? {
+            Some(w) if controller_uid(&w.metadata) != Some(uid.as_str()) => return Ok(Err(not_ours("Workload"))),
+            Some(w) => w,
+            None => wl_api.patch(&name, &params, &Patch::Apply(&native::workload(builder.build_workload()?)?)).await?,
+        };
+        Source::Standalone(Box::new((builder, workload)))
     };
     let group = match cached(groups, &pg_api, &ns, &name).await? {
         Some(g) if controller_uid(&g.metadata) != Some(uid.as_str()) => return Ok(Err(not_ours("PodGroup"))),
         Some(g) => g,
         None => {
-            let mut compiled = builder.new_pod_group(&name, JOB_TEMPLATE_NAME)?;
-            let workload_owner = workload.controller_owner_ref(&()).map(|o| plan::plain_owner_ref(&o));
-            compiled.metadata.owner_references.get_or_insert_with(Vec::new).extend(workload_owner);
-            let desired = native::pod_group(&compiled)?;
-            pg_api.patch(&name, &params, &Patch::Apply(&desired)).await?
+            let compiled = match source {
+                Source::Standalone(standalone) => {
+                    let (builder, workload) = *standalone;
+                    let mut compiled = builder.new_pod_group(&name, JOB_TEMPLATE_NAME)?;
+                    let workload_owner = workload.controller_owner_ref(&()).map(|o| plan::plain_owner_ref(&o));
+                    compiled.metadata.owner_references.get_or_insert_with(Vec::new).extend(workload_owner);
+                    compiled
+                }
+                Source::Child { template, parent } => {
+                    let cpgs = Api::<v1alpha3::CompositePodGroup>::namespaced(ctx.client.clone(), &ns);
+                    let cpg = cpgs.get_opt(&parent).await?.ok_or_else(|| {
+                        Error::Missing(format!("parent CompositePodGroup {parent} (scheduling.k8s.io) not found yet"))
+                    })?;
+                    let wl_name = cpg.spec.workload_ref.workload_name;
+                    let workload = cached(workloads, &wl_api, &ns, &wl_name).await?.ok_or_else(|| {
+                        Error::Missing(format!("parent Workload {wl_name} (scheduling.k8s.io) not found yet"))
+                    })?;
+                    let builder = Builder::from_existing_workload(
+                        native::from_native_workload(&workload)?,
+                        build_options(&wl_name, &ns, Some(owner.clone())),
+                    );
+                    let mut compiled = builder.new_pod_group(&name, &template)?;
+                    compiled.spec.parent_composite_pod_group_name = Some(parent);
+                    compiled
+                }
+            };
+            pg_api.patch(&name, &params, &Patch::Apply(&native::pod_group(&compiled)?)).await?
         }
     };
     let gang_all = group.spec.disruption_mode.as_ref().is_some_and(|m| m.all.is_some());
+    let workload = group.spec.workload_ref.as_ref().map_or_else(|| name.clone(), |r| r.workload_name.clone());
     Ok(Ok(Groups {
-        workload: name.clone(),
+        workload,
         pod_group: name,
         gang_all,
-        parent: None,
+        parent: group.spec.parent_composite_pod_group_name.clone(),
         pod_group_owner: super::controller_ref(&group),
         resource_claims: Vec::new(),
         claim_statuses: Vec::new(),
-        created_rollbacks: Some(0),
+        created_rollbacks: None,
         api: SchedulingApi::Upstream,
         native_conditions: group.status.and_then(|s| s.conditions).unwrap_or_default(),
     }))
@@ -515,6 +548,10 @@ async fn ensure_native_groups(
 /// when pods are created, unless this reconcile created the group (its answer says). A
 /// standalone job's PodGroup is its root; a child's root is the top CompositePodGroup.
 async fn admission_attempt(ctx: &Context, ns: &str, groups: &Groups) -> Result<i32> {
+    if groups.api == SchedulingApi::Upstream {
+        // kube-scheduler admits the gang; muster never rolls it back.
+        return Ok(0);
+    }
     match (&groups.parent, groups.created_rollbacks) {
         (None, Some(rollbacks)) => Ok(rollbacks),
         (None, None) => {

@@ -612,16 +612,7 @@ pub fn mirror_group_conditions(
     group: &[Condition],
     before: &[Condition],
 ) -> Vec<Condition> {
-    conditions.retain(|c| !MIRRORED_CONDITIONS.contains(&c.type_.as_str()));
-    let mut changed = Vec::new();
-    for c in group.iter().filter(|c| MIRRORED_CONDITIONS.contains(&c.type_.as_str())) {
-        conditions.push(c.clone());
-        let old = before.iter().find(|b| b.type_ == c.type_);
-        if old.is_none_or(|o| (&o.status, &o.reason) != (&c.status, &c.reason)) {
-            changed.push(c.clone());
-        }
-    }
-    changed
+    crate::controllers::conditions::mirror(conditions, group, before, &MIRRORED_CONDITIONS)
 }
 
 /// The labels muster puts on what it makes for `job` (pods, the GPU claim template): the job's

@@ -8,6 +8,7 @@ pub mod plan;
 use std::sync::Arc;
 
 use futures::{Future, StreamExt};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::core::DeserializeGuard;
@@ -18,11 +19,12 @@ use serde_json::json;
 
 use super::context::{Context, Error, Result};
 use super::{conditions, controller_uid};
-use crate::crds::JOBSET_NAME_LABEL;
 use crate::crds::batch::{JobSetPhase, MusterJob, MusterJobSet, MusterJobSetStatus};
 use crate::crds::scheduling::{CompositePodGroup, Workload};
+use crate::crds::{JOBSET_NAME_LABEL, SCHEDULING_API_ANNOTATION};
 use crate::workloadbuilder::Builder;
 use crate::workloadbuilder::job::{build_options, jobset_item, root_template_name, validate_jobset};
+use crate::workloadbuilder::native::{self, SchedulingApi};
 use plan::{ObservedChild, condition};
 
 /// Name of this controller in metrics and logs.
@@ -35,9 +37,15 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
     let sets = Api::<DeserializeGuard<MusterJobSet>>::all(ctx.client.clone());
     let jobs = Api::<DeserializeGuard<MusterJob>>::all(ctx.client.clone());
     let (store, writer) = kube::runtime::reflector::store();
-    Controller::for_stream(super::trimmed_objects(sets, writer), store)
+    let mut controller = Controller::for_stream(super::trimmed_objects(sets, writer), store)
         .with_config(controller::Config::default().concurrency(super::RECONCILE_CONCURRENCY))
-        .owns(jobs, watcher::Config::default().labels(JOBSET_NAME_LABEL).any_semantic())
+        .owns(jobs, watcher::Config::default().labels(JOBSET_NAME_LABEL).any_semantic());
+    // Upstream mode: a set follows its native CompositePodGroup's conditions, where served.
+    if ctx.config.native_composite_served {
+        let cpgs = Api::<k8s_openapi::api::scheduling::v1alpha3::CompositePodGroup>::all(ctx.client.clone());
+        controller = controller.owns(cpgs, watcher::Config::default().any_semantic());
+    }
+    controller
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {
@@ -79,45 +87,18 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>
     let owner = super::controller_ref(set).ok_or_else(|| Error::Missing("the MusterJobSet has no uid yet".into()))?;
     let uid = owner.uid.clone();
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    let (mut workload_name, mut cpg_name) = (None, None);
-    if let Some(item) = jobset_item(&set.spec) {
-        let builder = Builder::new(item, build_options(&name, &ns, Some(owner.clone())));
-        let workload = builder.build_workload()?.clone();
-        let mut cpg = builder.new_composite_pod_group(&name, &root_template_name(&set.spec))?;
-        let wls = Api::<Workload>::namespaced(ctx.client.clone(), &ns);
-        let cpgs = Api::<CompositePodGroup>::namespaced(ctx.client.clone(), &ns);
-        let existing_cpg = cpgs.get_opt(&name).await?;
-        // The set is admitted as one root: it ranks by the highest priority among its pods'
-        // classes, fixed when the CompositePodGroup is made (the field is immutable).
-        cpg.spec.priority = match &existing_cpg {
-            Some(c) => c.spec.priority,
-            None => {
-                let mut best = None;
-                for rjob in &set.spec.replicated_jobs {
-                    let class =
-                        rjob.template.spec.template.spec.as_ref().and_then(|s| s.priority_class_name.as_deref());
-                    best = best.max(Some(ctx.priorities.resolve(&ctx.client, class).await?));
-                }
-                best
-            }
-        };
-        let existing_workload = wls.get_opt(&name).await?;
-        for (kind, existing) in [
-            ("Workload", existing_workload.as_ref().map(|w| w.metadata.clone())),
-            ("CompositePodGroup", existing_cpg.as_ref().map(|c| c.metadata.clone())),
-        ] {
-            if let Some(meta) = existing
-                && controller_uid(&meta) != Some(uid.as_str())
-            {
-                let msg = format!("{kind} {name} already exists and is not controlled by this MusterJobSet");
-                return set_invalid(set, &ctx, "NameConflict", &msg, now).await;
-            }
-        }
-        super::apply_if_changed(&wls, &name, &params, workload, existing_workload).await?;
-        super::apply_if_changed(&cpgs, &name, &params, cpg, existing_cpg).await?;
-        workload_name = Some(name.clone());
-        cpg_name = Some(name.clone());
-    }
+    let api = match scheduling_api(set, &ctx).await? {
+        Ok(api) => api,
+        Err((reason, message)) => return set_invalid(set, &ctx, reason, &message, now).await,
+    };
+    let roots = match api {
+        SchedulingApi::Muster => ensure_roots(set, &ctx, &owner).await?,
+        SchedulingApi::Upstream => ensure_native_roots(set, &ctx, &owner).await?,
+    };
+    let Roots { name: root_name, composite_conditions } = match roots {
+        Ok(roots) => roots,
+        Err((reason, message)) => return set_invalid(set, &ctx, reason, &message, now).await,
+    };
     super::apply_headless_service(&ctx.client, &ns, &name, JOBSET_NAME_LABEL, owner.clone(), FIELD_MANAGER).await?;
 
     let jobs = Api::<MusterJob>::namespaced(ctx.client.clone(), &ns);
@@ -130,8 +111,18 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>
         .collect();
     let observed: Vec<ObservedChild> = children.iter().map(ObservedChild::from_job).collect();
     let mut decision = plan::plan(set, &observed, now);
-    decision.status.workload_name = workload_name;
-    decision.status.composite_pod_group_name = cpg_name;
+    decision.status.workload_name = root_name.clone();
+    decision.status.composite_pod_group_name = root_name;
+    // Upstream mode: where kube-scheduler has the set's CompositePodGroup, told once per change
+    // (with the write that records it, below).
+    let mirrored = match api {
+        SchedulingApi::Upstream => {
+            let prev = set.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
+            let derived = plan::composite_conditions(&composite_conditions, &observed, decision.status.restarts);
+            conditions::mirror(&mut decision.status.conditions, &derived, &prev, &plan::SET_MIRRORED_CONDITIONS)
+        }
+        SchedulingApi::Muster => Vec::new(),
+    };
     let reference = set.object_ref(&());
 
     for (child, why) in &decision.delete {
@@ -144,7 +135,7 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>
     }
     let mut created = Vec::new();
     for (r, i) in &decision.create {
-        if let Some(child) = plan::child_job(set, *r, *i, decision.status.restarts) {
+        if let Some(child) = plan::child_job(set, *r, *i, decision.status.restarts, api) {
             let child_name = child.name_any();
             jobs.patch(&child_name, &params, &Patch::Apply(&child)).await?;
             created.push(child_name);
@@ -175,7 +166,150 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>
         ctx.event(&reference, *warning, reason, "Sync", message.clone()).await;
     }
     write_status(set, &ctx, &decision.status).await?;
+    for c in &mirrored {
+        let warning = c.status == "False" && c.type_ == condition::COMPOSITE_SCHEDULED;
+        let note = format!("CompositePodGroup {name} (scheduling.k8s.io): {}={}: {}", c.type_, c.status, c.message);
+        ctx.event(&reference, warning, &c.reason, "Schedule", note).await;
+    }
     Ok(Action::await_change())
+}
+
+/// The set's root objects: the name of its Workload and CompositePodGroup (`None` without
+/// `spec.scheduling`) and, in upstream mode, the native CompositePodGroup's conditions.
+struct Roots {
+    name: Option<String>,
+    composite_conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+}
+
+/// Why the set must not be acted on: a reason and a message.
+type Refusal = (&'static str, String);
+
+/// muster's Workload and root CompositePodGroup of a set with `spec.scheduling`.
+async fn ensure_roots(
+    set: &MusterJobSet,
+    ctx: &Context,
+    owner: &OwnerReference,
+) -> Result<std::result::Result<Roots, Refusal>> {
+    let (ns, name) = (set.namespace().unwrap_or_default(), set.name_any());
+    let Some(item) = jobset_item(&set.spec) else {
+        return Ok(Ok(Roots { name: None, composite_conditions: Vec::new() }));
+    };
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let builder = Builder::new(item, build_options(&name, &ns, Some(owner.clone())));
+    let workload = builder.build_workload()?.clone();
+    let mut cpg = builder.new_composite_pod_group(&name, &root_template_name(&set.spec))?;
+    let wls = Api::<Workload>::namespaced(ctx.client.clone(), &ns);
+    let cpgs = Api::<CompositePodGroup>::namespaced(ctx.client.clone(), &ns);
+    let existing_cpg = cpgs.get_opt(&name).await?;
+    // The set is admitted as one root: it ranks by the highest priority among its pods'
+    // classes, fixed when the CompositePodGroup is made (the field is immutable).
+    cpg.spec.priority = match &existing_cpg {
+        Some(c) => c.spec.priority,
+        None => {
+            let mut best = None;
+            for rjob in &set.spec.replicated_jobs {
+                let class = rjob.template.spec.template.spec.as_ref().and_then(|s| s.priority_class_name.as_deref());
+                best = best.max(Some(ctx.priorities.resolve(&ctx.client, class).await?));
+            }
+            best
+        }
+    };
+    let existing_workload = wls.get_opt(&name).await?;
+    let metas = [
+        ("Workload", existing_workload.as_ref().map(|w| &w.metadata)),
+        ("CompositePodGroup", existing_cpg.as_ref().map(|c| &c.metadata)),
+    ];
+    if let Some(conflict) = name_conflict(&name, &owner.uid, "", &metas) {
+        return Ok(Err(conflict));
+    }
+    super::apply_if_changed(&wls, &name, &params, workload, existing_workload).await?;
+    super::apply_if_changed(&cpgs, &name, &params, cpg, existing_cpg).await?;
+    Ok(Ok(Roots { name: Some(name), composite_conditions: Vec::new() }))
+}
+
+/// A `NameConflict` refusal when one of the objects named `name` exists and is not controlled
+/// by the set `uid`. `api` goes after the kind in the message (the native group, or nothing).
+fn name_conflict(name: &str, uid: &str, api: &str, metas: &[(&str, Option<&ObjectMeta>)]) -> Option<Refusal> {
+    metas.iter().find(|(_, meta)| meta.is_some_and(|m| controller_uid(m) != Some(uid))).map(|(kind, _)| {
+        ("NameConflict", format!("{kind} {name}{api} already exists and is not controlled by this MusterJobSet"))
+    })
+}
+
+/// The native Workload (`v1beta1`) and root CompositePodGroup (`v1alpha3`) of a set in
+/// upstream mode, created once (their specs are immutable; kube-scheduler admits the tree from
+/// them): each child's PodGroup joins the root through `parentCompositePodGroupName`.
+async fn ensure_native_roots(
+    set: &MusterJobSet,
+    ctx: &Context,
+    owner: &OwnerReference,
+) -> Result<std::result::Result<Roots, Refusal>> {
+    use k8s_openapi::api::scheduling::{v1alpha3, v1beta1};
+    let (ns, name) = (set.namespace().unwrap_or_default(), set.name_any());
+    let Some(item) = jobset_item(&set.spec) else {
+        return Ok(Ok(Roots { name: None, composite_conditions: Vec::new() }));
+    };
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let builder = Builder::new(item, build_options(&name, &ns, Some(owner.clone())));
+    let wls = Api::<v1beta1::Workload>::namespaced(ctx.client.clone(), &ns);
+    let cpgs = Api::<v1alpha3::CompositePodGroup>::namespaced(ctx.client.clone(), &ns);
+    let (workload, cpg) = (wls.get_opt(&name).await?, cpgs.get_opt(&name).await?);
+    let metas = [
+        ("Workload", workload.as_ref().map(|w| &w.metadata)),
+        ("CompositePodGroup", cpg.as_ref().map(|c| &c.metadata)),
+    ];
+    if let Some(conflict) = name_conflict(&name, &owner.uid, " (scheduling.k8s.io)", &metas) {
+        return Ok(Err(conflict));
+    }
+    if workload.is_none() {
+        let desired = native::workload(builder.build_workload()?)?;
+        wls.patch(&name, &params, &Patch::Apply(&desired)).await?;
+    }
+    let cpg = match cpg {
+        Some(cpg) => cpg,
+        None => {
+            let compiled = builder.new_composite_pod_group(&name, &root_template_name(&set.spec))?;
+            cpgs.patch(&name, &params, &Patch::Apply(&native::composite_pod_group(&compiled)?)).await?
+        }
+    };
+    let composite_conditions = cpg.status.and_then(|s| s.conditions).unwrap_or_default();
+    Ok(Ok(Roots { name: Some(name), composite_conditions }))
+}
+
+/// The scheduling API of `set`: the one recorded on it (`batch.muster.dev/scheduling-api`), or,
+/// on its first sync, the one chosen now ([`native::first_set_scheduling_api`]), recorded before
+/// anything is compiled. Its children are created with it.
+async fn scheduling_api(set: &MusterJobSet, ctx: &Context) -> Result<std::result::Result<SchedulingApi, Refusal>> {
+    use k8s_openapi::api::scheduling::v1beta1;
+    let (ns, name, uid) = (set.namespace().unwrap_or_default(), set.name_any(), set.uid());
+    let mine = |meta: Option<ObjectMeta>| meta.is_some_and(|m| controller_uid(&m) == uid.as_deref());
+    let with_scheduling = set.spec.scheduling.is_some();
+    let muster_root = with_scheduling
+        && mine(
+            Api::<Workload>::namespaced(ctx.client.clone(), &ns).get_metadata_opt(&name).await?.map(|m| m.metadata),
+        );
+    let config = &ctx.config;
+    if let Some(recorded) = set.annotations().get(SCHEDULING_API_ANNOTATION) {
+        let native_root = with_scheduling
+            && config.native_scheduling_served
+            && mine(
+                Api::<v1beta1::Workload>::namespaced(ctx.client.clone(), &ns)
+                    .get_metadata_opt(&name)
+                    .await?
+                    .map(|m| m.metadata),
+            );
+        let served = config.native_scheduling_served && (!with_scheduling || config.native_composite_served);
+        return Ok(native::recorded_scheduling_api(recorded, muster_root, native_root, served));
+    }
+    let (api, why) =
+        native::first_set_scheduling_api(&set.spec, config.scheduling_api, muster_root, config.native_composite_served);
+    let patch = json!({"metadata": {"annotations": {SCHEDULING_API_ANNOTATION: api.as_str()}}});
+    Api::<MusterJobSet>::namespaced(ctx.client.clone(), &ns)
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    if let Some(why) = why {
+        ctx.event(&set.object_ref(&()), false, "SchedulingAPI", "Compile", why).await;
+    }
+    Ok(Ok(api))
 }
 
 async fn write_status(set: &MusterJobSet, ctx: &Context, status: &MusterJobSetStatus) -> Result<()> {

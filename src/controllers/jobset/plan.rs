@@ -3,16 +3,21 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::controllers::conditions;
+use crate::controllers::job::plan::MIRRORED_CONDITIONS;
 use crate::crds::batch::{
     JobPhase, JobSetPhase, MusterJob, MusterJobSet, MusterJobSetSpec, MusterJobSetStatus, MusterJobSpec,
     ReplicatedJobStatus, SuccessOperator,
 };
-use crate::crds::{GROUP_TEMPLATE_ANNOTATION, JOBSET_NAME_LABEL, PARENT_COMPOSITE_ANNOTATION, REPLICATED_JOB_LABEL};
+use crate::crds::{
+    GROUP_TEMPLATE_ANNOTATION, JOBSET_NAME_LABEL, PARENT_COMPOSITE_ANNOTATION, REPLICATED_JOB_LABEL,
+    SCHEDULING_API_ANNOTATION,
+};
 use crate::workloadbuilder::job::child_job_name;
+use crate::workloadbuilder::native::SchedulingApi;
 
 /// Child annotation: the restart attempt it was created in.
 pub const RESTART_ATTEMPT_ANNOTATION: &str = "batch.muster.dev/restart-attempt";
@@ -27,10 +32,65 @@ pub mod condition {
     pub const SUSPENDED: &str = "Suspended";
     /// The spec is invalid; nothing is done.
     pub const INVALID: &str = "Invalid";
+    /// Upstream mode: whether kube-scheduler has placed the set's native CompositePodGroup
+    /// (its own condition, or what its child PodGroups say).
+    pub const COMPOSITE_SCHEDULED: &str = "CompositePodGroupInitiallyScheduled";
+    /// Upstream mode: kube-scheduler disrupts the set's groups.
+    pub const DISRUPTION_TARGET: &str = "DisruptionTarget";
+}
+
+/// The conditions a MusterJobSet in upstream mode shows for its native CompositePodGroup.
+pub const SET_MIRRORED_CONDITIONS: [&str; 2] = [condition::COMPOSITE_SCHEDULED, condition::DISRUPTION_TARGET];
+
+/// PURE: where a set's native CompositePodGroup stands, as the conditions the set shows
+/// ([`SET_MIRRORED_CONDITIONS`]). The group's own conditions when kube-scheduler wrote them;
+/// otherwise (kube-scheduler 1.37 writes its verdict on the child PodGroups only) what the
+/// children of the current attempt say: not scheduled when one is not (its reason and message,
+/// named), scheduled once every one is (the whole composite is placed at once, so the children
+/// agree), nothing while some have no verdict yet. A child disrupted makes the set a disruption
+/// target.
+pub fn composite_conditions(composite: &[Condition], children: &[ObservedChild], attempt: i32) -> Vec<Condition> {
+    let own: Vec<Condition> =
+        composite.iter().filter(|c| SET_MIRRORED_CONDITIONS.contains(&c.type_.as_str())).cloned().collect();
+    if own.iter().any(|c| c.type_ == condition::COMPOSITE_SCHEDULED) {
+        return own;
+    }
+    let current: Vec<&ObservedChild> = children.iter().filter(|c| c.attempt == attempt && !c.terminating).collect();
+    let of = |child: &ObservedChild, type_: &str| child.scheduling.iter().find(|c| c.type_ == type_).cloned();
+    let named = |child: &ObservedChild, c: Condition, type_: &str| Condition {
+        type_: type_.to_string(),
+        message: format!("child PodGroup {}: {}", child.name, c.message).trim_end_matches(": ").to_string(),
+        ..c
+    };
+    let mut out = own;
+    let verdicts: Vec<(&ObservedChild, Option<Condition>)> =
+        current.iter().map(|c| (*c, of(c, "PodGroupInitiallyScheduled"))).collect();
+    if let Some((child, c)) =
+        verdicts.iter().find_map(|(ch, c)| c.clone().filter(|c| c.status != "True").map(|c| (ch, c)))
+    {
+        out.push(named(child, c, condition::COMPOSITE_SCHEDULED));
+    } else if !verdicts.is_empty() && verdicts.iter().all(|(_, c)| c.is_some()) {
+        let latest = verdicts
+            .iter()
+            .filter_map(|(_, c)| c.clone())
+            .max_by(|a, b| a.last_transition_time.0.cmp(&b.last_transition_time.0));
+        if let Some(c) = latest {
+            let message = format!("every child PodGroup is scheduled ({})", verdicts.len());
+            out.push(Condition { type_: condition::COMPOSITE_SCHEDULED.into(), message, ..c });
+        }
+    }
+    if !out.iter().any(|c| c.type_ == condition::DISRUPTION_TARGET)
+        && let Some((child, c)) = current
+            .iter()
+            .find_map(|ch| of(ch, condition::DISRUPTION_TARGET).filter(|c| c.status == "True").map(|c| (*ch, c)))
+    {
+        out.push(named(child, c, condition::DISRUPTION_TARGET));
+    }
+    out
 }
 
 /// What the set logic needs to know of one child MusterJob.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ObservedChild {
     /// Child name.
     pub name: String,
@@ -50,6 +110,9 @@ pub struct ObservedChild {
     pub parallelism: i32,
     /// `spec.scheduling.schedulingPolicy.gang.minCount` of the child.
     pub min_count: Option<i32>,
+    /// Upstream mode: the child's native PodGroup conditions it mirrors
+    /// (`PodGroupInitiallyScheduled`, `DisruptionTarget`).
+    pub scheduling: Vec<Condition>,
 }
 
 impl ObservedChild {
@@ -68,6 +131,11 @@ impl ObservedChild {
             suspended: job.spec.suspend,
             parallelism: job.spec.parallelism,
             min_count: min_count(&job.spec),
+            scheduling: status
+                .map(|s| {
+                    s.conditions.iter().filter(|c| MIRRORED_CONDITIONS.contains(&c.type_.as_str())).cloned().collect()
+                })
+                .unwrap_or_default(),
         }
     }
 }
@@ -292,14 +360,15 @@ pub fn plan(set: &MusterJobSet, children: &[ObservedChild], now: Timestamp) -> S
     out
 }
 
-/// The child MusterJob `i` of replicatedJob `r`, for restart attempt `attempt`.
+/// The child MusterJob `i` of replicatedJob `r`, for restart attempt `attempt`, in the set's
+/// scheduling API (`api`, stamped on it: the whole tree is in one API).
 ///
 /// The child runs its template's spec as written. Only Indexed pods get a hostname, so only
 /// they are addressable as `<set>-<rjob>-<i>-<index>.<set>` through the set's headless Service;
 /// upstream JobSet defaults its Jobs to Indexed when the mode is unset, but here the CRD
 /// defaults `completionMode` to `NonIndexed` and an unset mode cannot be told from a chosen
 /// one, so muster does not override it: templates that want per-pod DNS names say `Indexed`.
-pub fn child_job(set: &MusterJobSet, r: usize, i: i32, attempt: i32) -> Option<MusterJob> {
+pub fn child_job(set: &MusterJobSet, r: usize, i: i32, attempt: i32, api: SchedulingApi) -> Option<MusterJob> {
     let rjob = set.spec.replicated_jobs.get(r)?;
     let set_name = set.metadata.name.clone().unwrap_or_default();
     let meta = rjob.template.metadata.clone().unwrap_or_default();
@@ -308,6 +377,7 @@ pub fn child_job(set: &MusterJobSet, r: usize, i: i32, attempt: i32) -> Option<M
     labels.insert(REPLICATED_JOB_LABEL.into(), rjob.name.clone());
     let mut annotations = meta.annotations;
     annotations.insert(RESTART_ATTEMPT_ANNOTATION.into(), attempt.to_string());
+    annotations.insert(SCHEDULING_API_ANNOTATION.into(), api.as_str().into());
     if set.spec.scheduling.is_some() {
         annotations.insert(GROUP_TEMPLATE_ANNOTATION.into(), rjob.name.clone());
         annotations.insert(PARENT_COMPOSITE_ANNOTATION.into(), set_name.clone());
@@ -362,6 +432,7 @@ mod tests {
             suspended: false,
             parallelism: 1,
             min_count: None,
+            scheduling: Vec::new(),
         }
     }
 
@@ -413,7 +484,7 @@ mod tests {
         let p = plan(&s, &[], now());
         assert_eq!(p.create, vec![(0, 0), (1, 0)]);
         assert_eq!(
-            child_job(&s, 0, 0, p.status.restarts)
+            child_job(&s, 0, 0, p.status.restarts, SchedulingApi::Muster)
                 .and_then(|j| j.metadata.annotations)
                 .and_then(|a| a.get(RESTART_ATTEMPT_ANNOTATION).cloned())
                 .as_deref(),
@@ -452,14 +523,90 @@ mod tests {
 
     #[test]
     fn children_are_annotated_for_delegation_only_with_scheduling() {
-        let with = child_job(&set(true, &[("workers", 2)]), 0, 1, 0).expect("child");
+        let with = child_job(&set(true, &[("workers", 2)]), 0, 1, 0, SchedulingApi::Muster).expect("child");
         assert_eq!(with.metadata.name.as_deref(), Some("s-workers-1"));
         let a = with.metadata.annotations.expect("annotations");
         assert_eq!(a.get(GROUP_TEMPLATE_ANNOTATION).map(String::as_str), Some("workers"));
         assert_eq!(a.get(PARENT_COMPOSITE_ANNOTATION).map(String::as_str), Some("s"));
         assert_eq!(with.metadata.labels.expect("labels").get(JOBSET_NAME_LABEL).map(String::as_str), Some("s"));
-        let without = child_job(&set(false, &[("workers", 2)]), 0, 0, 0).expect("child");
+        let without = child_job(&set(false, &[("workers", 2)]), 0, 0, 0, SchedulingApi::Muster).expect("child");
         assert!(!without.metadata.annotations.expect("annotations").contains_key(GROUP_TEMPLATE_ANNOTATION));
+        // Every child is stamped with the set's scheduling API.
+        for api in [SchedulingApi::Muster, SchedulingApi::Upstream] {
+            for scheduling in [true, false] {
+                let child = child_job(&set(scheduling, &[("workers", 2)]), 0, 0, 0, api).expect("child");
+                let a = child.metadata.annotations.expect("annotations");
+                assert_eq!(a.get(SCHEDULING_API_ANNOTATION).map(String::as_str), Some(api.as_str()));
+            }
+        }
+    }
+
+    fn cond(type_: &str, status: &str, reason: &str, message: &str, at: i64) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: message.into(),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                Timestamp::from_second(at).expect("ts"),
+            ),
+            observed_generation: None,
+        }
+    }
+
+    fn judged(name: &str, attempt: i32, conditions: Vec<Condition>) -> ObservedChild {
+        ObservedChild { scheduling: conditions, ..child(name, "r", Some(JobPhase::Running), attempt) }
+    }
+
+    #[test]
+    fn a_sets_composite_condition_is_its_own_or_what_every_child_says() {
+        const PG: &str = "PodGroupInitiallyScheduled";
+        let scheduled = |at| cond(PG, "True", "Scheduled", "", at);
+        let unschedulable = cond(PG, "False", "Unschedulable", "0/4 placements fit", 5);
+        let shown = |out: &[Condition]| -> Vec<(String, String, String, String)> {
+            out.iter().map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone(), c.message.clone())).collect()
+        };
+        let row = |t: &str, st: &str, r: &str, m: &str| (t.to_string(), st.to_string(), r.to_string(), m.to_string());
+        // Every child scheduled: scheduled, at the latest child's transition.
+        let both = [judged("s-a-0", 0, vec![scheduled(10)]), judged("s-b-0", 0, vec![scheduled(20)])];
+        let out = composite_conditions(&[], &both, 0);
+        assert_eq!(
+            shown(&out),
+            [row(condition::COMPOSITE_SCHEDULED, "True", "Scheduled", "every child PodGroup is scheduled (2)")]
+        );
+        assert_eq!(out[0].last_transition_time.0.as_second(), 20);
+        // One not scheduled: the set is not, with that child's reason and message, named.
+        let one = [judged("s-a-0", 0, vec![scheduled(10)]), judged("s-b-0", 0, vec![unschedulable.clone()])];
+        assert_eq!(
+            shown(&composite_conditions(&[], &one, 0)),
+            [row(condition::COMPOSITE_SCHEDULED, "False", "Unschedulable", "child PodGroup s-b-0: 0/4 placements fit")]
+        );
+        // A child without a verdict yet: nothing to say. No children: nothing either.
+        let partial = [judged("s-a-0", 0, vec![scheduled(10)]), judged("s-b-0", 0, vec![])];
+        assert!(composite_conditions(&[], &partial, 0).is_empty());
+        assert!(composite_conditions(&[], &[], 0).is_empty());
+        // Children of an older attempt, or being deleted, do not count.
+        let mut going = judged("s-b-0", 0, vec![unschedulable.clone()]);
+        going.terminating = true;
+        let stale = [judged("s-a-0", 1, vec![scheduled(30)]), judged("s-b-0", 0, vec![unschedulable.clone()]), going];
+        assert_eq!(shown(&composite_conditions(&[], &stale, 1))[0].1, "True");
+        // The group's own verdict wins when kube-scheduler wrote one.
+        let own = [cond(condition::COMPOSITE_SCHEDULED, "False", "Invalid", "cycle", 1)];
+        assert_eq!(
+            shown(&composite_conditions(&own, &both, 0)),
+            [row(condition::COMPOSITE_SCHEDULED, "False", "Invalid", "cycle")]
+        );
+        // A disrupted child makes the set a disruption target; other condition types stay out.
+        let disrupted = cond(condition::DISRUPTION_TARGET, "True", "PreemptionByScheduler", "preempted", 40);
+        let kids = [judged("s-a-0", 0, vec![scheduled(10), disrupted]), judged("s-b-0", 0, vec![scheduled(10)])];
+        let out = shown(&composite_conditions(&[cond("Other", "True", "X", "", 1)], &kids, 0));
+        assert_eq!(
+            out,
+            [
+                row(condition::COMPOSITE_SCHEDULED, "True", "Scheduled", "every child PodGroup is scheduled (2)"),
+                row(condition::DISRUPTION_TARGET, "True", "PreemptionByScheduler", "child PodGroup s-a-0: preempted"),
+            ]
+        );
     }
 
     #[test]
@@ -467,10 +614,10 @@ mod tests {
         let mut s = set(true, &[("driver", 1), ("workers", 2)]);
         s.spec.replicated_jobs[0].template.spec.completions = Some(1);
         s.spec.replicated_jobs[0].template.spec.completion_mode = CompletionMode::Indexed;
-        let mode = |r: usize| child_job(&s, r, 0, 0).expect("child").spec.completion_mode;
+        let mode = |r: usize| child_job(&s, r, 0, 0, SchedulingApi::Muster).expect("child").spec.completion_mode;
         assert_eq!(mode(0), CompletionMode::Indexed);
         assert_eq!(mode(1), CompletionMode::NonIndexed);
-        let driver = child_job(&s, 0, 0, 0).expect("child");
+        let driver = child_job(&s, 0, 0, 0, SchedulingApi::Muster).expect("child");
         assert_eq!(driver.spec.completions, Some(1), "nothing else of the template changes");
         assert_eq!(driver.metadata.name.as_deref(), Some("s-driver-0"));
     }
