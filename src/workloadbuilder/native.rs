@@ -217,6 +217,33 @@ pub fn pod_group(g: &PodGroup) -> Result<native::PodGroup, NativeError> {
     Ok(native::PodGroup { metadata: metadata(&g.metadata), spec, status: None })
 }
 
+/// The gang `minCount` of every PodGroup template in a native Workload's tree, by template
+/// name (the one field of it that may change after creation).
+fn template_min_counts(w: &native::Workload) -> Vec<(&str, Option<i32>)> {
+    fn leaves<'a>(templates: Option<&'a Vec<native::PodGroupTemplate>>, out: &mut Vec<(&'a str, Option<i32>)>) {
+        for t in templates.into_iter().flatten() {
+            out.push((t.name.as_str(), t.scheduling_policy.gang.as_ref().map(|g| g.min_count)));
+        }
+    }
+    fn walk<'a>(templates: Option<&'a Vec<native::CompositePodGroupTemplate>>, out: &mut Vec<(&'a str, Option<i32>)>) {
+        for t in templates.into_iter().flatten() {
+            leaves(t.pod_group_templates.as_ref(), out);
+            walk(t.composite_pod_group_templates.as_ref(), out);
+        }
+    }
+    let mut out = Vec::new();
+    leaves(w.spec.pod_group_templates.as_ref(), &mut out);
+    walk(w.spec.composite_pod_group_templates.as_ref(), &mut out);
+    out
+}
+
+/// PURE: whether a native Workload must be applied again because a gang `minCount` of its
+/// templates changed (a MusterJob's `gang.minCount`, or a set's template resized), as the
+/// Job controller syncs it (`syncGangMinCount`); nothing else of it may change.
+pub fn workload_min_counts_changed(existing: &native::Workload, desired: &native::Workload) -> bool {
+    template_min_counts(existing) != template_min_counts(desired)
+}
+
 /// The native CompositePodGroup (`v1alpha3`, the one version serving it) of a compiled one
 /// (its spec only: the status is kube-scheduler's).
 pub fn composite_pod_group(g: &CompositePodGroup) -> Result<v1alpha3::CompositePodGroup, NativeError> {
@@ -450,7 +477,7 @@ mod tests {
         };
         let back = from_native_workload(&nw).expect("read back");
         let from_native = Builder::from_existing_workload(back, build_options("s", "ns", Some(child.clone())));
-        let from_compiled = Builder::from_existing_workload(compiled, build_options("s", "ns", Some(child)));
+        let from_compiled = Builder::from_existing_workload(compiled, build_options("s", "ns", Some(child.clone())));
         for template in ["driver", "workers"] {
             let a = from_native.new_pod_group("s-x-0", template).expect("from native");
             let b = from_compiled.new_pod_group("s-x-0", template).expect("from compiled");
@@ -458,6 +485,15 @@ mod tests {
         }
         let workers = from_native.new_pod_group("s-workers-0", "workers").expect("workers");
         assert_eq!(workers.spec.scheduling_policy.gang.as_ref().and_then(|g| g.min_count), Some(3));
+        // Applied again only when a template's gang minCount changed.
+        assert!(!workload_min_counts_changed(&nw, &nw.clone()));
+        let mut resized = spec.clone();
+        resized.replicated_jobs[1].template.spec.scheduling =
+            serde_json::from_value(json!({"schedulingPolicy": {"gang": {"minCount": 2}}})).expect("scheduling");
+        let again = Builder::new(jobset_item(&resized).expect("tree"), build_options("s", "ns", Some(child)));
+        let renamed = workload(again.build_workload().expect("workload")).expect("native");
+        assert!(workload_min_counts_changed(&nw, &renamed));
+        assert!(!workload_min_counts_changed(&renamed, &renamed.clone()));
     }
 
     #[test]

@@ -86,6 +86,28 @@ async fn an_upstream_musterjob_is_gang_scheduled_by_kube_scheduler_and_a_too_big
         assert!(indices.iter().all(|i| *i < 4), "{node}: {indices:?}");
     }
 
+    // The gang's minCount follows the job's (the one field of the native objects that may change).
+    cluster()
+        .kubectl(&[
+            "-n",
+            &ns.name,
+            "patch",
+            "mjob",
+            "fits",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"scheduling":{"schedulingPolicy":{"gang":{"minCount":2}}}}}"#,
+        ])
+        .expect("patch minCount");
+    wait_for("minCount 2 on the native Workload and PodGroup", LONG, || async {
+        let wl = native_wl.get("fits").await.ok()?;
+        let pg = native_pg.get("fits").await.ok()?;
+        (wl.data["spec"]["podGroupTemplates"][0]["schedulingPolicy"]["gang"]["minCount"] == json!(2)
+            && pg.data["spec"]["schedulingPolicy"]["gang"]["minCount"] == json!(2))
+        .then_some(())
+    })
+    .await;
+
     // A gang that can never fit (3 pods of 4 GPUs on 8 GPUs): kube-scheduler's reason on the job.
     apply(&ns.name, &upstream(gpu_job("too-big", 3, 4, &nodes, gang(3), json!({}))));
     let (_, reason, message) = wait_for("PodGroupInitiallyScheduled=False on too-big", LONG, || async {
@@ -236,6 +258,26 @@ async fn an_upstream_musterjobset_is_admitted_by_kube_scheduler_only_whole() {
     assert!(children.iter().all(|g| g == "fits-driver-0" || g == "fits-workers-0"), "{children:?}");
     let wide = cluster().kubectl(&["-n", &ns.name, "get", "musterjobset", "fits", "-o", "wide"]).expect("kubectl");
     assert!(wide.lines().next().is_some_and(|h| h.contains("SCHEDULING")) && wide.contains("Scheduled"), "{wide}");
+    // A replicatedJob's gang minCount reaches the set's native Workload and the child's PodGroup.
+    cluster()
+        .kubectl(&["-n", &ns.name, "patch", "musterjobset", "fits", "--type=json", "-p",
+            r#"[{"op":"replace","path":"/spec/replicatedJobs/1/template/spec/scheduling/schedulingPolicy/gang/minCount","value":1}]"#])
+        .expect("patch the workers' minCount");
+    let native_wl: Api<DynamicObject> =
+        Api::namespaced_with(c.clone(), &ns.name, &api_of("scheduling.k8s.io", "v1beta1", "Workload"));
+    wait_for("minCount 1 on the set's Workload and the workers' PodGroup", LONG, || async {
+        let wl = native_wl.get("fits").await.ok()?;
+        let pg = native_pg.get("fits-workers-0").await.ok()?;
+        let workers = wl.data["spec"]["compositePodGroupTemplates"][0]["podGroupTemplates"]
+            .as_array()?
+            .iter()
+            .find(|t| t["name"] == json!("workers"))?
+            .clone();
+        (workers["schedulingPolicy"]["gang"]["minCount"] == json!(1)
+            && pg.data["spec"]["schedulingPolicy"]["gang"]["minCount"] == json!(1))
+        .then_some(())
+    })
+    .await;
     // The set's recorded API is frozen like a job's.
     let refused = cluster()
         .kubectl(&[

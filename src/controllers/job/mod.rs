@@ -486,16 +486,40 @@ async fn ensure_native_groups(
     } else {
         let item = job_item(&job.spec, JOB_TEMPLATE_NAME, &FieldPath::new("spec"));
         let builder = Builder::new(item, build_options(&name, &ns, Some(owner.clone())));
+        let desired = native::workload(builder.build_workload()?)?;
         let workload = match cached(workloads, &wl_api, &ns, &name).await? {
             Some(w) if controller_uid(&w.metadata) != Some(uid.as_str()) => return Ok(Err(not_ours("Workload"))),
+            // The gang's minCount follows the job's, as the Job controller syncs it.
+            Some(w) if native::workload_min_counts_changed(&w, &desired) => {
+                wl_api.patch(&name, &params, &Patch::Apply(&desired)).await?
+            }
             Some(w) => w,
-            None => wl_api.patch(&name, &params, &Patch::Apply(&native::workload(builder.build_workload()?)?)).await?,
+            None => wl_api.patch(&name, &params, &Patch::Apply(&desired)).await?,
         };
         Source::Standalone(Box::new((builder, workload)))
     };
     let group = match cached(groups, &pg_api, &ns, &name).await? {
         Some(g) if controller_uid(&g.metadata) != Some(uid.as_str()) => return Ok(Err(not_ours("PodGroup"))),
-        Some(g) => g,
+        Some(g) => {
+            // The one field of a PodGroup that may change: the gang's minCount, as the job's
+            // (a child's: as its set resized it) resolves it now.
+            let template = match &source {
+                Source::Standalone(_) => JOB_TEMPLATE_NAME.to_string(),
+                Source::Child { template, .. } => template.clone(),
+            };
+            let item = job_item(&job.spec, &template, &FieldPath::new("spec"));
+            let own =
+                Builder::new(item, build_options(&name, &ns, Some(owner.clone()))).new_pod_group(&name, &template)?;
+            let want = own.spec.scheduling_policy.gang.as_ref().and_then(|g| g.min_count);
+            let have = g.spec.scheduling_policy.gang.as_ref().map(|g| g.min_count);
+            match (want, have) {
+                (Some(want), Some(have)) if want != have => {
+                    let patch = json!({"spec": {"schedulingPolicy": {"gang": {"minCount": want}}}});
+                    pg_api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?
+                }
+                _ => g,
+            }
+        }
         None => {
             let compiled = match source {
                 Source::Standalone(standalone) => {

@@ -260,8 +260,10 @@ async fn ensure_native_roots(
     if let Some(conflict) = name_conflict(&name, &owner.uid, " (scheduling.k8s.io)", &metas) {
         return Ok(Err(conflict));
     }
-    if workload.is_none() {
-        let desired = native::workload(builder.build_workload()?)?;
+    // Made once; applied again only when a template's gang minCount changed (a replicatedJob
+    // resized), the one field of it that may change.
+    let desired = native::workload(builder.build_workload()?)?;
+    if workload.is_none_or(|w| native::workload_min_counts_changed(&w, &desired)) {
         wls.patch(&name, &params, &Patch::Apply(&desired)).await?;
     }
     let cpg = match cpg {
