@@ -294,6 +294,12 @@ fn service_account_is_refused_outside_its_rules() {
         &["update", "resourceclaims.resource.k8s.io", "--subresource=status", "-n", "default"],
         &["patch", "resourceclaims.resource.k8s.io", "--subresource=status", "-n", "default"],
         &["update", "podgroups.scheduling.muster.dev", "--subresource=finalizers", "-n", "default"],
+        // The scheduling API a job or set compiles to is recorded on it (annotation).
+        &["patch", "musterjobsets.batch.muster.dev", "-n", "default"],
+        // Upstream mode: the native objects, applied and watched.
+        &["patch", "workloads.scheduling.k8s.io", "-n", "default"],
+        &["patch", "compositepodgroups.scheduling.k8s.io", "-n", "default"],
+        &["watch", "compositepodgroups.scheduling.k8s.io", "-A"],
     ];
     for args in allowed {
         assert!(can_i(&ns, args), "the chart's ServiceAccount should be allowed: {args:?}");
@@ -333,6 +339,9 @@ fn service_account_is_refused_outside_its_rules() {
         &["patch", "mutatingadmissionpolicies"],
         &["update", "pods", "-n", "default"],
         &["delete", "podgroups.scheduling.muster.dev", "-n", "default"],
+        &["delete", "musterjobsets.batch.muster.dev", "-n", "default"],
+        &["delete", "compositepodgroups.scheduling.k8s.io", "-n", "default"],
+        &["patch", "compositepodgroups.scheduling.k8s.io", "--subresource=status", "-n", "default"],
         &["create", "resourceslices.resource.k8s.io"],
         &["patch", "resourceslices.resource.k8s.io"],
         &["delete", "resourceslices.resource.k8s.io"],
