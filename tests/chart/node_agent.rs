@@ -421,11 +421,19 @@ fn node_agent_runs_on_gpu_nodes_and_may_change_only_its_own_node() {
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(annotation(own, GPU_ASSIGNED_ANNOTATION), None);
 
-    // The admission policy: another Node; labels, other annotations, spec of its own.
+    // The admission policy: another Node; labels, other annotations, spec of its own. The API
+    // server starts enforcing a new policy binding a moment after the policy type-checks (its
+    // admission plugin syncs them from an informer), so the first refusal is waited for.
     let policy = format!("ValidatingAdmissionPolicy '{AGENT}'");
+    let first = eventually(
+        "the admission policy in force",
+        TIMEOUT,
+        || merge(other, json!({"metadata": {"annotations": {GPU_ASSIGNED_ANNOTATION: "{}"}}})).err(),
+        || format!("{AGENT} could still patch Node {other}"),
+    );
     refused(
         "another node",
-        merge(other, json!({"metadata": {"annotations": {GPU_ASSIGNED_ANNOTATION: "{}"}}})),
+        Err(first),
         &[&policy, &format!("may not change Node {other}"), &format!("bound to a pod on node {own}")],
     );
     refused(
