@@ -271,6 +271,9 @@ controllers+=,daemonset-controller,validatingadmissionpolicy-status-controller
 # went (claims with the resource.kubernetes.io/delete-protection finalizer) and deletes claims
 # generated for a pod that will not run. 1.37's name; `resource-claim-controller` is an alias.
 controllers+=,resourceclaim-controller
+# Gang preemption evicts through the Eviction API: PodDisruptionBudgets get their
+# disruptionsAllowed from the disruption controller (without it every budget refuses).
+controllers+=,disruption-controller
 controllers+=,podgroup-protection-controller
 if ! grep -q podgroup-protection-controller "$logs/kube-controller-manager.help"; then
   controllers=${controllers%,podgroup-protection-controller}

@@ -158,7 +158,9 @@ pub(super) fn init_tracing(level: &str, format: LogFormat) {
     }
 }
 
-async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<Client> {
+/// The client, and one that does not retry a 429 (evictions: a PodDisruptionBudget's refusal
+/// is an answer, not a transient failure; the default client would retry it for minutes).
+async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<(Client, Client)> {
     let config = match kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
@@ -166,7 +168,9 @@ async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<Client> {
         }
         None => kube::Config::infer().await?,
     };
-    Ok(Client::try_from(config)?)
+    let mut no_retry = config.clone();
+    no_retry.default_retry = false;
+    Ok((Client::try_from(config)?, Client::try_from(no_retry)?))
 }
 
 impl Args {
@@ -245,8 +249,9 @@ pub fn run(args: Args) -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
-        let client = client(args.kubeconfig.as_ref()).await.context("connecting to the cluster")?;
+        let (client, evictions) = client(args.kubeconfig.as_ref()).await.context("connecting to the cluster")?;
         let opts = ManagerOptions {
+            evictions: Some(controllers::NoRetryClient(evictions)),
             http_addr: args.metrics_bind_address,
             leader_elect: args.leader_elect,
             webhook: args.webhook()?,

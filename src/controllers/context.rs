@@ -83,6 +83,9 @@ impl Default for Config {
 pub struct Context {
     /// The API client.
     pub client: Client,
+    /// The client evictions go through: it does not retry a 429 (a PodDisruptionBudget's
+    /// refusal is an answer). The main client unless `muster run` made one.
+    pub evictions: Client,
     /// Events (repeats folded into a series by kube-rs's recorder).
     events: Events,
     /// Metrics.
@@ -140,6 +143,7 @@ impl Context {
         Self {
             events: Events::new(client.clone(), reporter),
             priorities: Priorities::default(),
+            evictions: client.clone(),
             client,
             metrics,
             config,

@@ -89,6 +89,10 @@ pub struct Metrics {
     pub unschedulable_attempts: Family<ReasonLabels, Counter>,
     /// Pins not bound within the bind timeout (the attempt rolled back, or the gang failed).
     pub bind_timeouts: Counter,
+    /// Preemptions started for a gang (its victims evicted).
+    pub preemptions: Counter,
+    /// Pods evicted as preemption victims.
+    pub preemption_victims: Counter,
     /// Gang attempts rolled back after a failed pin (every pod deleted, recreated gated).
     pub gang_rollbacks: Counter,
     /// Errors met on one object (a refused pod patch, a failed status write), by kind and reason.
@@ -168,6 +172,8 @@ impl Default for Metrics {
             placement_duration: histogram_seconds(),
             unschedulable_attempts: Family::default(),
             bind_timeouts: Counter::default(),
+            preemptions: Counter::default(),
+            preemption_victims: Counter::default(),
             gang_rollbacks: Counter::default(),
             object_errors: Family::default(),
             gpu_conflicts: Counter::default(),
@@ -213,6 +219,16 @@ impl Default for Metrics {
             "bind_timeouts",
             "Pins not bound within the bind timeout (the attempt rolled back, or a started gang failed)",
             m.bind_timeouts.clone(),
+        );
+        registry.register(
+            "preemptions",
+            "Preemptions started for a gang that did not fit (its victims, of lower priority, evicted)",
+            m.preemptions.clone(),
+        );
+        registry.register(
+            "preemption_victims",
+            "Pods evicted as preemption victims (whole groups of disruption mode all, else pod by pod)",
+            m.preemption_victims.clone(),
         );
         registry.register(
             "gang_rollbacks",

@@ -208,6 +208,18 @@ pub struct ManagerOptions {
     pub install_crds: bool,
     /// `--scheduling-api` (`None`: auto).
     pub scheduling_api: Option<crate::workloadbuilder::native::SchedulingApi>,
+    /// A client that does not retry a 429, for evictions (`None`: the main client).
+    pub evictions: Option<NoRetryClient>,
+}
+
+/// A client made with `default_retry` off (see [`ManagerOptions::evictions`]).
+#[derive(Clone)]
+pub struct NoRetryClient(pub Client);
+
+impl std::fmt::Debug for NoRetryClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NoRetryClient")
+    }
 }
 
 #[derive(Clone)]
@@ -320,7 +332,11 @@ pub async fn run(client: Client, mut config: Config, opts: ManagerOptions) -> an
         listener,
         HttpState { metrics: metrics.clone(), ready: ready.clone(), webhook_ready: webhook_ready.clone() },
     ));
-    let ctx = Arc::new(Context::new(client.clone(), metrics.clone(), config.clone()));
+    let mut ctx = Context::new(client.clone(), metrics.clone(), config.clone());
+    if let Some(NoRetryClient(evictions)) = opts.evictions.clone() {
+        ctx.evictions = evictions;
+    }
+    let ctx = Arc::new(ctx);
     let mut shutdown = Box::pin(shutdown_signal());
     // A graceful stop talks to the API server (lease release, in-flight reconciles); when it is
     // unreachable that could hang, so a stop request ends the process after a grace period.

@@ -32,6 +32,9 @@ pub enum FilterReason {
     /// kube-scheduler refused a pin of this gang to the node in an earlier attempt; it is
     /// avoided for a while.
     RefusedEarlier,
+    /// A root of higher priority that waits holds the node (its reservation, or the node its
+    /// preemption freed): roots of lower priority are placed elsewhere.
+    Reserved,
     /// A host port the pod needs is taken (NodePorts).
     HostPorts,
     /// A claim of the pod keeps it off every node (VolumeBinding), in kube-scheduler's words.
@@ -81,6 +84,7 @@ impl fmt::Display for FilterReason {
             FilterReason::TooManyPods => f.write_str("Too many pods"),
             FilterReason::GpuIndices => f.write_str("node(s) had no free GPU indices"),
             FilterReason::RefusedEarlier => f.write_str("node(s) refused this gang's pods in an earlier attempt (see condition BindFailed)"),
+            FilterReason::Reserved => f.write_str("node(s) reserved for a waiting gang of higher priority"),
             FilterReason::HostPorts => f.write_str("node(s) didn't have free ports for the requested pod ports"),
             FilterReason::Volume(why) => f.write_str(why),
             FilterReason::Claim(why) => f.write_str(why),
@@ -234,6 +238,7 @@ impl FilterReason {
             FilterReason::TooManyPods => "TooManyPods".into(),
             FilterReason::GpuIndices => "GpuIndices".into(),
             FilterReason::RefusedEarlier => "RefusedEarlier".into(),
+            FilterReason::Reserved => "Reserved".into(),
             FilterReason::HostPorts => "NodePorts".into(),
             FilterReason::Volume(_) | FilterReason::VolumeNodeAffinity => "VolumeBinding".into(),
             FilterReason::VolumeZone => "VolumeZone".into(),

@@ -22,6 +22,7 @@ mod gpu;
 mod interpod;
 mod judges;
 mod placement;
+mod preempt;
 mod quantity;
 mod quorum;
 mod resources;
@@ -56,6 +57,10 @@ pub use judges::pod_update_judges;
 pub use placement::{
     Admission, Decision, Feasibility, PlaceOptions, PlacedPod, Scoring, decide, place, placement_feasible,
 };
+pub use preempt::{
+    EXACT_UNITS, NoPreemption, Preemption, VictimGroup, VictimMode, VictimPod, VictimUnit, cost, preempt, reservation,
+    units,
+};
 pub use quantity::{QuantityError, parse_milli_value, parse_value};
 pub use quorum::{Quorum, QuorumShortfall, is_quorate, quorum};
 pub use resources::{CPU, EPHEMERAL_STORAGE, MEMORY, PODS, ResourceError, Resources, pod_requests};
@@ -64,7 +69,7 @@ pub use shape::{
     NodeSelectorTerm, Operator, PodShape, Requirement, ShapeError, Taint, TaintEffect, Toleration,
     UNSCHEDULABLE_TAINT_KEY,
 };
-pub use snapshot::{Labels, NodeInfo, NodePod, PodUsage, Snapshot, SnapshotError, Target, Unusable};
+pub use snapshot::{Labels, NodeInfo, NodePod, PodUsage, Snapshot, SnapshotError, Target, Unusable, VictimInfo};
 pub use tree::{
     CompositeGroup, CompositePolicy, Forest, Group, GroupPod, GroupTree, LeafGroup, LeafPolicy, PodState, Unresolved,
     UnresolvedReason, build_forest, sort_for_admission,

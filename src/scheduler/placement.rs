@@ -182,9 +182,14 @@ pub fn place(snapshot: &Snapshot, tree: &GroupTree, options: &PlaceOptions, gpus
     let facts = Facts::new(snapshot, tree);
     let mut engine = Engine::new(snapshot, options, gpus, &facts);
     engine.namespace = &tree.namespace;
+    for name in &tree.reserved_nodes {
+        if let Some(i) = snapshot.index_of(name) {
+            engine.avoided[i as usize] = Avoid::Reserved;
+        }
+    }
     for name in &tree.avoid_nodes {
         if let Some(i) = snapshot.index_of(name) {
-            engine.avoided[i as usize] = true;
+            engine.avoided[i as usize] = Avoid::Refused;
         }
     }
     let attempt = engine.place_group(&tree.root, &all, None);
@@ -197,6 +202,16 @@ pub fn place(snapshot: &Snapshot, tree: &GroupTree, options: &PlaceOptions, gpus
         explanation: attempt.explanation,
         shared_claims,
     }
+}
+
+/// Why a root does not use a node it could otherwise.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Avoid {
+    No,
+    /// kube-scheduler refused a pin of the root's pods there recently.
+    Refused,
+    /// A root of higher priority waits for it (its reservation or preemption nomination).
+    Reserved,
 }
 
 /// No overlay slot yet for this node.
@@ -243,6 +258,7 @@ enum ReasonKey<'a> {
     TooManyPods,
     GpuIndices,
     RefusedEarlier,
+    Reserved,
     HostPorts,
     Volume(&'a str),
     Claim(&'a str),
@@ -269,6 +285,7 @@ impl ReasonKey<'_> {
             ReasonKey::TooManyPods => FilterReason::TooManyPods,
             ReasonKey::GpuIndices => FilterReason::GpuIndices,
             ReasonKey::RefusedEarlier => FilterReason::RefusedEarlier,
+            ReasonKey::Reserved => FilterReason::Reserved,
             ReasonKey::HostPorts => FilterReason::HostPorts,
             ReasonKey::Volume(why) => FilterReason::Volume(why.into()),
             ReasonKey::Claim(why) => FilterReason::Claim(why.into()),
@@ -371,8 +388,8 @@ struct Engine<'a> {
     slot: Vec<u32>,
     deltas: Vec<Delta>,
     plan: Vec<Tentative<'a>>,
-    /// Per node: the root avoids it (kube-scheduler refused a pin there recently).
-    avoided: Vec<bool>,
+    /// Per node: whether the root avoids it, and why.
+    avoided: Vec<Avoid>,
     /// Where the next one-pod scan starts.
     rotation: std::cell::Cell<usize>,
 }
@@ -399,7 +416,7 @@ impl<'a> Engine<'a> {
             slot: vec![NO_SLOT; snapshot.nodes().len()],
             deltas: Vec::new(),
             plan: Vec::new(),
-            avoided: vec![false; snapshot.nodes().len()],
+            avoided: vec![Avoid::No; snapshot.nodes().len()],
             rotation: std::cell::Cell::new(0),
         }
     }
@@ -606,9 +623,16 @@ impl<'a> Engine<'a> {
                 scan.tally.add(ReasonKey::Unusable(u));
                 continue;
             }
-            if self.avoided[i as usize] {
-                scan.tally.add(ReasonKey::RefusedEarlier);
-                continue;
+            match self.avoided[i as usize] {
+                Avoid::No => {}
+                Avoid::Refused => {
+                    scan.tally.add(ReasonKey::RefusedEarlier);
+                    continue;
+                }
+                Avoid::Reserved => {
+                    scan.tally.add(ReasonKey::Reserved);
+                    continue;
+                }
             }
             if node.unschedulable && !tolerates_unschedulable {
                 scan.tally.add(ReasonKey::Unschedulable);

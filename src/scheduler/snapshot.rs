@@ -67,6 +67,12 @@ pub enum SnapshotError {
 /// A pod bound to a node or admitted onto it, as inter-pod rules see it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NodePod {
+    /// `namespace/name`.
+    pub key: Box<str>,
+    /// Its requests (none when they cannot be read: its node is then unusable).
+    pub requests: Resources,
+    /// What preemption weighs of it.
+    pub victim: VictimInfo,
     /// Index of its node in the snapshot.
     pub node: u32,
     /// Namespace.
@@ -270,6 +276,43 @@ pub struct PodUsage {
     pub host_ports: Vec<HostPort>,
     /// Being deleted.
     pub terminating: bool,
+    /// What preemption weighs of it.
+    pub victim: VictimInfo,
+}
+
+/// What preemption reads of a running pod: its priority, who manages it, the GPU indices it
+/// holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VictimInfo {
+    /// `spec.priority` (0 when unset).
+    pub priority: i32,
+    /// muster admits it (it carries the PodGroup label): it is weighed with its group.
+    pub managed: bool,
+    /// The native PodGroup it joined (`spec.schedulingGroup.podGroupName`), if any: its pods
+    /// go whole or not at all.
+    pub native_group: Option<Box<str>>,
+    /// Its `gpu.muster.dev/indices`.
+    pub gpus: GpuSet,
+}
+
+impl VictimInfo {
+    /// What preemption reads of `pod`.
+    pub fn of(pod: &Pod) -> Self {
+        let spec = pod.spec.as_ref();
+        let annotations = pod.metadata.annotations.as_ref();
+        Self {
+            priority: spec.and_then(|s| s.priority).unwrap_or(0),
+            managed: pod.metadata.labels.as_ref().is_some_and(|l| l.contains_key(POD_GROUP_LABEL)),
+            native_group: spec
+                .and_then(|s| s.scheduling_group.as_ref())
+                .and_then(|g| g.pod_group_name.as_deref())
+                .map(Into::into),
+            gpus: annotations
+                .and_then(|a| a.get(crate::crds::GPU_INDICES_ANNOTATION))
+                .and_then(|v| crate::devices::parse_indices(v).ok())
+                .unwrap_or_default(),
+        }
+    }
 }
 
 impl PodUsage {
@@ -305,6 +348,7 @@ impl PodUsage {
             anti_affinity,
             host_ports: spec.map(host_ports).unwrap_or_default(),
             terminating: crate::pods::is_terminating(pod),
+            victim: VictimInfo::of(pod),
         })
     }
 }
@@ -459,6 +503,12 @@ impl Snapshot {
             self.anti_pods.push(index);
         }
         self.pods.push(NodePod {
+            key: usage.key.clone(),
+            requests: match &usage.requests {
+                Some(Ok(r)) => r.clone(),
+                _ => Resources::default(),
+            },
+            victim: usage.victim.clone(),
             node: i,
             namespace: usage.namespace.clone(),
             labels: usage.labels.clone(),
@@ -468,6 +518,50 @@ impl Snapshot {
         });
         self.pods_by_node[i as usize].push(index);
         self.by_namespace.entry(usage.namespace.clone()).or_default().push(index);
+    }
+
+    /// Takes pods out (preemption weighs the snapshot without its victims): each given as
+    /// `(namespace/name, node, requests, GPU indices)`; its requests and GPUs are freed on its
+    /// node and the inter-pod rules no longer see it. A pod not in the snapshot frees nothing.
+    pub fn remove_pods<'a>(&mut self, pods: impl IntoIterator<Item = (&'a str, &'a str, &'a Resources, GpuSet)>) {
+        let mut gone: std::collections::HashSet<(u32, &str)> = std::collections::HashSet::new();
+        for (key, node, requests, gpus) in pods {
+            let Some(&i) = self.by_name.get(node) else { continue };
+            if !self.pods_by_node[i as usize].iter().any(|&p| &*self.pods[p as usize].key == key) {
+                continue;
+            }
+            if !gone.insert((i, key)) {
+                continue;
+            }
+            let info = &mut self.nodes[i as usize];
+            info.requested.sub(requests);
+            info.gpu_used = info.gpu_used.difference(gpus);
+        }
+        if gone.is_empty() {
+            return;
+        }
+        let kept: Vec<NodePod> =
+            std::mem::take(&mut self.pods).into_iter().filter(|p| !gone.contains(&(p.node, &*p.key))).collect();
+        for list in &mut self.pods_by_node {
+            list.clear();
+        }
+        self.anti_pods.clear();
+        self.by_namespace.clear();
+        for (index, pod) in kept.iter().enumerate() {
+            let index = u32::try_from(index).unwrap_or(u32::MAX);
+            self.pods_by_node[pod.node as usize].push(index);
+            if !pod.anti_affinity.is_empty() {
+                self.anti_pods.push(index);
+            }
+            self.by_namespace.entry(pod.namespace.clone()).or_default().push(index);
+        }
+        self.pods = kept;
+    }
+
+    /// The pod `key` (`namespace/name`) on node `node`, as the snapshot counts it.
+    pub fn node_pod(&self, node: &str, key: &str) -> Option<&NodePod> {
+        let i = *self.by_name.get(node)?;
+        self.pods_by_node.get(i as usize)?.iter().map(|&p| &self.pods[p as usize]).find(|p| &*p.key == key)
     }
 
     /// The pods bound or admitted in one namespace.

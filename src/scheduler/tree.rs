@@ -130,6 +130,9 @@ pub struct GroupTree {
     /// Node names placement must not use for this root: kube-scheduler refused a pin of the
     /// root's pods there in a recent attempt (set by the shell from the root's rollbacks).
     pub avoid_nodes: BTreeSet<String>,
+    /// Node names placement must not use for this root because a root of higher priority
+    /// waits for them (its reservation, or its preemption's nomination; set by the shell).
+    pub reserved_nodes: BTreeSet<String>,
 }
 
 impl LeafPolicy {
@@ -337,6 +340,7 @@ impl GroupTree {
             priority: 0,
             created: None,
             avoid_nodes: BTreeSet::new(),
+            reserved_nodes: BTreeSet::new(),
         }
     }
 
@@ -491,6 +495,7 @@ pub fn build_forest<'g, P: std::borrow::Borrow<Pod>>(
                 priority: priority.unwrap_or(0),
                 created: created.as_ref().map(|t| t.0),
                 avoid_nodes: BTreeSet::new(),
+                reserved_nodes: BTreeSet::new(),
             }),
             None => unresolved.push(Unresolved {
                 namespace: key.0.clone(),

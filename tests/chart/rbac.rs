@@ -294,6 +294,9 @@ fn service_account_is_refused_outside_its_rules() {
         &["update", "resourceclaims.resource.k8s.io", "--subresource=status", "-n", "default"],
         &["patch", "resourceclaims.resource.k8s.io", "--subresource=status", "-n", "default"],
         &["update", "podgroups.scheduling.muster.dev", "--subresource=finalizers", "-n", "default"],
+        // Gang preemption: evictions, and the victims' DisruptionTarget condition.
+        &["create", "pods", "--subresource=eviction", "-n", "default"],
+        &["patch", "pods", "--subresource=status", "-n", "default"],
         // The scheduling API a job or set compiles to is recorded on it (annotation).
         &["patch", "musterjobsets.batch.muster.dev", "-n", "default"],
         // Upstream mode: the native objects, applied and watched.
@@ -321,8 +324,6 @@ fn service_account_is_refused_outside_its_rules() {
         &["impersonate", "users"],
         &["create", "serviceaccounts", "--subresource=token", "-n", &ns],
         &["create", "pods", "--subresource=exec", "-n", "default"],
-        &["create", "pods", "--subresource=eviction", "-n", "default"],
-        &["patch", "pods", "--subresource=status", "-n", "default"],
         &["get", "pods", "--subresource=log", "-n", "default"],
         &["list", "events.events.k8s.io", "-n", "default"],
         &["delete", "events", "-n", "default"],
@@ -340,6 +341,7 @@ fn service_account_is_refused_outside_its_rules() {
         &["update", "pods", "-n", "default"],
         &["delete", "podgroups.scheduling.muster.dev", "-n", "default"],
         &["delete", "musterjobsets.batch.muster.dev", "-n", "default"],
+        &["update", "pods", "--subresource=status", "-n", "default"],
         &["delete", "compositepodgroups.scheduling.k8s.io", "-n", "default"],
         &["patch", "compositepodgroups.scheduling.k8s.io", "--subresource=status", "-n", "default"],
         &["create", "resourceslices.resource.k8s.io"],

@@ -19,6 +19,7 @@ mod isolation;
 mod jobs;
 mod node_agent;
 mod placement_diff;
+mod preemption;
 mod rollback;
 mod upstream;
 mod webhook;

@@ -146,6 +146,14 @@ impl GroupRef<'_> {
         mode.kind().unwrap_or(DisruptionModeKind::Single)
     }
 
+    /// The root's `preemptionPolicy` (unset: `PreemptLowerPriority`, as upstream).
+    pub(super) fn preemption_policy(&self) -> Option<crate::crds::scheduling::PreemptionPolicy> {
+        match self {
+            GroupRef::Leaf(pg) => pg.spec.preemption_policy,
+            GroupRef::Composite(c) => c.spec.preemption_policy,
+        }
+    }
+
     /// What the root's status remembers of its rollbacks.
     pub(super) fn history(&self) -> RollbackHistory {
         match self {

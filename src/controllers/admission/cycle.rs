@@ -1,7 +1,7 @@
 //! One admission cycle: read the caches, build the snapshot, follow the recorded plans, then
 //! decide per root (quorum, placement) and commit or explain; last, write the statuses.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -11,6 +11,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::commit::{CommitJob, Committed, ROLLBACK_POLICY, object_labels, prepare_commit, reserve};
+use super::preemption::{self, Held};
 use super::status::Outcome;
 use super::watches::Settling;
 use super::{Admitter, CONTROLLER, GroupRef, InFlight, RootKey, World, error_backoff, group_pods, state};
@@ -141,7 +142,11 @@ impl Admitter {
             }
         }
         let roots = roots_by_key(&pgs, &cpgs);
-        for tree in &mut forest.trees {
+        let excluded_set: HashSet<String> = excluded.iter().cloned().collect();
+        // Nodes held back from roots of lower priority: (the holder's priority, its nodes).
+        let mut held: Vec<(i32, RootKey, BTreeSet<String>)> = Vec::new();
+        for ti in 0..forest.trees.len() {
+            let tree = &mut forest.trees[ti];
             let key = RootKey::of(&tree.namespace, &tree.root);
             if busy.contains(&key) {
                 continue;
@@ -164,7 +169,23 @@ impl Admitter {
             // them that keeps the gang unschedulable for a while.
             let history = root.map(|r| r.history()).unwrap_or_default();
             tree.avoid_nodes = history.avoided(wall);
+            // A root of higher priority waiting for its nodes keeps them from this one.
+            tree.reserved_nodes =
+                held.iter().filter(|(p, _, _)| *p > tree.priority).flat_map(|(_, _, n)| n.iter().cloned()).collect();
+            let tree = &forest.trees[ti];
             let memory = self.roots.entry(key.clone()).or_default();
+            // A preemption under way: the root waits for its victims to go, holding its nodes.
+            if let Some(n) = &memory.nomination {
+                if preemption::still_waiting(n, &snapshot, now) {
+                    held.extend(memory.reserved.clone().map(|r| (tree.priority, key.clone(), r)));
+                    pending += 1;
+                    soonest(now + Duration::from_millis(500));
+                    continue;
+                }
+                memory.nomination = None;
+                memory.next_attempt = None;
+            }
+            held.extend(memory.reserved.clone().map(|r| (tree.priority, key.clone(), r)));
             if let Some(retry) = history.retry_at(&ROLLBACK_POLICY).filter(|at| *at > wall) {
                 if !matches!(memory.outcome, Some(Outcome::Unschedulable(_))) {
                     memory.outcome = Some(Outcome::Unschedulable(format!(
@@ -190,9 +211,15 @@ impl Admitter {
                 pending += 1;
                 continue;
             }
-            let tree = &*tree;
             let started = Instant::now();
             let admission = scheduler::decide(&snapshot, tree, &options, &chooser);
+            if !matches!(&admission, Admission::Decided(d) if !d.admitted) {
+                // Admitted, or not quorate: it holds nothing back.
+                if self.roots.entry(key.clone()).or_default().reserved.take().is_some() {
+                    held.retain(|(_, k, _)| *k != key);
+                }
+            }
+            let memory = self.roots.entry(key.clone()).or_default();
             match admission {
                 Admission::Waiting(shortfall) => {
                     memory.quorate_since = None;
@@ -229,8 +256,44 @@ impl Admitter {
                         memory.outcome = Some(Outcome::Admitted(decision.message()));
                     } else {
                         pending += 1;
-                        let retry = self.unschedulable(&key, tree, &decision, capacity).await;
-                        soonest(retry);
+                        let policy = preemption::root_policy(root.and_then(|r| r.preemption_policy()), tree, &by_uid);
+                        // One root reserves at a time: the first in admission order (highest
+                        // priority, then longest waiting) that is not placed.
+                        held.retain(|(_, k, _)| *k != key);
+                        let head = !held.iter().any(|(p, _, _)| *p >= tree.priority);
+                        let step = self
+                            .preempt_or_reserve(
+                                &key,
+                                tree,
+                                &forest.trees,
+                                &roots,
+                                policy,
+                                head,
+                                &snapshot,
+                                &excluded_set,
+                                &options,
+                                &chooser,
+                            )
+                            .await;
+                        match step {
+                            Ok(Held::Preempting(nodes)) => {
+                                held.push((tree.priority, key.clone(), nodes));
+                                soonest(Instant::now() + Duration::from_millis(500));
+                            }
+                            Ok(Held::Waiting { reserved, note }) => {
+                                held.extend(reserved.map(|r| (tree.priority, key.clone(), r)));
+                                let message = match note {
+                                    Some(note) => format!("{}; {note}", decision.message()),
+                                    None => decision.message(),
+                                };
+                                let reason = decision
+                                    .explanation
+                                    .as_ref()
+                                    .map_or_else(|| "Unschedulable".into(), |e| e.metric_reason());
+                                soonest(self.not_admitted(&key, tree, message, &reason, capacity).await);
+                            }
+                            Err(e) => soonest(self.root_error(&key, "preempt", &e).await),
+                        }
                     }
                 }
             }
@@ -559,11 +622,6 @@ impl Admitter {
             self.ctx.metrics.set_gpu_node_problems(name, &[]);
         }
         self.gpu_problems = now;
-    }
-
-    async fn unschedulable(&mut self, key: &RootKey, tree: &GroupTree, decision: &Decision, capacity: u64) -> Instant {
-        let reason = decision.explanation.as_ref().map_or_else(|| "Unschedulable".into(), |e| e.metric_reason());
-        self.not_admitted(key, tree, decision.message(), &reason, capacity).await
     }
 
     /// A root that does not fit (or cannot be committed): outcome, metric, an event once per

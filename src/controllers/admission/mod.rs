@@ -11,6 +11,7 @@
 mod claims;
 mod commit;
 mod cycle;
+mod preemption;
 pub mod status;
 pub mod trim;
 mod watches;
@@ -124,6 +125,11 @@ struct RootMemory {
     error: Option<String>,
     /// A pod patch of the plan (by id) the API server refused: the attempt is rolled back.
     refused: Option<(String, PatchRefused)>,
+    /// A preemption for this root under way: its victims terminate.
+    nomination: Option<preemption::Nomination>,
+    /// Nodes this root holds back from roots of lower priority while it waits (its
+    /// nomination, or its reservation).
+    reserved: Option<std::collections::BTreeSet<String>>,
 }
 
 /// The wait after `errors` errors in a row on one object: 1 s doubled per error, at most 60 s.
@@ -177,6 +183,8 @@ struct Admitter {
     /// Bumped on changes that can free capacity (node added/changed, pod finished/deleted).
     capacity: Arc<AtomicU64>,
     roots: HashMap<RootKey, RootMemory>,
+    /// Victim groups a PodDisruptionBudget protected, left out of preemption until then.
+    protected: HashMap<String, Instant>,
     /// What commits write with (the commits of a cycle go out concurrently).
     writer: Writer,
     devices: DeviceReconciler,
@@ -338,6 +346,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         caches,
         capacity,
         roots: HashMap::new(),
+        protected: HashMap::new(),
         writer,
         devices,
         metrics_source,

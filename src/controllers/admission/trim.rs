@@ -87,6 +87,8 @@ pub fn pod(p: &mut Pod) {
             node_name: spec.node_name,
             scheduling_gates: spec.scheduling_gates,
             priority: spec.priority,
+            // Whether the pod's gang may preempt (its PriorityClass's, resolved by the API server).
+            preemption_policy: spec.preemption_policy,
             resources: spec.resources,
             ..Default::default()
         });

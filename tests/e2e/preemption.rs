@@ -1,0 +1,233 @@
+//! Gang preemption and the reservation that keeps a waiting gang from starving, against the
+//! real control plane: a priority-1000 gang preempts two lower-priority gangs wholly (their
+//! disruption mode is `all`) and is admitted; one whose `preemptionPolicy` is `Never` never
+//! preempts, reserves the node instead, and is admitted once the lower-priority pods already
+//! running finish, while newer lower-priority jobs wait behind it.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams};
+use muster::crds::PodGroup;
+use serde_json::{Value, json};
+
+use crate::gangs::{LONG, TestNodes, all_bound, apply, events_of, gpu_job, job_pods, node_of};
+use crate::harness::manager::muster;
+use crate::harness::{client, cluster, namespace, wait_for};
+
+/// Creates PriorityClass `name` unless it exists (tests may race to make it).
+fn priority_class(name: &str, value: i32, never: bool) {
+    let mut args = vec!["create".to_string(), "priorityclass".into(), name.into(), format!("--value={value}")];
+    if never {
+        args.push("--preemption-policy=Never".into());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    match cluster().kubectl(&args) {
+        Ok(_) => {}
+        Err(e) if e.contains("AlreadyExists") || e.contains("already exists") => {}
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// `job` with its pods in PriorityClass `class`.
+fn with_class(mut job: Value, class: &str) -> Value {
+    job["spec"]["template"]["spec"]["priorityClassName"] = json!(class);
+    job
+}
+
+fn gang_all(min_count: u32) -> Value {
+    json!({"schedulingPolicy": {"gang": {"minCount": min_count}}, "disruptionMode": {"all": {}}})
+}
+
+async fn group_message(groups: &Api<PodGroup>, name: &str) -> String {
+    groups.get(name).await.ok().and_then(|g| g.status).and_then(|s| s.message).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_high_priority_gang_preempts_lower_gangs_wholly_and_a_never_one_waits() {
+    let muster = muster().await;
+    let ns = namespace("preempt");
+    priority_class("e2e-preempt-high", 1000, false);
+    priority_class("e2e-preempt-never", 1000, true);
+    // One node of 8 GPUs, held by two gangs of 2 x 2 GPUs at priority 0, disruption mode all.
+    let nodes = TestNodes::add(&ns.name, 1, 8, 1).await;
+    let c = client().await;
+    let pods: Api<Pod> = Api::namespaced(c.clone(), &ns.name);
+    let groups: Api<PodGroup> = Api::namespaced(c.clone(), &ns.name);
+    for low in ["low-a", "low-b"] {
+        apply(&ns.name, &gpu_job(low, 2, 2, &nodes, gang_all(2), json!({})));
+    }
+    let before: Vec<String> = [all_bound(&pods, "low-a", 2).await, all_bound(&pods, "low-b", 2).await]
+        .concat()
+        .iter()
+        .map(|p| p.metadata.uid.clone().unwrap_or_default())
+        .collect();
+
+    // preemptionPolicy Never (from its PriorityClass): it waits, says why, reserves the node.
+    apply(&ns.name, &with_class(gpu_job("never", 1, 8, &nodes, gang_all(1), json!({})), "e2e-preempt-never"));
+    let message = wait_for("the Never gang's reason", LONG, || async {
+        let m = group_message(&groups, "never").await;
+        m.contains("preemptionPolicy is Never").then_some(m)
+    })
+    .await;
+    assert!(message.contains("reserved for it"), "{message}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let still: Vec<Pod> = [job_pods(&pods, "low-a").await, job_pods(&pods, "low-b").await].concat();
+    assert_eq!(still.len(), 4, "a Never gang preempts nothing");
+    assert!(still.iter().all(|p| before.contains(p.metadata.uid.as_ref().expect("uid"))), "the same pods run");
+    let jobs: Api<muster::crds::MusterJob> = Api::namespaced(c.clone(), &ns.name);
+    jobs.delete("never", &DeleteParams::foreground()).await.expect("delete never");
+    wait_for("the Never gang gone", LONG, || async { groups.get_opt("never").await.ok()?.is_none().then_some(()) })
+        .await;
+
+    // Priority 1000 that may preempt: both lower gangs go whole, and it is admitted.
+    apply(&ns.name, &with_class(gpu_job("high", 1, 8, &nodes, gang_all(1), json!({})), "e2e-preempt-high"));
+    let bound = all_bound(&pods, "high", 1).await;
+    assert_eq!(node_of(&bound[0]), Some(nodes.names[0].as_str()));
+    for low in ["low-a", "low-b"] {
+        let events = events_of(&ns.name, low).await;
+        assert!(
+            events.iter().any(|(t, r, m)| t == "Warning" && r == "Preempted" && m.contains("high")),
+            "{low}: {events:?}"
+        );
+        // Its pods were all evicted (none of the old ones is left bound); the job makes new
+        // ones, which wait: the node is the high gang's.
+        let now = job_pods(&pods, low).await;
+        assert!(
+            now.iter().all(|p| !before.contains(p.metadata.uid.as_ref().expect("uid")) && node_of(p).is_none()),
+            "{low}: {:?}",
+            now.iter().map(|p| (&p.metadata.name, node_of(p))).collect::<Vec<_>>()
+        );
+    }
+    let events = events_of(&ns.name, "high").await;
+    assert!(events.iter().any(|(_, r, m)| r == "Preempting" && m.contains("4 pod(s)")), "{events:?}");
+    let metrics = muster.metrics().await;
+    assert!(crate::harness::metric(&metrics, "muster_preemptions_total", &[]) >= 1.0);
+    assert!(crate::harness::metric(&metrics, "muster_preemption_victims_total", &[]) >= 4.0);
+}
+
+#[tokio::test]
+async fn a_waiting_gang_that_may_not_preempt_is_admitted_before_newer_small_jobs() {
+    let _muster = muster().await;
+    let ns = namespace("starve");
+    priority_class("e2e-preempt-never", 1000, true);
+    let nodes = TestNodes::add(&ns.name, 1, 8, 1).await;
+    let c = client().await;
+    let pods: Api<Pod> = Api::namespaced(c.clone(), &ns.name);
+    let small = |name: &str, seconds: u32| {
+        gpu_job(name, 1, 1, &nodes, json!({}), json!({"sim.muster.dev/succeed-after": format!("{seconds}s")}))
+    };
+    // The node full of 1-GPU jobs that finish after 6 s.
+    for i in 0..8 {
+        apply(&ns.name, &small(&format!("small-{i}"), 6));
+    }
+    for i in 0..8 {
+        all_bound(&pods, &format!("small-{i}"), 1).await;
+    }
+    // The 8-GPU gang at priority 1000 that may not preempt, then a stream of newer 1-GPU jobs.
+    let started = Instant::now();
+    apply(&ns.name, &with_class(gpu_job("big", 1, 8, &nodes, gang_all(1), json!({})), "e2e-preempt-never"));
+    // Once it waits with the node reserved, newer jobs arrive one after another.
+    let groups: Api<PodGroup> = Api::namespaced(c.clone(), &ns.name);
+    let message = wait_for("the big gang waiting with the node reserved", LONG, || async {
+        let m = group_message(&groups, "big").await;
+        m.contains("reserved for it").then_some(m)
+    })
+    .await;
+    assert!(message.contains("preemptionPolicy is Never"), "{message}");
+    let mut newer = Vec::new();
+    let big = loop {
+        if let Some(p) = job_pods(&pods, "big").await.into_iter().find(|p| node_of(p).is_some()) {
+            break p;
+        }
+        assert!(started.elapsed() < LONG, "the big gang was not admitted in {LONG:?}");
+        if newer.len() < 12 {
+            let name = format!("newer-{}", newer.len());
+            apply(&ns.name, &small(&name, 60));
+            newer.push(name);
+        }
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    };
+    let waited = started.elapsed();
+    eprintln!("the big gang was admitted after {waited:?}; {} newer 1-GPU jobs were created meanwhile", newer.len());
+    assert!(newer.len() >= 3, "the stream ran while the gang waited");
+    assert_eq!(node_of(&big), Some(nodes.names[0].as_str()));
+    // None of the newer jobs took a GPU before it: backfill never delayed it.
+    for name in &newer {
+        let live = job_pods(&pods, name).await;
+        assert!(live.iter().all(|p| node_of(p).is_none()), "{name} started on the reserved node");
+    }
+}
+
+#[tokio::test]
+async fn a_victim_a_disruption_budget_protects_is_passed_over_for_another_or_the_gang_waits_and_says_why() {
+    let _muster = muster().await;
+    let ns = namespace("preempt-pdb");
+    priority_class("e2e-preempt-high", 1000, false);
+    let nodes = TestNodes::add(&ns.name, 1, 8, 1).await;
+    let c = client().await;
+    let pods: Api<Pod> = Api::namespaced(c.clone(), &ns.name);
+    let groups: Api<PodGroup> = Api::namespaced(c.clone(), &ns.name);
+    for low in ["low-a", "low-b"] {
+        apply(&ns.name, &gpu_job(low, 2, 2, &nodes, gang_all(2), json!({})));
+    }
+    let protected: Vec<String> =
+        all_bound(&pods, "low-a", 2).await.iter().filter_map(|p| p.metadata.uid.clone()).collect();
+    all_bound(&pods, "low-b", 2).await;
+    // low-a may lose none of its pods.
+    apply(
+        &ns.name,
+        &json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "keep-low-a"},
+            "spec": {"minAvailable": 2, "selector": {"matchLabels": {muster::crds::JOB_NAME_LABEL: "low-a"}}}}),
+    );
+    // 4 GPUs at priority 1000: low-a or low-b would do; the budget leaves low-b.
+    apply(&ns.name, &with_class(gpu_job("half", 1, 4, &nodes, gang_all(1), json!({})), "e2e-preempt-high"));
+    all_bound(&pods, "half", 1).await;
+    let kept = job_pods(&pods, "low-a").await;
+    assert_eq!(
+        kept.iter().filter(|p| protected.contains(p.metadata.uid.as_ref().expect("uid"))).count(),
+        2,
+        "low-a kept"
+    );
+    assert!(events_of(&ns.name, "low-b").await.iter().any(|(_, r, m)| r == "Preempted" && m.contains("half")));
+    // 8 GPUs: only with low-a gone too, which its budget refuses: it waits and says why.
+    apply(&ns.name, &with_class(gpu_job("whole", 1, 8, &nodes, gang_all(1), json!({})), "e2e-preempt-high"));
+    let message = wait_for("the budget named in the waiting gang's reason", LONG, || async {
+        let m = group_message(&groups, "whole").await;
+        m.contains("PodDisruptionBudget").then_some(m)
+    })
+    .await;
+    assert!(message.contains("low-a"), "{message}");
+    let kept = job_pods(&pods, "low-a").await;
+    assert_eq!(
+        kept.iter().filter(|p| protected.contains(p.metadata.uid.as_ref().expect("uid"))).count(),
+        2,
+        "low-a kept"
+    );
+}
+
+#[tokio::test]
+async fn a_pod_muster_does_not_manage_is_preempted_by_the_same_rules() {
+    let _muster = muster().await;
+    let ns = namespace("preempt-plain");
+    priority_class("e2e-preempt-high", 1000, false);
+    let nodes = TestNodes::add(&ns.name, 1, 8, 1).await;
+    let c = client().await;
+    let pods: Api<Pod> = Api::namespaced(c.clone(), &ns.name);
+    // A plain pod (no PodGroup: kube-scheduler places it) holding every GPU, priority 0.
+    let mut spec = json!({"containers": [{"name": "main", "image": "registry.invalid/none",
+        "resources": {"limits": {"nvidia.com/gpu": "8"}}}]});
+    crate::gangs::merge(&mut spec, nodes.placement());
+    apply(&ns.name, &json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain"}, "spec": spec}));
+    let plain = wait_for("the plain pod bound", LONG, || async {
+        pods.get("plain").await.ok().filter(|p| node_of(p).is_some())
+    })
+    .await;
+    let plain_uid = plain.metadata.uid.clone().expect("uid");
+    apply(&ns.name, &with_class(gpu_job("high", 1, 8, &nodes, gang_all(1), json!({})), "e2e-preempt-high"));
+    all_bound(&pods, "high", 1).await;
+    let gone = pods.get_opt("plain").await.expect("get");
+    assert!(gone.is_none_or(|p| p.metadata.uid.as_deref() != Some(&plain_uid)), "the plain pod was preempted");
+    let events = events_of(&ns.name, "high").await;
+    assert!(events.iter().any(|(_, r, m)| r == "Preempting" && m.contains("plain")), "{events:?}");
+}
