@@ -117,9 +117,9 @@ async fn a_waiting_gang_that_may_not_preempt_is_admitted_before_newer_small_jobs
     let small = |name: &str, seconds: u32| {
         gpu_job(name, 1, 1, &nodes, json!({}), json!({"sim.muster.dev/succeed-after": format!("{seconds}s")}))
     };
-    // The node full of 1-GPU jobs that finish after 6 s.
+    // The node full of 1-GPU jobs that finish after 15 s (time for the stream below).
     for i in 0..8 {
-        apply(&ns.name, &small(&format!("small-{i}"), 6));
+        apply(&ns.name, &small(&format!("small-{i}"), 15));
     }
     for i in 0..8 {
         all_bound(&pods, &format!("small-{i}"), 1).await;
@@ -190,13 +190,18 @@ async fn a_victim_a_disruption_budget_protects_is_passed_over_for_another_or_the
         "low-a kept"
     );
     assert!(events_of(&ns.name, "low-b").await.iter().any(|(_, r, m)| r == "Preempted" && m.contains("half")));
-    // 8 GPUs: only with low-a gone too, which its budget refuses: it waits and says why.
-    apply(&ns.name, &with_class(gpu_job("whole", 1, 8, &nodes, gang_all(1), json!({})), "e2e-preempt-high"));
-    let message = wait_for("the budget named in the waiting gang's reason", LONG, || async {
-        let m = group_message(&groups, "whole").await;
-        m.contains("PodDisruptionBudget").then_some(m)
-    })
-    .await;
+    // 4 GPUs more: only with low-a gone (half holds the rest, at the same priority), which its
+    // budget refuses: it waits and says why.
+    apply(&ns.name, &with_class(gpu_job("rest", 1, 4, &nodes, gang_all(1), json!({})), "e2e-preempt-high"));
+    let started = Instant::now();
+    let message = loop {
+        let m = group_message(&groups, "rest").await;
+        if m.contains("PodDisruptionBudget") {
+            break m;
+        }
+        assert!(started.elapsed() < LONG, "no budget named in the waiting gang's reason after {LONG:?}: {m:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
     assert!(message.contains("low-a"), "{message}");
     let kept = job_pods(&pods, "low-a").await;
     assert_eq!(

@@ -143,6 +143,14 @@ impl Admitter {
         }
         let roots = roots_by_key(&pgs, &cpgs);
         let excluded_set: HashSet<String> = excluded.iter().cloned().collect();
+        // Each PodGroup's disruption mode (preemption takes a gang of mode `all` whole).
+        let leaf_modes: HashMap<(&str, &str), DisruptionModeKind> = pgs
+            .iter()
+            .filter_map(|g| {
+                let (ns, name) = (g.metadata.namespace.as_deref()?, g.metadata.name.as_deref()?);
+                Some(((ns, name), g.spec.disruption_mode.kind().unwrap_or(DisruptionModeKind::Single)))
+            })
+            .collect();
         // Nodes held back from roots of lower priority: (the holder's priority, its nodes).
         let mut held: Vec<(i32, RootKey, BTreeSet<String>)> = Vec::new();
         for ti in 0..forest.trees.len() {
@@ -267,6 +275,7 @@ impl Admitter {
                                 tree,
                                 &forest.trees,
                                 &roots,
+                                &leaf_modes,
                                 policy,
                                 head,
                                 &snapshot,

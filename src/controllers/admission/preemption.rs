@@ -35,13 +35,21 @@ pub(super) struct Nomination {
     pub since: Instant,
 }
 
-/// The running pods of `tree` as victim groups: the whole root as one group of its disruption
-/// mode, its priority; each pod with its requests and GPU indices.
-pub(super) fn victim_group(tree: &GroupTree, mode: DisruptionModeKind, snapshot: &Snapshot) -> Option<VictimGroup> {
-    let mut pods = Vec::new();
+/// The running pods of `tree` as victim groups, each of the group's priority: the whole root as
+/// one group when its disruption mode is `all`; otherwise one group per PodGroup of it, of
+/// that PodGroup's own mode (`leaf_mode`), so a gang of mode `all` inside a `single` composite
+/// still goes whole or not at all. Each pod as the snapshot counts it (admission's store keeps
+/// a bound pod without its containers).
+pub(super) fn victim_groups(
+    tree: &GroupTree,
+    root_mode: DisruptionModeKind,
+    leaf_mode: impl Fn(&str) -> DisruptionModeKind,
+    snapshot: &Snapshot,
+) -> Vec<VictimGroup> {
     let mut leaves = Vec::new();
     collect_leaves(&tree.root, &mut leaves);
-    for leaf in leaves {
+    let running = |leaf: &crate::scheduler::LeafGroup| -> Vec<VictimPod> {
+        let mut pods = Vec::new();
         for p in &leaf.pods {
             let node = match &p.state {
                 PodState::Bound { node } => node.clone(),
@@ -51,18 +59,25 @@ pub(super) fn victim_group(tree: &GroupTree, mode: DisruptionModeKind, snapshot:
                 },
                 _ => continue,
             };
-            // As the snapshot counts it (admission's store keeps a bound pod without its
-            // containers).
             let key = format!("{}/{}", tree.namespace, p.name);
             let Some(counted) = snapshot.node_pod(&node, &key) else { continue };
             pods.push(VictimPod { key, node, requests: counted.requests.clone(), gpus: counted.victim.gpus });
         }
-    }
-    if pods.is_empty() {
-        return None;
-    }
-    let mode = if mode == DisruptionModeKind::All { VictimMode::All } else { VictimMode::Single };
-    Some(VictimGroup { name: format!("{}/{}", tree.namespace, tree.root.name()), priority: tree.priority, mode, pods })
+        pods
+    };
+    let mode = |m: DisruptionModeKind| if m == DisruptionModeKind::All { VictimMode::All } else { VictimMode::Single };
+    let group = |name: &str, mode, pods: Vec<VictimPod>| VictimGroup {
+        name: format!("{}/{name}", tree.namespace),
+        priority: tree.priority,
+        mode,
+        pods,
+    };
+    let out: Vec<VictimGroup> = if root_mode == DisruptionModeKind::All {
+        vec![group(tree.root.name(), VictimMode::All, leaves.iter().flat_map(|l| running(l)).collect())]
+    } else {
+        leaves.iter().map(|l| group(&l.name, mode(leaf_mode(&l.name)), running(l))).collect()
+    };
+    out.into_iter().filter(|g| !g.pods.is_empty()).collect()
 }
 
 fn collect_leaves<'a>(group: &'a Group, out: &mut Vec<&'a crate::scheduler::LeafGroup>) {
@@ -167,6 +182,7 @@ impl Admitter {
                 Ok(_) => {}
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(kube::Error::Api(e)) if e.code == 429 => {
+                    tracing::debug!(pod = %name, namespace = %ns, message = %e.message, "eviction dry run refused");
                     let group = groups[*g].name.clone();
                     self.protected.insert(group.clone(), Instant::now() + PROTECTED_FOR);
                     return Ok(Evicted::Protected(group, e.message));
@@ -266,6 +282,7 @@ impl Admitter {
         tree: &GroupTree,
         trees: &[GroupTree],
         roots: &HashMap<RootKey, super::GroupRef<'_>>,
+        leaf_modes: &HashMap<(&str, &str), DisruptionModeKind>,
         policy: Option<PreemptionPolicy>,
         head: bool,
         snapshot: &Snapshot,
@@ -282,9 +299,12 @@ impl Admitter {
         let mut lower: Vec<VictimGroup> = trees
             .iter()
             .filter(|t| t.priority < tree.priority)
-            .filter_map(|t| {
+            .flat_map(|t| {
                 let mode = roots.get(&RootKey::of(&t.namespace, &t.root)).map(|r| r.disruption());
-                victim_group(t, mode.unwrap_or(DisruptionModeKind::Single), snapshot)
+                let leaf_mode = |name: &str| {
+                    leaf_modes.get(&(t.namespace.as_str(), name)).copied().unwrap_or(DisruptionModeKind::Single)
+                };
+                victim_groups(t, mode.unwrap_or(DisruptionModeKind::Single), leaf_mode, snapshot)
             })
             .collect();
         lower.extend(unmanaged_victims(snapshot, tree.priority, excluded));
@@ -292,7 +312,15 @@ impl Admitter {
         if preempts {
             let protected = self.protected_now(Instant::now());
             let candidates: Vec<VictimGroup> = lower.iter().filter(|g| !protected.contains(&g.name)).cloned().collect();
-            match crate::scheduler::preempt(snapshot, tree, true, &candidates, options, gpus) {
+            let found = crate::scheduler::preempt(snapshot, tree, true, &candidates, options, gpus);
+            tracing::debug!(
+                group = %key,
+                candidates = candidates.len(),
+                protected = protected.len(),
+                victims = ?found.as_ref().map(|p| p.pods().map(|v| v.key.clone()).collect::<Vec<_>>()),
+                "preemption weighed"
+            );
+            match found {
                 Ok(p) => match self.evict_victims(key, tree.priority, &p, &candidates).await? {
                     Evicted::Done(nomination) => {
                         let nodes = p.nominated_nodes();
@@ -320,7 +348,12 @@ impl Admitter {
         } else {
             notes.push("no preemption: preemptionPolicy is Never".into());
         }
-        let reserved = if head { crate::scheduler::reservation(snapshot, tree, &lower, options, gpus) } else { None };
+        // With nothing of lower priority running, it would be placed as it is now: it is not.
+        let reserved = if head && !lower.is_empty() {
+            crate::scheduler::reservation(snapshot, tree, &lower, options, gpus)
+        } else {
+            None
+        };
         if let Some(nodes) = &reserved {
             notes.push(format!(
                 "node(s) {} reserved for it: roots of lower priority are placed elsewhere",
@@ -329,5 +362,102 @@ impl Admitter {
         }
         self.roots.entry(key.clone()).or_default().reserved = reserved.clone();
         Ok(Held::Waiting { reserved, note: Some(notes.join("; ")) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crds::{GPU_RESOURCE, HOSTNAME_LABEL};
+    use crate::scheduler::{
+        CompositeGroup, CompositePolicy, LeafGroup, LeafPolicy, NodeInfo, PodUsage, Resources, Target,
+    };
+
+    fn running(snapshot: &mut Snapshot, key: &str, gpus: i64) {
+        let usage = PodUsage {
+            key: key.into(),
+            target: Target::Node("n0".into()),
+            requests: Some(Ok(Resources::new().with(GPU_RESOURCE, gpus))),
+            namespace: "ns".into(),
+            labels: Default::default(),
+            anti_affinity: Ok(Vec::new()),
+            host_ports: Vec::new(),
+            terminating: false,
+            victim: Default::default(),
+        };
+        assert!(snapshot.add_usage(&usage));
+    }
+
+    #[test]
+    fn a_gang_of_mode_all_goes_whole_even_inside_a_single_composite() {
+        let mut snapshot = Snapshot::new(vec![
+            NodeInfo::new("n0", Resources::new().with(GPU_RESOURCE, 8)).with_label(HOSTNAME_LABEL, "n0"),
+        ]);
+        let mut composite = CompositeGroup::new("set", CompositePolicy::Basic);
+        for (leaf, pods) in [("set-gang", 2), ("set-loose", 2)] {
+            let mut g = LeafGroup::new(leaf, LeafPolicy::Gang { min_count: 2 });
+            for i in 0..pods {
+                let name = format!("{leaf}-{i}");
+                running(&mut snapshot, &format!("ns/{name}"), 1);
+                g.push(&name, &format!("uid-{name}"), PodState::Bound { node: "n0".into() });
+            }
+            composite.children.push(g.into());
+        }
+        // A pod never counted (gated) is not a victim.
+        if let Group::Leaf(l) = &mut composite.children[1] {
+            l.push("set-loose-gated", "uid-gated", PodState::Unmanaged);
+        }
+        let tree = GroupTree::new("ns", composite);
+        let leaf_mode =
+            |name: &str| if name == "set-gang" { DisruptionModeKind::All } else { DisruptionModeKind::Single };
+        let groups = victim_groups(&tree, DisruptionModeKind::Single, leaf_mode, &snapshot);
+        let shown: Vec<(String, VictimMode, usize)> =
+            groups.iter().map(|g| (g.name.clone(), g.mode, g.pods.len())).collect();
+        assert_eq!(
+            shown,
+            [("ns/set-gang".to_string(), VictimMode::All, 2), ("ns/set-loose".to_string(), VictimMode::Single, 2)]
+        );
+        // A root of mode all: the whole tree is one victim.
+        let whole = victim_groups(&tree, DisruptionModeKind::All, leaf_mode, &snapshot);
+        assert_eq!(whole.len(), 1);
+        assert_eq!((whole[0].name.as_str(), whole[0].mode, whole[0].pods.len()), ("ns/set", VictimMode::All, 4));
+        assert!(whole[0].pods.iter().all(|p| p.requests.get(GPU_RESOURCE) == 1 && p.node == "n0"));
+    }
+
+    #[test]
+    fn pods_muster_does_not_manage_go_alone_or_with_their_native_group() {
+        let mut snapshot = Snapshot::new(vec![
+            NodeInfo::new("n0", Resources::new().with(GPU_RESOURCE, 8)).with_label(HOSTNAME_LABEL, "n0"),
+        ]);
+        let mut add = |key: &str, priority: i32, managed: bool, group: Option<&str>, ns: &str| {
+            let usage = PodUsage {
+                key: key.into(),
+                target: Target::Node("n0".into()),
+                requests: Some(Ok(Resources::new().with(GPU_RESOURCE, 1))),
+                namespace: ns.into(),
+                labels: Default::default(),
+                anti_affinity: Ok(Vec::new()),
+                host_ports: Vec::new(),
+                terminating: false,
+                victim: crate::scheduler::VictimInfo {
+                    priority,
+                    managed,
+                    native_group: group.map(Into::into),
+                    ..Default::default()
+                },
+            };
+            assert!(snapshot.add_usage(&usage));
+        };
+        add("ns/plain", 0, false, None, "ns");
+        add("ns/w-0", 0, false, Some("w"), "ns");
+        add("ns/w-1", 0, false, Some("w"), "ns");
+        add("ns/mine", 0, true, None, "ns");
+        add("ns/important", 5, false, None, "ns");
+        add("kube-system/dns", 0, false, None, "kube-system");
+        let excluded = std::collections::HashSet::from(["kube-system".to_string()]);
+        let groups = unmanaged_victims(&snapshot, 5, &excluded);
+        let shown: Vec<(String, VictimMode, usize)> =
+            groups.iter().map(|g| (g.name.clone(), g.mode, g.pods.len())).collect();
+        assert_eq!(shown, [("ns/plain".to_string(), VictimMode::Single, 1), ("ns/w".to_string(), VictimMode::All, 2)]);
     }
 }
