@@ -35,6 +35,9 @@ fn with_class(mut job: Value, class: &str) -> Value {
     job
 }
 
+/// A finalizer that holds a victim pod after its eviction (removed by the test).
+const HOLD: &str = "e2e.muster.dev/hold";
+
 fn gang_all(min_count: u32) -> Value {
     json!({"schedulingPolicy": {"gang": {"minCount": min_count}}, "disruptionMode": {"all": {}}})
 }
@@ -54,8 +57,14 @@ async fn a_high_priority_gang_preempts_lower_gangs_wholly_and_a_never_one_waits(
     let c = client().await;
     let pods: Api<Pod> = Api::namespaced(c.clone(), &ns.name);
     let groups: Api<PodGroup> = Api::namespaced(c.clone(), &ns.name);
+    // low-a's pods carry a finalizer, so an evicted one stays (terminating) long enough to read
+    // the condition muster puts on it; the test removes it after.
     for low in ["low-a", "low-b"] {
-        apply(&ns.name, &gpu_job(low, 2, 2, &nodes, gang_all(2), json!({})));
+        let mut job = gpu_job(low, 2, 2, &nodes, gang_all(2), json!({}));
+        if low == "low-a" {
+            job["spec"]["template"]["metadata"]["finalizers"] = json!([HOLD]);
+        }
+        apply(&ns.name, &job);
     }
     let before: Vec<String> = [all_bound(&pods, "low-a", 2).await, all_bound(&pods, "low-b", 2).await]
         .concat()
@@ -82,6 +91,35 @@ async fn a_high_priority_gang_preempts_lower_gangs_wholly_and_a_never_one_waits(
 
     // Priority 1000 that may preempt: both lower gangs go whole, and it is admitted.
     apply(&ns.name, &with_class(gpu_job("high", 1, 8, &nodes, gang_all(1), json!({})), "e2e-preempt-high"));
+    // Each evicted pod of low-a says muster preempted it, and for whom.
+    // (Held by their finalizer, they still count on the node: the high gang waits for them.)
+    let held: Vec<Pod> = wait_for("low-a's two pods evicted, held by their finalizer", LONG, || async {
+        let all = pods.list(&kube::api::ListParams::default()).await.ok()?.items;
+        let held: Vec<Pod> = all
+            .into_iter()
+            .filter(|p| before.contains(p.metadata.uid.as_ref().expect("uid")) && p.metadata.finalizers.is_some())
+            .filter(|p| p.metadata.deletion_timestamp.is_some())
+            .collect();
+        (held.len() == 2).then_some(held)
+    })
+    .await;
+    for pod in &held {
+        let name = pod.metadata.name.clone().expect("name");
+        assert!(pod.metadata.deletion_timestamp.is_some(), "{name} is terminating");
+        let condition = wait_for(&format!("DisruptionTarget on {name}"), LONG, || async {
+            let p = pods.get(&name).await.ok()?;
+            let c = p.status?.conditions?.into_iter().find(|c| c.type_ == "DisruptionTarget")?;
+            (c.reason.as_deref() == Some("PreemptionByMuster")).then_some(c)
+        })
+        .await;
+        assert_eq!(condition.status, "True");
+        assert!(
+            condition.message.as_deref().is_some_and(|m| m.contains("high") && m.contains("1000")),
+            "{condition:?}"
+        );
+        let patch = json!({"metadata": {"finalizers": null}});
+        pods.patch(&name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await.expect("unhold");
+    }
     let bound = all_bound(&pods, "high", 1).await;
     assert_eq!(node_of(&bound[0]), Some(nodes.names[0].as_str()));
     for low in ["low-a", "low-b"] {
@@ -104,6 +142,14 @@ async fn a_high_priority_gang_preempts_lower_gangs_wholly_and_a_never_one_waits(
     let metrics = muster.metrics().await;
     assert!(crate::harness::metric(&metrics, "muster_preemptions_total", &[]) >= 1.0);
     assert!(crate::harness::metric(&metrics, "muster_preemption_victims_total", &[]) >= 4.0);
+    // low-a's new pods carry the finalizer too: let the namespace go.
+    jobs.delete("low-a", &DeleteParams::background()).await.expect("delete low-a");
+    let lp = kube::api::ListParams::default().labels(&format!("{}=low-a", muster::crds::JOB_NAME_LABEL));
+    for pod in pods.list(&lp).await.expect("list").items {
+        let patch = json!({"metadata": {"finalizers": null}});
+        let name = pod.metadata.name.expect("name");
+        let _ = pods.patch(&name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await;
+    }
 }
 
 #[tokio::test]
