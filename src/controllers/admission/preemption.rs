@@ -192,18 +192,23 @@ impl Admitter {
         }
         let preemptor = format!("{}/{}", key.ns, key.name);
         let mut names = BTreeSet::new();
-        for (ns, name, _, g) in &victims {
+        // What was evicted: the root waits for these pods only. A pod that could not be (a
+        // budget that changed since the dry run, an API error) stays; the next decision weighs
+        // the cluster as it is then.
+        let mut evicted: Vec<(String, String)> = Vec::new();
+        let mut first_error = None;
+        for (ns, name, victim, g) in &victims {
             let api = Api::<Pod>::namespaced(self.ctx.evictions.clone(), ns);
             match api.evict(name, &evict(false)).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(e)) if e.code == 404 => continue,
-                Err(kube::Error::Api(e)) if e.code == 429 => {
-                    // A budget that changed since the dry run: this pod stays; the rest go.
-                    tracing::warn!(pod = %name, namespace = %ns, message = %e.message, "eviction refused after its dry run");
+                Err(e) => {
+                    tracing::warn!(pod = %name, namespace = %ns, error = %e, "eviction failed after its dry run");
+                    first_error.get_or_insert(e);
                     continue;
                 }
-                Err(e) => return Err(e.into()),
             }
+            evicted.push((victim.key.clone(), victim.node.clone()));
             names.insert(groups[*g].name.clone());
             self.ctx.metrics.preemption_victims.inc();
             // The pod is terminating: say why (upstream's scheduler does the same before it
@@ -219,11 +224,16 @@ impl Admitter {
                 tracing::debug!(pod = %name, error = %e, "could not mark a victim DisruptionTarget");
             }
         }
+        if evicted.is_empty()
+            && let Some(e) = first_error
+        {
+            return Err(e.into());
+        }
         self.ctx.metrics.preemptions.inc();
         let nodes: Vec<String> = preemption.nominated_nodes().into_iter().collect();
         let message = format!(
             "preempting {} pod(s) of lower priority ({}) to make room on node(s) {}",
-            victims.len(),
+            evicted.len(),
             names.iter().cloned().collect::<Vec<_>>().join(", "),
             nodes.join(", ")
         );
@@ -236,8 +246,7 @@ impl Admitter {
                 self.root_event(&victim, true, "Preempted", &note).await;
             }
         }
-        let victims = victims.iter().map(|(_, _, p, _)| (p.key.clone(), p.node.clone())).collect();
-        Ok(Evicted::Done(Nomination { victims, since: Instant::now() }))
+        Ok(Evicted::Done(Nomination { victims: evicted, since: Instant::now() }))
     }
 
     /// The root key of a victim group by its root's name (a PodGroup, or a CompositePodGroup).
