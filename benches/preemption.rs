@@ -16,7 +16,7 @@ use muster::crds::{GPU_RESOURCE, HOSTNAME_LABEL};
 use muster::devices::GpuSet;
 use muster::scheduler::{
     CPU, GroupTree, LeafGroup, LeafPolicy, LowestFreeIndices, PODS, PlaceOptions, PodShape, PodUsage, Resources,
-    Snapshot, Target, VictimGroup, VictimMode, VictimPod, preempt, reservation,
+    Snapshot, VictimGroup, VictimMode, VictimPod, preempt, reservation,
 };
 
 const NODES: usize = 5_000;
@@ -44,17 +44,7 @@ fn cluster() -> (Snapshot, Vec<VictimGroup>) {
             let gpus = if p % 2 == 0 { GpuSet::first(4) } else { GpuSet::first(8).difference(GpuSet::first(4)) };
             let key = format!("batch/g{g}-{p}");
             let requests = Resources::new().with(CPU, 12_000).with(PODS, 1).with(GPU_RESOURCE, 4);
-            snapshot.add_usage(&PodUsage {
-                key: key.clone().into(),
-                target: Target::Node(node.clone()),
-                requests: Some(Ok(requests.clone())),
-                namespace: "batch".into(),
-                labels: Default::default(),
-                anti_affinity: Ok(Vec::new()),
-                host_ports: Vec::new(),
-                terminating: false,
-                victim: Default::default(),
-            });
+            snapshot.add_usage(&PodUsage::bound(&key, &node, requests.clone(), Default::default()));
             pods.push(VictimPod { key, node, requests, gpus });
         }
         let mode = if g % 2 == 0 { VictimMode::All } else { VictimMode::Single };

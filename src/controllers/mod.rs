@@ -369,6 +369,33 @@ pub async fn run(client: Client, mut config: Config, opts: ManagerOptions) -> an
     result
 }
 
+/// Records the scheduling API a MusterJob or MusterJobSet compiles to on it (annotation
+/// `batch.muster.dev/scheduling-api`, merge patch), with a Normal `SchedulingAPI` event saying
+/// why when it is not the one asked for.
+pub(crate) async fn record_scheduling_api<K>(
+    ctx: &context::Context,
+    obj: &K,
+    api: crate::workloadbuilder::native::SchedulingApi,
+    why: Option<String>,
+) -> context::Result<()>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    use kube::ResourceExt;
+    let patch =
+        serde_json::json!({"metadata": {"annotations": {crate::crds::SCHEDULING_API_ANNOTATION: api.as_str()}}});
+    kube::Api::<K>::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default())
+        .patch(&obj.name_any(), &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+        .await?;
+    if let Some(why) = why {
+        ctx.event(&obj.object_ref(&()), false, "SchedulingAPI", "Compile", why).await;
+    }
+    Ok(())
+}
+
 /// Whether the API server serves every one of `resources` in `group_version` (the native
 /// `scheduling.k8s.io/v1beta1` Workload and PodGroup: Kubernetes 1.37+, feature gate
 /// `GenericWorkload`; the `v1alpha3` CompositePodGroup: gate `CompositePodGroup`).

@@ -59,7 +59,7 @@ pub use placement::{
 };
 pub use preempt::{
     EXACT_UNITS, NoPreemption, Preemption, VictimGroup, VictimMode, VictimPod, VictimUnit, cost, preempt, reservation,
-    units,
+    units, unmanaged_victims, victim_groups,
 };
 pub use quantity::{QuantityError, parse_milli_value, parse_value};
 pub use quorum::{Quorum, QuorumShortfall, is_quorate, quorum};

@@ -20,8 +20,9 @@ use super::gpu::GpuChooser;
 use super::placement::{Decision, PlaceOptions, place};
 use super::resources::Resources;
 use super::snapshot::Snapshot;
-use super::tree::GroupTree;
+use super::tree::{GroupTree, LeafGroup, PodState};
 use crate::crds::GPU_RESOURCE;
+use crate::crds::blocks::DisruptionModeKind;
 use crate::devices::GpuSet;
 
 /// Candidate units weighed exactly (every subset: `2^EXACT_UNITS` placements at most); past
@@ -261,13 +262,92 @@ pub fn reservation(
     Some(decision.plan.iter().map(|p| p.node.clone()).collect())
 }
 
+/// The running pods of `tree` as victim groups, each of the group's priority: the whole root as
+/// one group when its disruption mode is `all`; otherwise one group per PodGroup of it, of
+/// that PodGroup's own mode (`leaf_mode`), so a gang of mode `all` inside a `single` composite
+/// still goes whole or not at all. Each pod as the snapshot counts it (admission's store keeps
+/// a bound pod without its containers).
+pub fn victim_groups(
+    tree: &GroupTree,
+    root_mode: DisruptionModeKind,
+    leaf_mode: impl Fn(&str) -> DisruptionModeKind,
+    snapshot: &Snapshot,
+) -> Vec<VictimGroup> {
+    let leaves = tree.root.leaves();
+    let running = |leaf: &LeafGroup| -> Vec<VictimPod> {
+        let mut pods = Vec::new();
+        for p in &leaf.pods {
+            let node = match &p.state {
+                PodState::Bound { node } => node.clone(),
+                PodState::Admitted { hostname } => match snapshot.node_by_hostname(hostname) {
+                    Some(n) => n.name.clone(),
+                    None => continue,
+                },
+                _ => continue,
+            };
+            let key = format!("{}/{}", tree.namespace, p.name);
+            let Some(counted) = snapshot.node_pod(&node, &key) else { continue };
+            pods.push(VictimPod { key, node, requests: counted.requests.clone(), gpus: counted.victim.gpus });
+        }
+        pods
+    };
+    let mode = |m: DisruptionModeKind| if m == DisruptionModeKind::All { VictimMode::All } else { VictimMode::Single };
+    let group = |name: &str, mode, pods: Vec<VictimPod>| VictimGroup {
+        name: format!("{}/{name}", tree.namespace),
+        priority: tree.priority,
+        mode,
+        pods,
+    };
+    let out: Vec<VictimGroup> = if root_mode == DisruptionModeKind::All {
+        vec![group(tree.root.name(), VictimMode::All, leaves.iter().flat_map(|l| running(l)).collect())]
+    } else {
+        leaves.iter().map(|l| group(&l.name, mode(leaf_mode(&l.name)), running(l))).collect()
+    };
+    out.into_iter().filter(|g| !g.pods.is_empty()).collect()
+}
+
+/// Pods muster does not manage, of priority below `below`, as victim groups: the pods of one
+/// native PodGroup together (their disruption mode is not muster's to know: they go whole or
+/// not at all), any other pod alone. Terminating pods and those in `excluded` namespaces are
+/// left out.
+pub fn unmanaged_victims(
+    snapshot: &Snapshot,
+    below: i32,
+    excluded: &std::collections::HashSet<String>,
+) -> Vec<VictimGroup> {
+    let mut groups: std::collections::BTreeMap<String, VictimGroup> = std::collections::BTreeMap::new();
+    for p in snapshot.node_pods() {
+        let v = &p.victim;
+        if v.managed || p.terminating || v.priority >= below || excluded.contains(&*p.namespace) {
+            continue;
+        }
+        let Some(node) = snapshot.nodes().get(p.node as usize) else { continue };
+        let pod =
+            VictimPod { key: p.key.to_string(), node: node.name.clone(), requests: p.requests.clone(), gpus: v.gpus };
+        let (name, mode) = match &v.native_group {
+            Some(g) => (format!("{}/{g}", p.namespace), VictimMode::All),
+            None => (p.key.to_string(), VictimMode::Single),
+        };
+        let group = groups.entry(name.clone()).or_insert_with(|| VictimGroup {
+            name,
+            priority: v.priority,
+            mode,
+            pods: Vec::new(),
+        });
+        group.priority = group.priority.max(v.priority);
+        group.pods.push(pod);
+    }
+    groups.into_values().collect()
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
 
     use super::*;
     use crate::scheduler::{
-        CPU, Group, LeafGroup, LeafPolicy, LowestFreeIndices, NodeInfo, PODS, PodShape, PodUsage, Target,
+        CPU, CompositeGroup, CompositePolicy, Group, LeafGroup, LeafPolicy, LowestFreeIndices, NodeInfo, PODS,
+        PodShape, PodUsage,
     };
 
     const RACK: &str = "topology.muster.dev/rack";
@@ -297,18 +377,12 @@ mod tests {
                 used[*node] = used[*node].union(mine);
                 let key = format!("ns/g{g}-{p}");
                 let requests = Resources::new().with(CPU, 100).with(PODS, 1).with(GPU_RESOURCE, *count);
-                let usage = PodUsage {
-                    key: key.clone().into(),
-                    target: Target::Node(format!("n{node}")),
-                    requests: Some(Ok(requests.clone())),
-                    namespace: "ns".into(),
-                    labels: Default::default(),
-                    anti_affinity: Ok(Vec::new()),
-                    host_ports: Vec::new(),
-                    terminating: false,
-                    victim: Default::default(),
-                };
-                assert!(snapshot.add_usage(&usage));
+                assert!(snapshot.add_usage(&PodUsage::bound(
+                    &key,
+                    &format!("n{node}"),
+                    requests.clone(),
+                    Default::default()
+                )));
                 victims.push(VictimPod { key, node: format!("n{node}"), requests, gpus: mine });
             }
             out.push(VictimGroup { name: format!("ns/g{g}"), priority: *priority, mode: *mode, pods: victims });
@@ -498,5 +572,70 @@ mod tests {
         let stranger = Resources::new().with(GPU_RESOURCE, 4);
         other.remove_pods([("ns/nobody", "n0", &stranger, GpuSet::first(4))]);
         assert_eq!(node(&other).requested.get(GPU_RESOURCE), 6);
+    }
+
+    #[test]
+    fn a_gang_of_mode_all_goes_whole_even_inside_a_single_composite() {
+        let mut snapshot = Snapshot::new(vec![
+            NodeInfo::new("n0", Resources::new().with(GPU_RESOURCE, 8)).with_label(crate::crds::HOSTNAME_LABEL, "n0"),
+        ]);
+        let mut composite = CompositeGroup::new("set", CompositePolicy::Basic);
+        for (leaf, pods) in [("set-gang", 2), ("set-loose", 2)] {
+            let mut g = LeafGroup::new(leaf, LeafPolicy::Gang { min_count: 2 });
+            for i in 0..pods {
+                let name = format!("{leaf}-{i}");
+                let one = Resources::new().with(GPU_RESOURCE, 1);
+                assert!(snapshot.add_usage(&PodUsage::bound(&format!("ns/{name}"), "n0", one, Default::default())));
+                g.push(&name, &format!("uid-{name}"), PodState::Bound { node: "n0".into() });
+            }
+            composite.children.push(g.into());
+        }
+        // A pod never counted (gated) is not a victim.
+        if let Group::Leaf(l) = &mut composite.children[1] {
+            l.push("set-loose-gated", "uid-gated", PodState::Unmanaged);
+        }
+        let tree = GroupTree::new("ns", composite);
+        let leaf_mode =
+            |name: &str| if name == "set-gang" { DisruptionModeKind::All } else { DisruptionModeKind::Single };
+        let groups = victim_groups(&tree, DisruptionModeKind::Single, leaf_mode, &snapshot);
+        let shown: Vec<(String, VictimMode, usize)> =
+            groups.iter().map(|g| (g.name.clone(), g.mode, g.pods.len())).collect();
+        assert_eq!(
+            shown,
+            [("ns/set-gang".to_string(), VictimMode::All, 2), ("ns/set-loose".to_string(), VictimMode::Single, 2)]
+        );
+        // A root of mode all: the whole tree is one victim.
+        let whole = victim_groups(&tree, DisruptionModeKind::All, leaf_mode, &snapshot);
+        assert_eq!(whole.len(), 1);
+        assert_eq!((whole[0].name.as_str(), whole[0].mode, whole[0].pods.len()), ("ns/set", VictimMode::All, 4));
+        assert!(whole[0].pods.iter().all(|p| p.requests.get(GPU_RESOURCE) == 1 && p.node == "n0"));
+    }
+
+    #[test]
+    fn pods_muster_does_not_manage_go_alone_or_with_their_native_group() {
+        let mut snapshot = Snapshot::new(vec![
+            NodeInfo::new("n0", Resources::new().with(GPU_RESOURCE, 8)).with_label(crate::crds::HOSTNAME_LABEL, "n0"),
+        ]);
+        let mut add = |key: &str, priority: i32, managed: bool, group: Option<&str>| {
+            let victim = crate::scheduler::VictimInfo {
+                priority,
+                managed,
+                native_group: group.map(Into::into),
+                ..Default::default()
+            };
+            let one = Resources::new().with(GPU_RESOURCE, 1);
+            assert!(snapshot.add_usage(&PodUsage::bound(key, "n0", one, victim)));
+        };
+        add("ns/plain", 0, false, None);
+        add("ns/w-0", 0, false, Some("w"));
+        add("ns/w-1", 0, false, Some("w"));
+        add("ns/mine", 0, true, None);
+        add("ns/important", 5, false, None);
+        add("kube-system/dns", 0, false, None);
+        let excluded = std::collections::HashSet::from(["kube-system".to_string()]);
+        let groups = unmanaged_victims(&snapshot, 5, &excluded);
+        let shown: Vec<(String, VictimMode, usize)> =
+            groups.iter().map(|g| (g.name.clone(), g.mode, g.pods.len())).collect();
+        assert_eq!(shown, [("ns/plain".to_string(), VictimMode::Single, 1), ("ns/w".to_string(), VictimMode::All, 2)]);
     }
 }

@@ -316,6 +316,22 @@ impl VictimInfo {
 }
 
 impl PodUsage {
+    /// A pod `key` (`namespace/name`) bound to `node` with `requests` and nothing else of
+    /// note (no labels, inter-pod rules or ports): what [`PodUsage::of`] reads of such a pod.
+    pub fn bound(key: &str, node: &str, requests: Resources, victim: VictimInfo) -> Self {
+        Self {
+            key: key.into(),
+            target: Target::Node(node.into()),
+            requests: Some(Ok(requests)),
+            namespace: key.split_once('/').map_or("", |(ns, _)| ns).into(),
+            labels: Labels::default(),
+            anti_affinity: Ok(Vec::new()),
+            host_ports: Vec::new(),
+            terminating: false,
+            victim,
+        }
+    }
+
     /// What `pod` uses, if it uses anything.
     pub fn of(pod: &Pod) -> Option<Self> {
         let class = PodClass::of(pod);

@@ -16,7 +16,7 @@ use serde_json::json;
 use super::{Admitter, RootKey};
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::PreemptionPolicy;
-use crate::scheduler::{Group, GroupTree, PodState, Snapshot, VictimGroup, VictimMode, VictimPod};
+use crate::scheduler::{GroupTree, Snapshot, VictimGroup, VictimPod, unmanaged_victims, victim_groups};
 
 /// The `DisruptionTarget` reason of a pod muster preempted (upstream's scheduler writes
 /// `PreemptionByScheduler`).
@@ -35,58 +35,6 @@ pub(super) struct Nomination {
     pub since: Instant,
 }
 
-/// The running pods of `tree` as victim groups, each of the group's priority: the whole root as
-/// one group when its disruption mode is `all`; otherwise one group per PodGroup of it, of
-/// that PodGroup's own mode (`leaf_mode`), so a gang of mode `all` inside a `single` composite
-/// still goes whole or not at all. Each pod as the snapshot counts it (admission's store keeps
-/// a bound pod without its containers).
-pub(super) fn victim_groups(
-    tree: &GroupTree,
-    root_mode: DisruptionModeKind,
-    leaf_mode: impl Fn(&str) -> DisruptionModeKind,
-    snapshot: &Snapshot,
-) -> Vec<VictimGroup> {
-    let mut leaves = Vec::new();
-    collect_leaves(&tree.root, &mut leaves);
-    let running = |leaf: &crate::scheduler::LeafGroup| -> Vec<VictimPod> {
-        let mut pods = Vec::new();
-        for p in &leaf.pods {
-            let node = match &p.state {
-                PodState::Bound { node } => node.clone(),
-                PodState::Admitted { hostname } => match snapshot.node_by_hostname(hostname) {
-                    Some(n) => n.name.clone(),
-                    None => continue,
-                },
-                _ => continue,
-            };
-            let key = format!("{}/{}", tree.namespace, p.name);
-            let Some(counted) = snapshot.node_pod(&node, &key) else { continue };
-            pods.push(VictimPod { key, node, requests: counted.requests.clone(), gpus: counted.victim.gpus });
-        }
-        pods
-    };
-    let mode = |m: DisruptionModeKind| if m == DisruptionModeKind::All { VictimMode::All } else { VictimMode::Single };
-    let group = |name: &str, mode, pods: Vec<VictimPod>| VictimGroup {
-        name: format!("{}/{name}", tree.namespace),
-        priority: tree.priority,
-        mode,
-        pods,
-    };
-    let out: Vec<VictimGroup> = if root_mode == DisruptionModeKind::All {
-        vec![group(tree.root.name(), VictimMode::All, leaves.iter().flat_map(|l| running(l)).collect())]
-    } else {
-        leaves.iter().map(|l| group(&l.name, mode(leaf_mode(&l.name)), running(l))).collect()
-    };
-    out.into_iter().filter(|g| !g.pods.is_empty()).collect()
-}
-
-fn collect_leaves<'a>(group: &'a Group, out: &mut Vec<&'a crate::scheduler::LeafGroup>) {
-    match group {
-        Group::Leaf(l) => out.push(l),
-        Group::Composite(c) => c.children.iter().for_each(|g| collect_leaves(g, out)),
-    }
-}
-
 /// The preemption policy of a root: its group's `preemptionPolicy` when set, else its pods'
 /// (the API server's Priority plugin resolves a pod's from its PriorityClass): `Never` when
 /// any pod says so.
@@ -98,8 +46,7 @@ pub(super) fn root_policy(
     if group.is_some() {
         return group;
     }
-    let mut leaves = Vec::new();
-    collect_leaves(&tree.root, &mut leaves);
+    let leaves = tree.root.leaves();
     let never = leaves.iter().flat_map(|l| l.pods.iter()).any(|p| {
         by_uid.get(p.uid.as_str()).and_then(|pod| pod.spec.as_ref()).and_then(|s| s.preemption_policy.as_deref())
             == Some("Never")
@@ -110,40 +57,6 @@ pub(super) fn root_policy(
 /// Whether a root's `preemptionPolicy` lets it preempt (unset: `PreemptLowerPriority`).
 pub(super) fn may_preempt(policy: Option<PreemptionPolicy>) -> bool {
     policy != Some(PreemptionPolicy::Never)
-}
-
-/// Pods muster does not manage, of priority below `below`, as victim groups: the pods of one
-/// native PodGroup together (their disruption mode is not muster's to know: they go whole or
-/// not at all), any other pod alone. Terminating pods and those in `excluded` namespaces are
-/// left out.
-pub(super) fn unmanaged_victims(
-    snapshot: &Snapshot,
-    below: i32,
-    excluded: &std::collections::HashSet<String>,
-) -> Vec<VictimGroup> {
-    let mut groups: std::collections::BTreeMap<String, VictimGroup> = std::collections::BTreeMap::new();
-    for p in snapshot.node_pods() {
-        let v = &p.victim;
-        if v.managed || p.terminating || v.priority >= below || excluded.contains(&*p.namespace) {
-            continue;
-        }
-        let Some(node) = snapshot.nodes().get(p.node as usize) else { continue };
-        let pod =
-            VictimPod { key: p.key.to_string(), node: node.name.clone(), requests: p.requests.clone(), gpus: v.gpus };
-        let (name, mode) = match &v.native_group {
-            Some(g) => (format!("{}/{g}", p.namespace), VictimMode::All),
-            None => (p.key.to_string(), VictimMode::Single),
-        };
-        let group = groups.entry(name.clone()).or_insert_with(|| VictimGroup {
-            name,
-            priority: v.priority,
-            mode,
-            pods: Vec::new(),
-        });
-        group.priority = group.priority.max(v.priority);
-        group.pods.push(pod);
-    }
-    groups.into_values().collect()
 }
 
 /// What came of evicting a victim set.
@@ -371,102 +284,5 @@ impl Admitter {
         }
         self.roots.entry(key.clone()).or_default().reserved = reserved.clone();
         Ok(Held::Waiting { reserved, note: Some(notes.join("; ")) })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::crds::{GPU_RESOURCE, HOSTNAME_LABEL};
-    use crate::scheduler::{
-        CompositeGroup, CompositePolicy, LeafGroup, LeafPolicy, NodeInfo, PodUsage, Resources, Target,
-    };
-
-    fn running(snapshot: &mut Snapshot, key: &str, gpus: i64) {
-        let usage = PodUsage {
-            key: key.into(),
-            target: Target::Node("n0".into()),
-            requests: Some(Ok(Resources::new().with(GPU_RESOURCE, gpus))),
-            namespace: "ns".into(),
-            labels: Default::default(),
-            anti_affinity: Ok(Vec::new()),
-            host_ports: Vec::new(),
-            terminating: false,
-            victim: Default::default(),
-        };
-        assert!(snapshot.add_usage(&usage));
-    }
-
-    #[test]
-    fn a_gang_of_mode_all_goes_whole_even_inside_a_single_composite() {
-        let mut snapshot = Snapshot::new(vec![
-            NodeInfo::new("n0", Resources::new().with(GPU_RESOURCE, 8)).with_label(HOSTNAME_LABEL, "n0"),
-        ]);
-        let mut composite = CompositeGroup::new("set", CompositePolicy::Basic);
-        for (leaf, pods) in [("set-gang", 2), ("set-loose", 2)] {
-            let mut g = LeafGroup::new(leaf, LeafPolicy::Gang { min_count: 2 });
-            for i in 0..pods {
-                let name = format!("{leaf}-{i}");
-                running(&mut snapshot, &format!("ns/{name}"), 1);
-                g.push(&name, &format!("uid-{name}"), PodState::Bound { node: "n0".into() });
-            }
-            composite.children.push(g.into());
-        }
-        // A pod never counted (gated) is not a victim.
-        if let Group::Leaf(l) = &mut composite.children[1] {
-            l.push("set-loose-gated", "uid-gated", PodState::Unmanaged);
-        }
-        let tree = GroupTree::new("ns", composite);
-        let leaf_mode =
-            |name: &str| if name == "set-gang" { DisruptionModeKind::All } else { DisruptionModeKind::Single };
-        let groups = victim_groups(&tree, DisruptionModeKind::Single, leaf_mode, &snapshot);
-        let shown: Vec<(String, VictimMode, usize)> =
-            groups.iter().map(|g| (g.name.clone(), g.mode, g.pods.len())).collect();
-        assert_eq!(
-            shown,
-            [("ns/set-gang".to_string(), VictimMode::All, 2), ("ns/set-loose".to_string(), VictimMode::Single, 2)]
-        );
-        // A root of mode all: the whole tree is one victim.
-        let whole = victim_groups(&tree, DisruptionModeKind::All, leaf_mode, &snapshot);
-        assert_eq!(whole.len(), 1);
-        assert_eq!((whole[0].name.as_str(), whole[0].mode, whole[0].pods.len()), ("ns/set", VictimMode::All, 4));
-        assert!(whole[0].pods.iter().all(|p| p.requests.get(GPU_RESOURCE) == 1 && p.node == "n0"));
-    }
-
-    #[test]
-    fn pods_muster_does_not_manage_go_alone_or_with_their_native_group() {
-        let mut snapshot = Snapshot::new(vec![
-            NodeInfo::new("n0", Resources::new().with(GPU_RESOURCE, 8)).with_label(HOSTNAME_LABEL, "n0"),
-        ]);
-        let mut add = |key: &str, priority: i32, managed: bool, group: Option<&str>, ns: &str| {
-            let usage = PodUsage {
-                key: key.into(),
-                target: Target::Node("n0".into()),
-                requests: Some(Ok(Resources::new().with(GPU_RESOURCE, 1))),
-                namespace: ns.into(),
-                labels: Default::default(),
-                anti_affinity: Ok(Vec::new()),
-                host_ports: Vec::new(),
-                terminating: false,
-                victim: crate::scheduler::VictimInfo {
-                    priority,
-                    managed,
-                    native_group: group.map(Into::into),
-                    ..Default::default()
-                },
-            };
-            assert!(snapshot.add_usage(&usage));
-        };
-        add("ns/plain", 0, false, None, "ns");
-        add("ns/w-0", 0, false, Some("w"), "ns");
-        add("ns/w-1", 0, false, Some("w"), "ns");
-        add("ns/mine", 0, true, None, "ns");
-        add("ns/important", 5, false, None, "ns");
-        add("kube-system/dns", 0, false, None, "kube-system");
-        let excluded = std::collections::HashSet::from(["kube-system".to_string()]);
-        let groups = unmanaged_victims(&snapshot, 5, &excluded);
-        let shown: Vec<(String, VictimMode, usize)> =
-            groups.iter().map(|g| (g.name.clone(), g.mode, g.pods.len())).collect();
-        assert_eq!(shown, [("ns/plain".to_string(), VictimMode::Single, 1), ("ns/w".to_string(), VictimMode::All, 2)]);
     }
 }

@@ -438,13 +438,7 @@ async fn scheduling_api(
         return Ok(native::recorded_scheduling_api(recorded, muster_group, native_group, served));
     }
     let (api, why) = native::first_scheduling_api(&job.spec, is_child(job), ctx.config.scheduling_api, muster_group);
-    let patch = json!({"metadata": {"annotations": {SCHEDULING_API_ANNOTATION: api.as_str()}}});
-    Api::<MusterJob>::namespaced(ctx.client.clone(), &ns)
-        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    if let Some(why) = why {
-        ctx.event(&job.object_ref(&()), false, "SchedulingAPI", "Compile", why).await;
-    }
+    super::record_scheduling_api(ctx, job, api, why).await?;
     Ok(Ok(api))
 }
 

@@ -304,13 +304,7 @@ async fn scheduling_api(set: &MusterJobSet, ctx: &Context) -> Result<std::result
     }
     let (api, why) =
         native::first_set_scheduling_api(&set.spec, config.scheduling_api, muster_root, config.native_composite_served);
-    let patch = json!({"metadata": {"annotations": {SCHEDULING_API_ANNOTATION: api.as_str()}}});
-    Api::<MusterJobSet>::namespaced(ctx.client.clone(), &ns)
-        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    if let Some(why) = why {
-        ctx.event(&set.object_ref(&()), false, "SchedulingAPI", "Compile", why).await;
-    }
+    super::record_scheduling_api(ctx, set, api, why).await?;
     Ok(Ok(api))
 }
 
