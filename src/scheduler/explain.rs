@@ -33,7 +33,8 @@ pub enum FilterReason {
     /// avoided for a while.
     RefusedEarlier,
     /// A root of higher priority that waits holds the node (its reservation, or the node its
-    /// preemption freed): roots of lower priority are placed elsewhere.
+    /// preemption frees), or a pod of the root's priority or higher is nominated to it (a
+    /// preemptor: kube-scheduler counts it there): the root is placed elsewhere.
     Reserved,
     /// A host port the pod needs is taken (NodePorts).
     HostPorts,
@@ -84,7 +85,7 @@ impl fmt::Display for FilterReason {
             FilterReason::TooManyPods => f.write_str("Too many pods"),
             FilterReason::GpuIndices => f.write_str("node(s) had no free GPU indices"),
             FilterReason::RefusedEarlier => f.write_str("node(s) refused this gang's pods in an earlier attempt (see condition BindFailed)"),
-            FilterReason::Reserved => f.write_str("node(s) reserved for a waiting gang of higher priority"),
+            FilterReason::Reserved => f.write_str("node(s) held for a waiting gang of higher priority or a preemptor"),
             FilterReason::HostPorts => f.write_str("node(s) didn't have free ports for the requested pod ports"),
             FilterReason::Volume(why) => f.write_str(why),
             FilterReason::Claim(why) => f.write_str(why),

@@ -58,8 +58,8 @@ pub use placement::{
     Admission, Decision, Feasibility, PlaceOptions, PlacedPod, Scoring, decide, place, placement_feasible,
 };
 pub use preempt::{
-    EXACT_UNITS, NoPreemption, Preemption, VictimGroup, VictimMode, VictimPod, VictimUnit, cost, preempt, reservation,
-    units, unmanaged_victims, victim_groups,
+    EXACT_UNITS, NoPreemption, Preemption, VictimGroup, VictimMode, VictimPod, VictimUnit, cost, nominated_against,
+    preempt, reservation, units, unmanaged_victims, victim_groups,
 };
 pub use quantity::{QuantityError, parse_milli_value, parse_value};
 pub use quorum::{Quorum, QuorumShortfall, is_quorate, quorum};

@@ -262,6 +262,22 @@ pub fn reservation(
     Some(decision.plan.iter().map(|p| p.node.clone()).collect())
 }
 
+/// PURE: the nodes kept from `tree` because a waiting pod of its priority or higher, not its
+/// own, is nominated to them (`status.nominatedNodeName`, written by muster for a preemptor
+/// whose victims terminate, or by kube-scheduler for a pod it preempted for). kube-scheduler
+/// counts such a pod on its node when it binds a pod of `tree`'s priority or lower, so a pin
+/// there might not bind; a whole node is kept, as muster's reservations are.
+pub fn nominated_against(snapshot: &Snapshot, tree: &GroupTree) -> BTreeSet<String> {
+    if snapshot.nominations().next().is_none() {
+        return BTreeSet::new();
+    }
+    let own: std::collections::HashSet<&str> =
+        tree.root.leaves().into_iter().flat_map(|l| l.pods.iter().map(|p| p.name.as_str())).collect();
+    snapshot.nominated_nodes(tree.priority, |key| {
+        key.split_once('/').is_some_and(|(ns, name)| ns == tree.namespace && own.contains(name))
+    })
+}
+
 /// The running pods of `tree` as victim groups, each of the group's priority: the whole root as
 /// one group when its disruption mode is `all`; otherwise one group per PodGroup of it, of
 /// that PodGroup's own mode (`leaf_mode`), so a gang of mode `all` inside a `single` composite
@@ -406,6 +422,41 @@ mod tests {
         let mut tree = GroupTree::new("ns", Group::Leaf(leaf));
         tree.priority = priority;
         tree
+    }
+
+    /// A waiting pod `key` of `priority` nominated to `node`.
+    fn nominated(key: &str, node: &str, priority: i32) -> PodUsage {
+        let victim = crate::scheduler::VictimInfo { priority, ..Default::default() };
+        let mut usage = PodUsage::bound(key, node, Resources::new().with(GPU_RESOURCE, 8), victim);
+        usage.target = crate::scheduler::Target::Nominated(node.into());
+        usage
+    }
+
+    #[test]
+    fn nominated_nodes_are_kept_from_roots_of_the_nominee_priority_or_lower_but_its_own() {
+        // (case, nominations as (pod, node, priority), the root's priority, nodes kept from it)
+        let cases: Vec<(&str, Vec<(&str, &str, i32)>, i32, Vec<&str>)> = vec![
+            ("none", vec![], 2, vec![]),
+            ("higher priority", vec![("other/a", "n0", 3)], 2, vec!["n0"]),
+            ("equal priority", vec![("other/a", "n1", 2)], 2, vec!["n1"]),
+            ("lower priority: kube-scheduler ignores it too", vec![("other/a", "n0", 1)], 2, vec![]),
+            ("the root's own pod", vec![("ns/p-0", "n0", 2)], 2, vec![]),
+            ("a pod of that name in another namespace", vec![("other/p-0", "n0", 2)], 2, vec!["n0"]),
+            ("several", vec![("ns/p-1", "n0", 5), ("x/a", "n1", 9), ("x/b", "n2", 0)], 2, vec!["n1"]),
+            ("a node not in the snapshot", vec![("x/a", "gone", 9)], 2, vec![]),
+        ];
+        for (case, nominations, priority, want) in cases {
+            let (mut snapshot, _) = cluster(3, 8, &[]);
+            for (key, node, p) in &nominations {
+                let counted = snapshot.add_usage(&nominated(key, node, *p));
+                assert_eq!(counted, *node != "gone", "{case}");
+            }
+            // A nomination uses nothing: every GPU is still free.
+            assert!(snapshot.nodes().iter().all(|n| n.requested.get(GPU_RESOURCE) == 0), "{case}");
+            let tree = gang(2, 8, priority, false);
+            let got = nominated_against(&snapshot, &tree);
+            assert_eq!(got, want.into_iter().map(String::from).collect::<BTreeSet<_>>(), "{case}");
+        }
     }
 
     fn fits_without(snapshot: &Snapshot, tree: &GroupTree, victims: &[&VictimUnit]) -> bool {

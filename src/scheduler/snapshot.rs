@@ -2,7 +2,7 @@
 //! state) and what pods bound to them or admitted onto them already use. Built from
 //! `Node`/`Pod` lists by pure conversion; never changed by a decision.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 
@@ -252,12 +252,17 @@ pub enum Target {
     Node(String),
     /// Admitted by muster, not bound yet (pinned by the hostname label).
     Hostname(String),
+    /// Waiting, nominated to this node (`status.nominatedNodeName`: a preemptor's claim on the
+    /// room its victims free). It uses nothing yet; kube-scheduler counts it on the node for
+    /// pods of its priority or lower, so admission keeps such pods off the node (see
+    /// [`Snapshot::nominated_nodes`]).
+    Nominated(String),
 }
 
 /// What one pod adds to a snapshot, read from the pod once (when its watch event arrives), so
 /// a snapshot can be assembled without reading pod objects again. `None` from [`PodUsage::of`]
-/// for pods that use nothing: gated, unpinned, finished, or pinned by something other than
-/// muster's admission.
+/// for pods that use nothing and claim nothing: gated or unpinned without a nomination,
+/// finished, or pinned by something other than muster's admission.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PodUsage {
     /// namespace/name, for problems.
@@ -344,7 +349,11 @@ impl PodUsage {
             {
                 Target::Hostname(hostname)
             }
-            _ => return None,
+            _ if class.terminating => return None,
+            _ => match pod.status.as_ref().and_then(|s| s.nominated_node_name.as_deref()).filter(|n| !n.is_empty()) {
+                Some(node) => Target::Nominated(node.into()),
+                None => return None,
+            },
         };
         let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
         let labels: Labels = pod.metadata.labels.iter().flatten().collect();
@@ -392,6 +401,8 @@ pub struct Snapshot {
     volumes: Volumes,
     /// DRA devices, templates and claims.
     dra: std::sync::Arc<Dra>,
+    /// Waiting pods nominated to a node: `(node index, priority, namespace/name)`.
+    nominated: Vec<(u32, i32, Box<str>)>,
 }
 
 impl Snapshot {
@@ -441,6 +452,7 @@ impl Snapshot {
             namespaces: HashMap::new(),
             volumes: Volumes::default(),
             dra: std::sync::Arc::default(),
+            nominated: Vec::new(),
         }
     }
 
@@ -471,10 +483,15 @@ impl Snapshot {
         PodUsage::of(pod).is_some_and(|usage| self.add_usage(&usage))
     }
 
-    /// Counts what a pod uses (read once by [`PodUsage::of`]) on its node; returns whether it
-    /// was counted (false when its node is not in the snapshot).
+    /// Counts what a pod uses (read once by [`PodUsage::of`]) on its node, or records its
+    /// nomination; returns whether it was counted (false when its node is not in the snapshot).
     pub fn add_usage(&mut self, usage: &PodUsage) -> bool {
         let index = match &usage.target {
+            Target::Nominated(node) => {
+                let Some(&i) = self.by_name.get(node) else { return false };
+                self.nominated.push((i, usage.victim.priority, usage.key.clone()));
+                return true;
+            }
             Target::Node(node) => self.by_name.get(node).copied(),
             Target::Hostname(hostname) => {
                 let index = self.by_hostname.get(hostname).copied();
@@ -578,6 +595,24 @@ impl Snapshot {
     pub fn node_pod(&self, node: &str, key: &str) -> Option<&NodePod> {
         let i = *self.by_name.get(node)?;
         self.pods_by_node.get(i as usize)?.iter().map(|&p| &self.pods[p as usize]).find(|p| &*p.key == key)
+    }
+
+    /// The nodes a waiting pod of priority `priority` or higher is nominated to, other than
+    /// the pods `own` says are the asker's: kube-scheduler counts such a pod on its node when it
+    /// places a pod of priority `priority` (its nominator adds nominated pods of equal or higher
+    /// priority to the node it filters, gated ones included), so a pin of such a pod there may
+    /// not bind. Admission keeps roots of that priority off these nodes.
+    pub fn nominated_nodes(&self, priority: i32, own: impl Fn(&str) -> bool) -> BTreeSet<String> {
+        self.nominated
+            .iter()
+            .filter(|(_, p, key)| *p >= priority && !own(key))
+            .map(|(i, _, _)| self.nodes[*i as usize].name.clone())
+            .collect()
+    }
+
+    /// Waiting pods nominated to a node: `(namespace/name, node, priority)`.
+    pub fn nominations(&self) -> impl Iterator<Item = (&str, &str, i32)> {
+        self.nominated.iter().map(|(i, p, key)| (&**key, self.nodes[*i as usize].name.as_str(), *p))
     }
 
     /// The pods bound or admitted in one namespace.
@@ -788,6 +823,40 @@ mod tests {
         assert_eq!(s.node("n2").unwrap().requested.cpu_milli, 2000, "admitted pods count by hostname label");
         assert_eq!(s.node("n1").unwrap().requested.pods, 1);
         assert!(s.problems().is_empty());
+    }
+
+    #[test]
+    fn a_waiting_pod_nominated_to_a_node_uses_nothing_there_but_is_listed() {
+        let nodes = [k8s_node("n1", "host-1", &[("cpu", "8")]), k8s_node("n2", "host-2", &[("cpu", "8")])];
+        let nominate = |mut pod: Pod, node: &str, priority: i32| {
+            pod.status = Some(PodStatus { nominated_node_name: Some(node.into()), ..Default::default() });
+            pod.spec.as_mut().unwrap().priority = Some(priority);
+            pod
+        };
+        let mut leaving = nominate(gated(k8s_pod("leaving", "1")), "n2", 9);
+        let mut done = nominate(k8s_pod("done", "1"), "n1", 9);
+        done.status.as_mut().unwrap().phase = Some("Failed".into());
+        leaving.metadata.deletion_timestamp = Some(Time(Default::default()));
+        let mut unmanaged = nominate(k8s_pod("plain", "1"), "n2", 3);
+        unmanaged.metadata.labels = None;
+        let pods = [
+            nominate(gated(k8s_pod("preemptor", "4")), "n1", 7),
+            // Bound or admitted: its usage counts, a stale nomination does not.
+            nominate(bound(k8s_pod("bound", "1"), "n1"), "n2", 7),
+            nominate(pinned(k8s_pod("admitted", "2"), "host-2"), "n1", 7),
+            // kube-scheduler's own nomination of a pod muster does not manage.
+            unmanaged,
+            leaving,
+            done,
+            nominate(gated(k8s_pod("empty", "1")), "", 9),
+        ];
+        let s = Snapshot::from_cluster(&nodes, &pods);
+        assert_eq!(s.node("n1").unwrap().requested.cpu_milli, 1000);
+        assert_eq!(s.node("n2").unwrap().requested.cpu_milli, 2000);
+        let listed: Vec<_> = s.nominations().collect();
+        assert_eq!(listed, vec![("ns/preemptor", "n1", 7), ("ns/plain", "n2", 3)]);
+        assert_eq!(s.nominated_nodes(4, |_| false), BTreeSet::from(["n1".to_string()]));
+        assert_eq!(s.nominated_nodes(3, |k| k == "ns/preemptor"), BTreeSet::from(["n2".to_string()]));
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! real control plane: a priority-1000 gang preempts two lower-priority gangs wholly (their
 //! disruption mode is `all`) and is admitted; one whose `preemptionPolicy` is `Never` never
 //! preempts, reserves the node instead, and is admitted once the lower-priority pods already
-//! running finish, while newer lower-priority jobs wait behind it.
+//! running finish, while newer lower-priority jobs wait behind it; the room a preemption frees
+//! is nominated to the preemptor, so kube-scheduler places nothing of lower priority there.
 
 use std::time::{Duration, Instant};
 
@@ -160,20 +161,30 @@ async fn a_waiting_gang_that_may_not_preempt_is_admitted_before_newer_small_jobs
     let nodes = TestNodes::add(&ns.name, 1, 8, 1).await;
     let c = client().await;
     let pods: Api<Pod> = Api::namespaced(c.clone(), &ns.name);
-    let small = |name: &str, seconds: u32| {
-        gpu_job(name, 1, 1, &nodes, json!({}), json!({"sim.muster.dev/succeed-after": format!("{seconds}s")}))
+    // 1-GPU jobs that run until the test ends them (the annotation set to a value that is no
+    // duration ends a pod at once), so the stream below runs whatever the machine's pace.
+    let small = |name: &str| gpu_job(name, 1, 1, &nodes, json!({}), json!({"sim.muster.dev/succeed-after": "1h"}));
+    let end = |pods: &Api<Pod>, job: String| {
+        let pods = pods.clone();
+        async move {
+            for pod in job_pods(&pods, &job).await {
+                let patch = json!({"metadata": {"annotations": {"sim.muster.dev/succeed-after": "now"}}});
+                let name = pod.metadata.name.expect("name");
+                pods.patch(&name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+                    .await
+                    .expect("end a small job's pod");
+            }
+        }
     };
-    // The node full of 1-GPU jobs that finish after 15 s (time for the stream below).
+    // The node full of 1-GPU jobs.
     for i in 0..8 {
-        apply(&ns.name, &small(&format!("small-{i}"), 15));
+        apply(&ns.name, &small(&format!("small-{i}")));
     }
     for i in 0..8 {
         all_bound(&pods, &format!("small-{i}"), 1).await;
     }
-    // The 8-GPU gang at priority 1000 that may not preempt, then a stream of newer 1-GPU jobs.
-    let started = Instant::now();
+    // The 8-GPU gang at priority 1000 that may not preempt.
     apply(&ns.name, &with_class(gpu_job("big", 1, 8, &nodes, gang_all(1), json!({})), "e2e-preempt-never"));
-    // Once it waits with the node reserved, newer jobs arrive one after another.
     let groups: Api<PodGroup> = Api::namespaced(c.clone(), &ns.name);
     let message = wait_for("the big gang waiting with the node reserved", LONG, || async {
         let m = group_message(&groups, "big").await;
@@ -181,22 +192,41 @@ async fn a_waiting_gang_that_may_not_preempt_is_admitted_before_newer_small_jobs
     })
     .await;
     assert!(message.contains("preemptionPolicy is Never"), "{message}");
+    // A stream of newer 1-GPU jobs, one every 700 ms; from the fourth on, one running job ends
+    // with each newer one, so each freed GPU meets a newer job waiting for it.
     let mut newer = Vec::new();
+    let mut ended = 0;
+    let mut freed_at = None;
     let big = loop {
         if let Some(p) = job_pods(&pods, "big").await.into_iter().find(|p| node_of(p).is_some()) {
             break p;
         }
-        assert!(started.elapsed() < LONG, "the big gang was not admitted in {LONG:?}");
-        if newer.len() < 12 {
+        if let Some(at) = freed_at {
+            assert!(
+                Instant::now().duration_since(at) < LONG,
+                "the big gang was not admitted {LONG:?} after the node freed"
+            );
+        }
+        if newer.len() < 16 {
             let name = format!("newer-{}", newer.len());
-            apply(&ns.name, &small(&name, 60));
+            apply(&ns.name, &small(&name));
             newer.push(name);
+        }
+        if newer.len() > 3 && ended < 8 {
+            end(&pods, format!("small-{ended}")).await;
+            ended += 1;
+            if ended == 8 {
+                freed_at = Some(Instant::now());
+            }
         }
         tokio::time::sleep(Duration::from_millis(700)).await;
     };
-    let waited = started.elapsed();
-    eprintln!("the big gang was admitted after {waited:?}; {} newer 1-GPU jobs were created meanwhile", newer.len());
-    assert!(newer.len() >= 3, "the stream ran while the gang waited");
+    let waited = freed_at.map(|at| at.elapsed());
+    eprintln!(
+        "the big gang was admitted {waited:?} after the last running job ended; {} newer 1-GPU jobs were created meanwhile",
+        newer.len()
+    );
+    assert_eq!(ended, 8, "the big gang was admitted before the node was free");
     assert_eq!(node_of(&big), Some(nodes.names[0].as_str()));
     // None of the newer jobs took a GPU before it: backfill never delayed it.
     for name in &newer {
@@ -281,4 +311,71 @@ async fn a_pod_muster_does_not_manage_is_preempted_by_the_same_rules() {
     assert!(gone.is_none_or(|p| p.metadata.uid.as_deref() != Some(&plain_uid)), "the plain pod was preempted");
     let events = events_of(&ns.name, "high").await;
     assert!(events.iter().any(|(_, r, m)| r == "Preempting" && m.contains("plain")), "{events:?}");
+}
+
+#[tokio::test]
+async fn the_room_a_preemption_frees_is_held_against_pods_kube_scheduler_places() {
+    let _muster = muster().await;
+    let ns = namespace("preempt-nominate");
+    priority_class("e2e-preempt-high", 1000, false);
+    let nodes = TestNodes::add(&ns.name, 1, 8, 1).await;
+    let node = nodes.names[0].clone();
+    let c = client().await;
+    let pods: Api<Pod> = Api::namespaced(c.clone(), &ns.name);
+    // The node full with one 8-GPU pod at priority 0; held by a finalizer once evicted, so the
+    // room it frees comes free only when the test says.
+    apply(&ns.name, &gpu_job("low", 1, 8, &nodes, gang_all(1), json!({})));
+    let low = all_bound(&pods, "low", 1).await.remove(0);
+    let low_name = low.metadata.name.clone().expect("name");
+    let hold = json!({"metadata": {"finalizers": [HOLD]}});
+    pods.patch(&low_name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&hold)).await.expect("hold");
+    // The priority-1000 gang preempts it, and its waiting pod is nominated to the node.
+    apply(&ns.name, &with_class(gpu_job("high", 1, 8, &nodes, gang_all(1), json!({})), "e2e-preempt-high"));
+    let nominated = wait_for("the high gang's pod nominated to the node", LONG, || async {
+        let p = job_pods(&pods, "high").await.into_iter().next()?;
+        (p.status.as_ref()?.nominated_node_name.as_deref() == Some(node.as_str())).then_some(p)
+    })
+    .await;
+    assert!(node_of(&nominated).is_none());
+    let terminating = pods.get(&low_name).await.expect("low");
+    assert!(terminating.metadata.deletion_timestamp.is_some(), "the victim is terminating");
+    // A plain 1-GPU pod at priority 0, which kube-scheduler places by itself: nothing fits
+    // while the victim terminates.
+    let mut spec = json!({"containers": [{"name": "main", "image": "registry.invalid/none",
+        "resources": {"limits": {"nvidia.com/gpu": "1"}}}]});
+    crate::gangs::merge(&mut spec, nodes.placement());
+    apply(&ns.name, &json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sneak"}, "spec": spec}));
+    let sneak = wait_for("kube-scheduler finding no room for the plain pod", LONG, || async {
+        let p = pods.get("sneak").await.ok()?;
+        let scheduled = p.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "PodScheduled")?;
+        (scheduled.status == "False").then_some(p)
+    })
+    .await;
+    let sneak_uid = sneak.metadata.uid.clone().expect("uid");
+    // The victim goes: kube-scheduler retries the plain pod at once, and counts the nominated
+    // pod on the node, so the room is the high gang's.
+    let unhold = json!({"metadata": {"finalizers": null}});
+    pods.patch(&low_name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&unhold)).await.expect("unhold");
+    let high = all_bound(&pods, "high", 1).await;
+    assert_eq!(node_of(&high[0]), Some(node.as_str()));
+    let sneak = pods.get("sneak").await.expect("the plain pod is still there");
+    assert_eq!(
+        sneak.metadata.uid.as_deref(),
+        Some(sneak_uid.as_str()),
+        "the plain pod was not preempted and made again"
+    );
+    assert!(node_of(&sneak).is_none(), "the plain pod took the room the preemption freed");
+    // One preemption: the plain pod never had to be preempted in turn.
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(c.clone(), &ns.name);
+    let preemptions: Vec<_> = events
+        .list(&kube::api::ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.kind.as_deref() == Some("PodGroup") && e.reason.as_deref() == Some("Preempting"))
+        .map(|e| (e.involved_object.name, e.message, e.count))
+        .collect();
+    assert_eq!(preemptions.len(), 1, "{preemptions:?}");
+    assert_eq!(preemptions[0].2.unwrap_or(1), 1, "{preemptions:?}");
 }

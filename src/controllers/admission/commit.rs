@@ -415,6 +415,20 @@ impl Writer {
         // claims of their own are patched concurrently (any subset of them patched is a plan
         // cut short, which the next cycle resumes), one at a time under the crash test hook,
         // so it stops after exactly its count.
+        // A preemptor's pods were nominated to the nodes its preemption freed; one placed
+        // elsewhere now is nominated to its new node first, so kube-scheduler does not count it
+        // on the old one against a gang-mate's bind there.
+        let moved: Vec<(String, Option<String>)> = planned
+            .iter()
+            .filter(|(p, pod)| {
+                let nominated = pod.status.as_ref().and_then(|s| s.nominated_node_name.as_deref());
+                nominated.is_some_and(|n| !n.is_empty() && n != p.node)
+            })
+            .map(|(p, _)| (p.name.clone(), Some(p.node.clone())))
+            .collect();
+        if !moved.is_empty() {
+            super::preemption::write_nominations(&self.ctx.client, &key.ns, moved).await;
+        }
         let first = planned.first().map(|(p, _)| p.uid.clone()).unwrap_or_default();
         if let Some(stopped) = self.write_claims(&key.ns, &job.shared, &first).await? {
             return Ok(stopped);

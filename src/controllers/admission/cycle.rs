@@ -151,8 +151,10 @@ impl Admitter {
                 Some(((ns, name), g.spec.disruption_mode.kind().unwrap_or(DisruptionModeKind::Single)))
             })
             .collect();
-        // Nodes held back from roots of lower priority: (the holder's priority, its nodes).
-        let mut held: Vec<(i32, RootKey, BTreeSet<String>)> = Vec::new();
+        // Nodes held back: (the holder's priority, the holder, its nodes, whether roots of its
+        // own priority are held back too). A reservation holds back roots of lower priority; a
+        // preemptor's nomination those of its priority too, as kube-scheduler's nominator does.
+        let mut held: Vec<(i32, RootKey, BTreeSet<String>, bool)> = Vec::new();
         for ti in 0..forest.trees.len() {
             let tree = &mut forest.trees[ti];
             let key = RootKey::of(&tree.namespace, &tree.root);
@@ -177,15 +179,21 @@ impl Admitter {
             // them that keeps the gang unschedulable for a while.
             let history = root.map(|r| r.history()).unwrap_or_default();
             tree.avoid_nodes = history.avoided(wall);
-            // A root of higher priority waiting for its nodes keeps them from this one.
-            tree.reserved_nodes =
-                held.iter().filter(|(p, _, _)| *p > tree.priority).flat_map(|(_, _, n)| n.iter().cloned()).collect();
+            // A root of higher priority waiting for its nodes keeps them from this one, and so
+            // does a preemptor of its priority, or any pod of its priority or higher nominated to
+            // a node (kube-scheduler would count it there when it binds this root's pins).
+            tree.reserved_nodes = held
+                .iter()
+                .filter(|(p, k, _, nominated)| *p > tree.priority || (*nominated && *p == tree.priority && *k != key))
+                .flat_map(|(_, _, n, _)| n.iter().cloned())
+                .collect();
+            tree.reserved_nodes.extend(scheduler::nominated_against(&snapshot, tree));
             let tree = &forest.trees[ti];
             let memory = self.roots.entry(key.clone()).or_default();
             // A preemption under way: the root waits for its victims to go, holding its nodes.
             if let Some(n) = &memory.nomination {
                 if preemption::still_waiting(n, &snapshot, now) {
-                    held.extend(memory.reserved.clone().map(|r| (tree.priority, key.clone(), r)));
+                    held.extend(memory.reserved.clone().map(|r| (tree.priority, key.clone(), r, true)));
                     pending += 1;
                     soonest(now + Duration::from_millis(500));
                     continue;
@@ -193,7 +201,7 @@ impl Admitter {
                 memory.nomination = None;
                 memory.next_attempt = None;
             }
-            held.extend(memory.reserved.clone().map(|r| (tree.priority, key.clone(), r)));
+            held.extend(memory.reserved.clone().map(|r| (tree.priority, key.clone(), r, false)));
             if let Some(retry) = history.retry_at(&ROLLBACK_POLICY).filter(|at| *at > wall) {
                 if !matches!(memory.outcome, Some(Outcome::Unschedulable(_))) {
                     memory.outcome = Some(Outcome::Unschedulable(format!(
@@ -224,7 +232,7 @@ impl Admitter {
             if !matches!(&admission, Admission::Decided(d) if !d.admitted) {
                 // Admitted, or not quorate: it holds nothing back.
                 if self.roots.entry(key.clone()).or_default().reserved.take().is_some() {
-                    held.retain(|(_, k, _)| *k != key);
+                    held.retain(|(_, k, _, _)| *k != key);
                 }
             }
             let memory = self.roots.entry(key.clone()).or_default();
@@ -232,6 +240,7 @@ impl Admitter {
                 Admission::Waiting(shortfall) => {
                     memory.quorate_since = None;
                     memory.outcome = Some(Outcome::Waiting(shortfall.to_string()));
+                    self.clear_nominations(&key, tree, &by_uid).await;
                 }
                 Admission::NothingGated => {
                     memory.quorate_since = None;
@@ -267,8 +276,8 @@ impl Admitter {
                         let policy = preemption::root_policy(root.and_then(|r| r.preemption_policy()), tree, &by_uid);
                         // One root reserves at a time: the first in admission order (highest
                         // priority, then longest waiting) that is not placed.
-                        held.retain(|(_, k, _)| *k != key);
-                        let head = !held.iter().any(|(p, _, _)| *p >= tree.priority);
+                        held.retain(|(_, k, _, _)| *k != key);
+                        let head = !held.iter().any(|(p, _, _, _)| *p >= tree.priority);
                         let step = self
                             .preempt_or_reserve(
                                 &key,
@@ -286,11 +295,12 @@ impl Admitter {
                             .await;
                         match step {
                             Ok(Held::Preempting(nodes)) => {
-                                held.push((tree.priority, key.clone(), nodes));
+                                held.push((tree.priority, key.clone(), nodes, true));
                                 soonest(Instant::now() + Duration::from_millis(500));
                             }
                             Ok(Held::Waiting { reserved, note }) => {
-                                held.extend(reserved.map(|r| (tree.priority, key.clone(), r)));
+                                held.extend(reserved.map(|r| (tree.priority, key.clone(), r, false)));
+                                self.clear_nominations(&key, tree, &by_uid).await;
                                 let message = match note {
                                     Some(note) => format!("{}; {note}", decision.message()),
                                     None => decision.message(),

@@ -9,6 +9,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, EvictParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -143,6 +144,7 @@ impl Admitter {
             return Err(e.into());
         }
         self.ctx.metrics.preemptions.inc();
+        self.nominate(&key.ns, &preemption.decision.plan).await;
         let nodes: Vec<String> = preemption.nominated_nodes().into_iter().collect();
         let message = format!(
             "preempting {} pod(s) of lower priority ({}) to make room on node(s) {}",
@@ -162,6 +164,37 @@ impl Admitter {
         Ok(Evicted::Done(Nomination { victims: evicted, since: Instant::now() }))
     }
 
+    /// Nominates each planned pod of a preemptor to the node it takes once its victims are
+    /// gone (`status.nominatedNodeName`): kube-scheduler then counts it there for every pod of
+    /// its priority or lower it places (gated pods included), so nothing it schedules takes
+    /// the freed room first; admission reads the nomination back the same way.
+    async fn nominate(&self, ns: &str, plan: &[crate::scheduler::PlacedPod]) {
+        let writes = plan.iter().map(|p| (p.pod.clone(), Some(p.node.clone())));
+        write_nominations(&self.ctx.client, ns, writes.collect()).await;
+    }
+
+    /// Takes back the nominations of a root's pods that still wait, where the root is no
+    /// longer preempting (its victims went and it was decided again, its nomination ran out,
+    /// or muster restarted meanwhile).
+    pub(super) async fn clear_nominations(&self, key: &RootKey, tree: &GroupTree, by_uid: &HashMap<&str, &Arc<Pod>>) {
+        let stale: Vec<(String, Option<String>)> = tree
+            .root
+            .leaves()
+            .iter()
+            .flat_map(|l| l.pods.iter())
+            .filter_map(|p| by_uid.get(p.uid.as_str()))
+            .filter(|pod| crate::pods::is_gated(pod))
+            .filter(|pod| {
+                pod.status.as_ref().and_then(|s| s.nominated_node_name.as_deref()).is_some_and(|n| !n.is_empty())
+            })
+            .filter_map(|pod| pod.metadata.name.clone().map(|n| (n, None)))
+            .collect();
+        if !stale.is_empty() {
+            tracing::debug!(group = %key, pods = stale.len(), "nominations taken back");
+            write_nominations(&self.ctx.client, &key.ns, stale).await;
+        }
+    }
+
     /// The root key of a victim group by its root's name (a PodGroup, or a CompositePodGroup).
     fn victim_key(&self, ns: &str, name: &str) -> RootKey {
         let composite =
@@ -174,6 +207,26 @@ impl Admitter {
         self.protected.retain(|_, until| *until > now);
         self.protected.keys().cloned().collect()
     }
+}
+
+/// Writes (`Some`) or clears (`None`) the nominated node of each pod; a pod gone meanwhile
+/// is skipped, other errors are logged (the next decision writes again).
+pub(super) async fn write_nominations(client: &kube::Client, ns: &str, writes: Vec<(String, Option<String>)>) {
+    let api = Api::<Pod>::namespaced(client.clone(), ns);
+    futures::stream::iter(writes.into_iter().map(|(name, node)| {
+        let api = api.clone();
+        async move {
+            let body = json!({"status": {"nominatedNodeName": node}});
+            match api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body)).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => tracing::warn!(pod = %name, namespace = %ns, error = %e, "could not write a nomination"),
+            }
+        }
+    }))
+    .buffer_unordered(16)
+    .collect::<Vec<()>>()
+    .await;
 }
 
 /// Whether a nomination still waits: some victim still counts on its node, and it is not too

@@ -100,12 +100,14 @@ pub fn pod(p: &mut Pod) {
             .map(|cs| cs.into_iter().filter(|c| c.type_ == "PodScheduled").collect::<Vec<_>>())
             .filter(|cs| !cs.is_empty());
         // resourceClaimStatuses names the claims made from the pod's templates (admission
-        // allocates them).
+        // allocates them); nominatedNodeName, a preemptor's claim on a node, which kube-scheduler
+        // honours for pods of its priority or lower (so admission does too).
         p.status = Some(PodStatus {
             phase: status.phase,
             start_time: status.start_time,
             conditions,
             resource_claim_statuses: status.resource_claim_statuses,
+            nominated_node_name: status.nominated_node_name.filter(|n| !n.is_empty()),
             ..Default::default()
         });
     }
@@ -324,11 +326,12 @@ mod tests {
                          {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "x"}}}]}},
                      "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}],
                      "schedulerName": "other"},
-            "status": {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"},
+            "status": {"phase": "Pending", "nominatedNodeName": "n2", "conditions": [{"type": "Ready", "status": "False"},
                        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes"}]}
         }))
         .expect("pod");
         pod(&mut p);
+        assert_eq!(serde_json::to_value(&p).expect("json")["status"]["nominatedNodeName"], "n2");
         let v = serde_json::to_value(&p).expect("json");
         assert_eq!(v["spec"]["volumes"], json!([{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]));
         assert_eq!(v["spec"]["containers"][0]["ports"], json!([{"containerPort": 81, "hostPort": 8081}]));
