@@ -435,7 +435,8 @@ mod tests {
     #[test]
     fn nominated_nodes_are_kept_from_roots_of_the_nominee_priority_or_lower_but_its_own() {
         // (case, nominations as (pod, node, priority), the root's priority, nodes kept from it)
-        let cases: Vec<(&str, Vec<(&str, &str, i32)>, i32, Vec<&str>)> = vec![
+        type Nominations<'a> = Vec<(&'a str, &'a str, i32)>;
+        let cases: Vec<(&str, Nominations, i32, Vec<&str>)> = vec![
             ("none", vec![], 2, vec![]),
             ("higher priority", vec![("other/a", "n0", 3)], 2, vec!["n0"]),
             ("equal priority", vec![("other/a", "n1", 2)], 2, vec!["n1"]),
