@@ -40,9 +40,24 @@ pub struct Args {
     /// Address serving /metrics, /healthz and /readyz.
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_bind_address: SocketAddr,
+    /// Serve /metrics over HTTPS on this address instead, to scrapers whose bearer token a
+    /// TokenReview authenticates and a SubjectAccessReview allows `get` on the non-resource URL
+    /// /metrics (the plain address then serves /healthz and /readyz only).
+    #[arg(long)]
+    metrics_secure_bind_address: Option<SocketAddr>,
+    /// tls.crt and tls.key of the HTTPS metrics endpoint (default: a self-signed certificate
+    /// made at start).
+    #[arg(long, requires = "metrics_secure_bind_address")]
+    metrics_cert_dir: Option<PathBuf>,
     /// Run the reconcilers only on the replica holding the Lease.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     leader_elect: bool,
+    /// Seconds the leader's Lease lasts unrenewed: the longest a failover waits.
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(2..))]
+    leader_elect_lease_duration: u64,
+    /// Seconds before its Lease expires that the leader renews it (less than the duration).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    leader_elect_renew_grace: u64,
     /// muster's own namespace (Lease, certificate Secret).
     #[arg(long, env = "POD_NAMESPACE", default_value = "muster-system")]
     namespace: String,
@@ -211,6 +226,17 @@ impl Args {
         }))
     }
 
+    /// The Lease's timings; the grace must be shorter than the duration.
+    fn lease(&self) -> anyhow::Result<controllers::LeaseTimings> {
+        let (duration, grace) = (self.leader_elect_lease_duration, self.leader_elect_renew_grace);
+        if grace >= duration {
+            anyhow::bail!(
+                "--leader-elect-renew-grace ({grace}) must be less than --leader-elect-lease-duration ({duration})"
+            );
+        }
+        Ok(controllers::LeaseTimings { duration, grace })
+    }
+
     fn config(&self) -> Config {
         let identity = self.identity.clone().unwrap_or_else(|| {
             let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -251,6 +277,11 @@ pub fn run(args: Args) -> ExitCode {
     let result = runtime.block_on(async {
         let (client, evictions) = client(args.kubeconfig.as_ref()).await.context("connecting to the cluster")?;
         let opts = ManagerOptions {
+            secure_metrics: args.metrics_secure_bind_address.map(|addr| controllers::secure_metrics::SecureMetrics {
+                addr,
+                cert_dir: args.metrics_cert_dir.clone(),
+            }),
+            lease: args.lease()?,
             evictions: Some(controllers::NoRetryClient(evictions)),
             http_addr: args.metrics_bind_address,
             leader_elect: args.leader_elect,

@@ -66,9 +66,84 @@ fn histogram_seconds() -> Histogram {
     Histogram::new(exponential_buckets(0.0005, 2.0, 18))
 }
 
+/// Buckets for waits that include waiting for capacity: 5 ms doubling to 2.9 h (10,486 s).
+fn histogram_wait_seconds() -> Histogram {
+    Histogram::new(exponential_buckets(0.005, 2.0, 22))
+}
+
+/// How an admission attempt ended (kube-scheduler's `scheduler_podgroup_schedule_attempts_total`
+/// counts `scheduled`, `unschedulable` and `error` the same way).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum AttemptResult {
+    /// The gang was committed whole (pinned and ungated).
+    Admitted,
+    /// It did not fit (or could not be placed now): it waits.
+    Unschedulable,
+    /// An API error or a refused write stopped the attempt.
+    Error,
+}
+
+impl AttemptResult {
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            AttemptResult::Admitted => "admitted",
+            AttemptResult::Unschedulable => "unschedulable",
+            AttemptResult::Error => "error",
+        }
+    }
+}
+
+/// Labels of an admission attempt.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AttemptLabels {
+    /// `admitted`, `unschedulable` or `error`.
+    pub result: String,
+}
+
+/// Labels naming a namespace.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NamespaceLabels {
+    /// The namespace.
+    pub namespace: String,
+}
+
+/// Labels of the build.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    /// muster's version.
+    pub version: String,
+}
+
+/// The prefix of every metric name.
+const PREFIX: &str = "muster";
+
+/// Registers `metric` and records its family (name, type, help), so a scrape lists every
+/// family muster exports, also one with no series yet (see [`Metrics::encode`]).
+fn register<M>(registry: &mut Registry, families: &mut Vec<Described>, name: &str, help: &str, metric: M)
+where
+    M: prometheus_client::registry::Metric + prometheus_client::metrics::TypedMetric,
+{
+    families.push(Described {
+        name: format!("{PREFIX}_{name}"),
+        kind: M::TYPE.as_str().to_string(),
+        help: help.into(),
+    });
+    registry.register(name, help, metric);
+}
+
+/// A metric family as registered.
+#[derive(Clone, Debug)]
+struct Described {
+    name: String,
+    kind: String,
+    help: String,
+}
+
 /// Every metric muster exports.
 pub struct Metrics {
     registry: Registry,
+    families: Vec<Described>,
     /// Reconciles run, per controller.
     pub reconciles: Family<ControllerLabels, Counter>,
     /// Reconcile errors, per controller and reason.
@@ -77,11 +152,17 @@ pub struct Metrics {
     pub reconcile_duration: Family<ControllerLabels, Histogram, fn() -> Histogram>,
     /// Gangs (roots) quorate and waiting for admission.
     pub gangs_pending: Gauge,
+    /// The same, per namespace (namespaces with none have no series).
+    pub gangs_waiting: Family<NamespaceLabels, Gauge>,
+    /// Admission attempts, by result.
+    pub admission_attempts: Family<AttemptLabels, Counter>,
+    /// 1, labelled with muster's version.
+    pub build_info: Family<BuildLabels, Gauge>,
     /// Gangs admitted since start.
     pub gangs_admitted: Counter,
     /// Admission wake-ups with nothing to do (no event changed anything, no timer due).
     pub idle_cycles: Counter,
-    /// Seconds from quorum to the last pod ungated.
+    /// Seconds from the start of a gang's wait (read from the cluster) to the last pod ungated.
     pub admission_latency: Histogram,
     /// Seconds one placement decision took.
     pub placement_duration: Histogram,
@@ -160,15 +241,19 @@ pub struct PathLabels {
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("muster");
+        let mut registry = Registry::with_prefix(PREFIX);
+        let mut families = Vec::new();
         let m = Self {
             reconciles: Family::default(),
             reconcile_errors: Family::default(),
             reconcile_duration: Family::new_with_constructor(histogram_seconds),
             gangs_pending: Gauge::default(),
+            gangs_waiting: Family::default(),
+            admission_attempts: Family::default(),
+            build_info: Family::default(),
             gangs_admitted: Counter::default(),
             idle_cycles: Counter::default(),
-            admission_latency: histogram_seconds(),
+            admission_latency: histogram_wait_seconds(),
             placement_duration: histogram_seconds(),
             unschedulable_attempts: Family::default(),
             bind_timeouts: Counter::default(),
@@ -188,92 +273,202 @@ impl Default for Metrics {
             heap_bytes: Family::default(),
             scheduling_api: Family::default(),
             registry: Registry::default(),
+            families: Vec::new(),
         };
-        registry.register("reconciles", "Reconciles run", m.reconciles.clone());
-        registry.register(
+        register(&mut registry, &mut families, "reconciles", "Reconciles run", m.reconciles.clone());
+        register(
+            &mut registry,
+            &mut families,
             "scheduling_api",
             "1 for the scheduling API new MusterJobs compile to (muster or upstream) and the flag asked for",
             m.scheduling_api.clone(),
         );
-        registry.register("reconcile_errors", "Reconcile errors by reason", m.reconcile_errors.clone());
-        registry.register("reconcile_duration_seconds", "Reconcile duration", m.reconcile_duration.clone());
-        registry.register("gangs_pending", "Quorate gangs waiting for admission", m.gangs_pending.clone());
-        registry.register("gangs_admitted", "Gangs admitted", m.gangs_admitted.clone());
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
+            "reconcile_errors",
+            "Reconcile errors by reason",
+            m.reconcile_errors.clone(),
+        );
+        register(
+            &mut registry,
+            &mut families,
+            "reconcile_duration_seconds",
+            "Reconcile duration",
+            m.reconcile_duration.clone(),
+        );
+        register(
+            &mut registry,
+            &mut families,
+            "gangs_pending",
+            "Quorate gangs waiting for admission",
+            m.gangs_pending.clone(),
+        );
+        register(
+            &mut registry,
+            &mut families,
+            "gangs_waiting",
+            "Quorate gangs waiting for admission, per namespace",
+            m.gangs_waiting.clone(),
+        );
+        register(
+            &mut registry,
+            &mut families,
+            "admission_attempts",
+            "Admission attempts of a quorate gang, by result (admitted, unschedulable, error)",
+            m.admission_attempts.clone(),
+        );
+        register(&mut registry, &mut families, "build_info", "1, labelled with muster's version", m.build_info.clone());
+        m.build_info.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION").to_string() }).set(1);
+        register(&mut registry, &mut families, "gangs_admitted", "Gangs admitted", m.gangs_admitted.clone());
+        register(
+            &mut registry,
+            &mut families,
             "admission_idle_wakeups",
             "Admission wake-ups skipped: no event changed anything and no timer was due",
             m.idle_cycles.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "admission_latency_seconds",
-            "Seconds from quorum to the whole gang ungated",
+            "Seconds from the start of a gang's wait (its newest pod's creation, or its Admitted condition turning False, whichever is later) to the whole gang ungated",
             m.admission_latency.clone(),
         );
-        registry.register("placement_duration_seconds", "Seconds per placement decision", m.placement_duration.clone());
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
+            "placement_duration_seconds",
+            "Seconds per placement decision",
+            m.placement_duration.clone(),
+        );
+        register(
+            &mut registry,
+            &mut families,
             "unschedulable_attempts",
             "Admission attempts that did not fit, by reason",
             m.unschedulable_attempts.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "bind_timeouts",
             "Pins not bound within the bind timeout (the attempt rolled back, or a started gang failed)",
             m.bind_timeouts.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "preemptions",
             "Preemptions started for a gang that did not fit (its victims, of lower priority, evicted)",
             m.preemptions.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "preemption_victims",
             "Pods evicted as preemption victims (whole groups of disruption mode all, else pod by pod)",
             m.preemption_victims.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "gang_rollbacks",
             "Gang attempts rolled back (every pod deleted and recreated gated) after a pin failed",
             m.gang_rollbacks.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "admission_object_errors",
             "Errors admission met on one object (it is backed off alone; the others go on), by kind and reason",
             m.object_errors.clone(),
         );
         // Not prefixed twice: the GPU conflict metric is named as the GPU issue asks.
-        registry.register("gpu_conflicts", "GPU indices claimed by two live pods", m.gpu_conflicts.clone());
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
+            "gpu_conflicts",
+            "GPU indices claimed by two live pods",
+            m.gpu_conflicts.clone(),
+        );
+        register(
+            &mut registry,
+            &mut families,
             "gpu_index_corrections",
             "Pods whose gpu.muster.dev/indices were corrected to the GPUs kubelet gave them",
             m.gpu_index_corrections.clone(),
         );
-        registry.register("gpus_allocated", "GPUs allocated per node", m.gpus_allocated.clone());
-        registry.register("gpus", "GPUs per node", m.gpus_total.clone());
-        registry.register("gpus_unhealthy", "GPUs not offered because of health, per node", m.gpus_unhealthy.clone());
-        registry.register(
+        register(&mut registry, &mut families, "gpus_allocated", "GPUs allocated per node", m.gpus_allocated.clone());
+        register(&mut registry, &mut families, "gpus", "GPUs per node", m.gpus_total.clone());
+        register(
+            &mut registry,
+            &mut families,
+            "gpus_unhealthy",
+            "GPUs not offered because of health, per node",
+            m.gpus_unhealthy.clone(),
+        );
+        register(
+            &mut registry,
+            &mut families,
             "gpu_node_problems",
             "GPU problems per node and kind (topology annotation, metrics, health), 1 while present; see the node's events",
             m.gpu_node_problems.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "device_patch_errors",
             "GPU index annotations the API refused or failed to write onto a pod, by reason",
             m.device_patch_errors.clone(),
         );
-        registry.register("webhook_requests", "Admission webhook requests", m.webhook_requests.clone());
-        registry.register("webhook_duration_seconds", "Admission webhook request duration", m.webhook_duration.clone());
-        registry.register("heap_bytes", "The allocator's figures (jemalloc), bytes", m.heap_bytes.clone());
-        Self { registry, ..m }
+        register(
+            &mut registry,
+            &mut families,
+            "webhook_requests",
+            "Admission webhook requests",
+            m.webhook_requests.clone(),
+        );
+        register(
+            &mut registry,
+            &mut families,
+            "webhook_duration_seconds",
+            "Admission webhook request duration",
+            m.webhook_duration.clone(),
+        );
+        register(
+            &mut registry,
+            &mut families,
+            "heap_bytes",
+            "The allocator's figures (jemalloc), bytes",
+            m.heap_bytes.clone(),
+        );
+        Self { registry, families, ..m }
     }
 }
 
 impl Metrics {
-    /// The registry as OpenMetrics text.
+    /// The registry as OpenMetrics text. A labelled family with no series yet (no GPU node
+    /// seen, no webhook request refused) is listed all the same, by its `# HELP` and `# TYPE`
+    /// lines (OpenMetrics allows a family of no metrics), so dashboards and alert rules can be
+    /// checked against a scrape of any muster.
     pub fn encode(&self) -> String {
         self.read_heap();
         let mut out = String::new();
         // Encoding into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        let empty: String = self
+            .families
+            .iter()
+            .filter(|f| !out.contains(&format!("# TYPE {} ", f.name)))
+            .map(|f| format!("# HELP {} {}.\n# TYPE {} {}\n", f.name, f.help, f.name, f.kind))
+            .collect();
+        if !empty.is_empty() {
+            match out.rfind("# EOF") {
+                Some(at) => out.insert_str(at, &empty),
+                None => out.push_str(&empty),
+            }
+        }
         out
     }
 
@@ -296,6 +491,21 @@ impl Metrics {
                 let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
                 self.heap_bytes.get_or_create(&HeapLabels { kind: kind.to_string() }).set(bytes);
             }
+        }
+    }
+
+    /// Counts an admission attempt.
+    pub fn attempt(&self, result: AttemptResult) {
+        self.admission_attempts.get_or_create(&AttemptLabels { result: result.label().to_string() }).inc();
+    }
+
+    /// Sets the waiting gangs: the total and, per namespace, those given (a namespace left out
+    /// loses its series).
+    pub fn set_gangs_waiting(&self, by_namespace: &std::collections::BTreeMap<String, i64>) {
+        self.gangs_pending.set(by_namespace.values().sum());
+        self.gangs_waiting.clear();
+        for (namespace, n) in by_namespace {
+            self.gangs_waiting.get_or_create(&NamespaceLabels { namespace: namespace.clone() }).set(*n);
         }
     }
 
@@ -370,6 +580,55 @@ mod tests {
         assert!(text.contains("muster_reconciles_total{controller=\"job\"} 1"), "{text}");
         assert!(text.contains("muster_reconcile_errors_total{controller=\"job\",reason=\"kube\"} 1"), "{text}");
         assert!(text.contains("muster_reconcile_duration_seconds_count{controller=\"job\"} 1"), "{text}");
+    }
+
+    #[test]
+    fn a_scrape_lists_every_family_also_one_with_no_series_yet() {
+        let m = Metrics::default();
+        let text = m.encode();
+        for family in [
+            "# TYPE muster_gpus_allocated gauge",
+            "# TYPE muster_admission_attempts counter",
+            "# TYPE muster_unschedulable_attempts counter",
+            "# TYPE muster_webhook_duration_seconds histogram",
+            "# TYPE muster_gangs_waiting gauge",
+        ] {
+            assert_eq!(text.matches(family).count(), 1, "{family}: {text}");
+        }
+        assert!(text.contains("# HELP muster_gpus_allocated GPUs allocated per node."), "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        // Once a series exists, the family is listed once, by the encoder.
+        m.gpus_allocated.get_or_create(&NodeLabels { node: "n1".into() }).set(3);
+        let text = m.encode();
+        assert_eq!(text.matches("# TYPE muster_gpus_allocated gauge").count(), 1, "{text}");
+        assert!(text.contains("muster_gpus_allocated{node=\"n1\"} 3"), "{text}");
+    }
+
+    #[test]
+    fn attempts_waits_and_the_build_are_exported_like_kube_schedulers() {
+        let m = Metrics::default();
+        m.attempt(AttemptResult::Admitted);
+        m.attempt(AttemptResult::Unschedulable);
+        m.attempt(AttemptResult::Unschedulable);
+        m.set_gangs_waiting(&[("a".to_string(), 2), ("b".to_string(), 1)].into());
+        m.set_gangs_waiting(&[("b".to_string(), 3)].into());
+        m.admission_latency.observe(2.5 * 3600.0);
+        let text = m.encode();
+        assert!(text.contains("muster_admission_attempts_total{result=\"admitted\"} 1"), "{text}");
+        assert!(text.contains("muster_admission_attempts_total{result=\"unschedulable\"} 2"), "{text}");
+        assert!(!text.contains("result=\"error\""), "no error yet: {text}");
+        assert!(text.contains("muster_gangs_pending 3"), "{text}");
+        assert!(text.contains("muster_gangs_waiting{namespace=\"b\"} 3"), "{text}");
+        assert!(!text.contains("namespace=\"a\""), "a namespace with none waiting has no series: {text}");
+        let version = env!("CARGO_PKG_VERSION");
+        assert!(text.contains(&format!("muster_build_info{{version=\"{version}\"}} 1")), "{text}");
+        // A wait of 2.5 h lands in a bucket, not in +Inf.
+        let finite = text
+            .lines()
+            .filter(|l| l.starts_with("muster_admission_latency_seconds_bucket") && !l.contains("+Inf"))
+            .filter(|l| l.ends_with(" 1"))
+            .count();
+        assert!(finite >= 1, "{text}");
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod install;
 pub mod job;
 pub mod jobset;
 pub mod metrics;
+pub mod secure_metrics;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -210,6 +211,27 @@ pub struct ManagerOptions {
     pub scheduling_api: Option<crate::workloadbuilder::native::SchedulingApi>,
     /// A client that does not retry a 429, for evictions (`None`: the main client).
     pub evictions: Option<NoRetryClient>,
+    /// Serve `/metrics` over HTTPS to authorised scrapers only (then not on `http_addr`).
+    pub secure_metrics: Option<secure_metrics::SecureMetrics>,
+    /// The Lease's timings.
+    pub lease: LeaseTimings,
+}
+
+/// How long the leader's Lease lasts and how early it is renewed (kube-lease-manager's
+/// duration and grace).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseTimings {
+    /// Seconds a Lease not renewed stays held: a new leader takes over at most this long after
+    /// the old one stopped renewing.
+    pub duration: u64,
+    /// Seconds before it expires that the holder renews it.
+    pub grace: u64,
+}
+
+impl Default for LeaseTimings {
+    fn default() -> Self {
+        Self { duration: 15, grace: 5 }
+    }
 }
 
 /// A client made with `default_retry` off (see [`ManagerOptions::evictions`]).
@@ -230,14 +252,25 @@ struct HttpState {
     webhook_ready: Arc<AtomicBool>,
 }
 
-async fn serve_http(listener: tokio::net::TcpListener, state: HttpState) -> anyhow::Result<()> {
-    let app = axum::Router::new()
-        .route(
+/// Serves /healthz, /readyz and, unless `metrics` is false (they are served over HTTPS
+/// instead, see [`secure_metrics`]), /metrics.
+async fn serve_http(listener: tokio::net::TcpListener, state: HttpState, metrics: bool) -> anyhow::Result<()> {
+    let app = if metrics {
+        axum::Router::new().route(
             "/metrics",
             get(|State(s): State<HttpState>| async move {
                 ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.encode())
             }),
         )
+    } else {
+        axum::Router::new().route(
+            "/metrics",
+            get(|| async {
+                (StatusCode::NOT_FOUND, "/metrics is served over HTTPS (--metrics-secure-bind-address)\n")
+            }),
+        )
+    };
+    let app = app
         .route("/healthz", get(|| async { "ok" }))
         .route(
             "/readyz",
@@ -251,7 +284,8 @@ async fn serve_http(listener: tokio::net::TcpListener, state: HttpState) -> anyh
         )
         .with_state(state);
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+        let what = if metrics { "/metrics, /healthz, /readyz" } else { "/healthz, /readyz" };
+        tracing::info!(%addr, "serving {what}");
     }
     axum::serve(listener, app).await?;
     Ok(())
@@ -328,10 +362,17 @@ pub async fn run(client: Client, mut config: Config, opts: ManagerOptions) -> an
     // Bound here, so a taken port stops muster at once instead of leaving it never ready.
     let listener =
         tokio::net::TcpListener::bind(opts.http_addr).await.with_context(|| format!("binding {}", opts.http_addr))?;
-    let http = tokio::spawn(serve_http(
-        listener,
-        HttpState { metrics: metrics.clone(), ready: ready.clone(), webhook_ready: webhook_ready.clone() },
-    ));
+    let secure = match &opts.secure_metrics {
+        Some(s) => Some(secure_metrics::bind(s, client.clone(), metrics.clone()).await?),
+        None => None,
+    };
+    let state = HttpState { metrics: metrics.clone(), ready: ready.clone(), webhook_ready: webhook_ready.clone() };
+    let http = tokio::spawn(async move {
+        match secure {
+            Some(secure) => tokio::try_join!(serve_http(listener, state, false), secure).map(|_| ()),
+            None => serve_http(listener, state, true).await,
+        }
+    });
     let mut ctx = Context::new(client.clone(), metrics.clone(), config.clone());
     if let Some(NoRetryClient(evictions)) = opts.evictions.clone() {
         ctx.evictions = evictions;
@@ -434,8 +475,8 @@ async fn run_leader(
     let manager = kube_lease_manager::LeaseManagerBuilder::new(client, LEASE_NAME)
         .with_namespace(config.namespace.clone())
         .with_identity(config.identity.clone())
-        .with_duration(15)
-        .with_grace(5)
+        .with_duration(opts.lease.duration)
+        .with_grace(opts.lease.grace)
         .build()
         .await
         .context("creating the lease manager")?;

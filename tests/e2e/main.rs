@@ -18,6 +18,7 @@ mod harness;
 mod isolation;
 mod jobs;
 mod node_agent;
+mod operating;
 mod placement_diff;
 mod preemption;
 mod rollback;

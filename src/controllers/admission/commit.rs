@@ -672,9 +672,19 @@ impl Admitter {
         memory.next_attempt = None;
         memory.outcome = Some(Outcome::Admitted(job.message.clone()));
         memory.last_event = None;
-        if let Some(since) = memory.quorate_since.take() {
-            self.ctx.metrics.admission_latency.observe(since.elapsed().as_secs_f64());
+        let conditions = if key.composite {
+            let cpg = self.caches.composites.get(&kube::runtime::reflector::ObjectRef::new(&key.name).within(&key.ns));
+            cpg.and_then(|g| g.status.as_ref().map(|s| s.conditions.clone())).unwrap_or_default()
+        } else {
+            let pg = self.caches.pod_groups.get(&kube::runtime::reflector::ObjectRef::new(&key.name).within(&key.ns));
+            pg.and_then(|g| g.status.as_ref().map(|s| s.conditions.clone())).unwrap_or_default()
+        };
+        let created = job.pods.iter().filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0));
+        if let Some(since) = super::status::wait_started(created, &conditions) {
+            let waited = Timestamp::now().duration_since(since).as_secs_f64();
+            self.ctx.metrics.admission_latency.observe(waited.max(0.0));
         }
+        self.ctx.metrics.attempt(crate::controllers::metrics::AttemptResult::Admitted);
         self.ctx.metrics.gangs_admitted.inc();
         tracing::info!(namespace = %key.ns, root = %key.name, pods = job.plan.pods.len(), "admitted");
         let note = format!("admitted {} pod(s): {}", job.plan.pods.len(), job.message);

@@ -27,6 +27,23 @@ use crate::scheduler::{
 };
 use crate::webhook::config::excluded_namespaces;
 
+/// The quorate roots a cycle leaves waiting, per namespace (`muster_gangs_pending`,
+/// `muster_gangs_waiting`).
+#[derive(Debug, Default)]
+struct Pending {
+    by_namespace: BTreeMap<String, i64>,
+}
+
+impl Pending {
+    fn add(&mut self, namespace: &str) {
+        *self.by_namespace.entry(namespace.to_string()).or_default() += 1;
+    }
+
+    fn total(&self) -> i64 {
+        self.by_namespace.values().sum()
+    }
+}
+
 impl Admitter {
     fn place_options(&self) -> PlaceOptions {
         let scoring = match self.ctx.config.placement {
@@ -124,7 +141,7 @@ impl Admitter {
         let options = self.place_options();
         let capacity = self.capacity.load(Ordering::Relaxed);
         let wall = Timestamp::now();
-        let mut pending = 0;
+        let mut pending = Pending::default();
         let limit = self.writer.concurrency(COMMIT_CONCURRENCY);
         if !self.ended.is_empty() {
             let trees: HashMap<RootKey, &GroupTree> =
@@ -163,7 +180,7 @@ impl Admitter {
             }
             if let Some(at) = self.backing_off(&key, now) {
                 soonest(at);
-                pending += 1;
+                pending.add(&key.ns);
                 continue;
             }
             let root = roots.get(&key).copied();
@@ -194,7 +211,7 @@ impl Admitter {
             if let Some(n) = &memory.nomination {
                 if preemption::still_waiting(n, &snapshot, now) {
                     held.extend(memory.reserved.clone().map(|r| (tree.priority, key.clone(), r, true)));
-                    pending += 1;
+                    pending.add(&key.ns);
                     soonest(now + Duration::from_millis(500));
                     continue;
                 }
@@ -210,7 +227,7 @@ impl Admitter {
                     )));
                 }
                 soonest(now + retry.duration_since(wall).unsigned_abs());
-                pending += 1;
+                pending.add(&key.ns);
                 continue;
             }
             if let Some(at) = memory.next_attempt
@@ -218,13 +235,13 @@ impl Admitter {
                 && memory.capacity_seen == capacity
             {
                 soonest(at);
-                pending += 1;
+                pending.add(&key.ns);
                 continue;
             }
             if self.commits.len() >= limit {
                 // Every commit slot is taken: this root (and the ones after it, in admission
                 // order) is decided once a commit ends, which wakes a cycle.
-                pending += 1;
+                pending.add(&key.ns);
                 continue;
             }
             let started = Instant::now();
@@ -238,19 +255,15 @@ impl Admitter {
             let memory = self.roots.entry(key.clone()).or_default();
             match admission {
                 Admission::Waiting(shortfall) => {
-                    memory.quorate_since = None;
                     memory.outcome = Some(Outcome::Waiting(shortfall.to_string()));
                     self.clear_nominations(&key, tree, &by_uid).await;
                 }
                 Admission::NothingGated => {
-                    memory.quorate_since = None;
                     memory.failures = 0;
                     memory.next_attempt = None;
                 }
                 Admission::Decided(decision) => {
                     self.ctx.metrics.placement_duration.observe(started.elapsed().as_secs_f64());
-                    let memory = self.roots.entry(key.clone()).or_default();
-                    memory.quorate_since.get_or_insert(started);
                     if decision.admitted && !decision.plan.is_empty() {
                         let version = self.writer.unseen().fence(&key, root.and_then(|r| r.version()));
                         match prepare_commit(&key, version, &decision, &mut snapshot, &by_uid) {
@@ -267,12 +280,12 @@ impl Admitter {
                         // Admitted before, but gated pods beyond what started do not fit (the
                         // extra pods of a gang, a basic child of a composite): say so, and retry
                         // them on a backoff, or when capacity frees, not every cycle.
-                        pending += 1;
+                        pending.add(&key.ns);
                         soonest(self.partly(&key, tree, &decision, capacity).await);
                     } else if decision.admitted {
                         memory.outcome = Some(Outcome::Admitted(decision.message()));
                     } else {
-                        pending += 1;
+                        pending.add(&key.ns);
                         let policy = preemption::root_policy(root.and_then(|r| r.preemption_policy()), tree, &by_uid);
                         // One root reserves at a time: the first in admission order (highest
                         // priority, then longest waiting) that is not placed.
@@ -317,7 +330,7 @@ impl Admitter {
                 }
             }
         }
-        self.ctx.metrics.gangs_pending.set(pending);
+        self.ctx.metrics.set_gangs_waiting(&pending.by_namespace);
         let decided_in = began.elapsed();
         for u in &forest.unresolved {
             tracing::debug!(namespace = %u.namespace, name = %u.name, reason = ?u.reason, "not admissible");
@@ -345,7 +358,7 @@ impl Admitter {
             roots = forest.trees.len(),
             settling = settled.len(),
             in_flight = self.in_flight.len(),
-            pending,
+            pending = pending.total(),
             read_ms = read_in.as_millis(),
             snapshot_ms = (snapshot_in - read_in).as_millis(),
             follow_ms = (followed_in - snapshot_in).as_millis(),
@@ -371,20 +384,21 @@ impl Admitter {
         decision: &Decision,
         result: Result<Committed>,
         capacity: u64,
-        pending: &mut i64,
+        pending: &mut Pending,
     ) -> Option<Instant> {
         let (reason, why) = match result {
             Ok(Committed::Done) => return None,
             Ok(Committed::Stale) => return Some(Instant::now() + Duration::from_millis(100)),
             Err(e) => return Some(self.root_error(key, "commit its plan", &e).await),
             Ok(Committed::Refused(r)) => {
-                *pending += 1;
+                pending.add(&key.ns);
+                self.ctx.metrics.attempt(crate::controllers::metrics::AttemptResult::Error);
                 return Some(self.refused(key, tree, decision, &r).await);
             }
             Ok(Committed::TooLarge(why)) => ("PlanTooLarge", why),
             Ok(Committed::NotReady(why)) => ("ClaimsPending", why),
         };
-        *pending += 1;
+        pending.add(&key.ns);
         Some(self.not_admitted(key, tree, why, reason, capacity).await)
     }
 
@@ -497,6 +511,7 @@ impl Admitter {
     /// Returns when to try it again; the cycle goes on with the other roots.
     pub(super) async fn root_error(&mut self, key: &RootKey, what: &str, e: &Error) -> Instant {
         let kind = if key.composite { "CompositePodGroup" } else { "PodGroup" };
+        self.ctx.metrics.attempt(crate::controllers::metrics::AttemptResult::Error);
         self.ctx.metrics.reconcile_error(CONTROLLER, e.metric_label());
         self.ctx.metrics.object_errors.get_or_create(&object_labels(kind, e.reason())).inc();
         let memory = self.roots.entry(key.clone()).or_default();
@@ -674,6 +689,7 @@ impl Admitter {
     ) -> Instant {
         let at = self.back_off(key, capacity);
         self.ctx.metrics.unschedulable_attempts.get_or_create(&ReasonLabels { reason: reason.to_string() }).inc();
+        self.ctx.metrics.attempt(crate::controllers::metrics::AttemptResult::Unschedulable);
         let message = outcome.message().to_string();
         let memory = self.roots.entry(key.clone()).or_default();
         memory.outcome = Some(outcome);

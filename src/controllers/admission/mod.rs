@@ -113,7 +113,6 @@ struct RootMemory {
     failures: u32,
     next_attempt: Option<Instant>,
     capacity_seen: u64,
-    quorate_since: Option<Instant>,
     outcome: Option<Outcome>,
     last_event: Option<String>,
     /// Errors in a row met on this root (API errors, refusals): each doubles its backoff.

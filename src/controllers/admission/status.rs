@@ -51,6 +51,21 @@ pub mod condition {
     pub const ALL_OR_NOTHING: &str = "AllOrNothing";
 }
 
+/// PURE: when a gang's wait for admission began, read from the cluster, so a new leader
+/// measures the wait its predecessor saw begin: the later of its newest pod's creation (the
+/// gang complete) and the moment its `Admitted` condition last turned False (a rolled-back
+/// attempt starts a new wait; a gang whose pods were all there waits from then on).
+pub fn wait_started(
+    pods_created: impl IntoIterator<Item = Timestamp>,
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+) -> Option<Timestamp> {
+    let admitted_false = conditions
+        .iter()
+        .find(|c| c.type_ == condition::ADMITTED && c.status == "False")
+        .map(|c| c.last_transition_time.0);
+    pods_created.into_iter().chain(admitted_false).max()
+}
+
 /// Sets [`condition::ALL_OR_NOTHING`] from what placement does not model in the pods' specs.
 fn all_or_nothing_condition(
     conds: &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
@@ -1078,6 +1093,34 @@ mod tests {
                 ..Default::default()
             },
         )
+    }
+
+    #[test]
+    fn a_wait_starts_at_the_newest_pod_or_when_admitted_last_turned_false() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+        let at = |s: i64| Timestamp::from_second(s).expect("ts");
+        let condition = |type_: &str, status: &str, since: i64| Condition {
+            type_: type_.into(),
+            status: status.into(),
+            last_transition_time: Time(at(since)),
+            message: String::new(),
+            reason: "R".into(),
+            observed_generation: None,
+        };
+        let admitted = |status: &str, since: i64| condition(condition::ADMITTED, status, since);
+        let other = condition("Other", "False", 900);
+        let cases = [
+            ("pods only: the newest", vec![100, 300, 200], vec![], Some(300)),
+            ("admitted false later: a new wait", vec![100, 200], vec![admitted("False", 500)], Some(500)),
+            ("admitted false before the last pod", vec![100, 700], vec![admitted("False", 500)], Some(700)),
+            ("admitted true is no wait start", vec![100], vec![admitted("True", 800)], Some(100)),
+            ("other conditions do not count", vec![100], vec![other.clone()], Some(100)),
+            ("nothing known", vec![], vec![other], None),
+        ];
+        for (case, created, conditions, want) in cases {
+            let got = wait_started(created.into_iter().map(at), &conditions);
+            assert_eq!(got, want.map(at), "{case}");
+        }
     }
 
     fn now() -> Timestamp {
