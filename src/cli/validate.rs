@@ -38,7 +38,7 @@ pub enum Manifest {
 #[derive(Debug)]
 pub enum Document {
     /// A muster object that decoded; `unknown` lists fields the schema does not know.
-    Object { kind: String, name: String, manifest: Manifest, unknown: ErrorList },
+    Object { kind: String, namespace: Option<String>, name: String, manifest: Manifest, unknown: ErrorList },
     /// A muster object that does not decode (wrong types, unknown fields).
     Undecodable { kind: String, name: String, errors: ErrorList },
     /// Some other kind; not muster's to check.
@@ -47,21 +47,15 @@ pub enum Document {
 
 /// Reads every YAML document of `text`.
 pub fn parse_documents(text: &str) -> Result<Vec<Document>, String> {
-    let mut out = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(text) {
-        let value: Value = serde::Deserialize::deserialize(doc).map_err(|e| e.to_string())?;
-        if value.is_null() {
-            continue;
-        }
-        out.push(classify(value));
-    }
-    Ok(out)
+    let docs: Vec<Value> = serde_saphyr::from_multiple(text).map_err(|e| e.to_string())?;
+    Ok(docs.into_iter().filter(|v| !v.is_null()).map(classify).collect())
 }
 
 fn classify(value: Value) -> Document {
     let api_version = value.get("apiVersion").and_then(Value::as_str).unwrap_or_default().to_string();
     let kind = value.get("kind").and_then(Value::as_str).unwrap_or_default().to_string();
     let name = value.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
+    let namespace = value.pointer("/metadata/namespace").and_then(Value::as_str).map(String::from);
     let group = api_version.split_once('/').map(|(g, _)| g).unwrap_or_default();
     if group != crate::crds::batch::GROUP {
         return Document::Other { kind };
@@ -74,7 +68,7 @@ fn classify(value: Value) -> Document {
         }
     };
     match decoded {
-        Ok((manifest, unknown)) => Document::Object { kind, name, manifest, unknown },
+        Ok((manifest, unknown)) => Document::Object { kind, namespace, name, manifest, unknown },
         Err(errors) => Document::Undecodable { kind, name, errors },
     }
 }
@@ -188,12 +182,16 @@ fn check(files: &[PathBuf], old: &[PathBuf]) -> u8 {
             return 2;
         }
     };
-    let find_old = |kind: &str, name: &str| {
-        old.iter().find_map(|(_, d)| match d {
-            Document::Object { kind: k, name: n, manifest, .. } if k == kind && n == name => Some(manifest),
+    let olds: Vec<Old<'_>> = old
+        .iter()
+        .filter_map(|(file, d)| match d {
+            Document::Object { kind, namespace, name, manifest, .. } => {
+                Some(Old { file, kind, namespace: namespace.as_deref(), name, manifest })
+            }
             _ => None,
         })
-    };
+        .collect();
+    let mut matched = std::collections::BTreeSet::new();
     let mut invalid = false;
     let mut checked = 0;
     for (file, doc) in &new {
@@ -203,9 +201,27 @@ fn check(files: &[PathBuf], old: &[PathBuf]) -> u8 {
                 continue;
             }
             Document::Undecodable { kind, name, errors } => (kind, name, errors.clone()),
-            Document::Object { kind, name, manifest, unknown } => {
+            Document::Object { kind, namespace, name, manifest, unknown } => {
                 let mut errors = unknown.clone();
-                errors.extend(errors_of(manifest, find_old(kind, name)));
+                let previous = if olds.is_empty() {
+                    None
+                } else {
+                    match find_old(&olds, kind, namespace.as_deref(), name) {
+                        OldMatch::One(i) => {
+                            matched.insert(i);
+                            Some(olds[i].manifest)
+                        }
+                        miss => {
+                            eprintln!(
+                                "warning: {file}: {kind} {}: {}; checked as a create",
+                                show(namespace, name),
+                                miss.why()
+                            );
+                            None
+                        }
+                    }
+                };
+                errors.extend(errors_of(manifest, previous));
                 (kind, name, errors)
             }
         };
@@ -220,10 +236,87 @@ fn check(files: &[PathBuf], old: &[PathBuf]) -> u8 {
             }
         }
     }
+    for (i, o) in olds.iter().enumerate() {
+        if !matched.contains(&i) {
+            eprintln!(
+                "warning: {}: {} {}: no object of that kind, namespace and name among the manifests checked",
+                o.file,
+                o.kind,
+                show(&o.namespace.map(String::from), o.name)
+            );
+        }
+    }
     if checked == 0 {
         eprintln!("note: no MusterJob or MusterJobSet found; nothing to check");
     }
     u8::from(invalid)
+}
+
+/// `namespace/name`, or the name alone when no namespace is given.
+fn show(namespace: &Option<String>, name: &str) -> String {
+    match namespace {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name.to_string(),
+    }
+}
+
+/// An object of the `--old` files.
+#[derive(Debug)]
+pub struct Old<'a> {
+    /// The file it is in.
+    pub file: &'a str,
+    /// Its kind.
+    pub kind: &'a str,
+    /// Its namespace, when the manifest names one.
+    pub namespace: Option<&'a str>,
+    /// Its name.
+    pub name: &'a str,
+    /// The object.
+    pub manifest: &'a Manifest,
+}
+
+/// What an object of the manifests checked matches among the `--old` objects.
+#[derive(Debug, PartialEq, Eq)]
+pub enum OldMatch {
+    /// The old object at this index.
+    One(usize),
+    /// None of that kind, namespace and name.
+    None,
+    /// No namespace given, and that kind and name is in several namespaces.
+    Ambiguous(usize),
+}
+
+impl OldMatch {
+    fn why(&self) -> String {
+        match self {
+            OldMatch::One(_) => String::new(),
+            OldMatch::None => "no old object of that kind, namespace and name in the --old files".into(),
+            OldMatch::Ambiguous(n) => {
+                format!("no namespace given, and the --old files have {n} objects of that kind and name")
+            }
+        }
+    }
+}
+
+/// PURE: the old object an object is an update of: the same kind and name, and the same
+/// namespace where both name one; a manifest naming none (applied to the context's
+/// namespace) matches the one old object of that kind and name, whatever its namespace.
+pub fn find_old(olds: &[Old<'_>], kind: &str, namespace: Option<&str>, name: &str) -> OldMatch {
+    let same: Vec<usize> = olds
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| o.kind == kind && o.name == name)
+        .filter(|(_, o)| match (namespace, o.namespace) {
+            (Some(a), Some(b)) => a == b,
+            _ => true,
+        })
+        .map(|(i, _)| i)
+        .collect();
+    match same.as_slice() {
+        [] => OldMatch::None,
+        [one] => OldMatch::One(*one),
+        many => OldMatch::Ambiguous(many.len()),
+    }
 }
 
 #[cfg(test)]
@@ -289,6 +382,60 @@ mod tests {
         write(dir.path(), "ok.yaml", VALID_JOB);
         write(dir.path(), "z-broken.json", "{\"kind\": ");
         assert_eq!(check(&[dir.path().to_path_buf()], &[]), 2, "one unparsable file in a directory");
+    }
+
+    /// A valid MusterJob `name` in `namespace` (none when empty), its container's image `image`.
+    fn job(namespace: &str, name: &str, image: &str) -> String {
+        let ns = if namespace.is_empty() { String::new() } else { format!(", namespace: {namespace}") };
+        format!(
+            "apiVersion: batch.muster.dev/v1alpha1\nkind: MusterJob\nmetadata: {{name: {name}{ns}}}\nspec:\n  template: {{spec: {{containers: [{{name: c, image: {image}}}]}}}}\n"
+        )
+    }
+
+    #[test]
+    fn an_update_is_checked_against_the_old_object_of_its_kind_namespace_and_name() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let old = write(dir.path(), "old.yaml", &format!("{}---\n{}", job("a", "train", "img-x"), job("b", "other", "img-x")));
+        // The template is frozen: a changed image is refused as an update of a/train.
+        let changed = write(dir.path(), "new.yaml", &job("a", "train", "img-y"));
+        assert_eq!(check(std::slice::from_ref(&changed), std::slice::from_ref(&old)), 1);
+        // Without a namespace it is applied to the context's: the one old a/train matches.
+        let bare = write(dir.path(), "bare.yaml", &job("", "train", "img-y"));
+        assert_eq!(check(std::slice::from_ref(&bare), std::slice::from_ref(&old)), 1);
+        // In another namespace it has no old object: a create (with a warning), valid.
+        let elsewhere = write(dir.path(), "elsewhere.yaml", &job("c", "train", "img-y"));
+        assert_eq!(check(std::slice::from_ref(&elsewhere), std::slice::from_ref(&old)), 0);
+    }
+
+    #[test]
+    fn old_objects_match_by_kind_namespace_and_name() {
+        let Document::Object { manifest, .. } = classify(serde_saphyr::from_str(VALID_JOB).expect("yaml")) else {
+            panic!("a MusterJob")
+        };
+        let old = |kind, namespace, name| Old { file: "old.yaml", kind, namespace, name, manifest: &manifest };
+        let olds = [
+            old("MusterJob", Some("a"), "train"),
+            old("MusterJob", Some("b"), "train"),
+            old("MusterJobSet", Some("a"), "set"),
+        ];
+        let cases = [
+            ("same kind, namespace and name", "MusterJob", Some("a"), "train", OldMatch::One(0)),
+            ("the other namespace", "MusterJob", Some("b"), "train", OldMatch::One(1)),
+            ("a namespace with none", "MusterJob", Some("c"), "train", OldMatch::None),
+            ("another kind of that name", "MusterJobSet", Some("a"), "train", OldMatch::None),
+            ("no namespace, in two", "MusterJob", None, "train", OldMatch::Ambiguous(2)),
+            ("no namespace, in one", "MusterJobSet", None, "set", OldMatch::One(2)),
+            ("no such name", "MusterJob", Some("a"), "eval", OldMatch::None),
+        ];
+        for (case, kind, namespace, name, want) in cases {
+            assert_eq!(find_old(&olds, kind, namespace, name), want, "{case}");
+        }
+        let unnamespaced = [old("MusterJob", None, "train")];
+        assert_eq!(
+            find_old(&unnamespaced, "MusterJob", Some("z"), "train"),
+            OldMatch::One(0),
+            "an old manifest naming none"
+        );
     }
 
     #[test]
