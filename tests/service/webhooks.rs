@@ -286,7 +286,6 @@ fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
 
 /// `helm template` of the working tree's chart as release `muster` in `namespace`.
 fn helm_template(cluster: &Cluster, namespace: &str, set: &[&str]) -> Vec<Value> {
-    use serde::Deserialize as _;
     let home = cluster.dir.join("helm");
     let mut cmd = std::process::Command::new(k8s_bin().unwrap_or_else(|e| panic!("{e}")).join("helm"));
     cmd.args(["template", "muster"])
@@ -301,10 +300,8 @@ fn helm_template(cluster: &Cluster, namespace: &str, set: &[&str]) -> Vec<Value>
     let out = cmd.output().unwrap_or_else(|e| panic!("helm: {e}"));
     assert!(out.status.success(), "helm template: {}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout).to_string();
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("helm template output: {e}")))
-        .filter(|d| !d.is_null())
-        .collect()
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("helm template output: {e}"));
+    docs.into_iter().filter(|d| !d.is_null()).collect()
 }
 
 fn strings(v: &Value) -> Vec<String> {
