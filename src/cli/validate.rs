@@ -408,6 +408,15 @@ mod tests {
     }
 
     #[test]
+    fn yaml_is_read_as_kubectl_reads_it() {
+        let docs = parse_documents(&job("", "train", "y")).expect("parse");
+        let [Document::Undecodable { errors, .. }] = docs.as_slice() else { panic!("{docs:?}") };
+        assert!(errors[0].to_string().contains("boolean"), "{errors:?}");
+        let value: Value = serde_saphyr::from_str("a: no\nb: on\nc: \"y\"\nd: 4\n").expect("yaml");
+        assert_eq!(value, serde_json::json!({"a": false, "b": true, "c": "y", "d": 4}));
+    }
+
+    #[test]
     fn old_objects_match_by_kind_namespace_and_name() {
         let Document::Object { manifest, .. } = classify(serde_saphyr::from_str(VALID_JOB).expect("yaml")) else {
             panic!("a MusterJob")
