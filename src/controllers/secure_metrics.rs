@@ -82,12 +82,14 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
+/// sha256 of a token -> (verdict, when).
+type Verdicts = HashMap<[u8; 32], (Verdict, Instant)>;
+
 #[derive(Clone)]
 struct SecureState {
     metrics: Arc<Metrics>,
     client: Client,
-    /// sha256 of a token -> (verdict, when).
-    verdicts: Arc<Mutex<HashMap<[u8; 32], (Verdict, Instant)>>>,
+    verdicts: Arc<Mutex<Verdicts>>,
 }
 
 impl SecureState {
@@ -142,7 +144,7 @@ impl SecureState {
         Ok(v)
     }
 
-    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], (Verdict, Instant)>> {
+    fn cache(&self) -> std::sync::MutexGuard<'_, Verdicts> {
         self.verdicts.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }

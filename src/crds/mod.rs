@@ -86,11 +86,30 @@ pub fn all() -> Vec<CustomResourceDefinition> {
 }
 
 /// All CRDs as one multi-document YAML stream.
-pub fn all_yaml() -> Result<String, serde_yaml::Error> {
+pub fn all_yaml() -> Result<String, serde_saphyr::SerializeError> {
+    // Text of several lines as a literal block, the rest on one line each (no folding), so a
+    // diff of two versions reads well.
+    let mut options = serde_saphyr::SerializerOptions::default();
+    options.folded_wrap_chars = usize::MAX;
     let mut out = String::new();
     for crd in all() {
         out.push_str("---\n");
-        out.push_str(&serde_yaml::to_string(&crd)?);
+        out.push_str(&serde_saphyr::to_string_with_options(&crd, options.clone())?);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_crd_yaml_reads_back_as_the_crds() {
+        let yaml = super::all_yaml().expect("yaml");
+        let read: Vec<serde_json::Value> = serde_saphyr::from_multiple(&yaml).expect("parse");
+        let want: Vec<serde_json::Value> =
+            super::all().iter().map(|c| serde_json::to_value(c).expect("json")).collect();
+        assert_eq!(read.len(), want.len());
+        for (r, w) in read.iter().zip(&want) {
+            assert_eq!(r, w, "{}", w["metadata"]["name"]);
+        }
+    }
 }

@@ -348,6 +348,15 @@ pub struct AvoidedNode {
     printcolumn(name = "Admitted", type_ = "integer", json_path = ".status.admitted"),
     printcolumn(name = "Running", type_ = "integer", json_path = ".status.running"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    // Admission's short reason (`WaitingForQuorum`, `Insufficient nvidia.com/gpu`,
+    // `BindTimeout`, ...), so `kubectl get mpg` says why without `-o wide`; the Message column
+    // has the words.
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.reason",
+        description = "why, in a word, the group waits or failed"
+    ),
     printcolumn(name = "Parent", type_ = "string", json_path = ".spec.parentCompositePodGroupName", priority = 1),
     printcolumn(name = "Message", type_ = "string", json_path = ".status.message", priority = 1),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
@@ -415,6 +424,10 @@ pub struct PodGroupStatus {
     /// Where the group stands.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<GroupPhase>,
+    /// Why, in a word, while it waits or after it failed (e.g. `WaitingForQuorum`,
+    /// `Insufficient nvidia.com/gpu`, `BindTimeout`); the message has the whole story.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     /// The quorum in force: `gang.minCount`, or 1 for a basic group.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_count: Option<i32>,
@@ -509,6 +522,12 @@ pub struct PodGroupResourceClaimStatus {
     printcolumn(name = "Quorate", type_ = "integer", json_path = ".status.quorateChildren"),
     printcolumn(name = "Admitted", type_ = "integer", json_path = ".status.admittedChildren"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.reason",
+        description = "why, in a word, the set waits or failed"
+    ),
     printcolumn(name = "Message", type_ = "string", json_path = ".status.message", priority = 1),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
@@ -553,6 +572,9 @@ pub struct CompositePodGroupStatus {
     /// Where the group stands.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<GroupPhase>,
+    /// Why, in a word, while it waits or after it failed; the message has the whole story.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     /// The quorum in force: `gang.minGroupCount`, or 1 for a basic group.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_group_count: Option<i32>,

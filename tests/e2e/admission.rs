@@ -68,7 +68,7 @@ async fn a_gang_that_fits_is_admitted_whole_and_every_pod_binds_where_it_was_pin
         let table = kubectl(&["-n", &ns.name, "get", resource]);
         let mut lines = table.lines();
         let header: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
-        assert_eq!(header, ["NAME", "MIN", "PODS", "ADMITTED", "RUNNING", "PHASE", "AGE"], "{table}");
+        assert_eq!(header, ["NAME", "MIN", "PODS", "ADMITTED", "RUNNING", "PHASE", "REASON", "AGE"], "{table}");
         let row: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
         assert_eq!(row[..6], ["train", "8", "8", "8", "8", "Running"], "{table}");
     }
@@ -97,6 +97,10 @@ async fn a_gang_too_big_binds_nothing_says_why_and_is_admitted_once_a_node_is_ad
         ("False", "Unschedulable", message.as_str())
     );
     assert_eq!((status.pods, status.gated, status.admitted, status.scheduled), (9, 9, 0, 0));
+    // The short reason, `kubectl get mpg`'s REASON column.
+    assert_eq!(status.reason.as_deref(), Some("InsufficientCapacity"));
+    let table = kubectl(&["-n", &ns.name, "get", "mpg", "wide"]);
+    assert!(table.lines().nth(1).is_some_and(|row| row.contains("Unschedulable   InsufficientCapacity")), "{table}");
     // Nodes other tests add change the node count in the message; each change is a new event,
     // written just after the status, so wait for the one that matches.
     wait_for("an Unschedulable event with the status message", LONG, || async {

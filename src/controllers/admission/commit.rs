@@ -938,10 +938,10 @@ impl Admitter {
         let memory = self.roots.entry(key.clone()).or_default();
         memory.refused = None;
         memory.outcome = Some(match history.retry_at(&ROLLBACK_POLICY) {
-            Some(at) => Outcome::Unschedulable(format!(
-                "{} attempts rolled back in a row; retrying after {at}: {failure}",
-                history.recent
-            )),
+            Some(at) => Outcome::Unschedulable(
+                format!("{} attempts rolled back in a row; retrying after {at}: {failure}", history.recent),
+                "RollbackBackoff".into(),
+            ),
             None => Outcome::RolledBack(message.clone()),
         });
         memory.last_event = None;

@@ -27,6 +27,10 @@ use crate::scheduler::{
 };
 use crate::webhook::config::excluded_namespaces;
 
+/// How long a started gang of mode `all` must stay below its minCount before it is disrupted
+/// whole: its owner ending it (suspended, complete, failed) deletes every pod within this.
+const DISRUPTION_SETTLE: Duration = Duration::from_secs(5);
+
 /// The quorate roots a cycle leaves waiting, per namespace (`muster_gangs_pending`,
 /// `muster_gangs_waiting`).
 #[derive(Debug, Default)]
@@ -186,7 +190,20 @@ impl Admitter {
             let root = roots.get(&key).copied();
             if root.is_some_and(|r| r.disruption() == DisruptionModeKind::All) {
                 let gangs = scheduler::disrupted(tree, &finished_per_group(&key.ns, &by_group));
-                if !gangs.is_empty() {
+                let memory = self.roots.entry(key.clone()).or_default();
+                if gangs.is_empty() {
+                    memory.disrupted_since = None;
+                } else {
+                    // A gang whose owner ends it (a job suspended, complete or failed) loses
+                    // every pod within moments; one that loses a node keeps its survivors. Only
+                    // a loss that lasts is a disruption.
+                    let since = *memory.disrupted_since.get_or_insert(now);
+                    if now.duration_since(since) < DISRUPTION_SETTLE {
+                        soonest(since + DISRUPTION_SETTLE);
+                        pending.add(&key.ns);
+                        continue;
+                    }
+                    memory.disrupted_since = None;
                     self.disrupt(&key, &gangs).await;
                     soonest(Instant::now() + Duration::from_millis(200));
                     continue;
@@ -220,11 +237,14 @@ impl Admitter {
             }
             held.extend(memory.reserved.clone().map(|r| (tree.priority, key.clone(), r, false)));
             if let Some(retry) = history.retry_at(&ROLLBACK_POLICY).filter(|at| *at > wall) {
-                if !matches!(memory.outcome, Some(Outcome::Unschedulable(_))) {
-                    memory.outcome = Some(Outcome::Unschedulable(format!(
-                        "{} attempts rolled back in a row after failed pins; retrying after {retry}",
-                        history.recent
-                    )));
+                if !matches!(memory.outcome, Some(Outcome::Unschedulable(..))) {
+                    memory.outcome = Some(Outcome::Unschedulable(
+                        format!(
+                            "{} attempts rolled back in a row after failed pins; retrying after {retry}",
+                            history.recent
+                        ),
+                        "RollbackBackoff".into(),
+                    ));
                 }
                 soonest(now + retry.duration_since(wall).unsigned_abs());
                 pending.add(&key.ns);
@@ -668,7 +688,7 @@ impl Admitter {
         reason: &str,
         capacity: u64,
     ) -> Instant {
-        self.waiting(key, tree, Outcome::Unschedulable(message), reason, capacity).await
+        self.waiting(key, tree, Outcome::Unschedulable(message, reason.to_string()), reason, capacity).await
     }
 
     /// Gated pods of an admitted root that do not fit: the root stays admitted, the pods wait.

@@ -110,6 +110,8 @@ impl std::fmt::Display for RootKey {
 /// cluster holds the truth; this only paces retries and explains).
 #[derive(Default)]
 struct RootMemory {
+    /// Since when a started gang of mode `all` is below its minCount (see `DISRUPTION_SETTLE`).
+    disrupted_since: Option<Instant>,
     failures: u32,
     next_attempt: Option<Instant>,
     capacity_seen: u64,

@@ -117,8 +117,9 @@ pub fn error_condition(
 pub enum Outcome {
     /// Not quorate yet.
     Waiting(String),
-    /// Quorate but does not fit.
-    Unschedulable(String),
+    /// Quorate but does not fit: the message, and the short reason (the placement's
+    /// `Insufficient nvidia.com/gpu`, or what holds it back: `Preempting`, `RollbackBackoff`).
+    Unschedulable(String, String),
     /// Admitted in this or an earlier cycle.
     Admitted(String),
     /// A committed pod did not bind in time after the gang started whole.
@@ -138,7 +139,7 @@ impl Outcome {
     pub fn message(&self) -> &str {
         match self {
             Outcome::Waiting(m)
-            | Outcome::Unschedulable(m)
+            | Outcome::Unschedulable(m, _)
             | Outcome::Admitted(m)
             | Outcome::BindFailed(m)
             | Outcome::RolledBack(m)
@@ -155,10 +156,27 @@ fn leaf_outcome(outcome: Option<&Outcome>, counts: &PodCounts, min: i32) -> Opti
     match outcome {
         Some(Outcome::Partly(_)) if counts.gated == 0 => None,
         Some(Outcome::Partly(m)) if counts.admitted + counts.succeeded + counts.failed < min.max(1) => {
-            Some(Outcome::Unschedulable(m.clone()))
+            Some(Outcome::Unschedulable(m.clone(), "Unschedulable".into()))
         }
         other => other.cloned(),
     }
+}
+
+/// PURE: the short reason a group shows beside its phase (`kubectl get mpg`, column
+/// `Reason`): why it waits or failed, none once it is admitted, runs or is done.
+pub fn short_reason(phase: GroupPhase, outcome: Option<&Outcome>) -> Option<String> {
+    if matches!(phase, GroupPhase::Admitted | GroupPhase::Running | GroupPhase::Succeeded) {
+        return None;
+    }
+    let reason = match outcome? {
+        Outcome::Waiting(_) if phase == GroupPhase::Pending => "WaitingForQuorum",
+        Outcome::Unschedulable(_, r) => r.as_str(),
+        Outcome::BindFailed(_) => "BindTimeout",
+        Outcome::RolledBack(_) => "BindFailed",
+        Outcome::Excluded(_) => "NamespaceExcluded",
+        Outcome::Waiting(_) | Outcome::Admitted(_) | Outcome::Partly(_) => return None,
+    };
+    Some(reason.to_string())
 }
 
 /// Counts of a group's pods.
@@ -236,7 +254,7 @@ fn phase_of(counts: &PodCounts, min: i32, outcome: Option<&Outcome>, plan: Optio
         return GroupPhase::Admitted;
     }
     match outcome {
-        Some(Outcome::Unschedulable(_)) => GroupPhase::Unschedulable,
+        Some(Outcome::Unschedulable(..)) => GroupPhase::Unschedulable,
         _ => GroupPhase::Pending,
     }
 }
@@ -260,7 +278,7 @@ fn admission_conditions(
             conditions::set(conds, condition::ADMITTED, true, "Admitted", m, generation, now);
             conditions::set(conds, condition::BIND_FAILED, false, "Bound", "", generation, now);
         }
-        Some(Outcome::Unschedulable(m)) => {
+        Some(Outcome::Unschedulable(m, _)) => {
             conditions::set(conds, condition::ADMITTED, false, "Unschedulable", m, generation, now);
         }
         Some(Outcome::Waiting(m)) => {
@@ -309,7 +327,7 @@ pub fn pod_group_status(pg: &PodGroup, pods: &[&Pod], outcome: Option<&Outcome>,
                 now,
             );
         } else {
-            let reason = if matches!(outcome, Some(Outcome::Unschedulable(_))) { "Unschedulable" } else { "Pending" };
+            let reason = if matches!(outcome, Some(Outcome::Unschedulable(..))) { "Unschedulable" } else { "Pending" };
             conditions::set(
                 &mut conds,
                 condition::POD_GROUP_INITIALLY_SCHEDULED,
@@ -321,8 +339,10 @@ pub fn pod_group_status(pg: &PodGroup, pods: &[&Pod], outcome: Option<&Outcome>,
             );
         }
     }
+    let phase = phase_of(&counts, min, outcome, prev.plan.as_ref());
     PodGroupStatus {
-        phase: Some(phase_of(&counts, min, outcome, prev.plan.as_ref())),
+        phase: Some(phase),
+        reason: short_reason(phase, outcome),
         min_count: Some(min),
         pods: counts.pods,
         gated: counts.gated,
@@ -378,7 +398,7 @@ pub fn composite_status(
         let ok = scheduled >= min && !children.is_empty();
         let reason = if ok {
             "Scheduled"
-        } else if matches!(outcome, Some(Outcome::Unschedulable(_))) {
+        } else if matches!(outcome, Some(Outcome::Unschedulable(..))) {
             "Unschedulable"
         } else {
             "Pending"
@@ -403,7 +423,7 @@ pub fn composite_status(
         GroupPhase::Pending
     } else if admitted >= min {
         GroupPhase::Admitted
-    } else if matches!(outcome, Some(Outcome::Unschedulable(_))) {
+    } else if matches!(outcome, Some(Outcome::Unschedulable(..))) {
         GroupPhase::Unschedulable
     } else {
         GroupPhase::Pending
@@ -414,6 +434,7 @@ pub fn composite_status(
     };
     CompositePodGroupStatus {
         phase: Some(phase),
+        reason: short_reason(phase, outcome),
         min_group_count: Some(min),
         children: children.len() as i32,
         quorate_children: quorate,
@@ -1096,6 +1117,29 @@ mod tests {
     }
 
     #[test]
+    fn the_short_reason_says_why_a_group_waits_or_failed_and_nothing_once_it_runs() {
+        let unfit = Outcome::Unschedulable("0/2 nodes fit".into(), "Insufficient nvidia.com/gpu".into());
+        let waiting = Outcome::Waiting("waiting for quorum".into());
+        let cases = [
+            (GroupPhase::Pending, Some(&waiting), Some("WaitingForQuorum")),
+            (GroupPhase::Unschedulable, Some(&unfit), Some("Insufficient nvidia.com/gpu")),
+            (GroupPhase::Failed, Some(&Outcome::BindFailed("x".into())), Some("BindTimeout")),
+            (GroupPhase::Pending, Some(&Outcome::RolledBack("x".into())), Some("BindFailed")),
+            (GroupPhase::Pending, Some(&Outcome::Excluded("x".into())), Some("NamespaceExcluded")),
+            // Admitted, running or done: no reason, whatever admission last said.
+            (GroupPhase::Running, Some(&unfit), None),
+            (GroupPhase::Succeeded, Some(&waiting), None),
+            (GroupPhase::Admitted, Some(&Outcome::Admitted("x".into())), None),
+            // Failed with every pod gone, not quorate any more: the phase says it all.
+            (GroupPhase::Failed, Some(&waiting), None),
+            (GroupPhase::Pending, None, None),
+        ];
+        for (phase, outcome, want) in cases {
+            assert_eq!(short_reason(phase, outcome).as_deref(), want, "{phase:?} {outcome:?}");
+        }
+    }
+
+    #[test]
     fn a_wait_starts_at_the_newest_pod_or_when_admitted_last_turned_false() {
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
         let at = |s: i64| Timestamp::from_second(s).expect("ts");
@@ -1248,8 +1292,14 @@ mod tests {
     fn unschedulable_gang_says_why() {
         let pods = [pod("Pending", true, None), pod("Pending", true, None)];
         let refs: Vec<&Pod> = pods.iter().collect();
-        let s = pod_group_status(&group(2), &refs, Some(&Outcome::Unschedulable("0/2 nodes fit".into())), now());
+        let s = pod_group_status(
+            &group(2),
+            &refs,
+            Some(&Outcome::Unschedulable("0/2 nodes fit".into(), "Insufficient nvidia.com/gpu".into())),
+            now(),
+        );
         assert_eq!(s.phase, Some(GroupPhase::Unschedulable));
+        assert_eq!(s.reason.as_deref(), Some("Insufficient nvidia.com/gpu"));
         let c = conditions::get(&s.conditions, condition::ADMITTED).expect("condition");
         assert_eq!(
             (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
