@@ -9,6 +9,7 @@ pub mod cli;
 pub mod controllers;
 pub mod crds;
 pub mod devices;
+pub mod plugin;
 pub mod pods;
 pub mod scheduler;
 pub mod webhook;

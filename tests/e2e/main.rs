@@ -20,6 +20,7 @@ mod jobs;
 mod node_agent;
 mod operating;
 mod placement_diff;
+mod plugin;
 mod preemption;
 mod rollback;
 mod upstream;
