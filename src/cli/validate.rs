@@ -395,7 +395,11 @@ mod tests {
     #[test]
     fn an_update_is_checked_against_the_old_object_of_its_kind_namespace_and_name() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let old = write(dir.path(), "old.yaml", &format!("{}---\n{}", job("a", "train", "img-x"), job("b", "other", "img-x")));
+        let old = write(
+            dir.path(),
+            "old.yaml",
+            &format!("{}---\n{}", job("a", "train", "img-x"), job("b", "other", "img-x")),
+        );
         // The template is frozen: a changed image is refused as an update of a/train.
         let changed = write(dir.path(), "new.yaml", &job("a", "train", "img-y"));
         assert_eq!(check(std::slice::from_ref(&changed), std::slice::from_ref(&old)), 1);

@@ -39,6 +39,8 @@ fn rendered_manifests_pass_a_server_side_dry_run() {
     kubectl(&["wait", "--for=condition=Established", "--timeout=60s", "-f", path_str(&stubs)]);
     let ns = "muster-dry-run";
     let _ = cluster().kubectl(&["create", "namespace", ns]);
+    // ci/full-values.yaml puts the dashboard ConfigMap there.
+    let _ = cluster().kubectl(&["create", "namespace", "monitoring"]);
     let chart = chart_dir();
     let full = chart.join("ci/full-values.yaml");
     for extra in [
@@ -46,11 +48,26 @@ fn rendered_manifests_pass_a_server_side_dry_run() {
         vec!["-f", path_str(&full)],
         vec!["--set", "webhook.url=https://127.0.0.1:9443"],
         vec!["--set", "nodeAgent.enabled=true"],
+        vec![
+            "--set",
+            "metrics.secure.enabled=true",
+            "--set",
+            "metrics.serviceMonitor.enabled=true",
+            "--set",
+            "dashboards.enabled=true",
+            "--set",
+            "prometheusRule.enabled=true",
+            "--set",
+            "hostNetwork=true",
+            "--set",
+            "networkPolicy.enabled=true",
+        ],
     ] {
         let mut args = vec!["template", RELEASE, path_str(&chart), "--namespace", ns];
         args.extend_from_slice(&extra);
         let rendered = helm(&args).unwrap_or_else(|e| panic!("{e}"));
-        let out = kubectl_stdin(&["apply", "--dry-run=server", "-n", ns, "-f", "-"], &rendered)
+        // Each object in its own namespace (the dashboard ConfigMap may be elsewhere).
+        let out = kubectl_stdin(&["apply", "--dry-run=server", "-f", "-"], &rendered)
             .unwrap_or_else(|e| panic!("values {extra:?}: the apiserver refused the rendered chart:\n{e}"));
         let objects = crate::support::documents(&rendered).len();
         assert_eq!(out.lines().filter(|l| l.contains("(server dry run)")).count(), objects, "{extra:?}:\n{out}");

@@ -9,7 +9,9 @@
 mod harness;
 
 mod install;
+mod knobs;
 mod node_agent;
+mod observability;
 mod rbac;
 mod render;
 mod support;

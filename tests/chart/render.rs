@@ -25,6 +25,26 @@ fn renderings() -> Vec<(&'static str, Vec<Value>)> {
         ("webhook url", render(NS, &["--set", "webhook.url=https://127.0.0.1:9443"])),
         ("webhook off", render(NS, &["--set", "webhook.enabled=false", "--set", "replicaCount=1"])),
         ("node agent", render(NS, &["--set", "nodeAgent.enabled=true"])),
+        (
+            "secure metrics",
+            render(NS, &["--set", "metrics.secure.enabled=true", "--set", "metrics.secure.certSecret=metrics-tls"]),
+        ),
+        (
+            "knobs",
+            render(
+                NS,
+                &[
+                    "--set",
+                    "hostNetwork=true",
+                    "--set-json",
+                    r#"extraArgs=["--bind-timeout=30","--webhook-cert-validity=86400"]"#,
+                    "--set-json",
+                    r#"commonLabels={"team":"platform"}"#,
+                    "--set",
+                    "image.digest=sha256:4f53cda18c2baa0c0354bb5f9a3ecbe5ed12ab4d8e11ba873c2f11161202b945",
+                ],
+            ),
+        ),
     ]
 }
 
@@ -117,7 +137,17 @@ fn webhook_configurations_are_the_ones_muster_applies() {
         None,
         NS,
     );
-    assert_eq!(v.webhooks, svc.webhooks);
+    // Same, but for the selector extensions of ci/full-values.yaml (knobs.rs checks them):
+    // muster's own exclusion comes first and stays.
+    let mut v_webhooks = v.webhooks.expect("webhooks");
+    for w in &mut v_webhooks {
+        let sel = w.namespace_selector.as_mut().expect("namespaceSelector");
+        let exprs = sel.match_expressions.as_mut().expect("matchExpressions");
+        assert!(exprs.len() > 1 && sel.match_labels.is_some(), "ci/full-values.yaml extends the selector: {sel:?}");
+        assert_eq!(exprs[0], webhooks::namespace_selector(NS).match_expressions.expect("muster's")[0]);
+        *sel = webhooks::namespace_selector(NS);
+    }
+    assert_eq!(Some(v_webhooks), svc.webhooks);
 }
 
 /// `muster run`'s long flags and whether each takes a value.
@@ -218,8 +248,19 @@ fn rbac_has_no_wildcards_and_names_what_is_musters_alone() {
             .filter(|r| r["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("-controller")))
             .flat_map(|r| r["rules"].as_array().cloned().unwrap_or_default())
             .collect();
+        // muster's own accounts' roles; the users' ones (aggregated into edit and view, the
+        // metrics reader) are checked in knobs.rs.
+        let own_roles: Vec<Value> = of_kind(&docs, "ClusterRole")
+            .into_iter()
+            .filter(|r| {
+                r["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| !n.ends_with("-edit") && !n.ends_with("-view") && !n.ends_with("-metrics-reader"))
+            })
+            .flat_map(|r| r["rules"].as_array().cloned().unwrap_or_default())
+            .collect();
         let role_rules = rules(&docs, "Role");
-        for rule in rules(&docs, "ClusterRole").iter().chain(&role_rules) {
+        for rule in own_roles.iter().chain(&role_rules) {
             for field in ["apiGroups", "resources", "verbs", "resourceNames"] {
                 assert!(!strings(&rule[field]).contains(&"*"), "{name}: wildcard in {rule}");
             }
@@ -341,12 +382,12 @@ fn readme_and_full_values_cover_every_value() {
     let schema: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("values.schema.json")).expect("schema")).expect("json");
     let defaults: Value =
-        serde_yaml::from_str(&std::fs::read_to_string(dir.join("values.yaml")).expect("values")).expect("yaml");
+        serde_saphyr::from_str(&std::fs::read_to_string(dir.join("values.yaml")).expect("values")).expect("yaml");
     let mut leaves = Vec::new();
     schema_leaves(&schema, &defaults, "", &mut leaves);
     let readme = std::fs::read_to_string(dir.join("README.md")).expect("charts/muster/README.md");
     let full: Value =
-        serde_yaml::from_str(&std::fs::read_to_string(dir.join("ci/full-values.yaml")).expect("full")).expect("yaml");
+        serde_saphyr::from_str(&std::fs::read_to_string(dir.join("ci/full-values.yaml")).expect("full")).expect("yaml");
     for leaf in &leaves {
         assert!(readme.contains(&format!("`{leaf}`")), "charts/muster/README.md does not list `{leaf}`");
         assert!(value_at(&defaults, leaf).is_some(), "values.yaml has no default for {leaf}");

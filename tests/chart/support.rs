@@ -111,11 +111,9 @@ pub fn path_str(p: &Path) -> &str {
 
 /// Parses a multi-document YAML stream into JSON values, skipping empty documents.
 pub fn documents(yaml: &str) -> Vec<Value> {
-    use serde::Deserialize;
-    serde_yaml::Deserializer::from_str(yaml)
-        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("rendered YAML does not parse: {e}\n{yaml}")))
-        .filter(|v| !v.is_null())
-        .collect()
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(yaml).unwrap_or_else(|e| panic!("rendered YAML does not parse: {e}\n{yaml}"));
+    docs.into_iter().filter(|v| !v.is_null()).collect()
 }
 
 /// `helm template` of the working-tree chart as release [`RELEASE`] in `namespace`, with

@@ -69,7 +69,7 @@ fn previous_crds() -> Vec<CustomResourceDefinition> {
 }
 
 fn yaml_stream(crds: &[CustomResourceDefinition]) -> String {
-    crds.iter().map(|c| format!("---\n{}", serde_yaml::to_string(c).expect("yaml"))).collect()
+    crds.iter().map(|c| format!("---\n{}", serde_saphyr::to_string(c).expect("yaml"))).collect()
 }
 
 fn copy_dir(from: &Path, to: &Path) {
