@@ -182,6 +182,9 @@ pub struct Gang {
     pub created: Option<Timestamp>,
     /// muster's `status.phase` (none for native groups, and before the first status).
     pub group_phase: Option<GroupPhase>,
+    /// muster's `status.reason`, the word admission gives for why it waits or failed (none
+    /// for native groups, and once all is well).
+    pub group_reason: Option<String>,
     /// The verdict: muster's `Admitted` condition, kube-scheduler's `*InitiallyScheduled`.
     pub verdict: Option<Condition>,
     /// Why it is where it is: muster's `status.message`, or the verdict's message.
@@ -256,10 +259,14 @@ impl Gang {
             return says.reason.clone();
         }
         let phase = self.phase();
-        if matches!(phase, Phase::Unschedulable | Phase::Waiting | Phase::Failed)
-            && let Some(top) = top_reason(&self.message)
-        {
-            return top;
+        if matches!(phase, Phase::Unschedulable | Phase::Waiting | Phase::Failed) {
+            // muster's own word first; a native group's is read from kube-scheduler's message.
+            if let Some(reason) = self.group_reason.as_ref().filter(|r| !r.is_empty()) {
+                return reason.clone();
+            }
+            if let Some(top) = top_reason(&self.message) {
+                return top;
+            }
         }
         if matches!(phase, Phase::Unschedulable) {
             for child in &self.children {
@@ -451,6 +458,7 @@ fn muster_leaf(pg: &PodGroup, objects: &Objects) -> Gang {
         owner: owner_of(&pg.metadata, objects),
         created: pg.metadata.creation_timestamp.as_ref().map(|t| t.0),
         group_phase: status.phase,
+        group_reason: status.reason.clone(),
         verdict: condition(&status.conditions, ADMITTED),
         message: status.message.unwrap_or_default(),
         pods: PodCounts {
@@ -492,6 +500,7 @@ fn muster_composite(cpg: &CompositePodGroup, objects: &Objects) -> Gang {
         owner: owner_of(&cpg.metadata, objects),
         created: cpg.metadata.creation_timestamp.as_ref().map(|t| t.0),
         group_phase: status.phase,
+        group_reason: status.reason.clone(),
         verdict: condition(&status.conditions, ADMITTED),
         message: status.message.unwrap_or_default(),
         pods: summed(&children),
@@ -552,6 +561,7 @@ fn native_leaf(pg: &v1beta1::PodGroup, objects: &Objects) -> Gang {
         owner: owner_of(&pg.metadata, objects),
         created: pg.metadata.creation_timestamp.as_ref().map(|t| t.0),
         group_phase: None,
+        group_reason: None,
         message: verdict.as_ref().map(|c| c.message.clone()).unwrap_or_default(),
         verdict,
         groups: None,
@@ -586,6 +596,7 @@ fn native_composite(cpg: &v1alpha3::CompositePodGroup, objects: &Objects) -> Gan
         owner: owner_of(&cpg.metadata, objects),
         created: cpg.metadata.creation_timestamp.as_ref().map(|t| t.0),
         group_phase: None,
+        group_reason: None,
         message: verdict.as_ref().map(|c| c.message.clone()).unwrap_or_default(),
         verdict,
         pods: summed(&children),
@@ -824,6 +835,24 @@ mod tests {
                 ),
                 vec![],
                 ("Unschedulable", "0/17", "3m12s", "Insufficient nvidia.com/gpu"),
+            ),
+            (
+                "a gang that does not fit, with admission's own word for why",
+                group(
+                    "wide",
+                    9,
+                    PodGroupStatus {
+                        reason: Some("InsufficientCapacity".into()),
+                        ..status(
+                            GroupPhase::Unschedulable,
+                            cond(ADMITTED, "False", "Unschedulable", TOO_BIG, 0),
+                            TOO_BIG,
+                            (9, 0, 0),
+                        )
+                    },
+                ),
+                vec![],
+                ("Unschedulable", "0/9", "3m12s", "InsufficientCapacity"),
             ),
             (
                 "a gang short of its quorum waits for it",

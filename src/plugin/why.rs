@@ -389,6 +389,7 @@ mod tests {
             owner: Some(Owner { kind: "MusterJob".into(), name: "too-big".into(), says: None }),
             created: Some(at(0)),
             group_phase: Some(phase),
+            group_reason: None,
             verdict: Some(Condition {
                 type_: ADMITTED.into(),
                 status: "False".into(),
