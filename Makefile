@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BIN_DIR = $(shell bash tools/k8s/bindir.sh)
 
-.PHONY: all build release host-deps host-deps-demo test unit e2e e2e-placement chaos e2e-rbac e2e-service chart-lint chart-test crds crds-check fmt clippy bench bench-e2e controlplane cluster-up cluster-down run demo demo-down demo-check
+.PHONY: all build release host-deps host-deps-demo test unit e2e e2e-placement e2e-compat chaos e2e-rbac e2e-service chart-lint chart-test crds crds-check fmt clippy bench bench-e2e controlplane cluster-up cluster-down run demo demo-down demo-check
 
 all: build
 
@@ -59,6 +59,13 @@ e2e-placement: controlplane
 	for d in target/e2e-cluster-*; do \
 	  [ -d "$$d" ] && [ ! -e "/proc/$${d##*-}" ] && MUSTER_CLUSTER_DIR="$$d" bash hack/cluster-down.sh > /dev/null 2>&1; \
 	done; exit $$rc
+
+## Every Kubernetes version muster claims (hack/e2e-compat.sh): per version its control plane
+## (built once, cached by version; a cold build is about 10-15 min each), the e2e subset that
+## covers compile, webhooks, gang admission and GPU indices, the demo check and the chart tests;
+## a table at the end (target/compat/summary.md). MUSTER_COMPAT_VERSIONS picks versions.
+e2e-compat: host-deps
+	bash hack/e2e-compat.sh
 
 ## The chaos suite's long profile (tests/e2e/chaos.rs; several minutes): 40 nodes, 60 gangs,
 ## 20 SIGKILLs of muster (single replica, then the leader of two), nodes removed, pods deleted.

@@ -12,8 +12,10 @@
 #                         --enable-aggregator-routing=true)
 #   MUSTER_CLUSTER_DIR  where everything lives (default target/cluster): kubeconfig, logs/, pids/, pki/
 #   MUSTER_K8S_BIN      folder with the binaries (default: tools/k8s/bindir.sh; build with `make controlplane`)
-#   MUSTER_FEATURE_GATES  gates to ask for (default below; empty asks for none); the ones the binaries refuse are dropped and reported
-#   MUSTER_RUNTIME_CONFIG extra API versions to serve (default below; empty serves only the defaults)
+#   MUSTER_FEATURE_GATES  gates to ask for (default below; empty asks for none; `Name=false` turns one
+#                         off); the ones the binaries refuse are dropped and reported
+#   MUSTER_RUNTIME_CONFIG extra API versions to serve (default below; empty serves only the defaults;
+#                         `resource.k8s.io/v1=false` turns one off)
 #   MUSTER_CLUSTER_CRDS   CRD manifests (file or folder) installed before kube-controller-manager
 #                         starts, so its garbage collector knows them at once (default crds/; "" = none)
 #
@@ -125,9 +127,11 @@ for c in kube-apiserver kube-scheduler kube-controller-manager; do
   "$bin/$c" --help > "$logs/$c.help" 2>&1 || true
 done
 for g in "${wanted[@]}"; do
+  # A gate is asked for on (`Name`) or set as written (`Name=false`).
+  [[ $g == *=* ]] || g=$g=true
   ok=1
   for c in kube-apiserver kube-scheduler kube-controller-manager; do
-    grep -qE "(^|[ :])$g=true\|false" "$logs/$c.help" || { ok=0; refused+=("$g (not known to $c)"); }
+    grep -qE "(^|[ :])${g%%=*}=true\|false" "$logs/$c.help" || { ok=0; refused+=("${g%%=*} (not known to $c)"); }
   done
   [ $ok = 1 ] && accepted_gates+=("$g")
 done
@@ -176,7 +180,7 @@ runtime_config=$runtime_wanted
 while :; do
   attempt=$((attempt + 1))
   read -r etcd_port peer_port api_port sched_port cm_port kwok_port <<< "$(free_ports 6)"
-  gates=$(IFS=,; for g in "${accepted_gates[@]}"; do printf '%s=true,' "$g"; done)
+  gates=$(IFS=,; for g in "${accepted_gates[@]}"; do printf '%s,' "$g"; done)
   gates=${gates%,}
   rm -rf "$dir/etcd"
 
@@ -221,13 +225,22 @@ done
 wait_until "namespaces default and kube-system" kube-apiserver 60 kc get namespace default kube-system \
   || { stop_all; die "system namespaces missing"; }
 for gv in ${runtime_config//,/ }; do
+  # `<group/version>=false` turns a version off (e.g. resource.k8s.io/v1=false: no DRA).
+  [[ $gv == *=true ]] || continue
   gv=${gv%=true}
-  wait_until "discovery of $gv" kube-apiserver 30 kc get --raw "/apis/$gv" \
-    || { stop_all; die "$gv is not served although --runtime-config asked for it"; }
+  # An older kube-apiserver may accept a version and serve nothing in it (1.34 has no
+  # scheduling.k8s.io/v1beta1 kinds): reported, not fatal.
+  if ! wait_until "discovery of $gv" kube-apiserver 10 kc get --raw "/apis/$gv"; then
+    log "$gv is not served although --runtime-config asked for it"
+    refused+=("runtime-config $gv=true (accepted, but nothing served in it by $("$bin/kube-apiserver" --version))")
+  fi
 done
-# DRA (GA, on by default): muster allocates ResourceClaims itself on DRA nodes.
-wait_until "discovery of resource.k8s.io/v1" kube-apiserver 30 kc get --raw /apis/resource.k8s.io/v1 \
-  || { stop_all; die "resource.k8s.io/v1 (DRA) is not served"; }
+# DRA (GA, on by default from 1.34): muster allocates ResourceClaims itself on DRA nodes. An
+# older control plane serves no resource.k8s.io/v1: muster then leaves the DRA path out.
+if ! wait_until "discovery of resource.k8s.io/v1" kube-apiserver 30 kc get --raw /apis/resource.k8s.io/v1; then
+  log "resource.k8s.io/v1 (DRA) is not served by this kube-apiserver: no DRA path"
+  refused+=("resource.k8s.io/v1 (not served by $("$bin/kube-apiserver" --version))")
+fi
 
 # The garbage collector rediscovers resource types only every 30 s; CRDs known at its start
 # spare tests that wait.
@@ -275,9 +288,20 @@ controllers+=,resourceclaim-controller
 # disruptionsAllowed from the disruption controller (without it every budget refuses).
 controllers+=,disruption-controller
 controllers+=,podgroup-protection-controller
-if ! grep -q podgroup-protection-controller "$logs/kube-controller-manager.help"; then
-  controllers=${controllers%,podgroup-protection-controller}
-fi
+# Older control planes lack some of these (podgroup-protection-controller is 1.37's; before
+# 1.34 the DRA claim controller is `resource-claim-controller`, behind its gate): only those the
+# binary lists are asked for, the others reported.
+kept=()
+for c in ${controllers//,/ }; do
+  if grep -qE "(^|[ ,])$c([ ,]|$)" "$logs/kube-controller-manager.help"; then
+    kept+=("$c")
+  elif [ "$c" = resourceclaim-controller ] && grep -qE "(^|[ ,])resource-claim-controller([ ,]|$)" "$logs/kube-controller-manager.help"; then
+    kept+=(resource-claim-controller)
+  else
+    refused+=("controller $c (not known to kube-controller-manager)")
+  fi
+done
+controllers=$(IFS=,; echo "${kept[*]}")
 start kube-controller-manager "$bin/kube-controller-manager" --kubeconfig="$kubeconfig" \
   --controllers="$controllers" --leader-elect=false --secure-port="$cm_port" "${serving[@]}" \
   --service-account-private-key-file="$pki/sa.key" --root-ca-file="$pki/ca.crt" \

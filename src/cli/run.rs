@@ -258,6 +258,7 @@ impl Args {
             // Resolved at start, against what the API server serves (`controllers::run`).
             scheduling_api: SchedulingApi::Muster,
             native_scheduling_served: false,
+            dra_served: true,
             native_composite_served: false,
         }
     }

@@ -51,6 +51,9 @@ pub struct Config {
     /// Whether the API server serves the native `scheduling.k8s.io/v1beta1` Workload and
     /// PodGroup (a job recorded as `upstream` needs them).
     pub native_scheduling_served: bool,
+    /// The API server serves `resource.k8s.io/v1` (DRA, 1.34+): without it a job using DRA
+    /// claims is `Invalid` (reason `DRANotServed`), naming the fields.
+    pub dra_served: bool,
     /// Whether the API server serves the native `scheduling.k8s.io/v1alpha3`
     /// CompositePodGroup (a MusterJobSet with `spec.scheduling` in upstream mode needs it).
     pub native_composite_served: bool,
@@ -74,6 +77,7 @@ impl Default for Config {
             dra_gpu_device_class: DEFAULT_DRA_GPU_DEVICE_CLASS.into(),
             scheduling_api: Default::default(),
             native_scheduling_served: false,
+            dra_served: true,
             native_composite_served: false,
         }
     }

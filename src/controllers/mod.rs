@@ -346,6 +346,12 @@ pub async fn run(client: Client, mut config: Config, opts: ManagerOptions) -> an
     }
     let metrics = Arc::new(Metrics::default());
     config.native_scheduling_served = served(&client, "scheduling.k8s.io/v1beta1", &["workloads", "podgroups"]).await;
+    config.dra_served = served(&client, "resource.k8s.io/v1", &["resourceclaims", "resourceclaimtemplates"]).await;
+    if !config.dra_served {
+        tracing::info!(
+            "resource.k8s.io/v1 is not served: count-based GPUs only; MusterJobs asking for DRA claims (spec.gpuClaims, spec.scheduling.resourceClaims, pod resourceClaims) are Invalid, reason DRANotServed"
+        );
+    }
     config.native_composite_served = served(&client, "scheduling.k8s.io/v1alpha3", &["compositepodgroups"]).await;
     let (api, why) = crate::workloadbuilder::native::choose(opts.scheduling_api, config.native_scheduling_served);
     config.scheduling_api = api;

@@ -367,6 +367,25 @@ fn scheduling_api_errors(meta: &ObjectMeta, old: Option<&ObjectMeta>) -> ErrorLi
 
 /// Every rule for a MusterJobSet: names, each replicatedJob's template, the composite tree, and
 /// on update the frozen fields.
+/// PURE: the fields of a MusterJob that need DRA (`resource.k8s.io/v1`, Kubernetes 1.34+), as
+/// errors for an API server that does not serve it: `spec.gpuClaims`, the group's shared
+/// `spec.scheduling.resourceClaims`, the pods' own `spec.template.spec.resourceClaims`.
+pub fn needs_dra(spec: &MusterJobSpec) -> ErrorList {
+    let why = "needs DRA (resource.k8s.io/v1, Kubernetes 1.34+), which this API server does not serve";
+    let mut errs = Vec::new();
+    if spec.gpu_claims.is_some() {
+        errs.push(FieldError::forbidden(&FieldPath::new("spec.gpuClaims"), why));
+    }
+    if spec.scheduling.as_ref().and_then(|s| s.resource_claims.as_ref()).is_some_and(|c| !c.is_empty()) {
+        errs.push(FieldError::forbidden(&FieldPath::new("spec.scheduling.resourceClaims"), why));
+    }
+    let pod_claims = spec.template.spec.as_ref().and_then(|s| s.resource_claims.as_ref());
+    if pod_claims.is_some_and(|c| !c.is_empty()) {
+        errs.push(FieldError::forbidden(&FieldPath::new("spec.template.spec.resourceClaims"), why));
+    }
+    errs
+}
+
 pub fn validate_jobset(set: &MusterJobSet, old: Option<&MusterJobSet>) -> ErrorList {
     let spec = &set.spec;
     let spec_path = FieldPath::new("spec");

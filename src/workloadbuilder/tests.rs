@@ -991,3 +991,33 @@ fn gpu_claims_are_checked_in_jobset_templates() {
         vec!["spec.replicatedJobs[0].template.spec.gpuClaims.deviceClassName"]
     );
 }
+
+#[test]
+fn dra_fields_are_named_for_an_api_server_without_dra() {
+    let claim = PodGroupResourceClaim {
+        name: "shared".into(),
+        resource_claim_template_name: Some("slice".into()),
+        ..Default::default()
+    };
+    let mut with_group_claims = gang(Some(1));
+    with_group_claims.resource_claims = Some(vec![claim]);
+    let mut pod_claims = job_spec(1, None);
+    pod_claims.template.spec.get_or_insert_default().resource_claims =
+        Some(vec![k8s_openapi::api::core::v1::PodResourceClaim { name: "c".into(), ..Default::default() }]);
+    let mut gpu_claims = job_spec(1, None);
+    gpu_claims.gpu_claims = Some(crate::crds::batch::GpuClaims::default());
+    let mut empty_claims = gang(Some(1));
+    empty_claims.resource_claims = Some(vec![]);
+    let cases: Vec<(&str, MusterJobSpec, Vec<&str>)> = vec![
+        ("count-based GPUs only", job_spec(2, Some(gang(None))), vec![]),
+        ("an empty list of group claims", job_spec(1, Some(empty_claims)), vec![]),
+        ("group claims", job_spec(1, Some(with_group_claims)), vec!["spec.scheduling.resourceClaims"]),
+        ("pod claims", pod_claims, vec!["spec.template.spec.resourceClaims"]),
+        ("GPU claims", gpu_claims, vec!["spec.gpuClaims"]),
+    ];
+    for (case, spec, want) in cases {
+        let errs = super::job::needs_dra(&spec);
+        assert_eq!(paths(&errs), want, "{case}");
+        assert!(errs.iter().all(|e| e.to_string().contains("resource.k8s.io/v1")), "{case}: {errs:?}");
+    }
+}

@@ -141,6 +141,24 @@ spec:
     );
     let job = eventually(&a.jobs, "train").await;
     let job_uid = job.uid().unwrap();
+    // An API server without DRA (before 1.34): the group's shared claims cannot be, and the
+    // job says so at the field, Invalid; nothing is compiled from it.
+    let c = client().await;
+    let dra = c.list_api_group_resources("resource.k8s.io/v1").await.is_ok_and(|l| !l.resources.is_empty());
+    if !dra {
+        let status = wait_for("train Invalid: DRA not served", SHORT, || async {
+            let status = a.jobs.get("train").await.ok()?.status?;
+            let invalid = condition(&status.conditions, "Invalid")?;
+            (invalid.status == "True").then_some((status.clone(), invalid.clone()))
+        })
+        .await;
+        let (status, invalid) = status;
+        assert_eq!(status.phase, Some(JobPhase::Invalid));
+        assert_eq!(invalid.reason, "DRANotServed");
+        assert!(invalid.message.contains("spec.scheduling.resourceClaims"), "{}", invalid.message);
+        assert!(a.workloads.get_opt("train").await.expect("get").is_none());
+        return;
+    }
 
     let workload = eventually(&a.workloads, "train").await;
     assert_eq!(

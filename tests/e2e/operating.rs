@@ -71,3 +71,47 @@ async fn https_metrics_refuse_an_unauthenticated_scrape_and_serve_an_authorised_
     let (status, _) = scrape(&plain, &format!("http://{}/readyz", extra.endpoints.metrics), None).await;
     assert_eq!(status, 200);
 }
+
+/// Whether the API server serves `resource` in `group_version`.
+async fn served(client: &kube::Client, group_version: &str, resource: &str) -> bool {
+    client.list_api_group_resources(group_version).await.is_ok_and(|l| l.resources.iter().any(|r| r.name == resource))
+}
+
+/// On whatever control plane it runs (`make e2e-compat` runs it on each version): muster finds
+/// what the API server serves, says what it leaves out, and admits a gang on what is left (on an
+/// API server without DRA or the native scheduling kinds: muster's own PodGroups, count-based
+/// GPUs, indices written on the pods).
+#[tokio::test]
+async fn muster_says_what_the_api_server_lacks_and_admits_gangs_with_what_it_has() {
+    let c = crate::harness::client().await;
+    let dra = served(&c, "resource.k8s.io/v1", "resourceslices").await;
+    let native = served(&c, "scheduling.k8s.io/v1beta1", "podgroups").await
+        && served(&c, "scheduling.k8s.io/v1beta1", "workloads").await;
+    let extra = extra_muster(&["--scheduling-api=auto"], &[]).await;
+    let ns = namespace("compat");
+    let nodes = crate::gangs::TestNodes::add(&ns.name, 2, 8, 1).await;
+    let job = crate::gangs::gpu_job("pair", 2, 4, &nodes, crate::gangs::gang(2), serde_json::json!({}));
+    crate::gangs::apply(&ns.name, &job);
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(c.clone(), &ns.name);
+    let bound = crate::gangs::all_bound(&pods, "pair", 2).await;
+    let log = std::fs::read_to_string(&extra.log).expect("muster's log");
+    let said = |text: &str| log.lines().any(|l| l.contains(text));
+    eprintln!("served: resource.k8s.io/v1 {dra}, scheduling.k8s.io/v1beta1 Workload and PodGroup {native}");
+    assert_eq!(said("resource.k8s.io/v1 is not served: DRA claims are not allocated by muster"), !dra, "{log}");
+    if native {
+        assert!(said("auto: scheduling.k8s.io/v1beta1 Workload and PodGroup are served"), "{log}");
+    } else {
+        assert!(said("auto: scheduling.k8s.io/v1beta1 Workload and PodGroup are not served"), "{log}");
+        // muster's own path: its PodGroup admitted the gang whole, and each pod got GPU indices.
+        let groups: kube::Api<muster::crds::PodGroup> = kube::Api::namespaced(c.clone(), &ns.name);
+        crate::harness::wait_for("muster's PodGroup counting 2 pods bound", crate::gangs::LONG, || async {
+            let status = groups.get("pair").await.ok()?.status?;
+            (status.scheduled == 2 && status.phase.is_some()).then_some(())
+        })
+        .await;
+        for pod in &bound {
+            let indices = crate::gangs::indices_of(pod).unwrap_or_default();
+            assert_eq!(indices.split(',').count(), 4, "{:?}", pod.metadata.annotations);
+        }
+    }
+}

@@ -65,10 +65,29 @@ kube_pkgs=()
 for b in kube-apiserver kube-scheduler kube-controller-manager kubectl; do
   [ -x "$bin/$b" ] || kube_pkgs+=("k8s.io/kubernetes/cmd/$b")
 done
-cd "$here"
+# The Kubernetes binaries build in the module of their version (the default one here, others
+# in v<major>.<minor>/); etcd in the default module, whatever the version.
+kube_dir=$here
+if [ "$K8S_VERSION" != "$K8S_DEFAULT_VERSION" ]; then
+  kube_dir=$here/v${K8S_VERSION%.*}
+  [ -f "$kube_dir/go.mod" ] || { log "no module for Kubernetes $K8S_VERSION: $kube_dir/go.mod"; exit 1; }
+  grep -q "k8s.io/kubernetes v$K8S_VERSION" "$kube_dir/go.mod" \
+    || { log "$kube_dir/go.mod is not for Kubernetes $K8S_VERSION"; exit 1; }
+fi
+cd "$kube_dir"
 if [ ${#kube_pkgs[@]} -gt 0 ]; then
   build_step "go build ${kube_pkgs[*]##*/} v$K8S_VERSION" "${kube_pkgs[*]##*/}" \
     go build -p "${MUSTER_GO_JOBS:-2}" -trimpath -tags selinux,notest -ldflags "$ldf" -o "$bin/" "${kube_pkgs[@]}"
+fi
+cd "$here"
+# etcd, kwok and helm do not depend on the Kubernetes version: another version's cache takes
+# them from the default version's, when that is built.
+default_bin=$(MUSTER_K8S_VERSION= bash "$here/bindir.sh")
+if [ "$default_bin" != "$bin" ]; then
+  for b in etcd kwok helm; do
+    [ -x "$bin/$b" ] || [ ! -x "$default_bin/$b" ] || cp "$default_bin/$b" "$bin/$b"
+  done
+  [ -d "$bin/../kwok-stages" ] || [ ! -d "$default_bin/../kwok-stages" ] || cp -r "$default_bin/../kwok-stages" "$bin/../kwok-stages"
 fi
 if [ ! -x "$bin/etcd" ]; then
   build_step "go build etcd $ETCD_VERSION" etcd go build -trimpath -ldflags "-s -w" -o "$bin/etcd" go.etcd.io/etcd/server/v3

@@ -202,6 +202,13 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, jc: Arc<JobContext>)
         let message = errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
         return set_invalid(job, ctx, "InvalidSpec", &message, now, None).await;
     }
+    if !ctx.config.dra_served {
+        let errors = crate::workloadbuilder::job::needs_dra(&job.spec);
+        if !errors.is_empty() {
+            let message = errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
+            return set_invalid(job, ctx, "DRANotServed", &message, now, None).await;
+        }
+    }
     let api = match scheduling_api(job, &jc).await? {
         Ok(api) => api,
         Err((reason, message)) => return set_invalid(job, ctx, reason, &message, now, None).await,
