@@ -345,14 +345,20 @@ pub async fn run(client: Client, mut config: Config, opts: ManagerOptions) -> an
         install::install_crds(&client).await.context("installing muster's CRDs (--install-crds)")?;
     }
     let metrics = Arc::new(Metrics::default());
-    config.native_scheduling_served = served(&client, "scheduling.k8s.io/v1beta1", &["workloads", "podgroups"]).await;
-    config.dra_served = served(&client, "resource.k8s.io/v1", &["resourceclaims", "resourceclaimtemplates"]).await;
-    if !config.dra_served {
-        tracing::info!(
-            "resource.k8s.io/v1 is not served: count-based GPUs only; MusterJobs asking for DRA claims (spec.gpuClaims, spec.scheduling.resourceClaims, pod resourceClaims) are Invalid, reason DRANotServed"
-        );
-    }
-    config.native_composite_served = served(&client, "scheduling.k8s.io/v1alpha3", &["compositepodgroups"]).await;
+    let native = &["workloads", "podgroups"];
+    config.native_scheduling_served =
+        served(&client, "scheduling.k8s.io/v1beta1", native, "no upstream mode for MusterJobs").await;
+    let dra = &["resourceclaims", "resourceclaimtemplates"];
+    let unserved = "count-based GPUs only; MusterJobs asking for DRA claims (spec.gpuClaims, \
+                    spec.scheduling.resourceClaims, pod resourceClaims) are Invalid, reason DRANotServed";
+    config.dra_served = served(&client, "resource.k8s.io/v1", dra, unserved).await;
+    config.native_composite_served = served(
+        &client,
+        "scheduling.k8s.io/v1alpha3",
+        &["compositepodgroups"],
+        "no upstream mode for MusterJobSets with spec.scheduling",
+    )
+    .await;
     let (api, why) = crate::workloadbuilder::native::choose(opts.scheduling_api, config.native_scheduling_served);
     config.scheduling_api = api;
     tracing::info!(api = api.as_str(), why, "new MusterJobs compile to this scheduling API");
@@ -443,14 +449,15 @@ where
     Ok(())
 }
 
-/// Whether the API server serves every one of `resources` in `group_version` (the native
-/// `scheduling.k8s.io/v1beta1` Workload and PodGroup: Kubernetes 1.37+, feature gate
-/// `GenericWorkload`; the `v1alpha3` CompositePodGroup: gate `CompositePodGroup`).
-async fn served(client: &Client, group_version: &str, resources: &[&str]) -> bool {
+/// Whether the API server serves every one of `resources` in `group_version`; when it does
+/// not, `unserved` says what muster leaves out (logged once). An older API server then gets no
+/// watch of a kind it lacks (the native `scheduling.k8s.io/v1beta1` Workload and PodGroup:
+/// 1.37+, gate `GenericWorkload`; DRA's `resource.k8s.io/v1`: 1.34+).
+pub(crate) async fn served(client: &Client, group_version: &str, resources: &[&str], unserved: &str) -> bool {
     match client.list_api_group_resources(group_version).await {
         Ok(list) => resources.iter().all(|r| list.resources.iter().any(|s| s.name == *r)),
         Err(e) => {
-            tracing::info!(error = %e, "{group_version} is not served");
+            tracing::info!(error = %e, "{group_version} is not served: {unserved}");
             false
         }
     }

@@ -231,6 +231,13 @@ impl Cluster {
 
 /// A kube client for the shared cluster (a new one per call: a client belongs to the runtime
 /// it was made on, and every `#[tokio::test]` has its own).
+/// Whether the control plane serves `resource` in `group_version` (an older Kubernetes lacks
+/// DRA's `resource.k8s.io/v1` and the native `scheduling.k8s.io/v1beta1` kinds).
+pub async fn served(group_version: &str, resource: &str) -> bool {
+    let list = client().await.list_api_group_resources(group_version).await;
+    list.is_ok_and(|l| l.resources.iter().any(|r| r.name == resource))
+}
+
 pub async fn client() -> kube::Client {
     let kubeconfig = &cluster().kubeconfig;
     muster::cli::dev::client(Some(kubeconfig))

@@ -143,9 +143,7 @@ spec:
     let job_uid = job.uid().unwrap();
     // An API server without DRA (before 1.34): the group's shared claims cannot be, and the
     // job says so at the field, Invalid; nothing is compiled from it.
-    let c = client().await;
-    let dra = c.list_api_group_resources("resource.k8s.io/v1").await.is_ok_and(|l| !l.resources.is_empty());
-    if !dra {
+    if !crate::harness::served("resource.k8s.io/v1", "resourceclaims").await {
         let status = wait_for("train Invalid: DRA not served", SHORT, || async {
             let status = a.jobs.get("train").await.ok()?.status?;
             let invalid = condition(&status.conditions, "Invalid")?;

@@ -5,7 +5,7 @@
 use std::net::TcpListener;
 
 use crate::harness::extra::extra_muster;
-use crate::harness::{cluster, namespace};
+use crate::harness::{cluster, namespace, served};
 
 async fn scrape(client: &reqwest::Client, url: &str, token: Option<&str>) -> (u16, String) {
     let mut request = client.get(url);
@@ -72,11 +72,6 @@ async fn https_metrics_refuse_an_unauthenticated_scrape_and_serve_an_authorised_
     assert_eq!(status, 200);
 }
 
-/// Whether the API server serves `resource` in `group_version`.
-async fn served(client: &kube::Client, group_version: &str, resource: &str) -> bool {
-    client.list_api_group_resources(group_version).await.is_ok_and(|l| l.resources.iter().any(|r| r.name == resource))
-}
-
 /// On whatever control plane it runs (`make e2e-compat` runs it on each version): muster finds
 /// what the API server serves, says what it leaves out, and admits a gang on what is left (on an
 /// API server without DRA or the native scheduling kinds: muster's own PodGroups, count-based
@@ -84,9 +79,9 @@ async fn served(client: &kube::Client, group_version: &str, resource: &str) -> b
 #[tokio::test]
 async fn muster_says_what_the_api_server_lacks_and_admits_gangs_with_what_it_has() {
     let c = crate::harness::client().await;
-    let dra = served(&c, "resource.k8s.io/v1", "resourceslices").await;
-    let native = served(&c, "scheduling.k8s.io/v1beta1", "podgroups").await
-        && served(&c, "scheduling.k8s.io/v1beta1", "workloads").await;
+    let dra = served("resource.k8s.io/v1", "resourceslices").await;
+    let native = served("scheduling.k8s.io/v1beta1", "podgroups").await
+        && served("scheduling.k8s.io/v1beta1", "workloads").await;
     let extra = extra_muster(&["--scheduling-api=auto"], &[]).await;
     let ns = namespace("compat");
     let nodes = crate::gangs::TestNodes::add(&ns.name, 2, 8, 1).await;

@@ -225,13 +225,8 @@ async fn the_examples_are_admitted() {
     assert!(!files.is_empty());
     // The examples of an API the control plane does not serve (an older Kubernetes) are left
     // out: the native scheduling kinds (examples/upstream), DRA (examples/dra).
-    let c = client().await;
-    let served = |gv: &'static str, resource: &'static str| {
-        let c = c.clone();
-        async move { c.list_api_group_resources(gv).await.is_ok_and(|l| l.resources.iter().any(|r| r.name == resource)) }
-    };
-    let native = served("scheduling.k8s.io/v1beta1", "podgroups").await;
-    let dra = served("resource.k8s.io/v1", "resourceclaims").await;
+    let native = crate::harness::served("scheduling.k8s.io/v1beta1", "podgroups").await;
+    let dra = crate::harness::served("resource.k8s.io/v1", "resourceclaims").await;
     for f in files {
         let name = f.file_name().and_then(|n| n.to_str()).unwrap_or_default();
         if (name == "upstream" && !native) || (name == "dra" && !dra) {

@@ -31,6 +31,32 @@ use crate::webhook::config::excluded_namespaces;
 /// whole: its owner ending it (suspended, complete, failed) deletes every pod within this.
 const DISRUPTION_SETTLE: Duration = Duration::from_secs(5);
 
+/// Nodes a waiting root holds back from others: its reservation keeps roots of lower priority
+/// off them; its nomination (a preemption under way) those of its own priority too, as
+/// kube-scheduler's nominator does.
+#[derive(Debug)]
+struct Hold {
+    priority: i32,
+    root: RootKey,
+    nodes: BTreeSet<String>,
+    nominated: bool,
+}
+
+impl Hold {
+    fn reserved(priority: i32, root: &RootKey, nodes: BTreeSet<String>) -> Self {
+        Hold { priority, root: root.clone(), nodes, nominated: false }
+    }
+
+    fn nominated(priority: i32, root: &RootKey, nodes: BTreeSet<String>) -> Self {
+        Hold { priority, root: root.clone(), nodes, nominated: true }
+    }
+
+    /// Whether it keeps root `key` of `priority` off its nodes.
+    fn keeps(&self, priority: i32, key: &RootKey) -> bool {
+        self.priority > priority || (self.nominated && self.priority == priority && self.root != *key)
+    }
+}
+
 /// The quorate roots a cycle leaves waiting, per namespace (`muster_gangs_pending`,
 /// `muster_gangs_waiting`).
 #[derive(Debug, Default)]
@@ -172,10 +198,8 @@ impl Admitter {
                 Some(((ns, name), g.spec.disruption_mode.kind().unwrap_or(DisruptionModeKind::Single)))
             })
             .collect();
-        // Nodes held back: (the holder's priority, the holder, its nodes, whether roots of its
-        // own priority are held back too). A reservation holds back roots of lower priority; a
-        // preemptor's nomination those of its priority too, as kube-scheduler's nominator does.
-        let mut held: Vec<(i32, RootKey, BTreeSet<String>, bool)> = Vec::new();
+        // Nodes held back by roots that wait for them.
+        let mut held: Vec<Hold> = Vec::new();
         for ti in 0..forest.trees.len() {
             let tree = &mut forest.trees[ti];
             let key = RootKey::of(&tree.namespace, &tree.root);
@@ -216,18 +240,15 @@ impl Admitter {
             // A root of higher priority waiting for its nodes keeps them from this one, and so
             // does a preemptor of its priority, or any pod of its priority or higher nominated to
             // a node (kube-scheduler would count it there when it binds this root's pins).
-            tree.reserved_nodes = held
-                .iter()
-                .filter(|(p, k, _, nominated)| *p > tree.priority || (*nominated && *p == tree.priority && *k != key))
-                .flat_map(|(_, _, n, _)| n.iter().cloned())
-                .collect();
+            tree.reserved_nodes =
+                held.iter().filter(|h| h.keeps(tree.priority, &key)).flat_map(|h| h.nodes.iter().cloned()).collect();
             tree.reserved_nodes.extend(scheduler::nominated_against(&snapshot, tree));
             let tree = &forest.trees[ti];
             let memory = self.roots.entry(key.clone()).or_default();
             // A preemption under way: the root waits for its victims to go, holding its nodes.
             if let Some(n) = &memory.nomination {
                 if preemption::still_waiting(n, &snapshot, now) {
-                    held.extend(memory.reserved.clone().map(|r| (tree.priority, key.clone(), r, true)));
+                    held.extend(memory.reserved.clone().map(|r| Hold::nominated(tree.priority, &key, r)));
                     pending.add(&key.ns);
                     soonest(now + Duration::from_millis(500));
                     continue;
@@ -235,7 +256,7 @@ impl Admitter {
                 memory.nomination = None;
                 memory.next_attempt = None;
             }
-            held.extend(memory.reserved.clone().map(|r| (tree.priority, key.clone(), r, false)));
+            held.extend(memory.reserved.clone().map(|r| Hold::reserved(tree.priority, &key, r)));
             if let Some(retry) = history.retry_at(&ROLLBACK_POLICY).filter(|at| *at > wall) {
                 if !matches!(memory.outcome, Some(Outcome::Unschedulable(..))) {
                     memory.outcome = Some(Outcome::Unschedulable(
@@ -269,7 +290,7 @@ impl Admitter {
             if !matches!(&admission, Admission::Decided(d) if !d.admitted) {
                 // Admitted, or not quorate: it holds nothing back.
                 if self.roots.entry(key.clone()).or_default().reserved.take().is_some() {
-                    held.retain(|(_, k, _, _)| *k != key);
+                    held.retain(|h| h.root != key);
                 }
             }
             let memory = self.roots.entry(key.clone()).or_default();
@@ -309,8 +330,8 @@ impl Admitter {
                         let policy = preemption::root_policy(root.and_then(|r| r.preemption_policy()), tree, &by_uid);
                         // One root reserves at a time: the first in admission order (highest
                         // priority, then longest waiting) that is not placed.
-                        held.retain(|(_, k, _, _)| *k != key);
-                        let head = !held.iter().any(|(p, _, _, _)| *p >= tree.priority);
+                        held.retain(|h| h.root != key);
+                        let head = !held.iter().any(|h| h.priority >= tree.priority);
                         let step = self
                             .preempt_or_reserve(
                                 &key,
@@ -328,11 +349,11 @@ impl Admitter {
                             .await;
                         match step {
                             Ok(Held::Preempting(nodes)) => {
-                                held.push((tree.priority, key.clone(), nodes, true));
+                                held.push(Hold::nominated(tree.priority, &key, nodes));
                                 soonest(Instant::now() + Duration::from_millis(500));
                             }
                             Ok(Held::Waiting { reserved, note }) => {
-                                held.extend(reserved.map(|r| (tree.priority, key.clone(), r, false)));
+                                held.extend(reserved.map(|r| Hold::reserved(tree.priority, &key, r)));
                                 self.clear_nominations(&key, tree, &by_uid).await;
                                 let message = match note {
                                     Some(note) => format!("{}; {note}", decision.message()),
@@ -770,4 +791,30 @@ fn roots_by_key<'a>(pgs: &'a [Arc<PodGroup>], cpgs: &'a [Arc<CompositePodGroup>]
         .chain(cpgs.iter().map(|g| GroupRef::Composite(g)))
         .map(|g| (g.key(), g))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reservation_keeps_lower_roots_off_and_a_nomination_its_own_priority_too() {
+        let (holder, other) = (RootKey::leaf("ns", "holder"), RootKey::leaf("ns", "other"));
+        let nodes = BTreeSet::from(["n0".to_string()]);
+        let reserved = Hold::reserved(5, &holder, nodes.clone());
+        let nominated = Hold::nominated(5, &holder, nodes);
+        // (hold, the root's priority, the root, kept off)
+        let cases = [
+            (&reserved, 4, &other, true),
+            (&reserved, 5, &other, false),
+            (&reserved, 6, &other, false),
+            (&nominated, 4, &other, true),
+            (&nominated, 5, &other, true),
+            (&nominated, 5, &holder, false),
+            (&nominated, 6, &other, false),
+        ];
+        for (hold, priority, key, want) in cases {
+            assert_eq!(hold.keeps(priority, key), want, "{hold:?} against {key} at {priority}");
+        }
+    }
 }

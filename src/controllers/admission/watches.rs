@@ -233,29 +233,23 @@ fn wakes<K>(_: &Event<K>) -> Wake {
     Wake::Cycle
 }
 
-/// Whether the cluster serves `resource` in `group_version`: such objects are watched only
-/// then (`unserved` says what follows when they are not), so an older cluster gets no watch
-/// errors.
-async fn served(client: &Client, group_version: &str, resource: &str, unserved: &str) -> bool {
-    match client.list_api_group_resources(group_version).await {
-        Ok(list) => list.resources.iter().any(|r| r.name == resource),
-        Err(e) => {
-            tracing::info!(error = %e, "{group_version} is not served: {unserved}");
-            false
-        }
-    }
-}
-
 /// Whether the cluster serves `resource.k8s.io/v1` (DRA, GA in 1.34): without it the
 /// count-based GPU path stays.
 pub(super) async fn dra_served(client: &Client) -> bool {
-    served(client, "resource.k8s.io/v1", "resourceslices", "DRA claims are not allocated by muster").await
+    crate::controllers::served(
+        client,
+        "resource.k8s.io/v1",
+        &["resourceslices"],
+        "DRA claims are not allocated by muster",
+    )
+    .await
 }
 
 /// Whether the cluster serves MutatingAdmissionPolicies (a cluster without the API has none).
 pub(super) async fn mutating_policies_served(client: &Client) -> bool {
     let unserved = "MutatingAdmissionPolicies are not watched";
-    served(client, "admissionregistration.k8s.io/v1", "mutatingadmissionpolicies", unserved).await
+    crate::controllers::served(client, "admissionregistration.k8s.io/v1", &["mutatingadmissionpolicies"], unserved)
+        .await
 }
 
 /// The admission configurations that may refuse a pin, kept by watches (their events wake
