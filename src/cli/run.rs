@@ -260,6 +260,7 @@ impl Args {
             native_scheduling_served: false,
             dra_served: true,
             native_composite_served: false,
+            native_fields: Default::default(),
         }
     }
 }

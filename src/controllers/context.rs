@@ -57,6 +57,9 @@ pub struct Config {
     /// Whether the API server serves the native `scheduling.k8s.io/v1alpha3`
     /// CompositePodGroup (a MusterJobSet with `spec.scheduling` in upstream mode needs it).
     pub native_composite_served: bool,
+    /// What the API server keeps of a native PodGroup's gated fields (probed at start): a
+    /// job using one it drops stays on muster's API.
+    pub native_fields: crate::workloadbuilder::native::NativeFields,
 }
 
 /// Default of [`Config::dra_gpu_device_class`]: the class of NVIDIA's DRA driver.
@@ -79,6 +82,7 @@ impl Default for Config {
             native_scheduling_served: false,
             dra_served: true,
             native_composite_served: false,
+            native_fields: Default::default(),
         }
     }
 }

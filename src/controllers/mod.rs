@@ -338,6 +338,29 @@ async fn run_reconcilers(ctx: Arc<Context>, stop: oneshot::Receiver<()>) {
     stopper.abort();
 }
 
+/// What the API server keeps of a native PodGroup's gated fields: a server-side dry run
+/// (nothing is stored) of a PodGroup setting each, read back. A failed probe keeps none, so a
+/// job using one stays on muster's API, which honours it; what is dropped is logged.
+async fn native_fields(client: &Client, namespace: &str) -> crate::workloadbuilder::native::NativeFields {
+    use crate::workloadbuilder::native::{NativeFields, probe_pod_group};
+    let api = Api::<k8s_openapi::api::scheduling::v1beta1::PodGroup>::namespaced(client.clone(), namespace);
+    let params = kube::api::PostParams { dry_run: true, ..Default::default() };
+    let fields = match api.create(&params, &probe_pod_group(namespace)).await {
+        Ok(answer) => NativeFields::kept(&answer.spec),
+        Err(e) => {
+            tracing::warn!(error = %e, namespace, "cannot probe which native PodGroup fields the API server keeps (a dry-run create): jobs with a topology constraint or shared claims compile to muster's API");
+            return NativeFields::default();
+        }
+    };
+    let dropped = fields.missing();
+    if dropped.is_empty() {
+        tracing::info!("native PodGroups keep schedulingConstraints and resourceClaims");
+    } else {
+        tracing::info!(dropped = %dropped.join(", "), "the API server drops these native PodGroup fields: MusterJobs using them compile to muster's API");
+    }
+    fields
+}
+
 /// Runs the controller manager: health and metrics on this replica, reconcilers on the leader.
 /// Returns after SIGTERM/Ctrl-C once the reconcilers have stopped.
 pub async fn run(client: Client, mut config: Config, opts: ManagerOptions) -> anyhow::Result<()> {
@@ -359,6 +382,9 @@ pub async fn run(client: Client, mut config: Config, opts: ManagerOptions) -> an
         "no upstream mode for MusterJobSets with spec.scheduling",
     )
     .await;
+    if config.native_scheduling_served {
+        config.native_fields = native_fields(&client, &config.namespace).await;
+    }
     let (api, why) = crate::workloadbuilder::native::choose(opts.scheduling_api, config.native_scheduling_served);
     config.scheduling_api = api;
     tracing::info!(api = api.as_str(), why, "new MusterJobs compile to this scheduling API");

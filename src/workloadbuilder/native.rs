@@ -12,6 +12,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::crds::batch::MusterJobSetSpec;
+use crate::crds::blocks::{PodGroupResourceClaim, SchedulingConstraints};
 use crate::crds::scheduling::{CompositePodGroup, PodGroup, Workload};
 
 /// Which scheduling API a MusterJob's groups are compiled to.
@@ -62,71 +63,176 @@ pub fn choose(requested: Option<SchedulingApi>, served: bool) -> (SchedulingApi,
     }
 }
 
+/// What the API server keeps of a native PodGroup's optional fields that a feature gate
+/// guards. Where a gate is off the API server drops its field from a new object without a word,
+/// so kube-scheduler would gang-schedule without it: a job using such a field stays on muster's
+/// API, which honours it. Probed once at start with a server-side dry run of
+/// [`probe_pod_group`] ([`NativeFields::kept`] reads the answer); unknown means not kept.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NativeFields {
+    /// `schedulingConstraints` (feature gate `TopologyAwareWorkloadScheduling`).
+    pub scheduling_constraints: bool,
+    /// `resourceClaims` (feature gate `DRAWorkloadResourceClaims`).
+    pub resource_claims: bool,
+}
+
+/// Name of the PodGroup the start-up probe dry-runs.
+pub const PROBE_NAME: &str = "muster-native-fields-probe";
+
+/// The PodGroup the start-up probe sends (dry run: nothing is stored): every gated optional
+/// field muster compiles, set.
+pub fn probe_pod_group(namespace: &str) -> native::PodGroup {
+    native::PodGroup {
+        metadata: ObjectMeta { name: Some(PROBE_NAME.into()), namespace: Some(namespace.into()), ..Default::default() },
+        spec: native::PodGroupSpec {
+            scheduling_policy: native::PodGroupSchedulingPolicy {
+                basic: Some(native::BasicSchedulingPolicy(serde_json::json!({}))),
+                ..Default::default()
+            },
+            scheduling_constraints: Some(native::PodGroupSchedulingConstraints {
+                topology: Some(vec![native::TopologyConstraint { key: "kubernetes.io/hostname".into() }]),
+            }),
+            resource_claims: Some(vec![native::PodGroupResourceClaim {
+                name: "probe".into(),
+                resource_claim_name: Some(PROBE_NAME.into()),
+                resource_claim_template_name: None,
+            }]),
+            ..Default::default()
+        },
+        status: None,
+    }
+}
+
+impl NativeFields {
+    /// Every field kept (a cluster with all the gates on).
+    pub const ALL: NativeFields = NativeFields { scheduling_constraints: true, resource_claims: true };
+
+    /// PURE: what the API server kept of [`probe_pod_group`], from the object it answered.
+    pub fn kept(answer: &native::PodGroupSpec) -> Self {
+        NativeFields {
+            scheduling_constraints: answer
+                .scheduling_constraints
+                .as_ref()
+                .and_then(|c| c.topology.as_ref())
+                .is_some_and(|t| !t.is_empty()),
+            resource_claims: answer.resource_claims.as_ref().is_some_and(|c| !c.is_empty()),
+        }
+    }
+
+    /// PURE: the fields the API server drops, each as `<field> (feature gate <gate> off)`.
+    pub fn missing(&self) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        if !self.scheduling_constraints {
+            out.push("schedulingConstraints (feature gate TopologyAwareWorkloadScheduling off)");
+        }
+        if !self.resource_claims {
+            out.push("resourceClaims (feature gate DRAWorkloadResourceClaims off)");
+        }
+        out
+    }
+
+    /// PURE: the fields of gang blocks at `path` (`constraints`, `claims`) that the API server
+    /// would drop, each as `<path>.<field> (feature gate <gate> off)`. Empty ones drop nothing.
+    pub fn dropped(
+        &self,
+        path: &str,
+        constraints: Option<&SchedulingConstraints>,
+        claims: Option<&[PodGroupResourceClaim]>,
+    ) -> Vec<String> {
+        let used = NativeFields {
+            scheduling_constraints: constraints.and_then(|c| c.topology.as_ref()).is_some_and(|t| !t.is_empty()),
+            resource_claims: claims.is_some_and(|c| !c.is_empty()),
+        };
+        let lost = NativeFields {
+            scheduling_constraints: !used.scheduling_constraints || self.scheduling_constraints,
+            resource_claims: !used.resource_claims || self.resource_claims,
+        };
+        lost.missing().into_iter().map(|f| format!("{path}.{f}")).collect()
+    }
+
+    /// PURE: what a MusterJob's `spec.scheduling` (at `path`) uses that the API server drops.
+    pub fn dropped_by_job(&self, spec: &crate::crds::batch::MusterJobSpec, path: &str) -> Vec<String> {
+        let s = spec.scheduling.as_ref();
+        self.dropped(
+            path,
+            s.and_then(|s| s.scheduling_constraints.as_ref()),
+            s.and_then(|s| s.resource_claims.as_deref()),
+        )
+    }
+
+    /// PURE: what a MusterJobSet's tree uses that the API server drops: the set's own
+    /// `spec.scheduling` and every replicatedJob template's.
+    pub fn dropped_by_set(&self, spec: &MusterJobSetSpec) -> Vec<String> {
+        let own = spec.scheduling.as_ref().and_then(|s| s.scheduling_constraints.as_ref());
+        let mut out = self.dropped("spec.scheduling", own, None);
+        for (i, r) in spec.replicated_jobs.iter().enumerate() {
+            out.extend(
+                self.dropped_by_job(&r.template.spec, &format!("spec.replicatedJobs[{i}].template.spec.scheduling")),
+            );
+        }
+        out
+    }
+}
+
+/// The message of a job or set kept on (or refused) the native path because the API server
+/// drops fields it uses.
+fn dropped_message(dropped: &[String]) -> String {
+    format!(
+        "the API server drops {} from a native PodGroup, and kube-scheduler would schedule the gang without it",
+        dropped.join(" and ")
+    )
+}
+
 /// PURE: the scheduling API a job not recorded yet gets, and why when it is not the default:
 /// a job muster compiled before (its muster PodGroup exists) keeps muster's; in upstream mode,
-/// what the native path does not carry yet stays on muster's (a MusterJobSet's child, GPU
-/// claims, the group's shared claims).
+/// a MusterJobSet's child made before its set recorded an API, and a job using a field the API
+/// server drops from a native PodGroup (`dropped`, see [`NativeFields::dropped_by_job`]), stay
+/// on muster's. GPU claims (`spec.gpuClaims`) go either way: in upstream mode kube-scheduler
+/// allocates the claims made from muster's template, and the allocation states the indices.
 pub fn first_scheduling_api(
-    spec: &crate::crds::batch::MusterJobSpec,
     child: bool,
     default: SchedulingApi,
     muster_group_exists: bool,
+    dropped: &[String],
 ) -> (SchedulingApi, Option<String>) {
-    if muster_group_exists {
+    if muster_group_exists || default == SchedulingApi::Muster {
         return (SchedulingApi::Muster, None);
     }
-    if default == SchedulingApi::Muster {
-        return (SchedulingApi::Muster, None);
+    if child {
+        let why = "a MusterJobSet's child without the set's scheduling API (made before its set recorded one) compiles to muster's API";
+        return (SchedulingApi::Muster, Some(why.to_string()));
     }
-    let claims = spec.scheduling.as_ref().and_then(|s| s.resource_claims.as_ref()).is_some_and(|c| !c.is_empty());
-    let why = if child {
-        Some(
-            "a MusterJobSet's child without the set's scheduling API (made before its set recorded one) compiles to muster's API",
-        )
-    } else if spec.gpu_claims.is_some() {
-        Some("spec.gpuClaims is allocated by muster: the job compiles to muster's API")
-    } else if claims {
-        Some("spec.scheduling.resourceClaims are made by muster: the job compiles to muster's API")
-    } else {
-        None
-    };
-    match why {
-        Some(why) => (SchedulingApi::Muster, Some(why.to_string())),
-        None => (SchedulingApi::Upstream, None),
+    if !dropped.is_empty() {
+        return (
+            SchedulingApi::Muster,
+            Some(format!("{}: the job compiles to muster's API", dropped_message(dropped))),
+        );
     }
+    (SchedulingApi::Upstream, None)
 }
 
 /// PURE: the scheduling API a MusterJobSet not recorded yet gets, and why when it is not the
 /// default. Its children follow it (the set stamps its API on each), so the whole tree is in
 /// one API: a set with `spec.scheduling` needs the native CompositePodGroup
-/// (`composite_served`), and a template using what muster allocates (`spec.gpuClaims`,
-/// `spec.scheduling.resourceClaims`) keeps the set on muster's API. `muster_root_exists`: muster
+/// (`composite_served`), and a tree using a field the API server drops (`dropped`, see
+/// [`NativeFields::dropped_by_set`]) keeps the set on muster's API. `muster_root_exists`: muster
 /// compiled the set before (its Workload or CompositePodGroup exists).
 pub fn first_set_scheduling_api(
     spec: &MusterJobSetSpec,
     default: SchedulingApi,
     muster_root_exists: bool,
     composite_served: bool,
+    dropped: &[String],
 ) -> (SchedulingApi, Option<String>) {
     if muster_root_exists || default == SchedulingApi::Muster {
         return (SchedulingApi::Muster, None);
     }
-    let uses = |f: fn(&crate::crds::batch::MusterJobSpec) -> bool| {
-        spec.replicated_jobs.iter().find(|r| f(&r.template.spec)).map(|r| r.name.clone())
-    };
-    let claims = |s: &crate::crds::batch::MusterJobSpec| {
-        s.scheduling.as_ref().and_then(|x| x.resource_claims.as_ref()).is_some_and(|c| !c.is_empty())
-    };
     let why = if spec.scheduling.is_some() && !composite_served {
         Some("the API server does not serve scheduling.k8s.io/v1alpha3 CompositePodGroup (feature gate CompositePodGroup): the set compiles to muster's API".to_string())
-    } else if let Some(r) = uses(|s| s.gpu_claims.is_some()) {
-        Some(format!("replicatedJob {r} uses spec.gpuClaims, which muster allocates: the set compiles to muster's API"))
+    } else if !dropped.is_empty() {
+        Some(format!("{}: the set compiles to muster's API", dropped_message(dropped)))
     } else {
-        uses(claims).map(|r| {
-            format!(
-                "replicatedJob {r} uses spec.scheduling.resourceClaims, which muster makes: the set compiles to muster's API"
-            )
-        })
+        None
     };
     match why {
         Some(why) => (SchedulingApi::Muster, Some(why)),
@@ -142,12 +248,16 @@ pub type ApiRefusal = (&'static str, String);
 /// API and in the native one; a group in the other API means the annotation was changed
 /// behind the webhook, and muster does not move a job between APIs. `served`: whether the
 /// native kinds it needs are served (the Workload and PodGroup; for a MusterJobSet with
-/// `spec.scheduling` and its children, the CompositePodGroup too).
+/// `spec.scheduling` and its children, the CompositePodGroup too). `dropped`: the fields it
+/// uses that the API server drops from a native PodGroup; a job recorded as `upstream` (by its
+/// user, at creation) whose native group is not made yet is refused with them, as nothing
+/// would honour them.
 pub fn recorded_scheduling_api(
     recorded: &str,
     muster_group: bool,
     native_group: bool,
     served: bool,
+    dropped: &[String],
 ) -> Result<SchedulingApi, ApiRefusal> {
     use crate::crds::SCHEDULING_API_ANNOTATION;
     let api = SchedulingApi::parse(recorded).unwrap_or_default();
@@ -166,6 +276,11 @@ pub fn recorded_scheduling_api(
             "{SCHEDULING_API_ANNOTATION} is upstream, but the API server does not serve the scheduling.k8s.io/v1beta1 Workload and PodGroup (feature gate GenericWorkload) or, for a MusterJobSet with spec.scheduling and its children, the v1alpha3 CompositePodGroup (feature gate CompositePodGroup)"
         );
         return Err(("UpstreamNotServed", message));
+    }
+    if api == SchedulingApi::Upstream && !native_group && !dropped.is_empty() {
+        let message =
+            format!("{SCHEDULING_API_ANNOTATION} is upstream, but {} (use muster's API)", dropped_message(dropped));
+        return Err(("UpstreamDropsFields", message));
     }
     Ok(api)
 }
@@ -215,6 +330,20 @@ pub fn pod_group(g: &PodGroup) -> Result<native::PodGroup, NativeError> {
     let mut spec: native::PodGroupSpec = convert("PodGroup", &g.metadata, &g.spec)?;
     spec.priority = None;
     Ok(native::PodGroup { metadata: metadata(&g.metadata), spec, status: None })
+}
+
+/// A native PodGroup's `spec.resourceClaims` in muster's shape (the same fields), for the
+/// entries its pods carry.
+pub fn group_claims(spec: &native::PodGroupSpec) -> Vec<PodGroupResourceClaim> {
+    spec.resource_claims
+        .iter()
+        .flatten()
+        .map(|c| PodGroupResourceClaim {
+            name: c.name.clone(),
+            resource_claim_name: c.resource_claim_name.clone(),
+            resource_claim_template_name: c.resource_claim_template_name.clone(),
+        })
+        .collect()
 }
 
 /// The gang `minCount` of every PodGroup template in a native Workload's tree, by template
@@ -331,94 +460,153 @@ mod tests {
         assert_eq!(SchedulingApi::parse("Upstream"), None);
     }
 
+    fn job_spec(v: Value) -> crate::crds::batch::MusterJobSpec {
+        let mut spec = json!({"parallelism": 2, "template": {"spec": {"containers": [{"name": "c", "image": "x"}]}}});
+        spec.as_object_mut().expect("object").extend(v.as_object().cloned().unwrap_or_default());
+        serde_json::from_value(spec).expect("fixture")
+    }
+
     #[test]
-    fn a_new_job_gets_the_default_api_unless_muster_compiled_it_or_the_native_path_lacks_what_it_uses() {
-        use crate::crds::batch::{CompletionMode, MusterJobSpec};
-        use SchedulingApi::{Muster, Upstream};
-        let plain: MusterJobSpec = serde_json::from_value(json!({
-            "parallelism": 2,
-            "template": {"spec": {"containers": [{"name": "c", "image": "x",
-                "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}},
-        }))
-        .expect("fixture");
-        assert_eq!(plain.completion_mode, CompletionMode::NonIndexed);
-        let mut gpu_claims = plain.clone();
-        gpu_claims.gpu_claims = Some(Default::default());
-        let claims: MusterJobSpec = serde_json::from_value(json!({
-            "parallelism": 2,
-            "template": {"spec": {"containers": [{"name": "c", "image": "x"}]}},
-            "scheduling": {"resourceClaims": [{"name": "shared", "resourceClaimName": "dataset"}]},
-        }))
-        .expect("fixture");
-        let empty_claims: MusterJobSpec = serde_json::from_value(json!({
-            "parallelism": 2,
-            "template": {"spec": {"containers": [{"name": "c", "image": "x"}]}},
-            "scheduling": {"resourceClaims": []},
-        }))
-        .expect("fixture");
-        // (spec, child, default, muster group exists) -> api, a reason given
-        let table = [
-            (&plain, false, Upstream, false, Upstream, false),
-            (&plain, false, Muster, false, Muster, false),
-            (&plain, false, Upstream, true, Muster, false),
-            (&plain, true, Upstream, false, Muster, true),
-            (&plain, true, Muster, false, Muster, false),
-            (&gpu_claims, false, Upstream, false, Muster, true),
-            (&claims, false, Upstream, false, Muster, true),
-            (&empty_claims, false, Upstream, false, Upstream, false),
+    fn the_fields_a_native_podgroup_loses_are_named_only_where_a_job_uses_them() {
+        let none = NativeFields::default();
+        let topology = json!({"scheduling": {"schedulingConstraints": {"topology": [{"key": "rack"}]}}});
+        let empty_topology = json!({"scheduling": {"schedulingConstraints": {"topology": []}}});
+        let claims = json!({"scheduling": {"resourceClaims": [{"name": "shared", "resourceClaimName": "dataset"}]}});
+        let empty_claims = json!({"scheduling": {"resourceClaims": []}});
+        let both = json!({"scheduling": {"schedulingConstraints": {"topology": [{"key": "rack"}]},
+            "resourceClaims": [{"name": "shared", "resourceClaimTemplateName": "t"}]}});
+        let gpu_claims = json!({"gpuClaims": {}});
+        let constraints_only = NativeFields { scheduling_constraints: true, resource_claims: false };
+        // (fields kept, spec) -> the fields named
+        let table: [(NativeFields, &Value, &[&str]); 10] = [
+            (none, &json!({}), &[]),
+            (none, &gpu_claims, &[]),
+            (none, &empty_topology, &[]),
+            (none, &empty_claims, &[]),
+            (
+                none,
+                &topology,
+                &["spec.scheduling.schedulingConstraints (feature gate TopologyAwareWorkloadScheduling off)"],
+            ),
+            (none, &claims, &["spec.scheduling.resourceClaims (feature gate DRAWorkloadResourceClaims off)"]),
+            (
+                none,
+                &both,
+                &[
+                    "spec.scheduling.schedulingConstraints (feature gate TopologyAwareWorkloadScheduling off)",
+                    "spec.scheduling.resourceClaims (feature gate DRAWorkloadResourceClaims off)",
+                ],
+            ),
+            (constraints_only, &both, &["spec.scheduling.resourceClaims (feature gate DRAWorkloadResourceClaims off)"]),
+            (NativeFields::ALL, &both, &[]),
+            (NativeFields::ALL, &claims, &[]),
         ];
-        for (i, (spec, child, default, exists, want, reason)) in table.into_iter().enumerate() {
-            let (api, why) = first_scheduling_api(spec, child, default, exists);
-            assert_eq!((api, why.is_some()), (want, reason), "row {i}: {why:?}");
+        for (i, (fields, spec, want)) in table.into_iter().enumerate() {
+            assert_eq!(fields.dropped_by_job(&job_spec(spec.clone()), "spec.scheduling"), want, "row {i}");
+        }
+    }
+
+    #[test]
+    fn the_probe_reads_back_what_the_api_server_kept() {
+        let sent = probe_pod_group("muster-system");
+        assert_eq!(sent.metadata.namespace.as_deref(), Some("muster-system"));
+        assert_eq!(NativeFields::kept(&sent.spec), NativeFields::ALL, "everything the probe sets counts as kept");
+        let mut no_claims = sent.spec.clone();
+        no_claims.resource_claims = None;
+        assert_eq!(
+            NativeFields::kept(&no_claims),
+            NativeFields { scheduling_constraints: true, resource_claims: false }
+        );
+        let mut none = no_claims.clone();
+        none.scheduling_constraints = Some(native::PodGroupSchedulingConstraints { topology: Some(vec![]) });
+        assert_eq!(NativeFields::kept(&none), NativeFields::default());
+        none.scheduling_constraints = None;
+        assert_eq!(NativeFields::kept(&none), NativeFields::default());
+    }
+
+    #[test]
+    fn a_new_job_gets_the_default_api_unless_muster_compiled_it_or_the_native_path_drops_what_it_uses() {
+        use SchedulingApi::{Muster, Upstream};
+        let dropped = ["spec.scheduling.resourceClaims (feature gate DRAWorkloadResourceClaims off)".to_string()];
+        let (dropped, none): (&[String], &[String]) = (&dropped, &[]);
+        // (child, default, muster group exists, dropped) -> api, the reason names
+        let table = [
+            (false, Upstream, false, none, Upstream, None),
+            (false, Muster, false, none, Muster, None),
+            (false, Upstream, true, none, Muster, None),
+            (true, Upstream, false, none, Muster, Some("MusterJobSet's child")),
+            (true, Muster, false, none, Muster, None),
+            (false, Upstream, false, dropped, Muster, Some("drops spec.scheduling.resourceClaims")),
+            (false, Muster, false, dropped, Muster, None),
+        ];
+        for (i, (child, default, exists, dropped, want, reason)) in table.into_iter().enumerate() {
+            let (api, why) = first_scheduling_api(child, default, exists, dropped);
+            assert_eq!(api, want, "row {i}: {why:?}");
+            match reason {
+                Some(r) => assert!(why.as_deref().is_some_and(|w| w.contains(r)), "row {i}: {why:?}"),
+                None => assert_eq!(why, None, "row {i}"),
+            }
         }
     }
 
     #[test]
     fn a_new_set_gets_the_default_api_unless_its_tree_needs_what_only_muster_has() {
         use SchedulingApi::{Muster, Upstream};
-        let set = |scheduling: bool, template: Value| -> MusterJobSetSpec {
+        let set = |scheduling: Value, template: Value| -> MusterJobSetSpec {
             let mut spec = json!({"replicatedJobs": [
                 {"name": "driver", "replicas": 1, "template": {"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "x"}]}}}}},
                 {"name": "workers", "replicas": 1, "template": {"spec": template}},
             ]});
-            if scheduling {
-                spec["scheduling"] = json!({"schedulingPolicy": {"gang": {}}});
+            if !scheduling.is_null() {
+                spec["scheduling"] = scheduling;
             }
             serde_json::from_value(spec).expect("fixture")
         };
+        let gang = json!({"schedulingPolicy": {"gang": {}}});
+        let racked =
+            json!({"schedulingPolicy": {"gang": {}}, "schedulingConstraints": {"topology": [{"key": "rack"}]}});
         let plain = json!({"template": {"spec": {"containers": [{"name": "c", "image": "x"}]}}});
         let mut gpu_claims = plain.clone();
         gpu_claims["gpuClaims"] = json!({});
         let mut claims = plain.clone();
         claims["scheduling"] = json!({"resourceClaims": [{"name": "shared", "resourceClaimName": "dataset"}]});
-        // (set, default, muster root exists, composite served) -> api, the reason names
+        let none = NativeFields::default();
+        // (set, default, muster root exists, composite served, fields kept) -> api, the reason names
         let table = [
-            (set(true, plain.clone()), Upstream, false, true, Upstream, None),
-            (set(true, plain.clone()), Muster, false, true, Muster, None),
-            (set(true, plain.clone()), Upstream, true, true, Muster, None),
-            (set(true, plain.clone()), Upstream, false, false, Muster, Some("CompositePodGroup")),
+            (set(gang.clone(), plain.clone()), Upstream, false, true, none, Upstream, None),
+            (set(gang.clone(), plain.clone()), Muster, false, true, none, Muster, None),
+            (set(gang.clone(), plain.clone()), Upstream, true, true, none, Muster, None),
+            (set(gang.clone(), plain.clone()), Upstream, false, false, none, Muster, Some("CompositePodGroup")),
             // Without spec.scheduling there is no composite: the children are standalone.
-            (set(false, plain.clone()), Upstream, false, false, Upstream, None),
+            (set(Value::Null, plain.clone()), Upstream, false, false, none, Upstream, None),
+            // GPU claims are kube-scheduler's to allocate in upstream mode.
+            (set(gang.clone(), gpu_claims.clone()), Upstream, false, true, none, Upstream, None),
             (
-                set(true, gpu_claims.clone()),
+                set(gang.clone(), claims.clone()),
                 Upstream,
                 false,
                 true,
+                none,
                 Muster,
-                Some("replicatedJob workers uses spec.gpuClaims"),
+                Some(
+                    "spec.replicatedJobs[1].template.spec.scheduling.resourceClaims (feature gate DRAWorkloadResourceClaims off)",
+                ),
             ),
-            (set(false, gpu_claims), Upstream, false, true, Muster, Some("spec.gpuClaims")),
+            (set(gang.clone(), claims), Upstream, false, true, NativeFields::ALL, Upstream, None),
             (
-                set(true, claims),
+                set(racked.clone(), plain.clone()),
                 Upstream,
                 false,
                 true,
+                none,
                 Muster,
-                Some("replicatedJob workers uses spec.scheduling.resourceClaims"),
+                Some("spec.scheduling.schedulingConstraints (feature gate TopologyAwareWorkloadScheduling off)"),
             ),
+            (set(racked, plain), Upstream, false, true, NativeFields::ALL, Upstream, None),
         ];
-        for (i, (spec, default, exists, served, want, reason)) in table.into_iter().enumerate() {
-            let (api, why) = first_set_scheduling_api(&spec, default, exists, served);
+        for (i, (spec, default, exists, served, fields, want, reason)) in table.into_iter().enumerate() {
+            let dropped = fields.dropped_by_set(&spec);
+            let (api, why) = first_set_scheduling_api(&spec, default, exists, served, &dropped);
             assert_eq!(api, want, "row {i}: {why:?}");
             match reason {
                 Some(r) => assert!(why.as_deref().is_some_and(|w| w.contains(r)), "row {i}: {why:?}"),
@@ -497,20 +685,26 @@ mod tests {
     }
 
     #[test]
-    fn a_recorded_api_goes_on_unless_the_group_is_in_the_other_api_or_upstream_is_not_served() {
+    fn a_recorded_api_goes_on_unless_the_group_is_in_the_other_api_or_upstream_cannot_honour_it() {
         use SchedulingApi::{Muster, Upstream};
-        // (recorded, muster group, native group, served) -> api or refusal reason
-        let table = [
-            ("muster", false, false, false, Ok(Muster)),
-            ("muster", true, false, true, Ok(Muster)),
-            ("upstream", false, false, true, Ok(Upstream)),
-            ("upstream", false, true, true, Ok(Upstream)),
-            ("upstream", false, false, false, Err("UpstreamNotServed")),
-            ("upstream", true, false, true, Err("SchedulingAPIChanged")),
-            ("muster", false, true, true, Err("SchedulingAPIChanged")),
+        let dropped = ["spec.scheduling.resourceClaims (feature gate DRAWorkloadResourceClaims off)".to_string()];
+        let (dropped, none): (&[String], &[String]) = (&dropped, &[]);
+        // (recorded, muster group, native group, served, dropped) -> api or refusal reason
+        let table: [(_, _, _, _, _, Result<SchedulingApi, &str>); 10] = [
+            ("muster", false, false, false, none, Ok(Muster)),
+            ("muster", true, false, true, none, Ok(Muster)),
+            ("muster", false, false, true, dropped, Ok(Muster)),
+            ("upstream", false, false, true, none, Ok(Upstream)),
+            ("upstream", false, true, true, none, Ok(Upstream)),
+            ("upstream", false, false, false, none, Err("UpstreamNotServed")),
+            ("upstream", true, false, true, none, Err("SchedulingAPIChanged")),
+            ("muster", false, true, true, none, Err("SchedulingAPIChanged")),
+            ("upstream", false, false, true, dropped, Err("UpstreamDropsFields")),
+            // Compiled already: it goes on with what its native group holds.
+            ("upstream", false, true, true, dropped, Ok(Upstream)),
         ];
-        for (i, (recorded, muster_group, native_group, served, want)) in table.into_iter().enumerate() {
-            let got = recorded_scheduling_api(recorded, muster_group, native_group, served);
+        for (i, (recorded, muster_group, native_group, served, dropped, want)) in table.into_iter().enumerate() {
+            let got = recorded_scheduling_api(recorded, muster_group, native_group, served, dropped);
             assert_eq!(got.as_ref().map_err(|(reason, _)| *reason), want.as_ref().map_err(|r| *r), "row {i}: {got:?}");
             if let Err((_, message)) = got {
                 assert!(message.contains(crate::crds::SCHEDULING_API_ANNOTATION), "{message}");

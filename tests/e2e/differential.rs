@@ -193,18 +193,16 @@ async fn jobs_and_musterjobs_compile_to_the_same_workload_and_podgroup() {
 }
 
 /// Upstream mode: a MusterJob recorded as `upstream` makes the native Workload and PodGroup
-/// itself; for every variant the native path carries (not the shared claims, which stay on
-/// muster's API), they hold what the Job controller makes of the same `spec.scheduling`.
+/// itself; for every variant, the shared claims and the topology constraint too (the test
+/// control plane keeps both: `DRAWorkloadResourceClaims` and `TopologyAwareWorkloadScheduling`
+/// on), they hold what the Job controller makes of the same `spec.scheduling`.
 #[tokio::test]
 async fn jobs_and_upstream_musterjobs_compile_to_the_same_native_objects() {
     let _muster = muster().await;
     let ns = namespace("diff-native");
     let priority_class = "muster-e2e-diff";
     priority_class_1000(priority_class);
-    let variants: Vec<_> = variants(priority_class)
-        .into_iter()
-        .filter(|(_, spec)| spec.pointer("/scheduling/resourceClaims").is_none())
-        .collect();
+    let variants = variants(priority_class);
     for (name, spec) in &variants {
         let job = job_manifest("Job", name, spec).to_string();
         cluster().kubectl_stdin(&["-n", &ns.name, "create", "-f", "-"], Some(&job)).unwrap();
@@ -226,7 +224,7 @@ async fn jobs_and_upstream_musterjobs_compile_to_the_same_native_objects() {
         assert_eq!(mwl.metadata.name.as_deref(), Some(name));
         differences.extend(differences_of(name, ("Job", &uwl, &upg), ("MusterJob", &mwl, &mpg)));
     }
-    assert!(variants.len() >= 10, "{} variants compared", variants.len());
+    assert_eq!(variants.len(), 13, "every variant compared");
     assert!(differences.is_empty(), "{} difference(s):\n{}", differences.len(), differences.join("\n"));
 }
 

@@ -31,7 +31,7 @@ use crate::harness::{client, namespace, wait_for};
 
 /// A MusterJob of `pods` pods whose GPUs come from their own claim, made from template
 /// `template`, and whose pod spec also has `extra` merged in.
-fn claim_job(name: &str, pods: u32, template: &str, nodes: &TestNodes, extra: Value) -> Value {
+pub(crate) fn claim_job(name: &str, pods: u32, template: &str, nodes: &TestNodes, extra: Value) -> Value {
     let mut spec = json!({
         "restartPolicy": "Never",
         "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": template}],
@@ -48,7 +48,7 @@ fn claim_job(name: &str, pods: u32, template: &str, nodes: &TestNodes, extra: Va
     })
 }
 
-async fn template(ns: &str, name: &str, count: u32) {
+pub(crate) async fn template(ns: &str, name: &str, count: u32) {
     let templates: Api<ResourceClaimTemplate> = Api::namespaced(client().await, ns);
     let t: ResourceClaimTemplate =
         serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"spec": claim_spec(count)}})).unwrap();
@@ -62,7 +62,7 @@ fn claim_of(pod: &Pod) -> Option<String> {
 }
 
 /// The device names `gpu-<i>` of an indices annotation such as `0,3`.
-fn devices_of(indices: &str) -> BTreeSet<String> {
+pub(crate) fn devices_of(indices: &str) -> BTreeSet<String> {
     indices.split(',').map(|i| format!("gpu-{i}")).collect()
 }
 

@@ -95,6 +95,7 @@ async fn muster_says_what_the_api_server_lacks_and_admits_gangs_with_what_it_has
     assert_eq!(said("resource.k8s.io/v1 is not served: DRA claims are not allocated by muster"), !dra, "{log}");
     if native {
         assert!(said("auto: scheduling.k8s.io/v1beta1 Workload and PodGroup are served"), "{log}");
+        native_fields_are_probed_and_jobs_stay_where_they_are_honoured(&ns.name, &nodes, &extra.log).await;
     } else {
         assert!(said("auto: scheduling.k8s.io/v1beta1 Workload and PodGroup are not served"), "{log}");
         // muster's own path: its PodGroup admitted the gang whole, and each pod got GPU indices.
@@ -108,5 +109,85 @@ async fn muster_says_what_the_api_server_lacks_and_admits_gangs_with_what_it_has
             let indices = crate::gangs::indices_of(pod).unwrap_or_default();
             assert_eq!(indices.split(',').count(), 4, "{:?}", pod.metadata.annotations);
         }
+    }
+}
+
+/// Which gated fields this API server keeps on a new native PodGroup, asked the way a user
+/// would (`kubectl create --dry-run=server`): (schedulingConstraints, resourceClaims).
+fn native_fields_kept(ns: &str) -> (bool, bool) {
+    let probe = serde_json::json!({
+        "apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+        "metadata": {"name": "fields-probe", "namespace": ns},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": 1}},
+                 "schedulingConstraints": {"topology": [{"key": "topology.muster.dev/rack"}]},
+                 "resourceClaims": [{"name": "data", "resourceClaimName": "dataset"}]},
+    });
+    let out = crate::harness::cluster()
+        .kubectl_stdin(&["create", "--dry-run=server", "-o", "json", "-f", "-"], Some(&probe.to_string()))
+        .expect("dry-run a native PodGroup");
+    let answer: serde_json::Value = serde_json::from_str(&out).expect("json");
+    let kept = |field: &str| answer["spec"][field].as_object().map_or(answer["spec"][field].is_array(), |_| true);
+    (kept("schedulingConstraints"), kept("resourceClaims"))
+}
+
+/// Where the native kinds are served: muster's start-up probe says what a native PodGroup keeps
+/// as the API server really does, and a new job using a field it drops stays on muster's API
+/// (with an event naming the field), one using a field it keeps goes upstream (`auto`).
+async fn native_fields_are_probed_and_jobs_stay_where_they_are_honoured(
+    ns: &str,
+    nodes: &crate::gangs::TestNodes,
+    log: &std::path::Path,
+) {
+    use kube::ResourceExt;
+    use muster::crds::{MusterJob, SCHEDULING_API_ANNOTATION};
+    let (constraints, claims) = native_fields_kept(ns);
+    eprintln!("a native PodGroup keeps: schedulingConstraints {constraints}, resourceClaims {claims}");
+    let jobs: kube::Api<MusterJob> = kube::Api::namespaced(crate::harness::client().await, ns);
+    let table = [
+        (
+            "racked",
+            serde_json::json!({"schedulingConstraints": {"topology": [{"key": "topology.muster.dev/rack"}]}}),
+            constraints,
+            "schedulingConstraints (feature gate TopologyAwareWorkloadScheduling off)",
+        ),
+        (
+            "shared",
+            serde_json::json!({"resourceClaims": [{"name": "data", "resourceClaimName": "dataset"}]}),
+            claims,
+            "resourceClaims (feature gate DRAWorkloadResourceClaims off)",
+        ),
+    ];
+    for (name, extra, kept, field) in table {
+        let mut scheduling = crate::gangs::gang(1);
+        scheduling.as_object_mut().expect("object").extend(extra.as_object().cloned().unwrap_or_default());
+        let job = crate::gangs::gpu_job(name, 1, 1, nodes, scheduling, serde_json::json!({}));
+        crate::gangs::apply(ns, &job);
+        let recorded = crate::harness::wait_for(&format!("the API recorded on {name}"), crate::gangs::LONG, || async {
+            jobs.get(name).await.ok()?.annotations().get(SCHEDULING_API_ANNOTATION).cloned()
+        })
+        .await;
+        assert_eq!(recorded, if kept { "upstream" } else { "muster" }, "{name}: {field} kept {kept}");
+        if !kept {
+            crate::harness::wait_for(&format!("the SchedulingAPI event on {name}"), crate::gangs::LONG, || async {
+                let events = crate::gangs::events_of(ns, name).await;
+                events
+                    .iter()
+                    .any(|(_, r, m)| r == "SchedulingAPI" && m.contains(&format!("spec.scheduling.{field}")))
+                    .then_some(())
+            })
+            .await;
+        }
+    }
+    let log = std::fs::read_to_string(log).expect("muster's log");
+    let said = |text: &str| log.lines().any(|l| l.contains(text));
+    if constraints && claims {
+        assert!(said("native PodGroups keep schedulingConstraints and resourceClaims"), "{log}");
+    } else {
+        let line = log
+            .lines()
+            .find(|l| l.contains("the API server drops these native PodGroup fields"))
+            .unwrap_or_else(|| panic!("{log}"));
+        assert_eq!(line.contains("schedulingConstraints"), !constraints, "{line}");
+        assert_eq!(line.contains("resourceClaims"), !claims, "{line}");
     }
 }

@@ -291,3 +291,105 @@ async fn an_upstream_musterjobset_is_admitted_by_kube_scheduler_only_whole() {
         .expect_err("the recorded API cannot change");
     assert!(refused.contains("field is immutable") && refused.contains(SCHEDULING_API_ANNOTATION), "{refused}");
 }
+
+/// The name of the claim a pod's entry `entry` resolved to (its `status.resourceClaimStatuses`).
+fn claim_of(pod: &Pod, entry: &str) -> Option<String> {
+    let statuses = pod.status.as_ref()?.resource_claim_statuses.as_ref()?;
+    statuses.iter().find(|s| s.name == entry)?.resource_claim_name.clone()
+}
+
+/// DRA in upstream mode, on nodes whose GPUs are DRA devices: kube-scheduler allocates the claims
+/// and the allocation is what muster states. A job with `spec.gpuClaims` gets muster's claim
+/// template, each pod a claim made from it, allocated by kube-scheduler on the pod's node; the
+/// pod's `gpu.muster.dev/indices` are exactly the allocated devices, and no device goes twice. A
+/// shared claim (`spec.scheduling.resourceClaims`) goes onto the native PodGroup as it is, every
+/// pod carries the same entry, and kube-controller-manager makes ONE claim for the group, which
+/// kube-scheduler allocates for the whole gang on the node that reaches its device.
+#[tokio::test]
+async fn upstream_claims_are_allocated_by_kube_scheduler_and_the_allocation_is_what_muster_states() {
+    use std::collections::BTreeSet;
+
+    use k8s_openapi::api::resource::v1::ResourceClaim;
+
+    use crate::dra::{allocated, reserved_for};
+    use crate::dra_gangs::{claim_job, devices_of, template};
+    use crate::gangs::indices_of;
+    use crate::harness::dra::DraSlices;
+
+    let _muster = muster().await;
+    let ns = namespace("upstream-dra");
+    let nodes = TestNodes::add(&ns.name, 2, 4, 1).await;
+    let _slices = DraSlices::publish(&nodes.names).await;
+    let c = client().await;
+    let pods: Api<Pod> = Api::namespaced(c.clone(), &ns.name);
+    let jobs: Api<MusterJob> = Api::namespaced(c.clone(), &ns.name);
+    let claims: Api<ResourceClaim> = Api::namespaced(c.clone(), &ns.name);
+    let native_pg: Api<DynamicObject> =
+        Api::namespaced_with(c.clone(), &ns.name, &api_of("scheduling.k8s.io", "v1beta1", "PodGroup"));
+    let muster_pg: Api<DynamicObject> =
+        Api::namespaced_with(c.clone(), &ns.name, &api_of("scheduling.muster.dev", "v1alpha1", "PodGroup"));
+
+    // GPU claims: 3 pods x 2 GPUs, kube-scheduler's to allocate.
+    let mut opted = upstream(gpu_job("opted", 3, 2, &nodes, gang(3), json!({})));
+    opted["spec"]["gpuClaims"] = json!({});
+    apply(&ns.name, &opted);
+    let bound = all_bound(&pods, "opted", 3).await;
+    let job = jobs.get("opted").await.expect("job");
+    assert_eq!(job.annotations().get(SCHEDULING_API_ANNOTATION).map(String::as_str), Some("upstream"));
+    assert!(native_pg.get_opt("opted").await.expect("get").is_some(), "the native PodGroup");
+    assert!(muster_pg.get_opt("opted").await.expect("get").is_none(), "no muster PodGroup");
+    let with_indices = wait_for("GPU indices on every pod of opted", LONG, || async {
+        let live = job_pods(&pods, "opted").await;
+        live.iter().all(|p| indices_of(p).is_some()).then_some(live)
+    })
+    .await;
+    assert_eq!(with_indices.len(), bound.len());
+    let mut seen = BTreeSet::new();
+    for pod in &with_indices {
+        let spec = pod.spec.as_ref().expect("spec");
+        assert!(!spec.scheduling_gates.iter().flatten().any(|g| g.name == ADMISSION_GATE), "no muster gate");
+        let name = claim_of(pod, muster::crds::GPU_CLAIM_NAME).expect("the pod's GPU claim");
+        let claim = claims.get(&name).await.expect("claim");
+        let devices = allocated(&claim);
+        let node = node_of(pod).expect("bound").to_string();
+        assert!(devices.iter().all(|(pool, _)| *pool == node), "pod {} on {node}: {devices:?}", pod.name_any());
+        let names: BTreeSet<String> = devices.iter().map(|(_, d)| d.clone()).collect();
+        let indices = indices_of(pod).expect("indices");
+        assert_eq!(names, devices_of(indices), "pod {}: claim {name} vs indices {indices}", pod.name_any());
+        assert_eq!(reserved_for(&claim), [("pods".to_string(), pod.uid().expect("uid"))], "claim {name}");
+        for d in devices {
+            assert!(seen.insert(d.clone()), "device {d:?} allocated twice");
+        }
+    }
+    assert_eq!(seen.len(), 6, "3 pods x 2 devices: {seen:?}");
+
+    // A shared claim from a template: one claim for the native PodGroup, shared by every pod.
+    template(&ns.name, "one-gpu", 1).await;
+    let mut shared = upstream(claim_job("shared", 2, "unused", &nodes, json!({})));
+    shared["spec"]["template"]["spec"]["resourceClaims"] = json!([]);
+    shared["spec"]["template"]["spec"]["containers"][0]["resources"] = json!({"claims": [{"name": "shared"}]});
+    let entry = json!({"name": "shared", "resourceClaimTemplateName": "one-gpu"});
+    shared["spec"]["scheduling"]["resourceClaims"] = json!([entry]);
+    apply(&ns.name, &shared);
+    let bound = all_bound(&pods, "shared", 2).await;
+    let pg = native_pg.get("shared").await.expect("the native PodGroup");
+    assert_eq!(pg.data["spec"]["resourceClaims"], json!([entry]), "the entry as it is on the native PodGroup");
+    assert!(muster_pg.get_opt("shared").await.expect("get").is_none(), "no muster PodGroup");
+    let mut names = BTreeSet::new();
+    for pod in &bound {
+        let own = pod.spec.as_ref().and_then(|s| s.resource_claims.clone()).unwrap_or_default();
+        assert_eq!(serde_json::to_value(&own).expect("json"), json!([entry]), "pod {}", pod.name_any());
+        names.insert(claim_of(pod, "shared").expect("the pod's entry resolved"));
+    }
+    assert_eq!(names.len(), 1, "one claim for the whole gang: {names:?}");
+    let name = names.into_iter().next().expect("claim name");
+    let claim = claims.get(&name).await.expect("the group's claim");
+    let owner = claim.metadata.owner_references.iter().flatten().find(|o| o.controller == Some(true));
+    assert_eq!(owner.map(|o| (o.kind.as_str(), o.name.as_str())), Some(("PodGroup", "shared")), "{owner:?}");
+    let devices = allocated(&claim);
+    assert_eq!(devices.len(), 1, "{devices:?}");
+    for pod in &bound {
+        assert_eq!(node_of(pod), Some(devices[0].0.as_str()), "pod {} is where the device is", pod.name_any());
+    }
+    assert!(!seen.contains(&devices[0]), "the shared device is none of opted's: {devices:?}");
+}

@@ -284,6 +284,26 @@ pub fn add_group_claims(spec: &mut PodSpec, claims: &[GroupClaim]) {
     }
 }
 
+/// Upstream mode: adds to a pod the native PodGroup's claim entries as they are (name, claim
+/// or template name). kube-controller-manager resolves a pod entry equal to its PodGroup's
+/// entry in every field to the one claim made (or named) for the group, reserved for the
+/// group (`DRAWorkloadResourceClaims`); an entry of that name already there is left alone.
+pub fn add_native_group_claims(spec: &mut PodSpec, entries: &[PodGroupResourceClaim]) {
+    if entries.is_empty() {
+        return;
+    }
+    let list = spec.resource_claims.get_or_insert_with(Vec::new);
+    for e in entries {
+        if !list.iter().any(|x| x.name == e.name) {
+            list.push(PodResourceClaim {
+                name: e.name.clone(),
+                resource_claim_name: e.resource_claim_name.clone(),
+                resource_claim_template_name: e.resource_claim_template_name.clone(),
+            });
+        }
+    }
+}
+
 /// The PodGroup's `status.resourceClaimStatuses`: the entries whose claim exists (`made`
 /// holds those whose claim muster made or found), with the claim's name; a claim named by the
 /// user is listed as is. An entry whose claim is not made yet is left out: upstream reads an

@@ -221,19 +221,17 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, jc: Arc<JobContext>)
         Ok(group) => group,
         Err((reason, message)) => return set_invalid(job, ctx, reason, &message, now, None).await,
     };
-    // The GPU template comes before the pods that claim from it (muster's API only: a job with
-    // claims is never compiled to the native one, see `native::first_scheduling_api`).
-    let (gpu_template, group_claims) = match api {
-        SchedulingApi::Muster => {
-            let gpu_template = match ensure_gpu_template(job, ctx).await? {
-                Ok(template) => template,
-                Err((reason, message)) => {
-                    return set_invalid(job, ctx, reason, &message, now, Some(CLAIM_RETRY)).await;
-                }
-            };
-            (gpu_template, ensure_group_claims(job, ctx, &group).await?)
+    // The GPU template comes before the pods that claim from it. Group claims: muster makes
+    // them for its own PodGroup; a native PodGroup's are kube-controller-manager's to make.
+    let gpu_template = match ensure_gpu_template(job, ctx).await? {
+        Ok(template) => template,
+        Err((reason, message)) => {
+            return set_invalid(job, ctx, reason, &message, now, Some(CLAIM_RETRY)).await;
         }
-        SchedulingApi::Upstream => (None, GroupClaims { claims: Vec::new(), problems: Vec::new() }),
+    };
+    let group_claims = match api {
+        SchedulingApi::Muster => ensure_group_claims(job, ctx, &group).await?,
+        SchedulingApi::Upstream => GroupClaims { claims: Vec::new(), problems: Vec::new() },
     };
     let standalone = !is_child(job);
     if standalone && job.spec.completion_mode == CompletionMode::Indexed {
@@ -442,9 +440,11 @@ async fn scheduling_api(
             .and_then(|s| s.get(&reflector::ObjectRef::new(&name).within(&ns)))
             .is_some_and(|g| mine(controller_uid(&g.metadata)));
         let served = ctx.config.native_scheduling_served && (!is_child(job) || ctx.config.native_composite_served);
-        return Ok(native::recorded_scheduling_api(recorded, muster_group, native_group, served));
+        let dropped = ctx.config.native_fields.dropped_by_job(&job.spec, "spec.scheduling");
+        return Ok(native::recorded_scheduling_api(recorded, muster_group, native_group, served, &dropped));
     }
-    let (api, why) = native::first_scheduling_api(&job.spec, is_child(job), ctx.config.scheduling_api, muster_group);
+    let dropped = ctx.config.native_fields.dropped_by_job(&job.spec, "spec.scheduling");
+    let (api, why) = native::first_scheduling_api(is_child(job), ctx.config.scheduling_api, muster_group, &dropped);
     super::record_scheduling_api(ctx, job, api, why).await?;
     Ok(Ok(api))
 }
@@ -559,7 +559,7 @@ async fn ensure_native_groups(
         gang_all,
         parent: group.spec.parent_composite_pod_group_name.clone(),
         pod_group_owner: super::controller_ref(&group),
-        resource_claims: Vec::new(),
+        resource_claims: native::group_claims(&group.spec),
         claim_statuses: Vec::new(),
         created_rollbacks: None,
         api: SchedulingApi::Upstream,
@@ -687,7 +687,10 @@ async fn sync_pods(
                 if let Some(template) = &pod_claims.gpu_template {
                     claims::use_gpu_claim(spec, template);
                 }
-                claims::add_group_claims(spec, &pod_claims.group.claims);
+                match groups.api {
+                    SchedulingApi::Muster => claims::add_group_claims(spec, &pod_claims.group.claims),
+                    SchedulingApi::Upstream => claims::add_native_group_claims(spec, &groups.resource_claims),
+                }
             }
             pod
         })

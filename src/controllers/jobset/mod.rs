@@ -300,10 +300,18 @@ async fn scheduling_api(set: &MusterJobSet, ctx: &Context) -> Result<std::result
                     .map(|m| m.metadata),
             );
         let served = config.native_scheduling_served && (!with_scheduling || config.native_composite_served);
-        return Ok(native::recorded_scheduling_api(recorded, muster_root, native_root, served));
+        // Without spec.scheduling the children are standalone: each answers for its own fields.
+        let dropped = if with_scheduling { config.native_fields.dropped_by_set(&set.spec) } else { Vec::new() };
+        return Ok(native::recorded_scheduling_api(recorded, muster_root, native_root, served, &dropped));
     }
-    let (api, why) =
-        native::first_set_scheduling_api(&set.spec, config.scheduling_api, muster_root, config.native_composite_served);
+    let dropped = config.native_fields.dropped_by_set(&set.spec);
+    let (api, why) = native::first_set_scheduling_api(
+        &set.spec,
+        config.scheduling_api,
+        muster_root,
+        config.native_composite_served,
+        &dropped,
+    );
     super::record_scheduling_api(ctx, set, api, why).await?;
     Ok(Ok(api))
 }

@@ -239,3 +239,38 @@ fn a_group_claim_copies_the_template_and_is_owned_by_the_group() {
     assert_eq!(annotations.get(GROUP_CLAIM_ANNOTATION).map(String::as_str), Some("shared"));
     assert_eq!(claim.spec, template.spec.and_then(|s| s.spec));
 }
+
+#[test]
+fn upstream_pods_carry_their_native_groups_claim_entries_field_for_field() {
+    let entries: Vec<PodGroupResourceClaim> = serde_json::from_value(json!([
+        {"name": "shared", "resourceClaimTemplateName": "one-gpu"},
+        {"name": "data", "resourceClaimName": "dataset"},
+    ]))
+    .expect("entries");
+    // (the pod's own entries) -> the entries after
+    let table = [
+        (
+            json!(null),
+            json!([{"name": "shared", "resourceClaimTemplateName": "one-gpu"}, {"name": "data", "resourceClaimName": "dataset"}]),
+        ),
+        (
+            json!([{"name": "muster-gpus", "resourceClaimTemplateName": "train-gpus"}]),
+            json!([{"name": "muster-gpus", "resourceClaimTemplateName": "train-gpus"},
+                   {"name": "shared", "resourceClaimTemplateName": "one-gpu"}, {"name": "data", "resourceClaimName": "dataset"}]),
+        ),
+        // One of that name already there is the pod's own (validation refuses the clash).
+        (
+            json!([{"name": "data", "resourceClaimName": "mine"}]),
+            json!([{"name": "data", "resourceClaimName": "mine"}, {"name": "shared", "resourceClaimTemplateName": "one-gpu"}]),
+        ),
+    ];
+    for (i, (own, want)) in table.into_iter().enumerate() {
+        let mut spec: PodSpec =
+            serde_json::from_value(json!({"containers": [{"name": "c"}], "resourceClaims": own})).expect("spec");
+        add_native_group_claims(&mut spec, &entries);
+        assert_eq!(serde_json::to_value(&spec.resource_claims).expect("json"), want, "row {i}");
+    }
+    let mut untouched: PodSpec = serde_json::from_value(json!({"containers": [{"name": "c"}]})).expect("spec");
+    add_native_group_claims(&mut untouched, &[]);
+    assert_eq!(untouched.resource_claims, None, "no entries: no list");
+}
