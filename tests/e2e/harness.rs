@@ -310,6 +310,25 @@ where
     }
 }
 
+/// Like [`wait_for`], but `None` after `timeout` instead of a panic (for a test that must clean
+/// up before it fails).
+pub async fn wait_for_opt<T, F, Fut>(timeout: Duration, mut check: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Adds (or updates) kwok GPU nodes and waits until they are Ready. Give each test its own
 /// `prefix` (and a `--taint` plus toleration, or a label and node selector, to keep other
 /// tests' pods off them). Nodes live until the cluster stops.

@@ -17,7 +17,7 @@ use crate::harness::manager::muster;
 use crate::harness::{client, cluster, namespace, wait_for};
 
 /// Creates PriorityClass `name` unless it exists (tests may race to make it).
-fn priority_class(name: &str, value: i32, never: bool) {
+pub(crate) fn priority_class(name: &str, value: i32, never: bool) {
     let mut args = vec!["create".to_string(), "priorityclass".into(), name.into(), format!("--value={value}")];
     if never {
         args.push("--preemption-policy=Never".into());
@@ -31,13 +31,13 @@ fn priority_class(name: &str, value: i32, never: bool) {
 }
 
 /// `job` with its pods in PriorityClass `class`.
-fn with_class(mut job: Value, class: &str) -> Value {
+pub(crate) fn with_class(mut job: Value, class: &str) -> Value {
     job["spec"]["template"]["spec"]["priorityClassName"] = json!(class);
     job
 }
 
 /// A finalizer that holds a victim pod after its eviction (removed by the test).
-const HOLD: &str = "e2e.muster.dev/hold";
+pub(crate) const HOLD: &str = "e2e.muster.dev/hold";
 
 fn gang_all(min_count: u32) -> Value {
     json!({"schedulingPolicy": {"gang": {"minCount": min_count}}, "disruptionMode": {"all": {}}})

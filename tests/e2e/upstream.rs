@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use crate::gangs::{LONG, TestNodes, all_bound, apply, events_of, gang, gpu_job, indices_by_node, job_pods, node_of};
 use crate::harness::manager::muster;
-use crate::harness::{client, cluster, namespace, wait_for};
+use crate::harness::{client, cluster, namespace, wait_for, wait_for_opt};
 
 fn api_of(group: &str, version: &str, kind: &str) -> ApiResource {
     ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind))
@@ -392,4 +392,56 @@ async fn upstream_claims_are_allocated_by_kube_scheduler_and_the_allocation_is_w
         assert_eq!(node_of(pod), Some(devices[0].0.as_str()), "pod {} is where the device is", pod.name_any());
     }
     assert!(!seen.contains(&devices[0]), "the shared device is none of opted's: {devices:?}");
+}
+
+/// kube-scheduler preempting an upstream gang (1.37 writes `DisruptionTarget` on the pods it
+/// preempts, not on their native PodGroup): the MusterJob shows `DisruptionTarget=True` with the
+/// preempted pod's reason and message, and a Warning event says so. The victims carry a
+/// finalizer, so they stay (terminating) long enough to be read; the high gang binds once they go.
+#[tokio::test]
+async fn a_gang_kube_scheduler_preempts_is_a_disruption_target_on_its_musterjob() {
+    use crate::preemption::{HOLD, priority_class, with_class};
+    let _muster = muster().await;
+    let ns = namespace("upstream-preempt");
+    let nodes = TestNodes::add(&ns.name, 1, 4, 1).await;
+    let c = client().await;
+    let pods: Api<Pod> = Api::namespaced(c.clone(), &ns.name);
+    let jobs: Api<MusterJob> = Api::namespaced(c.clone(), &ns.name);
+    priority_class("muster-e2e-upstream-low", 100, false);
+    priority_class("muster-e2e-upstream-high", 1000, false);
+    let low = upstream(with_class(gpu_job("low", 2, 2, &nodes, gang(2), json!({})), "muster-e2e-upstream-low"));
+    apply(&ns.name, &low);
+    // The running pods are held (not their replacements, which must go with the namespace).
+    let hold = json!({"metadata": {"finalizers": [HOLD]}});
+    for p in all_bound(&pods, "low", 2).await {
+        pods.patch(&p.name_any(), &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&hold))
+            .await
+            .expect("hold");
+    }
+    let high = upstream(with_class(gpu_job("high", 2, 2, &nodes, gang(2), json!({})), "muster-e2e-upstream-high"));
+    apply(&ns.name, &high);
+    let seen = wait_for_opt(LONG, || async {
+        let job = jobs.get("low").await.ok()?;
+        job_condition(&job, "DisruptionTarget").filter(|c| c.0 == "True")
+    })
+    .await;
+    let warned = wait_for_opt(LONG, || async {
+        let events = events_of(&ns.name, "low").await;
+        events.into_iter().find(|(t, _, m)| t == "Warning" && m.contains("DisruptionTarget=True"))
+    })
+    .await;
+    // The victims go (the finalizer released), whatever was seen: the namespace must be deletable.
+    let release = json!({"metadata": {"finalizers": null}});
+    for p in pods.list(&Default::default()).await.map(|l| l.items).unwrap_or_default() {
+        if p.finalizers().iter().any(|f| f == HOLD) {
+            let params = kube::api::PatchParams::default();
+            let _ = pods.patch(&p.name_any(), &params, &kube::api::Patch::Merge(&release)).await;
+        }
+    }
+    let (_, reason, message) = seen.expect("DisruptionTarget=True on the MusterJob low");
+    assert_eq!(reason, "PreemptionByScheduler", "{message}");
+    assert!(message.starts_with("pod low-"), "names the preempted pod: {message}");
+    let (_, event_reason, _) = warned.expect("a Warning event");
+    assert_eq!(event_reason, "PreemptionByScheduler");
+    all_bound(&pods, "high", 2).await;
 }

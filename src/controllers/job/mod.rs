@@ -635,7 +635,8 @@ async fn sync_pods(
     decision.status.pod_group_name = Some(groups.pod_group.clone());
     let mirrored = match groups.api {
         SchedulingApi::Upstream => {
-            plan::mirror_group_conditions(&mut decision.status.conditions, &groups.native_conditions, &prev.conditions)
+            let group = plan::group_conditions_with_pods(&groups.native_conditions, &observed);
+            plan::mirror_group_conditions(&mut decision.status.conditions, &group, &prev.conditions)
         }
         SchedulingApi::Muster => Vec::new(),
     };
@@ -728,7 +729,10 @@ async fn sync_pods(
     // comes back here, its change still new against the job's status).
     if paced.is_none() {
         for c in &mirrored {
-            let warning = c.status == "False" && c.type_ == "PodGroupInitiallyScheduled";
+            let warning = match c.type_.as_str() {
+                "PodGroupInitiallyScheduled" => c.status == "False",
+                _ => c.status == "True",
+            };
             let note =
                 format!("PodGroup {} (scheduling.k8s.io): {}={}: {}", groups.pod_group, c.type_, c.status, c.message);
             ctx.event(&reference, warning, &c.reason, "Schedule", note).await;

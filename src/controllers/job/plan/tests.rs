@@ -26,6 +26,7 @@ fn pod(name: &str, phase: Lifecycle, index: Option<i32>) -> ObservedPod {
         gated: false,
         restarts: 0,
         rolled_back: false,
+        disruption: None,
     }
 }
 
@@ -623,4 +624,74 @@ fn the_native_groups_conditions_are_mirrored_and_their_changes_reported() {
     let mut last = next.clone();
     assert!(mirror_group_conditions(&mut last, std::slice::from_ref(&scheduled), &next).is_empty());
     assert_eq!(last, vec![own, scheduled]);
+}
+
+#[test]
+fn a_preempted_pod_makes_the_job_a_disruption_target_where_its_group_says_nothing() {
+    let cond = |t: &str, status: &str, reason: &str, message: &str| Condition {
+        type_: t.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: message.into(),
+        last_transition_time: Time(Timestamp::UNIX_EPOCH),
+        observed_generation: None,
+    };
+    let scheduled = cond("PodGroupInitiallyScheduled", "True", "Scheduled", "");
+    let from_group = cond("DisruptionTarget", "True", "PreemptionByScheduler", "the group's own");
+    let of = |name: &str| cond("DisruptionTarget", "True", "PreemptionByScheduler", &format!("pod {name}: preempted"));
+    let disrupted = |name: &str, phase: Lifecycle, terminating: bool| ObservedPod {
+        terminating,
+        disruption: Some(Box::new(of(name))),
+        ..pod(name, phase, None)
+    };
+    let running = pod("a", Lifecycle::Running, None);
+    // (group, pods) -> the conditions
+    let table = [
+        (vec![scheduled.clone()], vec![running.clone()], vec![scheduled.clone()]),
+        // Preempted pods on their way out: the first by name speaks for the job.
+        (
+            vec![scheduled.clone()],
+            vec![running.clone(), disrupted("c", Lifecycle::Running, true), disrupted("b", Lifecycle::Running, true)],
+            vec![scheduled.clone(), of("b")],
+        ),
+        // The group's own condition wins.
+        (
+            vec![scheduled.clone(), from_group.clone()],
+            vec![disrupted("b", Lifecycle::Running, true)],
+            vec![scheduled.clone(), from_group.clone()],
+        ),
+        // A finished pod (not terminating) says nothing any more; a terminating one still does.
+        (vec![], vec![disrupted("b", Lifecycle::Failed, false)], vec![]),
+        (vec![], vec![disrupted("b", Lifecycle::Failed, true)], vec![of("b")]),
+        (vec![], vec![disrupted("b", Lifecycle::Pending, false)], vec![of("b")]),
+    ];
+    for (i, (group, pods, want)) in table.into_iter().enumerate() {
+        assert_eq!(group_conditions_with_pods(&group, &pods), want, "row {i}");
+    }
+}
+
+#[test]
+fn a_pods_disruption_target_reads_as_the_jobs_condition() {
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "w-0", "deletionTimestamp": "2026-12-03T10:00:00Z"},
+        "status": {"phase": "Running", "conditions": [
+            {"type": "Ready", "status": "True"},
+            {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
+             "message": "high/train: preempting to accommodate a higher priority pod",
+             "lastTransitionTime": "2026-12-03T09:59:58Z"}]},
+    }))
+    .expect("pod");
+    let observed = ObservedPod::from_pod(&pod);
+    let c = observed.disruption.as_deref().expect("the condition");
+    assert_eq!(
+        (c.type_.as_str(), c.status.as_str(), c.reason.as_str()),
+        ("DisruptionTarget", "True", "PreemptionByScheduler")
+    );
+    assert_eq!(c.message, "pod w-0: high/train: preempting to accommodate a higher priority pod");
+    assert_eq!(c.last_transition_time.0.to_string(), "2026-12-03T09:59:58Z");
+    let mut calm = pod.clone();
+    if let Some(cs) = calm.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+        cs[1].status = "False".into();
+    }
+    assert_eq!(ObservedPod::from_pod(&calm).disruption, None, "only a True condition");
 }
