@@ -195,9 +195,11 @@ async fn indices_follow_what_kubelet_gave_and_the_next_gang_avoids_those_gpus() 
         (indices_of(&pod) == Some(given)).then_some(())
     })
     .await;
-    let events = events_of(ns, &name).await;
-    let corrected = events.iter().find(|(_, reason, _)| reason == "GPUIndicesCorrected");
-    let (_, _, message) = corrected.unwrap_or_else(|| panic!("no GPUIndicesCorrected event: {events:?}"));
+    // The event is posted after the patch that corrects the indices: wait for it too.
+    let (_, _, message) = wait_for("the GPUIndicesCorrected event", LONG, || async {
+        events_of(ns, &name).await.into_iter().find(|(_, reason, _)| reason == "GPUIndicesCorrected")
+    })
+    .await;
     assert!(message.contains(&format!("not the {planned} muster planned")), "{message}");
     let corrections = metric(&muster.metrics().await, "muster_gpu_index_corrections_total", &[]);
     assert!(corrections >= 1.0, "muster_gpu_index_corrections_total = {corrections}");
