@@ -622,9 +622,6 @@ pub fn native_pod(pod: &mut Pod, pod_group: &str) {
 /// The native PodGroup's conditions a MusterJob in upstream mode shows as its own.
 pub const MIRRORED_CONDITIONS: [&str; 2] = ["PodGroupInitiallyScheduled", "DisruptionTarget"];
 
-/// PURE: copies the native PodGroup's [`MIRRORED_CONDITIONS`] into a job's `conditions` (a
-/// type the group no longer has goes), and returns those whose status or reason changed from
-/// `before` (for events).
 /// The condition type of a disruption, on pods and on groups.
 const DISRUPTION_TARGET: &str = "DisruptionTarget";
 
@@ -647,6 +644,9 @@ pub fn group_conditions_with_pods(group: &[Condition], pods: &[ObservedPod]) -> 
     out
 }
 
+/// PURE: copies the native PodGroup's [`MIRRORED_CONDITIONS`] into a job's `conditions` (a
+/// type the group no longer has goes), and returns those whose status or reason changed from
+/// `before` (for events).
 pub fn mirror_group_conditions(
     conditions: &mut Vec<Condition>,
     group: &[Condition],
