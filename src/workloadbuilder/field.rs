@@ -162,6 +162,11 @@ impl fmt::Display for FieldError {
 
 impl std::error::Error for FieldError {}
 
+/// Field errors as one message, `; ` between them (a condition's or a log line's text).
+pub fn joined(errors: &[FieldError]) -> String {
+    errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ")
+}
+
 /// Checks a DNS-1123 label (`my-name`), returning the apimachinery messages.
 pub fn dns_label_errors(value: &str) -> Vec<String> {
     let mut out = Vec::new();
@@ -251,6 +256,15 @@ fn is_qualified_name_part(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn errors_join_into_one_message() {
+        let a = FieldError::required(&FieldPath::new("spec").child("a"), "x");
+        let b = FieldError::required(&FieldPath::new("spec").child("b"), "y");
+        assert_eq!(joined(&[]), "");
+        assert_eq!(joined(std::slice::from_ref(&a)), a.to_string());
+        assert_eq!(joined(&[a.clone(), b.clone()]), format!("{a}; {b}"));
+    }
 
     #[test]
     fn paths_render_like_kubectl() {

@@ -67,7 +67,7 @@ pub enum BuildError {
         field: &'static str,
     },
     /// The tree does not validate.
-    #[error("invalid workload tree: {}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
+    #[error("invalid workload tree: {}", field::joined(.0))]
     Invalid(ErrorList),
     /// No template of that name and kind in the Workload.
     #[error("the Workload has no {kind} named {name:?}")]

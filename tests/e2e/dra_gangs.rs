@@ -55,21 +55,22 @@ pub(crate) async fn template(ns: &str, name: &str, count: u32) {
     templates.create(&PostParams::default(), &t).await.expect("create the template");
 }
 
-/// The claim made for a pod's entry `gpus`.
-fn claim_of(pod: &Pod) -> Option<String> {
+/// The claim a pod's entry `entry` resolved to (its `status.resourceClaimStatuses`).
+pub(crate) fn claim_of(pod: &Pod, entry: &str) -> Option<String> {
     let statuses = pod.status.as_ref()?.resource_claim_statuses.as_ref()?;
-    statuses.iter().find(|s| s.name == "gpus")?.resource_claim_name.clone()
+    statuses.iter().find(|s| s.name == entry)?.resource_claim_name.clone()
 }
 
 /// The device names `gpu-<i>` of an indices annotation such as `0,3`.
-pub(crate) fn devices_of(indices: &str) -> BTreeSet<String> {
+fn devices_of(indices: &str) -> BTreeSet<String> {
     indices.split(',').map(|i| format!("gpu-{i}")).collect()
 }
 
-/// Checks one bound pod against its claim: allocated on the pod's node, exactly the devices of
-/// its indices, reserved for it. Returns the claim's devices as (pool, device).
-async fn check_pod_claim(claims: &Api<ResourceClaim>, pod: &Pod) -> Vec<(String, String)> {
-    let name = claim_of(pod).unwrap_or_else(|| panic!("pod {} names no claim", pod.name_any()));
+/// Checks one bound pod against the claim of its entry `entry`: allocated on the pod's node,
+/// exactly the devices of its indices, reserved for it. Returns the claim's devices as (pool,
+/// device).
+pub(crate) async fn check_pod_claim(claims: &Api<ResourceClaim>, pod: &Pod, entry: &str) -> Vec<(String, String)> {
+    let name = claim_of(pod, entry).unwrap_or_else(|| panic!("pod {} names no claim", pod.name_any()));
     let claim = claims.get(&name).await.expect("the pod's claim");
     let devices = allocated(&claim);
     let node = node_of(pod).expect("bound").to_string();
@@ -106,7 +107,7 @@ async fn a_gang_with_gpu_claims_binds_where_muster_allocated_and_frees_them_when
         pods.get_opt("plain").await.ok().flatten().filter(|p| node_of(p).is_some())
     })
     .await;
-    let plain_claim = claims.get(&claim_of(&plain).expect("plain's claim")).await.unwrap();
+    let plain_claim = claims.get(&claim_of(&plain, "gpus").expect("plain's claim")).await.unwrap();
     let plain_devices = allocated(&plain_claim);
     assert_eq!(plain_devices.len(), 2);
 
@@ -118,7 +119,7 @@ async fn a_gang_with_gpu_claims_binds_where_muster_allocated_and_frees_them_when
         seen.insert(d.clone(), "plain".into());
     }
     for pod in &bound {
-        for d in check_pod_claim(&claims, pod).await {
+        for d in check_pod_claim(&claims, pod, "gpus").await {
             if let Some(other) = seen.insert(d.clone(), pod.name_any()) {
                 panic!("device {d:?} is allocated to {other} and {}", pod.name_any());
             }
@@ -139,7 +140,7 @@ async fn a_gang_with_gpu_claims_binds_where_muster_allocated_and_frees_them_when
     // The freed devices go to the next gang.
     apply(&ns.name, &claim_job("next", 3, "two-gpus", &nodes, json!({})));
     for pod in all_bound(&pods, "next", 3).await {
-        check_pod_claim(&claims, &pod).await;
+        check_pod_claim(&claims, &pod, "gpus").await;
     }
 }
 
@@ -192,7 +193,7 @@ async fn a_crash_between_a_claim_and_its_pod_patch_is_resumed_with_the_same_devi
         let planned = plan.pods.iter().find(|p| p.uid == pod.uid().unwrap()).expect("a planned pod");
         assert_eq!(node_of(pod), Some(planned.node.as_str()));
         assert_eq!(indices_of(pod), planned.gpu_indices.as_deref());
-        for d in check_pod_claim(&claims, pod).await {
+        for d in check_pod_claim(&claims, pod, "gpus").await {
             assert!(all.insert(d.clone()), "device {d:?} twice");
         }
     }
@@ -340,7 +341,7 @@ async fn a_dropped_plan_frees_the_claims_it_allocated() {
     // GPUs published again: the gang is admitted afresh.
     let _again = DraSlices::publish(&nodes.names).await;
     for pod in all_bound(&pods, "drop", 2).await {
-        check_pod_claim(&claims, &pod).await;
+        check_pod_claim(&claims, &pod, "gpus").await;
     }
 }
 
@@ -390,7 +391,7 @@ async fn a_dra_only_node_gets_topology_aware_gpus_through_claims() {
 
     apply(&ns.name, &claim_job("pair", 1, "two-gpus", &nodes, json!({})));
     let pod = all_bound(&pods, "pair", 1).await.remove(0);
-    check_pod_claim(&claims, &pod).await;
+    check_pod_claim(&claims, &pod, "gpus").await;
     let indices: Vec<u32> = indices_of(&pod).unwrap().split(',').map(|i| i.parse().unwrap()).collect();
     assert!(
         indices.len() == 2 && indices[0].is_multiple_of(2) && indices[1] == indices[0] + 1 && indices[0] != 0,

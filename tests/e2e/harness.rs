@@ -295,19 +295,13 @@ pub fn namespace(prefix: &str) -> TestNamespace {
 
 /// Polls `check` every 200 ms until it returns `Some`, and returns that; panics naming `what`
 /// after `timeout`.
-pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let found = wait_for_opt(timeout, check).await;
+    found.unwrap_or_else(|| panic!("timed out after {timeout:?} waiting for {what}"))
 }
 
 /// Like [`wait_for`], but `None` after `timeout` instead of a panic (for a test that must clean

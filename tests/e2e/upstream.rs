@@ -292,12 +292,6 @@ async fn an_upstream_musterjobset_is_admitted_by_kube_scheduler_only_whole() {
     assert!(refused.contains("field is immutable") && refused.contains(SCHEDULING_API_ANNOTATION), "{refused}");
 }
 
-/// The name of the claim a pod's entry `entry` resolved to (its `status.resourceClaimStatuses`).
-fn claim_of(pod: &Pod, entry: &str) -> Option<String> {
-    let statuses = pod.status.as_ref()?.resource_claim_statuses.as_ref()?;
-    statuses.iter().find(|s| s.name == entry)?.resource_claim_name.clone()
-}
-
 /// DRA in upstream mode, on nodes whose GPUs are DRA devices: kube-scheduler allocates the claims
 /// and the allocation is what muster states. A job with `spec.gpuClaims` gets muster's claim
 /// template, each pod a claim made from it, allocated by kube-scheduler on the pod's node; the
@@ -311,8 +305,8 @@ async fn upstream_claims_are_allocated_by_kube_scheduler_and_the_allocation_is_w
 
     use k8s_openapi::api::resource::v1::ResourceClaim;
 
-    use crate::dra::{allocated, reserved_for};
-    use crate::dra_gangs::{claim_job, devices_of, template};
+    use crate::dra::allocated;
+    use crate::dra_gangs::{check_pod_claim, claim_job, claim_of, template};
     use crate::gangs::indices_of;
     use crate::harness::dra::DraSlices;
 
@@ -348,16 +342,7 @@ async fn upstream_claims_are_allocated_by_kube_scheduler_and_the_allocation_is_w
     for pod in &with_indices {
         let spec = pod.spec.as_ref().expect("spec");
         assert!(!spec.scheduling_gates.iter().flatten().any(|g| g.name == ADMISSION_GATE), "no muster gate");
-        let name = claim_of(pod, muster::crds::GPU_CLAIM_NAME).expect("the pod's GPU claim");
-        let claim = claims.get(&name).await.expect("claim");
-        let devices = allocated(&claim);
-        let node = node_of(pod).expect("bound").to_string();
-        assert!(devices.iter().all(|(pool, _)| *pool == node), "pod {} on {node}: {devices:?}", pod.name_any());
-        let names: BTreeSet<String> = devices.iter().map(|(_, d)| d.clone()).collect();
-        let indices = indices_of(pod).expect("indices");
-        assert_eq!(names, devices_of(indices), "pod {}: claim {name} vs indices {indices}", pod.name_any());
-        assert_eq!(reserved_for(&claim), [("pods".to_string(), pod.uid().expect("uid"))], "claim {name}");
-        for d in devices {
+        for d in check_pod_claim(&claims, pod, muster::crds::GPU_CLAIM_NAME).await {
             assert!(seen.insert(d.clone()), "device {d:?} allocated twice");
         }
     }

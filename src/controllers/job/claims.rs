@@ -266,22 +266,32 @@ pub fn group_resource_claim(
     }
 }
 
-/// Adds a pod-level entry `{name: entry, resourceClaimName: claim}` per group claim (an
-/// entry of that name already there is left alone).
-pub fn add_group_claims(spec: &mut PodSpec, claims: &[GroupClaim]) {
-    if claims.is_empty() {
+/// Adds pod-level claim entries, each unless an entry of its name is there already (a list is
+/// made only when there is something to add).
+fn add_pod_claims(spec: &mut PodSpec, entries: impl IntoIterator<Item = PodResourceClaim>) {
+    let mut entries = entries.into_iter().peekable();
+    if entries.peek().is_none() {
         return;
     }
     let list = spec.resource_claims.get_or_insert_with(Vec::new);
-    for c in claims {
-        if !list.iter().any(|x| x.name == c.entry) {
-            list.push(PodResourceClaim {
-                name: c.entry.clone(),
-                resource_claim_name: Some(c.claim_name.clone()),
-                resource_claim_template_name: None,
-            });
+    for e in entries {
+        if !list.iter().any(|x| x.name == e.name) {
+            list.push(e);
         }
     }
+}
+
+/// Adds a pod-level entry `{name: entry, resourceClaimName: claim}` per group claim (an
+/// entry of that name already there is left alone).
+pub fn add_group_claims(spec: &mut PodSpec, claims: &[GroupClaim]) {
+    add_pod_claims(
+        spec,
+        claims.iter().map(|c| PodResourceClaim {
+            name: c.entry.clone(),
+            resource_claim_name: Some(c.claim_name.clone()),
+            resource_claim_template_name: None,
+        }),
+    );
 }
 
 /// Upstream mode: adds to a pod the native PodGroup's claim entries as they are (name, claim
@@ -289,19 +299,14 @@ pub fn add_group_claims(spec: &mut PodSpec, claims: &[GroupClaim]) {
 /// entry in every field to the one claim made (or named) for the group, reserved for the
 /// group (`DRAWorkloadResourceClaims`); an entry of that name already there is left alone.
 pub fn add_native_group_claims(spec: &mut PodSpec, entries: &[PodGroupResourceClaim]) {
-    if entries.is_empty() {
-        return;
-    }
-    let list = spec.resource_claims.get_or_insert_with(Vec::new);
-    for e in entries {
-        if !list.iter().any(|x| x.name == e.name) {
-            list.push(PodResourceClaim {
-                name: e.name.clone(),
-                resource_claim_name: e.resource_claim_name.clone(),
-                resource_claim_template_name: e.resource_claim_template_name.clone(),
-            });
-        }
-    }
+    add_pod_claims(
+        spec,
+        entries.iter().map(|e| PodResourceClaim {
+            name: e.name.clone(),
+            resource_claim_name: e.resource_claim_name.clone(),
+            resource_claim_template_name: e.resource_claim_template_name.clone(),
+        }),
+    );
 }
 
 /// The PodGroup's `status.resourceClaimStatuses`: the entries whose claim exists (`made`

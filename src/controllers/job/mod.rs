@@ -199,13 +199,13 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, jc: Arc<JobContext>)
     }
     let errors = validate_job(job, None);
     if !errors.is_empty() {
-        let message = errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
+        let message = crate::workloadbuilder::field::joined(&errors);
         return set_invalid(job, ctx, "InvalidSpec", &message, now, None).await;
     }
     if !ctx.config.dra_served {
         let errors = crate::workloadbuilder::job::needs_dra(&job.spec);
         if !errors.is_empty() {
-            let message = errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
+            let message = crate::workloadbuilder::field::joined(&errors);
             return set_invalid(job, ctx, "DRANotServed", &message, now, None).await;
         }
     }
@@ -729,10 +729,7 @@ async fn sync_pods(
     // comes back here, its change still new against the job's status).
     if paced.is_none() {
         for c in &mirrored {
-            let warning = match c.type_.as_str() {
-                "PodGroupInitiallyScheduled" => c.status == "False",
-                _ => c.status == "True",
-            };
+            let warning = plan::mirrored_change_is_warning(c);
             let note =
                 format!("PodGroup {} (scheduling.k8s.io): {}={}: {}", groups.pod_group, c.type_, c.status, c.message);
             ctx.event(&reference, warning, &c.reason, "Schedule", note).await;

@@ -644,6 +644,15 @@ pub fn group_conditions_with_pods(group: &[Condition], pods: &[ObservedPod]) -> 
     out
 }
 
+/// PURE: whether the event of a mirrored condition's change is a Warning: the group not
+/// scheduled, or disrupted.
+pub fn mirrored_change_is_warning(c: &Condition) -> bool {
+    match c.type_.as_str() {
+        DISRUPTION_TARGET => c.status == "True",
+        _ => c.status == "False",
+    }
+}
+
 /// PURE: copies the native PodGroup's [`MIRRORED_CONDITIONS`] into a job's `conditions` (a
 /// type the group no longer has goes), and returns those whose status or reason changed from
 /// `before` (for events).

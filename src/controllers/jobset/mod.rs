@@ -79,7 +79,7 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>
     }
     let errors = validate_jobset(set, None);
     if !errors.is_empty() {
-        let message = errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
+        let message = crate::workloadbuilder::field::joined(&errors);
         return set_invalid(set, &ctx, "InvalidSpec", &message, now).await;
     }
     let ns = set.namespace().unwrap_or_default();

@@ -30,6 +30,18 @@ fn pod(name: &str, phase: Lifecycle, index: Option<i32>) -> ObservedPod {
     }
 }
 
+/// A condition as a group or a job carries it (the epoch as its transition time).
+fn condition_of(type_: &str, status: &str, reason: &str, message: &str) -> Condition {
+    Condition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: message.into(),
+        last_transition_time: Time(Timestamp::UNIX_EPOCH),
+        observed_generation: None,
+    }
+}
+
 fn now() -> Timestamp {
     Timestamp::from_second(1_000_000).expect("ts")
 }
@@ -543,14 +555,7 @@ fn only_active_and_ready_counts_wait_for_the_status_pace() {
         })
     ));
     // A native PodGroup's condition (upstream mode) may wait; the job's own may not.
-    let cond = |t: &str, status: &str| Condition {
-        type_: t.into(),
-        status: status.into(),
-        reason: "R".into(),
-        message: String::new(),
-        last_transition_time: Time(Timestamp::UNIX_EPOCH),
-        observed_generation: None,
-    };
+    let cond = |t: &str, status: &str| condition_of(t, status, "R", "");
     let scheduled = with(&|s| s.conditions.push(cond("PodGroupInitiallyScheduled", "True")));
     assert!(status_may_wait(Some(&old), &scheduled));
     let mut flipped = scheduled.clone();
@@ -594,14 +599,7 @@ fn a_native_pod_joins_its_group_by_scheduling_group_without_muster_label_or_gate
 
 #[test]
 fn the_native_groups_conditions_are_mirrored_and_their_changes_reported() {
-    let cond = |t: &str, status: &str, reason: &str| Condition {
-        type_: t.into(),
-        status: status.into(),
-        reason: reason.into(),
-        message: format!("{t} {reason}"),
-        last_transition_time: Time(Timestamp::UNIX_EPOCH),
-        observed_generation: None,
-    };
+    let cond = |t: &str, status: &str, reason: &str| condition_of(t, status, reason, &format!("{t} {reason}"));
     let own = cond(condition::COMPLETE, "False", "Running");
     let unschedulable = cond("PodGroupInitiallyScheduled", "False", "Unschedulable");
     let mut conditions = vec![own.clone()];
@@ -628,14 +626,7 @@ fn the_native_groups_conditions_are_mirrored_and_their_changes_reported() {
 
 #[test]
 fn a_preempted_pod_makes_the_job_a_disruption_target_where_its_group_says_nothing() {
-    let cond = |t: &str, status: &str, reason: &str, message: &str| Condition {
-        type_: t.into(),
-        status: status.into(),
-        reason: reason.into(),
-        message: message.into(),
-        last_transition_time: Time(Timestamp::UNIX_EPOCH),
-        observed_generation: None,
-    };
+    let cond = condition_of;
     let scheduled = cond("PodGroupInitiallyScheduled", "True", "Scheduled", "");
     let from_group = cond("DisruptionTarget", "True", "PreemptionByScheduler", "the group's own");
     let of = |name: &str| cond("DisruptionTarget", "True", "PreemptionByScheduler", &format!("pod {name}: preempted"));
@@ -694,4 +685,18 @@ fn a_pods_disruption_target_reads_as_the_jobs_condition() {
         cs[1].status = "False".into();
     }
     assert_eq!(ObservedPod::from_pod(&calm).disruption, None, "only a True condition");
+}
+
+#[test]
+fn a_mirrored_change_warns_while_the_group_is_unscheduled_or_disrupted() {
+    let cond = |t: &str, status: &str| condition_of(t, status, "R", "");
+    let table = [
+        ("PodGroupInitiallyScheduled", "False", true),
+        ("PodGroupInitiallyScheduled", "True", false),
+        ("DisruptionTarget", "True", true),
+        ("DisruptionTarget", "False", false),
+    ];
+    for (t, status, want) in table {
+        assert_eq!(mirrored_change_is_warning(&cond(t, status)), want, "{t}={status}");
+    }
 }
