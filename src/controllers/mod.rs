@@ -66,7 +66,10 @@ pub async fn report_undecodable<K: kube::Resource<DynamicType = ()>>(
 }
 
 /// Server-side applies a headless Service `name` selecting pods with label `key=name`, owned by
-/// `owner`, so pods get stable DNS names (`<hostname>.<name>`).
+/// `owner`, so pods get stable DNS names (`<hostname>.<name>`): only where no Service of that
+/// name exists or `owner` controls it. A Service someone else made is never taken over (whoever
+/// may create a job in a namespace must not rewrite its Services through muster): the
+/// refusal's message is returned instead, for the caller to report.
 pub async fn apply_headless_service(
     client: &Client,
     namespace: &str,
@@ -74,7 +77,16 @@ pub async fn apply_headless_service(
     selector_key: &str,
     owner: OwnerReference,
     field_manager: &str,
-) -> context::Result<()> {
+) -> context::Result<Option<String>> {
+    let api = Api::<Service>::namespaced(client.clone(), namespace);
+    if let Some(existing) = api.get_opt(name).await?
+        && controller_uid(&existing.metadata) != Some(owner.uid.as_str())
+    {
+        return Ok(Some(format!(
+            "Service {name} exists and is not controlled by this {}: muster leaves it as it is, so the pods get no stable DNS names through it",
+            owner.kind
+        )));
+    }
     let svc = Service {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
@@ -94,10 +106,8 @@ pub async fn apply_headless_service(
     let mut body = serde_json::to_value(&svc)?;
     body["apiVersion"] = "v1".into();
     body["kind"] = "Service".into();
-    Api::<Service>::namespaced(client.clone(), namespace)
-        .patch(name, &PatchParams::apply(field_manager).force(), &Patch::Apply(&body))
-        .await?;
-    Ok(())
+    api.patch(name, &PatchParams::apply(field_manager).force(), &Patch::Apply(&body)).await?;
+    Ok(None)
 }
 
 /// Annotation on the objects muster's job controllers apply (Workloads, PodGroups,

@@ -21,6 +21,7 @@ pub mod report;
 pub mod score;
 pub mod select;
 pub mod topology;
+pub mod trust;
 
 /// The nvidia-smi fixture topologies, for tests and benchmarks (not part of muster's API).
 #[doc(hidden)]
@@ -43,6 +44,7 @@ pub use problem::{GpuProblem, GpuProblemKind};
 pub use score::{Fit, NodeScore, fit, node_score};
 pub use select::{EXACT_LIMIT, NUMA_SPAN_PENALTY, SelectOptions, Selection, select, select_brute_force, set_cost};
 pub use topology::{GpuTopology, Link, SelectionKey, TopologyAnnotation, TopologyError, TopologyProblem};
+pub use trust::{Placed, Untrusted, vouch};
 
 /// GPUs of a node a pod may be given: healthy and not held by any pod.
 pub fn available(health: &NodeHealth, used: GpuSet) -> GpuSet {

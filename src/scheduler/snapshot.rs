@@ -403,6 +403,9 @@ pub struct Snapshot {
     dra: std::sync::Arc<Dra>,
     /// Waiting pods nominated to a node: `(node index, priority, namespace/name)`.
     nominated: Vec<(u32, i32, Box<str>)>,
+    /// Where muster's admission plans put pods not bound yet, by pod UID: what vouches for
+    /// their GPU indices ([`crate::devices::trust`]).
+    placed: HashMap<Box<str>, crate::devices::Placed>,
 }
 
 impl Snapshot {
@@ -453,6 +456,7 @@ impl Snapshot {
             volumes: Volumes::default(),
             dra: std::sync::Arc::default(),
             nominated: Vec::new(),
+            placed: HashMap::new(),
         }
     }
 
@@ -649,6 +653,17 @@ impl Snapshot {
     /// The cluster's DRA state.
     pub fn dra(&self) -> &Dra {
         &self.dra
+    }
+
+    /// Records where muster's admission plans put pods (pod UID -> node and GPUs): the one
+    /// thing that vouches for the GPU indices of a pod not bound yet.
+    pub fn set_placed(&mut self, placed: impl IntoIterator<Item = (String, crate::devices::Placed)>) {
+        self.placed = placed.into_iter().map(|(uid, p)| (uid.into_boxed_str(), p)).collect();
+    }
+
+    /// Where muster's admission plan put the pod `uid`, if it did.
+    pub fn placed(&self, uid: &str) -> Option<&crate::devices::Placed> {
+        self.placed.get(uid)
     }
 
     /// The labels of a namespace, when known.

@@ -77,6 +77,9 @@ pub struct GroupPod {
     pub state: PodState,
     /// Its labels (what other pods' affinity, anti-affinity and spread rules select on).
     pub labels: Labels,
+    /// Its `spec.priority`, as the API server's Priority admission plugin resolved it from the
+    /// pod's PriorityClass (0 when unset): what its root ranks at.
+    pub priority: i32,
 }
 
 /// A PodGroup and its pods.
@@ -123,7 +126,9 @@ pub struct GroupTree {
     pub namespace: String,
     /// The root group.
     pub root: Group,
-    /// The root's `spec.priority` (0 when unset).
+    /// What the root ranks at: the highest priority the API server resolved for its live pods
+    /// (0 without any), never a number or class its groups or templates name (a tenant could
+    /// name any class there without running a pod under it; see [`Group::pods_priority`]).
     pub priority: i32,
     /// The root's creation time.
     pub created: Option<Timestamp>,
@@ -181,7 +186,7 @@ impl LeafGroup {
 
     /// Adds a pod in any other state.
     pub fn push(&mut self, name: &str, uid: &str, state: PodState) {
-        self.pods.push(GroupPod { name: name.into(), uid: uid.into(), state, labels: Labels::default() });
+        self.pods.push(GroupPod { name: name.into(), uid: uid.into(), state, labels: Labels::default(), priority: 0 });
     }
 
     /// Adds a pod from the cluster; returns false when it does not count (finished or
@@ -204,6 +209,7 @@ impl LeafGroup {
         }
         if let Some(last) = self.pods.last_mut() {
             last.labels = pod.metadata.labels.iter().flatten().collect();
+            last.priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
         }
         true
     }
@@ -310,6 +316,13 @@ impl Group {
             Group::Leaf(l) => out.push(l),
             Group::Composite(c) => c.children.iter().for_each(|child| child.collect_leaves(out)),
         }
+    }
+
+    /// The highest `spec.priority` among the subtree's live pods (0 without any): the API
+    /// server resolved it from each pod's PriorityClass under the namespace's ResourceQuota
+    /// rules, so a root cannot rank at a class none of its pods may run under.
+    pub fn pods_priority(&self) -> i32 {
+        self.leaves().iter().flat_map(|l| l.pods.iter()).map(|p| p.priority).max().unwrap_or(0)
     }
 
     /// Pods in the subtree that exist.
@@ -477,22 +490,22 @@ pub fn build_forest<'g, P: std::borrow::Borrow<Pod>>(
 
     let mut trees = Vec::new();
     for root in roots {
-        let (key, priority, created, group) = match root {
+        let (key, created, group) = match root {
             Root::Leaf(i) => {
                 builder.reached_leaves[i] = true;
                 let n = &leaves[i];
-                (&n.key, n.object.spec.priority, &n.object.metadata.creation_timestamp, Some(builder.leaf(i)))
+                (&n.key, &n.object.metadata.creation_timestamp, Some(builder.leaf(i)))
             }
             Root::Composite(i) => {
                 let n = &composites[i];
-                (&n.key, n.object.spec.priority, &n.object.metadata.creation_timestamp, builder.composite(i, 1))
+                (&n.key, &n.object.metadata.creation_timestamp, builder.composite(i, 1))
             }
         };
         match group {
             Some(root) => trees.push(GroupTree {
                 namespace: key.0.clone(),
+                priority: root.pods_priority(),
                 root,
-                priority: priority.unwrap_or(0),
                 created: created.as_ref().map(|t| t.0),
                 avoid_nodes: BTreeSet::new(),
                 reserved_nodes: BTreeSet::new(),
@@ -729,6 +742,39 @@ mod tests {
                 reason: UnresolvedReason::PodGroupMissing { pods: 1 }
             }]
         );
+    }
+
+    #[test]
+    fn a_root_ranks_at_its_pods_resolved_priority_never_at_a_named_class() {
+        // The forged set of issue 38: the composite and the pod-less leaf say 1,000,000 (a
+        // replicas: 0 replicatedJob naming a class the tenant may not run pods under); the one
+        // leaf with pods runs at what the API server resolved for them.
+        let mut root = composite("set", CompositePodGroupSchedulingPolicy::basic(), None);
+        root.spec.priority = Some(1_000_000);
+        let mut forged = pod_group("set-forged", PodGroupSchedulingPolicy::basic(), Some("set"));
+        forged.spec.priority = Some(1_000_000);
+        let real = pod_group("set-real", PodGroupSchedulingPolicy::gang(Some(2)), Some("set"));
+        let with_priority = |name: &str, priority: Option<i32>| {
+            let mut p = pod(name, "set-real");
+            p.spec.as_mut().unwrap().priority = priority;
+            p
+        };
+        let cases: [(&str, Vec<Pod>, i32); 4] = [
+            ("no pods yet", vec![], 0),
+            ("pods without a priority", vec![with_priority("a", None), with_priority("b", None)], 0),
+            ("pods at 100", vec![with_priority("a", Some(100)), with_priority("b", Some(100))], 100),
+            ("the highest pod", vec![with_priority("a", Some(5)), with_priority("b", Some(7))], 7),
+        ];
+        for (what, pods, want) in cases {
+            let forest = build_forest(&[forged.clone(), real.clone()], std::slice::from_ref(&root), &pods);
+            let [tree] = forest.trees.as_slice() else { panic!("{what}: one tree: {forest:?}") };
+            assert_eq!(tree.priority, want, "{what}");
+        }
+        // A hand-made PodGroup's own number counts for nothing either.
+        let mut alone = pod_group("g", PodGroupSchedulingPolicy::basic(), None);
+        alone.spec.priority = Some(2_000_000_000);
+        let forest = build_forest(&[alone], &[], &[pod("a", "g")]);
+        assert_eq!(forest.trees[0].priority, 0);
     }
 
     #[test]

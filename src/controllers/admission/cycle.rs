@@ -21,7 +21,7 @@ use crate::controllers::metrics::ReasonLabels;
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{CompositePodGroup, PlannedPod, PodGroup};
 use crate::devices::chooser::{ChooserNodes, GpuNode, TopologyChooser};
-use crate::devices::{GpuProblem, GpuProblemKind, GpuSet, HealthThresholds, SelectOptions};
+use crate::devices::{GpuProblem, GpuProblemKind, GpuSet, HealthThresholds, Placed, SelectOptions, parse_indices};
 use crate::scheduler::{
     self, Admission, Decision, Group, GroupTree, PatchRefused, PlaceOptions, PodState, Scoring, Snapshot,
 };
@@ -102,6 +102,14 @@ impl Admitter {
         let Some(settling) = self.settling(&all_pgs, &all_cpgs, &pods) else {
             return Ok(Some(Instant::now() + Duration::from_millis(100)));
         };
+        // Where muster placed pods not bound yet: their plans, recorded in the status of their
+        // groups (which only muster writes), and the commits the caches do not show yet.
+        let plans = all_pgs
+            .iter()
+            .filter_map(|g| g.status.as_ref().and_then(|s| s.plan.as_ref()))
+            .chain(all_cpgs.iter().filter_map(|g| g.status.as_ref().and_then(|s| s.plan.as_ref())))
+            .flat_map(|plan| plan.pods.iter());
+        let placed = placed_pods(plans.chain(settling.pins.values()));
         // Groups where the webhook never gates pods are not muster's to admit.
         let excluded = excluded_namespaces(&self.ctx.config.namespace);
         let managed = |ns: Option<String>| !ns.is_some_and(|ns| excluded.contains(&ns));
@@ -118,7 +126,8 @@ impl Admitter {
         let by_uid: HashMap<&str, &Arc<Pod>> =
             managed_pods.iter().filter_map(|p| p.metadata.uid.as_deref().map(|u| (u, p))).collect();
         let read_in = began.elapsed();
-        let (mut snapshot, gpus) = self.snapshot(&nodes, &settling, &by_uid).await?;
+        let (mut snapshot, gpus) = self.snapshot(&nodes, &settling, &by_uid, placed).await?;
+
         let snapshot_in = began.elapsed();
         let by_group = group_pods(&managed_pods);
         let world = World {
@@ -507,6 +516,7 @@ impl Admitter {
         nodes: &[(String, Arc<GpuNode>)],
         settling: &Settling,
         by_uid: &HashMap<&str, &Arc<Pod>>,
+        placed: HashMap<String, Placed>,
     ) -> Result<(Snapshot, Arc<ChooserNodes>)> {
         let (mut snapshot, uncounted, gpu_pods) = {
             let cluster = super::watches::lock(&self.caches.cluster);
@@ -518,6 +528,7 @@ impl Admitter {
                 .collect();
             (cluster.snapshot(), uncounted, cluster.gpu_pods())
         };
+        snapshot.set_placed(placed);
         snapshot.set_namespaces(
             self.caches
                 .namespaces
@@ -790,6 +801,18 @@ fn roots_by_key<'a>(pgs: &'a [Arc<PodGroup>], cpgs: &'a [Arc<CompositePodGroup>]
         .map(|g| GroupRef::Leaf(g))
         .chain(cpgs.iter().map(|g| GroupRef::Composite(g)))
         .map(|g| (g.key(), g))
+        .collect()
+}
+
+/// Where the planned pods go, by pod UID (a plan's pods without a UID, from before plans
+/// named them, vouch for nothing); the later of two plans naming one pod wins.
+fn placed_pods<'p>(plans: impl Iterator<Item = &'p PlannedPod>) -> HashMap<String, Placed> {
+    plans
+        .filter(|p| !p.uid.is_empty())
+        .map(|p| {
+            let gpus = p.gpu_indices.as_deref().and_then(|v| parse_indices(v).ok());
+            (p.uid.clone(), Placed { node: p.node.clone(), gpus })
+        })
         .collect()
 }
 

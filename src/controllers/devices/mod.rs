@@ -69,6 +69,10 @@ fn phase_of(pod: &dyn DevicePod) -> crate::devices::PodPhase {
     crate::devices::PodPhase::from(pod.class().lifecycle)
 }
 
+/// The event reason for indices that hold nothing: written on a pod by someone other than
+/// muster or its node, with nothing to vouch for them ([`crate::devices::trust`]).
+pub const UNTRUSTED_INDICES: &str = "UntrustedGPUIndices";
+
 /// Something wrong with one pod's GPUs, to report once.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Report {
@@ -279,7 +283,37 @@ struct Inputs<'a, 's> {
     held: Vec<Option<Held>>,
     /// `held` as annotation values, what the ledger records read.
     held_text: Vec<Option<String>>,
+    /// Each pod's own annotation, where the ledger may read it ([`stated`]).
+    stated: Vec<Option<&'a str>>,
     reports: Vec<Report>,
+}
+
+/// The `gpu.muster.dev/indices` of `pod` on `node` as the ledger may read it: the value when
+/// something vouches for it (muster's plan, or a bound pod asking for that many GPUs, see
+/// [`crate::devices::trust`]); an unreadable value too (the ledger reports it and holds
+/// nothing). A value nothing vouches for holds nothing and is reported.
+fn stated<'a>(pod: &'a dyn DevicePod, node: &str, snapshot: &Snapshot, reports: &mut Vec<Report>) -> Option<&'a str> {
+    let value = pod.gpu_indices()?;
+    let Ok(named) = parse_indices(value) else { return Some(value) };
+    let bound = is_bound(pod);
+    match crate::devices::vouch(named, pod.gpus_wanted(), bound, node, snapshot.placed(pod.uid())) {
+        Ok(()) => Some(value),
+        Err(why) => {
+            let uid = pod.uid();
+            reports.push(Report {
+                key: format!("untrusted/{uid}/{node}/{named}/{bound}"),
+                uid: uid.to_string(),
+                reason: UNTRUSTED_INDICES,
+                message: format!(
+                    "{GPU_INDICES_ANNOTATION}={value:?} on pod {}/{} holds no GPU on node {node}: {why}",
+                    pod.namespace(),
+                    pod.name()
+                ),
+                conflict: false,
+            });
+            None
+        }
+    }
 }
 
 impl<'a: 's, 's> Inputs<'a, 's> {
@@ -289,17 +323,25 @@ impl<'a: 's, 's> Inputs<'a, 's> {
         let mut reports = Vec::new();
         let held: Vec<Option<Held>> =
             located.iter().map(|(p, node)| held_by_node(*p, node, snapshot, gpus, &mut reports)).collect();
-        let held_text = held.iter().map(|h| h.as_ref().map(|h| format_indices(h.gpus))).collect();
-        Inputs { located, held, held_text, reports }
+        let held_text: Vec<Option<String>> = held.iter().map(|h| h.as_ref().map(|h| format_indices(h.gpus))).collect();
+        let stated = located
+            .iter()
+            .zip(&held_text)
+            .map(|((p, node), truth)| match truth {
+                Some(_) => None,
+                None => stated(*p, node, snapshot, &mut reports),
+            })
+            .collect();
+        Inputs { located, held, held_text, stated, reports }
     }
 
     /// The ledger's record of each located pod.
     fn records<'r>(&'r self, snapshot: &'r Snapshot) -> impl Iterator<Item = PodRecord<'r>> {
-        self.located.iter().zip(&self.held_text).map(|((p, node), truth)| PodRecord {
+        self.located.iter().zip(self.held_text.iter().zip(&self.stated)).map(|((p, node), (truth, stated))| PodRecord {
             node,
             uid: p.uid(),
             created: p.created(),
-            indices: truth.as_deref().or_else(|| p.gpu_indices()),
+            indices: truth.as_deref().or(*stated),
             phase: phase_of(*p),
             bound: is_bound(*p),
             terminating: is_terminating(*p),
@@ -316,7 +358,7 @@ impl<'a: 's, 's> Inputs<'a, 's> {
         gpus: &impl NodeModels,
         chosen: &HashMap<String, (String, GpuSet)>,
     ) -> DevicePlan<'a> {
-        let Inputs { located, held, held_text, mut reports } = self;
+        let Inputs { located, held, held_text, stated: own, mut reports } = self;
         reports.extend(problems.map(Report::from_ledger));
         // `gpu.muster.dev/indices` states what the node gave the pod.
         let mut assignments: Vec<Assignment<'a>> = located
@@ -336,14 +378,13 @@ impl<'a: 's, 's> Inputs<'a, 's> {
             .collect();
         // GPU pods kube-scheduler bound without muster (and not read back yet): give them
         // indices right after binding.
+        // A pod whose own indices nothing vouches for counts as one without any.
         let mut unassigned: Vec<&(&dyn DevicePod, Cow<'_, str>)> = located
             .iter()
-            .zip(&held_text)
-            .filter(|(_, confirmed)| confirmed.is_none())
+            .zip(held_text.iter().zip(&own))
+            .filter(|(_, (confirmed, own))| confirmed.is_none() && own.is_none())
             .map(|(located, _)| located)
-            .filter(|(p, _)| {
-                !phase_of(*p).is_terminal() && is_bound(*p) && p.gpus_wanted() > 0 && p.gpu_indices().is_none()
-            })
+            .filter(|(p, _)| !phase_of(*p).is_terminal() && is_bound(*p) && p.gpus_wanted() > 0)
             .collect();
         // Pods chosen for before come first, then the oldest.
         let earlier = |p: &dyn DevicePod, node: &str| chosen.get(p.uid()).filter(|(n, _)| n == node).map(|(_, g)| *g);
@@ -665,7 +706,10 @@ impl DeviceReconciler {
         self.book(ctx).await;
         let by_uid: HashMap<&str, &dyn DevicePod> = pods.iter().map(|p| (p.uid(), p as &dyn DevicePod)).collect();
         // A choice is kept until the cache shows the pod's annotation (or the pod is gone).
-        self.chosen.retain(|uid, _| by_uid.get(uid.as_str()).is_some_and(|p| p.gpu_indices().is_none()));
+        // (An annotation other than the choice, one nothing vouches for, keeps it too.)
+        self.chosen.retain(|uid, (_, gpus, _)| {
+            by_uid.get(uid.as_str()).is_some_and(|p| p.gpu_indices().is_none_or(|v| parse_indices(v) != Ok(*gpus)))
+        });
         let earlier: HashMap<String, (String, GpuSet)> =
             self.chosen.iter().map(|(uid, (node, gpus, _))| (uid.clone(), (node.clone(), *gpus))).collect();
         let plan = plan_kept(pods, snapshot, gpus, &earlier, &mut self.kept);

@@ -690,3 +690,70 @@ fn a_plan_on_the_kept_ledger_equals_one_on_a_rebuilt_ledger_pass_after_pass() {
         assert_eq!(plain_given, i >= 2, "pass {i}");
     }
 }
+
+/// A pod pinned to `node` by its own nodeSelector (not bound, not gated), asking for `gpus`:
+/// what a tenant writes to squat GPUs it never runs on.
+fn pinned(name: &str, node: &str, gpus: u32, indices: &str) -> Pod {
+    let mut p = pod("tenant", name, 5, node, gpus, Some(indices));
+    let spec = p.spec.as_mut().unwrap();
+    spec.node_name = None;
+    spec.node_selector = Some(
+        [(crate::crds::HOSTNAME_LABEL.to_string(), node.to_string()), ("no-node-has".to_string(), "this".to_string())]
+            .into(),
+    );
+    p.status.as_mut().unwrap().phase = Some("Pending".into());
+    p
+}
+
+#[tokio::test]
+async fn indices_nothing_vouches_for_hold_no_gpu_and_are_reported_once() {
+    let api = FakeApi::start().await;
+    let nodes = [node("n1", 4)];
+    // Issue 38's squatter: no GPU asked, all four named, never bound. Beside it a pod asking
+    // for one GPU, never bound, not placed by muster, naming all four too; and a bound pod
+    // asking for one and naming four.
+    let pods = vec![
+        pinned("squat", "n1", 0, "0,1,2,3"),
+        pinned("unplaced", "n1", 1, "0,1,2,3"),
+        pod("tenant", "greedy", 6, "n1", 1, Some("0,1,2,3")),
+    ];
+    let mut devices = DeviceReconciler::default();
+    for round in 0..3 {
+        let (snapshot, gpus) = world(&nodes, &pods);
+        let held = pass_settled(&mut devices, &api.ctx, &pods, &snapshot, &gpus).await;
+        // Only the bound pod holds anything, and only the one GPU it asks for.
+        assert_eq!(held.get("n1").map(|g| g.len()), Some(1), "round {round}: {held:?}");
+        let plan = plan(&pods, &snapshot, &gpus);
+        assert_eq!(plan.ledger.claim("uid-squat"), None);
+        assert_eq!(plan.ledger.claim("uid-unplaced"), None);
+        assert_eq!(plan.ledger.claim("uid-greedy").map(|c| c.gpus.len()), Some(1));
+    }
+    for who in ["squat", "unplaced", "greedy"] {
+        assert_eq!(api.events(UNTRUSTED_INDICES, who), 1, "{who}: reported once over three passes");
+    }
+    // The bound pod's annotation is corrected to the one GPU it holds.
+    let greedy = api.patches("tenant", "greedy");
+    assert_eq!(greedy.len(), 1, "{greedy:?}");
+    assert_eq!(written(&greedy[0]).len(), 1);
+}
+
+#[test]
+fn muster_s_plan_vouches_for_a_pod_not_bound_yet() {
+    let nodes = [node("n1", 4)];
+    let pods = [pinned("admitted", "n1", 2, "2,3")];
+    let (mut snapshot, gpus) = world(&nodes, &pods);
+    assert_eq!(plan(&pods, &snapshot, &gpus).ledger.claim("uid-admitted"), None, "no plan: nothing held");
+    let placed = |node: &str, gpus: GpuSet| crate::devices::Placed { node: node.into(), gpus: Some(gpus) };
+    let cases = [
+        ("planned there with those GPUs", placed("n1", set(&[2, 3])), Some(set(&[2, 3]))),
+        ("planned with other GPUs", placed("n1", set(&[0, 1])), None),
+        ("planned on another node", placed("n2", set(&[2, 3])), None),
+    ];
+    for (what, where_, holds) in cases {
+        snapshot.set_placed([("uid-admitted".to_string(), where_)]);
+        let plan = plan(&pods, &snapshot, &gpus);
+        assert_eq!(plan.ledger.claim("uid-admitted").map(|c| c.gpus), holds, "{what}");
+        let untrusted = plan.reports.iter().any(|r| r.reason == UNTRUSTED_INDICES);
+        assert_eq!(untrusted, holds.is_none(), "{what}: {:?}", plan.reports);
+    }
+}

@@ -236,7 +236,7 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, jc: Arc<JobContext>)
     let standalone = !is_child(job);
     if standalone && job.spec.completion_mode == CompletionMode::Indexed {
         let name = job.name_any();
-        super::apply_headless_service(
+        let refused = super::apply_headless_service(
             &ctx.client,
             &job.namespace().unwrap_or_default(),
             &name,
@@ -245,6 +245,9 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, jc: Arc<JobContext>)
             FIELD_MANAGER,
         )
         .await?;
+        if let Some(note) = refused {
+            ctx.event(&job.object_ref(&()), true, "ServiceConflict", "ApplyService", note).await;
+        }
     }
     sync_pods(job, &jc, &group, &PodClaims { gpu_template, group: group_claims }, now).await
 }
@@ -286,9 +289,37 @@ struct GroupClaims {
     problems: Vec<(&'static str, String)>,
 }
 
+/// A child of a set: it carries the delegation annotations AND a MusterJobSet controls it
+/// (its controller ownerReference). The annotations alone, which anyone who may write the job
+/// may set, never make a job join a set's CompositePodGroup.
 fn is_child(job: &MusterJob) -> bool {
     let a = job.annotations();
-    a.contains_key(GROUP_TEMPLATE_ANNOTATION) && a.contains_key(PARENT_COMPOSITE_ANNOTATION)
+    a.contains_key(GROUP_TEMPLATE_ANNOTATION)
+        && a.contains_key(PARENT_COMPOSITE_ANNOTATION)
+        && owning_set(job).is_some()
+}
+
+/// The UID of the MusterJobSet controlling `job`, if one does.
+fn owning_set(job: &MusterJob) -> Option<&str> {
+    job.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| {
+            o.controller == Some(true) && o.kind == "MusterJobSet" && o.api_version.starts_with("batch.muster.dev/")
+        })
+        .map(|o| o.uid.as_str())
+}
+
+/// The refusal for a child whose parent group `kind` `name` is not controlled by the set that
+/// controls the child.
+fn not_the_sets(kind: &str, name: &str) -> (&'static str, String) {
+    (
+        "NotInSet",
+        format!(
+            "{kind} {name} named by annotation {PARENT_COMPOSITE_ANNOTATION} is not controlled by the MusterJobSet that controls this MusterJob"
+        ),
+    )
 }
 
 fn owner_ref(job: &MusterJob) -> Result<OwnerReference> {
@@ -369,6 +400,9 @@ async fn ensure_groups(
         let cpg = cached(&jc.composites, &cpgs, &ns, &parent)
             .await?
             .ok_or_else(|| Error::Missing(format!("parent CompositePodGroup {parent} not found yet")))?;
+        if controller_uid(&cpg.metadata) != owning_set(job) {
+            return Ok(Err(not_the_sets("CompositePodGroup", &parent)));
+        }
         let wl_name = cpg.spec.workload_ref.workload_name.clone();
         let wls = Api::<Workload>::namespaced(ctx.client.clone(), &ns);
         let workload = cached(&jc.workloads, &wls, &ns, &wl_name)
@@ -535,6 +569,9 @@ async fn ensure_native_groups(
                     let cpg = cpgs.get_opt(&parent).await?.ok_or_else(|| {
                         Error::Missing(format!("parent CompositePodGroup {parent} (scheduling.k8s.io) not found yet"))
                     })?;
+                    if controller_uid(&cpg.metadata) != owning_set(job) {
+                        return Ok(Err(not_the_sets("CompositePodGroup (scheduling.k8s.io)", &parent)));
+                    }
                     let wl_name = cpg.spec.workload_ref.workload_name;
                     let workload = cached(workloads, &wl_api, &ns, &wl_name).await?.ok_or_else(|| {
                         Error::Missing(format!("parent Workload {wl_name} (scheduling.k8s.io) not found yet"))

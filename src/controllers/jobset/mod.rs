@@ -99,7 +99,11 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>
         Ok(roots) => roots,
         Err((reason, message)) => return set_invalid(set, &ctx, reason, &message, now).await,
     };
-    super::apply_headless_service(&ctx.client, &ns, &name, JOBSET_NAME_LABEL, owner.clone(), FIELD_MANAGER).await?;
+    if let Some(note) =
+        super::apply_headless_service(&ctx.client, &ns, &name, JOBSET_NAME_LABEL, owner.clone(), FIELD_MANAGER).await?
+    {
+        ctx.event(&set.object_ref(&()), true, "ServiceConflict", "ApplyService", note).await;
+    }
 
     let jobs = Api::<MusterJob>::namespaced(ctx.client.clone(), &ns);
     let children: Vec<MusterJob> = jobs
