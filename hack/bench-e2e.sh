@@ -12,6 +12,10 @@
 #   BENCH_PROFILE=perf|heaptrack: record muster's CPU samples (perf record) or its heap
 #   (heaptrack attached; muster is then built with the system allocator, which heaptrack sees)
 #   during the whole run, into $MUSTER_CLUSTER_DIR/profile/
+#   BENCH_HOSTILE=1: before muster starts (so no webhook refuses it), a tenant's MusterJob of
+#   50,000,000 Indexed pods is created in namespace bench-hostile: muster must run the paths
+#   beside it with its memory bounded (the job is Invalid, no pod of it is made); its status and
+#   the pods of that namespace are printed at the end
 #   MUSTER_CLUSTER_DIR (target/bench-cluster)  MUSTER_K8S_BIN (tools/k8s/bindir.sh)
 set -euo pipefail
 
@@ -72,6 +76,24 @@ for g in GenericWorkload WorkloadWithJob; do
     || log "WARNING: gate $g is not on: the gang path's Jobs will not be gang scheduled"
 done
 
+if [ "${BENCH_HOSTILE:-}" = 1 ]; then
+  kc create namespace bench-hostile --dry-run=client -o yaml | kc apply -f - > /dev/null
+  kc apply -f - > /dev/null <<'YAML' || die "the API server refused the hostile MusterJob (no webhook runs yet)"
+apiVersion: batch.muster.dev/v1alpha1
+kind: MusterJob
+metadata: {name: absurd, namespace: bench-hostile}
+spec:
+  completionMode: Indexed
+  parallelism: 50000000
+  completions: 50000000
+  template:
+    spec:
+      restartPolicy: Never
+      containers: [{name: main, image: busybox, resources: {limits: {nvidia.com/gpu: "1"}}}]
+YAML
+  log "hostile MusterJob bench-hostile/absurd (50,000,000 pods) created before muster starts"
+fi
+
 read -r metrics_port webhook_port <<< "$(bash "$root/hack/free-ports.sh" 2)"
 kc create namespace muster-system --dry-run=client -o yaml | kc apply -f - > /dev/null
 mkdir -p "$dir/logs" "$dir/pids"
@@ -114,5 +136,10 @@ rc=0
   --paths "$paths" --muster-pid "$muster_pid" --muster-metrics-url "http://127.0.0.1:$metrics_port/metrics" \
   --concurrency "$concurrency" --rate "$rate" --timeout "$timeout" --json-out "$out" || rc=$?
 kill -0 "$muster_pid" 2> /dev/null || { log "muster died during the bench:"; tail -n 20 "$dir/logs/muster.log" >&2; rc=1; }
+if [ "${BENCH_HOSTILE:-}" = 1 ]; then
+  log "hostile job: $(kc -n bench-hostile get musterjob absurd -o jsonpath='{range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{"\n"}{end}' 2>&1)"
+  log "hostile job's pods: $(kc -n bench-hostile get pods --no-headers 2> /dev/null | wc -l)"
+  log "muster's peak RSS: $(grep VmHWM "/proc/$muster_pid/status" 2> /dev/null || echo 'muster is gone')"
+fi
 [ $rc = 0 ] || log "the bench failed (exit $rc); logs in $dir/logs"
 exit $rc

@@ -821,7 +821,7 @@ impl<'a> Engine<'a> {
         // Largest shapes first: big pods are the hardest to fit.
         let mut order: Vec<usize> = (0..by_shape.len()).filter(|&s| !by_shape[s].is_empty()).collect();
         order.sort_by(|&a, &b| self.size_key(&leaf.shapes[b]).cmp(&self.size_key(&leaf.shapes[a])).then(a.cmp(&b)));
-        let gated: u32 = by_shape.iter().map(|p| u32::try_from(p.len()).unwrap_or(u32::MAX)).sum();
+        let gated = by_shape.iter().map(|p| u32::try_from(p.len()).unwrap_or(u32::MAX)).fold(0, u32::saturating_add);
         let min_count = leaf.min_count();
         let gang = matches!(leaf.policy, LeafPolicy::Gang { .. });
         let invalid_count = u32::try_from(invalid.len()).unwrap_or(u32::MAX);
@@ -961,7 +961,7 @@ impl<'a> Engine<'a> {
     /// slots left for its largest pod; the loosest with Spread), then the domain name.
     fn place_in_domains(&mut self, group: &'a Group, key: &'a str, nodes: &[u32]) -> Attempt {
         let leaves = group.leaves();
-        let pods: u32 = leaves.iter().map(|l| l.placed_pods() + l.gated_pods()).sum();
+        let pods = leaves.iter().map(|l| l.placed_pods().saturating_add(l.gated_pods())).fold(0, u32::saturating_add);
 
         let occupied = self.occupied_domains(&leaves, key);
         if occupied.len() > 1 || occupied.contains(&None) {

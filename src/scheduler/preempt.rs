@@ -143,8 +143,9 @@ pub fn cost<'a>(victims: impl IntoIterator<Item = &'a VictimUnit>) -> (usize, i6
     for u in victims {
         pods += u.pods.len();
         max = max.max(i64::from(u.priority));
-        sum += i64::from(u.priority) * u.pods.len() as i64;
-        gpus += u.pods.iter().map(|p| p.requests.get(GPU_RESOURCE)).sum::<i64>();
+        let pods_in = i64::try_from(u.pods.len()).unwrap_or(i64::MAX);
+        sum = sum.saturating_add(i64::from(u.priority).saturating_mul(pods_in));
+        gpus = u.pods.iter().map(|p| p.requests.get(GPU_RESOURCE)).fold(gpus, i64::saturating_add);
     }
     (pods, if pods == 0 { i64::MIN } else { max }, sum, gpus)
 }

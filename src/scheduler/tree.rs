@@ -327,12 +327,12 @@ impl Group {
 
     /// Pods in the subtree that exist.
     pub fn active_pods(&self) -> u32 {
-        self.leaves().iter().map(|l| l.active_pods()).sum()
+        self.leaves().iter().map(|l| l.active_pods()).fold(0, u32::saturating_add)
     }
 
     /// Gated pods in the subtree.
     pub fn gated_pods(&self) -> u32 {
-        self.leaves().iter().map(|l| l.gated_pods()).sum()
+        self.leaves().iter().map(|l| l.gated_pods()).fold(0, u32::saturating_add)
     }
 
     /// Depth of the subtree (a leaf is 1).

@@ -146,7 +146,7 @@ impl WorkloadItem {
     }
     /// Runtime child groups of a composite item: the sum of its children's replicas.
     pub fn child_group_count(&self) -> i32 {
-        self.children.iter().map(|c| c.replicas.max(0)).sum()
+        self.children.iter().map(|c| c.replicas.max(0)).fold(0, i32::saturating_add)
     }
     /// The path of the policy block (the user's, or where it would be).
     pub fn policy_path(&self) -> FieldPath {

@@ -90,7 +90,7 @@ pub struct DeviceRequestSet {
 impl DeviceRequestSet {
     /// Devices the claim needs: the sum of the requests' counts.
     pub fn total(&self) -> u32 {
-        self.requests.iter().map(|(_, c)| *c).sum()
+        self.requests.iter().map(|(_, c)| *c).fold(0, u32::saturating_add)
     }
 
     /// The DeviceClass every request names.
