@@ -824,10 +824,28 @@ async fn metrics_count_reconciles_errors_and_durations() {
     let muster = muster().await;
     let ns = namespace("job-metrics");
     let a = apis(&ns.name).await;
-    // A child-style job whose parent CompositePodGroup does not exist: each reconcile fails.
+    // A child of a set (a MusterJobSet controls it) whose parent CompositePodGroup does not
+    // exist: each reconcile fails.
     kubectl_apply(
         &ns.name,
         r#"
+apiVersion: batch.muster.dev/v1alpha1
+kind: MusterJobSet
+metadata: {name: parent}
+spec:
+  replicatedJobs:
+  - name: workers
+    template:
+      spec:
+        template: {spec: {restartPolicy: Never, containers: [{name: main, image: registry.invalid/none}]}}
+"#,
+    );
+    let set = eventually(&a.sets, "parent").await;
+    let set_uid = set.metadata.uid.clone().unwrap_or_default();
+    kubectl_apply(
+        &ns.name,
+        &format!(
+            r#"
 apiVersion: batch.muster.dev/v1alpha1
 kind: MusterJob
 metadata:
@@ -835,15 +853,18 @@ metadata:
   annotations:
     scheduling.muster.dev/group-template-name: workers
     scheduling.muster.dev/parent-composite-podgroup: missing
+  ownerReferences:
+  - {{apiVersion: batch.muster.dev/v1alpha1, kind: MusterJobSet, name: parent, uid: {set_uid}, controller: true}}
 spec:
-  template: {spec: {containers: [{name: main, image: registry.invalid/none}]}}
+  template: {{spec: {{containers: [{{name: main, image: registry.invalid/none}}]}}}}
 ---
 apiVersion: batch.muster.dev/v1alpha1
 kind: MusterJob
-metadata: {name: fine}
+metadata: {{name: fine}}
 spec:
-  template: {spec: {containers: [{name: main, image: registry.invalid/none}]}}
-"#,
+  template: {{spec: {{containers: [{{name: main, image: registry.invalid/none}}]}}}}
+"#
+        ),
     );
     eventually(&a.groups, "fine").await;
     let text = wait_for("a counted reconcile error", SHORT, || async {
@@ -859,4 +880,127 @@ spec:
     assert_eq!(inf, count, "every reconcile lands in a bucket");
     assert!(metric(&text, "muster_reconcile_duration_seconds_sum", &[("controller", "job")]) > 0.0);
     assert!(a.groups.get_opt("orphan").await.unwrap().is_none());
+}
+
+/// Issue 38: the delegation annotations a tenant may write on any MusterJob never make it join
+/// a set's CompositePodGroup, and a job never rewrites a Service muster does not own.
+#[tokio::test]
+async fn forged_delegation_joins_no_set_and_a_foreign_service_is_left_alone() {
+    let _muster = muster().await;
+    let ns = namespace("job-forged");
+    let a = apis(&ns.name).await;
+    kubectl_apply(
+        &ns.name,
+        &format!(
+            r#"
+apiVersion: batch.muster.dev/v1alpha1
+kind: MusterJobSet
+metadata: {{name: victim}}
+spec:
+  scheduling: {{schedulingPolicy: {{gang: {{}}}}}}
+  replicatedJobs:
+  - name: workers
+    template:
+      spec:
+        template: {{spec: {{restartPolicy: Never, {NOWHERE}, containers: [{{name: main, image: registry.invalid/none}}]}}}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: indexed}}
+spec:
+  selector: {{app: theirs}}
+  ports: [{{port: 80}}]
+"#
+        ),
+    );
+    let root = wait_for("the set's CompositePodGroup", SHORT, || async {
+        a.composites.get_opt("victim").await.ok().flatten()
+    })
+    .await;
+    // Annotations alone, naming the set's own group and template: a standalone job.
+    kubectl_apply(
+        &ns.name,
+        &format!(
+            r#"
+apiVersion: batch.muster.dev/v1alpha1
+kind: MusterJob
+metadata:
+  name: forged
+  annotations:
+    scheduling.muster.dev/group-template-name: workers
+    scheduling.muster.dev/parent-composite-podgroup: victim
+spec:
+  template: {{spec: {{restartPolicy: Never, {NOWHERE}, containers: [{{name: main, image: registry.invalid/none}}]}}}}
+---
+apiVersion: batch.muster.dev/v1alpha1
+kind: MusterJob
+metadata: {{name: indexed}}
+spec:
+  completionMode: Indexed
+  completions: 1
+  template: {{spec: {{restartPolicy: Never, {NOWHERE}, containers: [{{name: main, image: registry.invalid/none}}]}}}}
+"#
+        ),
+    );
+    let group = eventually(&a.groups, "forged").await;
+    assert_eq!(group.spec.parent_composite_pod_group_name, None, "{group:?}");
+    eventually(&a.workloads, "forged").await;
+    // A job owned by a set, naming a CompositePodGroup its set does not control: refused.
+    let other_uid = eventually(&a.sets, "victim").await.metadata.uid.unwrap_or_default();
+    kubectl_apply(
+        &ns.name,
+        r#"
+apiVersion: batch.muster.dev/v1alpha1
+kind: MusterJobSet
+metadata: {name: mine}
+spec:
+  replicatedJobs:
+  - name: workers
+    replicas: 0
+    template:
+      spec:
+        template: {spec: {restartPolicy: Never, containers: [{name: main, image: registry.invalid/none}]}}
+"#,
+    );
+    let mine_uid = eventually(&a.sets, "mine").await.metadata.uid.unwrap_or_default();
+    assert_ne!(mine_uid, other_uid);
+    kubectl_apply(
+        &ns.name,
+        &format!(
+            r#"
+apiVersion: batch.muster.dev/v1alpha1
+kind: MusterJob
+metadata:
+  name: stray
+  annotations:
+    scheduling.muster.dev/group-template-name: workers
+    scheduling.muster.dev/parent-composite-podgroup: victim
+  ownerReferences:
+  - {{apiVersion: batch.muster.dev/v1alpha1, kind: MusterJobSet, name: mine, uid: {mine_uid}, controller: true}}
+spec:
+  template: {{spec: {{restartPolicy: Never, {NOWHERE}, containers: [{{name: main, image: registry.invalid/none}}]}}}}
+"#
+        ),
+    );
+    let refused = wait_for("the stray child refused", SHORT, || async {
+        let job = a.jobs.get_opt("stray").await.ok().flatten()?;
+        let conditions = job.status?.conditions;
+        condition(&conditions, "Invalid").filter(|c| c.reason == "NotInSet").cloned()
+    })
+    .await;
+    assert!(refused.message.contains("CompositePodGroup victim"), "{refused:?}");
+    assert!(a.groups.get_opt("stray").await.unwrap().is_none(), "no PodGroup joins the other set's group");
+    // The set's own group is as it was: the forged and the stray job added no child to it.
+    let after = a.composites.get_opt("victim").await.unwrap().unwrap();
+    assert_eq!(after.spec, root.spec);
+    // The Indexed job's headless Service would be `indexed`: the user's Service keeps its own.
+    wait_for("the ServiceConflict event", SHORT, || async {
+        events_of(&ns.name, "indexed").await.into_iter().find(|(_, reason, _)| reason == "ServiceConflict")
+    })
+    .await;
+    let services: Api<Service> = Api::namespaced(client().await, &ns.name);
+    let svc = services.get("indexed").await.unwrap();
+    let spec = svc.spec.unwrap_or_default();
+    assert_eq!(spec.selector, Some([("app".to_string(), "theirs".to_string())].into()));
+    assert!(svc.metadata.owner_references.unwrap_or_default().is_empty());
 }
