@@ -757,3 +757,44 @@ fn muster_s_plan_vouches_for_a_pod_not_bound_yet() {
         assert_eq!(untrusted, holds.is_none(), "{what}: {:?}", plan.reports);
     }
 }
+
+proptest::proptest! {
+    /// Whatever a pod's author writes in `gpu.muster.dev/indices` (any text), on pods bound or
+    /// only pinned, asking for any number of GPUs, with no plan of muster's: the pass never
+    /// panics, a pod holds GPUs only once bound and never more than it asks for, and no GPU is
+    /// held twice.
+    #[test]
+    fn written_indices_never_hold_more_than_a_bound_pod_asks(
+        specs in proptest::collection::vec(
+            (proptest::bool::ANY, 0u32..4, proptest::option::of("[0-9, x-]{0,12}"), 0u32..50),
+            0..10,
+        )
+    ) {
+        let nodes = [node("n1", 8)];
+        let pods: Vec<Pod> = specs
+            .iter()
+            .enumerate()
+            .map(|(i, (bound, gpus, indices, created))| {
+                let name = format!("p{i}");
+                match (bound, indices) {
+                    (false, Some(v)) => pinned(&name, "n1", *gpus, v),
+                    _ => pod("tenant", &name, *created, "n1", *gpus, indices.as_deref()),
+                }
+            })
+            .collect();
+        let (snapshot, gpus) = world(&nodes, &pods);
+        let plan = plan(&pods, &snapshot, &gpus);
+        let mut seen = GpuSet::EMPTY;
+        for p in &pods {
+            let uid = p.metadata.uid.as_deref().unwrap();
+            let wanted = gpus_wanted(p);
+            let claim = plan.ledger.claim(uid);
+            if let Some(claim) = claim {
+                proptest::prop_assert!(crate::pods::is_bound(p), "{uid} holds {} unbound", claim.gpus);
+                proptest::prop_assert!(claim.gpus.len() as u64 <= wanted, "{uid} holds {} asking {wanted}", claim.gpus);
+                proptest::prop_assert!(claim.gpus.is_disjoint(seen), "{} held twice", claim.gpus);
+                seen = seen.union(claim.gpus);
+            }
+        }
+    }
+}
