@@ -252,6 +252,32 @@ pub fn validate_composite_pod_group(cpg: &CompositePodGroup, old: Option<&Compos
     errs
 }
 
+/// A group's `spec.priority` against its class: a group made by hand gets its priority from its
+/// `priorityClassName` (`class_value`: that class's value, or the cluster's global default
+/// class's where none is named, 0 without one; `None` when the named class does not exist), as
+/// the API server resolves a pod's. A number that disagrees is refused: no one ranks a group at
+/// a number no class gives (admission ranks a root at its pods' resolved priority anyway).
+pub fn validate_priority(priority: Option<i32>, class: Option<&str>, class_value: Option<i32>) -> ErrorList {
+    let spec_path = FieldPath::new("spec");
+    match (priority, class_value) {
+        (_, None) => {
+            vec![FieldError::not_found(&spec_path.child("priorityClassName"), quote(class.unwrap_or_default()))]
+        }
+        (Some(p), Some(v)) if p != v => {
+            let from = match class {
+                Some(c) => format!("the value of PriorityClass {}", quote(c)),
+                None => "the cluster's default priority (no priorityClassName)".to_string(),
+            };
+            vec![FieldError::invalid(
+                &spec_path.child("priority"),
+                p,
+                format!("must be {v}, {from}: a group's priority comes from its class"),
+            )]
+        }
+        _ => Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -364,5 +390,39 @@ mod tests {
         new.spec.scheduling_policy = CompositePodGroupSchedulingPolicy::gang(Some(1));
         assert_eq!(validate_composite_pod_group(&new, Some(&old)).len(), 1);
         assert!(validate_composite_pod_group(&old, Some(&old)).is_empty());
+    }
+
+    #[test]
+    fn a_groups_priority_is_its_class_value() {
+        let cases: [(&str, Option<i32>, Option<&str>, Option<i32>, &str); 6] = [
+            ("unset, class exists", None, Some("high"), Some(1000), ""),
+            ("equal to the class", Some(1000), Some("high"), Some(1000), ""),
+            (
+                "above its class",
+                Some(1_000_000),
+                Some("low"),
+                Some(100),
+                r#"spec.priority: Invalid value: 1000000: must be 100, the value of PriorityClass "low": a group's priority comes from its class"#,
+            ),
+            (
+                "no class, a number",
+                Some(5),
+                None,
+                Some(0),
+                "spec.priority: Invalid value: 5: must be 0, the cluster's default priority (no priorityClassName): a group's priority comes from its class",
+            ),
+            ("no class, the default", Some(0), None, Some(0), ""),
+            (
+                "a class that does not exist",
+                Some(7),
+                Some("nope"),
+                None,
+                r#"spec.priorityClassName: Not found: "nope""#,
+            ),
+        ];
+        for (what, priority, class, value, want) in cases {
+            let got: Vec<String> = validate_priority(priority, class, value).iter().map(|e| e.to_string()).collect();
+            assert_eq!(got.join("; "), want, "{what}");
+        }
     }
 }
