@@ -132,6 +132,13 @@ pub struct Args {
     /// `batch.muster.dev/scheduling-api` at creation.
     #[arg(long, value_enum, env = "MUSTER_SCHEDULING_API", default_value = "muster")]
     scheduling_api: SchedulingApiFlag,
+    /// The most pods one MusterJob or MusterJobSet may plan (parallelism, completions, and a
+    /// set's replicas × parallelism summed), at most 100000 (batch/v1's bound on an Indexed
+    /// Job). The webhook refuses a job over it; one that got past the webhook is Invalid and
+    /// makes no pods.
+    #[arg(long, default_value_t = crate::workloadbuilder::job::MAX_JOB_PODS,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::workloadbuilder::job::MAX_JOB_PODS)))]
+    max_job_pods: u32,
 }
 
 /// `--scheduling-api`.
@@ -223,6 +230,8 @@ impl Args {
             manage_configurations: self.webhook_manage_configurations,
             namespace: self.namespace.clone(),
             resync: Duration::from_secs(self.webhook_resync.max(1)),
+            max_job_pods: self.max_job_pods,
+            max_in_flight: crate::webhook::MAX_IN_FLIGHT,
         }))
     }
 
@@ -261,6 +270,7 @@ impl Args {
             dra_served: true,
             native_composite_served: false,
             native_fields: Default::default(),
+            max_job_pods: self.max_job_pods,
         }
     }
 }

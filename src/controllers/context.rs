@@ -60,6 +60,10 @@ pub struct Config {
     /// What the API server keeps of a native PodGroup's gated fields (probed at start): a
     /// job using one it drops stays on muster's API.
     pub native_fields: crate::workloadbuilder::native::NativeFields,
+    /// The most pods a MusterJob or MusterJobSet of this cluster may plan (`--max-job-pods`, at
+    /// most [`crate::workloadbuilder::job::MAX_JOB_PODS`]): one over it is Invalid and makes
+    /// nothing.
+    pub max_job_pods: u32,
 }
 
 /// Default of [`Config::dra_gpu_device_class`]: the class of NVIDIA's DRA driver.
@@ -83,6 +87,7 @@ impl Default for Config {
             dra_served: true,
             native_composite_served: false,
             native_fields: Default::default(),
+            max_job_pods: crate::workloadbuilder::job::MAX_JOB_PODS,
         }
     }
 }
@@ -328,6 +333,11 @@ impl Priorities {
     /// The value of PriorityClass `class`, or of the cluster's global default class when none
     /// is named, else 0 (as pod admission and upstream's PodGroup admission do).
     pub async fn resolve(&self, client: &Client, class: Option<&str>) -> Result<i32> {
+        Ok(self.value_of(client, class).await?.unwrap_or(0))
+    }
+
+    /// [`Self::resolve`], telling a class that does not exist (`None`) from its value.
+    pub async fn value_of(&self, client: &Client, class: Option<&str>) -> Result<Option<i32>> {
         let (store, ready) = self.cache(client).await;
         let listed = tokio::time::timeout(PRIORITIES_LIST_WAIT, ready.wait()).await.is_ok_and(|r| r.is_ok());
         let api = kube::Api::<PriorityClass>::all(client.clone());
@@ -336,10 +346,10 @@ impl Priorities {
                 Some(c) if listed => c.value,
                 _ => api.get_opt(name).await?.and_then(|c| c.value),
             },
-            None if listed => global_default(store.state().iter().map(|c| &**c)),
-            None => global_default(api.list(&kube::api::ListParams::default()).await?.items.iter()),
+            None if listed => Some(global_default(store.state().iter().map(|c| &**c)).unwrap_or(0)),
+            None => Some(global_default(api.list(&kube::api::ListParams::default()).await?.items.iter()).unwrap_or(0)),
         };
-        Ok(value.unwrap_or(0))
+        Ok(value)
     }
 }
 

@@ -14,8 +14,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::StatusCode;
+use axum::middleware::Next;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use axum_server::tls_rustls::RustlsConfig;
@@ -32,6 +33,12 @@ use review::Outcome;
 
 /// Field manager for the webhook configurations.
 pub const FIELD_MANAGER: &str = "muster-webhook";
+/// The largest AdmissionReview accepted: an UPDATE carries the object and the old object, each
+/// up to etcd's 1.5 MiB, in JSON (axum's default, 2 MB, refused such reviews with 413).
+pub const MAX_REVIEW_BYTES: usize = 4 * 1024 * 1024;
+/// Admission reviews handled at once; more wait their turn, their bodies not yet read (each
+/// holds up to two objects of its kind in memory, several times their size once decoded).
+pub const MAX_IN_FLIGHT: usize = 32;
 
 /// Where the serving certificate comes from.
 #[derive(Clone, Debug)]
@@ -64,6 +71,10 @@ pub struct WebhookOptions {
     pub namespace: String,
     /// How often certificates are checked.
     pub resync: Duration,
+    /// The cluster's bound on the pods of a MusterJob or MusterJobSet (`--max-job-pods`).
+    pub max_job_pods: u32,
+    /// The most admission reviews handled at once ([`MAX_IN_FLIGHT`]).
+    pub max_in_flight: usize,
 }
 
 impl WebhookOptions {
@@ -89,13 +100,19 @@ impl WebhookOptions {
 struct AppState {
     metrics: Arc<Metrics>,
     ready: Arc<AtomicBool>,
+    /// The cluster's bound on a job's pods, for `/validate`.
+    max_job_pods: u32,
+    /// The most reviews handled at once.
+    max_in_flight: usize,
+    /// The PriorityClasses a group's `spec.priority` is checked against (none in unit tests).
+    priorities: Option<Arc<(Client, crate::controllers::context::Priorities)>>,
 }
 
 async fn handle(
     state: &AppState,
     path: &str,
     review: AdmissionReview<DynamicObject>,
-    decide: fn(&AdmissionRequest<DynamicObject>) -> (AdmissionResponse, Outcome),
+    decide: impl Fn(&AdmissionRequest<DynamicObject>) -> (AdmissionResponse, Outcome),
 ) -> Json<AdmissionReview<DynamicObject>> {
     let start = Instant::now();
     let request: Result<AdmissionRequest<DynamicObject>, _> = review.try_into();
@@ -125,12 +142,39 @@ async fn handle(
     Json(response.into_review())
 }
 
+/// `router` with at most `max` requests in its handlers at once: the others wait for a permit
+/// before their body is read, so the reviews in memory are bounded (the API server times out
+/// a webhook call after its `timeoutSeconds` and applies the failure policy).
+fn in_flight_limited<S: Clone + Send + Sync + 'static>(router: Router<S>, max: usize) -> Router<S> {
+    let permits = Arc::new(tokio::sync::Semaphore::new(max.max(1)));
+    router.layer(axum::middleware::from_fn(move |request: Request, next: Next| {
+        let permits = permits.clone();
+        async move {
+            // The semaphore is never closed: a permit always comes.
+            let _permit = permits.acquire_owned().await;
+            next.run(request).await
+        }
+    }))
+}
+
 fn router(state: AppState) -> Router {
-    Router::new()
+    let reviews = Router::new()
         .route(
             "/validate",
             post(|State(s): State<AppState>, Json(r): Json<AdmissionReview<DynamicObject>>| async move {
-                handle(&s, "/validate", r, review::validate).await
+                let max_job_pods = s.max_job_pods;
+                // A group's priority is checked against its class's value, read here (async).
+                let class_value = match (r.request.as_ref().and_then(review::group_priority), &s.priorities) {
+                    (Some((_, class)), Some(lookup)) => match lookup.1.value_of(&lookup.0, class.as_deref()).await {
+                        Ok(value) => Some(value),
+                        Err(e) => {
+                            tracing::warn!(error = %e, class = ?class, "cannot read the PriorityClass; the group's priority is not checked");
+                            None
+                        }
+                    },
+                    _ => None,
+                };
+                handle(&s, "/validate", r, |req| review::validate_checked(req, max_job_pods, class_value)).await
             }),
         )
         .route(
@@ -139,6 +183,9 @@ fn router(state: AppState) -> Router {
                 handle(&s, "/mutate", r, review::mutate).await
             }),
         )
+        .layer(DefaultBodyLimit::max(MAX_REVIEW_BYTES));
+    // Probes never wait behind reviews.
+    in_flight_limited(reviews, state.max_in_flight)
         .route("/healthz", get(|| async { "ok" }))
         .route(
             "/readyz",
@@ -254,7 +301,16 @@ pub async fn serve(
     let server = axum_server::from_tcp_rustls(listener, tls.clone())
         .with_context(|| format!("serving on {}", opts.bind))?
         .handle(handle.clone())
-        .serve(router(AppState { metrics, ready: ready.clone() }).into_make_service());
+        .serve(
+            router(AppState {
+                metrics,
+                ready: ready.clone(),
+                max_job_pods: opts.max_job_pods,
+                max_in_flight: opts.max_in_flight,
+                priorities: Some(Arc::new((client.clone(), Default::default()))),
+            })
+            .into_make_service(),
+        );
     ready.store(true, Ordering::Relaxed);
     tracing::info!(addr = %opts.bind, endpoint = ?opts.endpoint, "serving admission webhooks");
     let refresher = async {
@@ -288,4 +344,127 @@ pub async fn serve(
         _ = shutdown => handle.graceful_shutdown(Some(Duration::from_secs(5))),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use axum::body::Body;
+    use serde_json::Value;
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::workloadbuilder::job::MAX_JOB_PODS;
+
+    fn app(max_job_pods: u32, max_in_flight: usize) -> Router {
+        router(AppState {
+            metrics: Arc::new(Metrics::default()),
+            ready: Arc::new(AtomicBool::new(true)),
+            max_job_pods,
+            max_in_flight,
+            priorities: None,
+        })
+    }
+
+    fn job(parallelism: i32, note: &str) -> Value {
+        json!({
+            "apiVersion": "batch.muster.dev/v1alpha1", "kind": "MusterJob",
+            "metadata": {"name": "big", "namespace": "team-a", "annotations": {"note": note}},
+            "spec": {"parallelism": parallelism,
+                     "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}},
+        })
+    }
+
+    fn review(op: &str, object: Value, old: Option<Value>) -> String {
+        json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": "u-1",
+                "kind": {"group": "batch.muster.dev", "version": "v1alpha1", "kind": "MusterJob"},
+                "resource": {"group": "batch.muster.dev", "version": "v1alpha1", "resource": "musterjobs"},
+                "name": "big", "namespace": "team-a", "operation": op, "userInfo": {"username": "alice"},
+                "object": object, "oldObject": old, "dryRun": false,
+            }
+        })
+        .to_string()
+    }
+
+    async fn post_review(app: Router, body: String) -> (StatusCode, Value) {
+        let request = Request::builder()
+            .method("POST")
+            .uri("/validate")
+            .header("content-type", "application/json")
+            .body(Body::from(body))
+            .expect("request");
+        let response = app.oneshot(request).await.expect("response");
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.expect("body");
+        (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    #[tokio::test]
+    async fn an_update_review_of_two_large_objects_is_decided() {
+        // Two objects of 1.25 MiB each: 2.5 MiB, more than axum's default limit of 2 MB.
+        let note = "x".repeat(1_310_720);
+        let body = review("UPDATE", job(2, &note), Some(job(1, &note)));
+        assert!(body.len() > 2_621_440 && body.len() < MAX_REVIEW_BYTES, "{}", body.len());
+        let (status, answer) = post_review(app(MAX_JOB_PODS, 4), body).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(answer["response"]["allowed"], json!(true), "{}", answer["response"]);
+
+        let over = review("CREATE", job(1, &"x".repeat(MAX_REVIEW_BYTES)), None);
+        let (status, _) = post_review(app(MAX_JOB_PODS, 4), over).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    }
+
+    #[tokio::test]
+    async fn validate_applies_the_clusters_bound() {
+        let (_, answer) = post_review(app(10, 4), review("CREATE", job(11, ""), None)).await;
+        assert_eq!(answer["response"]["allowed"], json!(false));
+        let message = answer["response"]["status"]["message"].as_str().unwrap_or_default().to_string();
+        assert!(
+            message.contains(
+                "spec.parallelism: Invalid value: 11: must be less than or equal to 10 (the limit of this cluster: muster run --max-job-pods)"
+            ),
+            "{message}"
+        );
+        let (_, answer) = post_review(app(10, 4), review("CREATE", job(10, ""), None)).await;
+        assert_eq!(answer["response"]["allowed"], json!(true), "{}", answer["response"]);
+        // Above the hard bound, the hard bound holds.
+        let (_, answer) = post_review(app(u32::MAX, 4), review("CREATE", job(100_001, ""), None)).await;
+        assert_eq!(answer["response"]["allowed"], json!(false));
+    }
+
+    #[tokio::test]
+    async fn reviews_in_flight_are_bounded_and_probes_do_not_wait() {
+        let (now, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (n, p) = (now.clone(), peak.clone());
+        let slow = Router::new().route(
+            "/slow",
+            post(move || {
+                let (n, p) = (n.clone(), p.clone());
+                async move {
+                    p.fetch_max(n.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(40)).await;
+                    n.fetch_sub(1, Ordering::SeqCst);
+                    "done"
+                }
+            }),
+        );
+        let app = in_flight_limited(slow, 3).route("/healthz", get(|| async { "ok" }));
+        let call = |uri: &'static str, app: Router| async move {
+            let request = Request::builder().method(if uri == "/slow" { "POST" } else { "GET" }).uri(uri);
+            app.oneshot(request.body(Body::empty()).expect("request")).await.expect("response").status()
+        };
+        let calls: Vec<_> = (0..12).map(|_| tokio::spawn(call("/slow", app.clone()))).collect();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        // A probe answers while reviews wait for a permit.
+        let probe = tokio::time::timeout(Duration::from_millis(30), call("/healthz", app.clone())).await;
+        assert_eq!(probe.ok(), Some(StatusCode::OK));
+        for c in calls {
+            assert_eq!(c.await.expect("join"), StatusCode::OK);
+        }
+        assert_eq!(peak.load(Ordering::SeqCst), 3, "at most 3 at once, and 3 did run together");
+    }
 }

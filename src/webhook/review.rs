@@ -9,9 +9,11 @@ use serde::de::DeserializeOwned;
 
 use crate::crds::{ADMISSION_GATE, CompositePodGroup, MusterJob, MusterJobSet, POD_GROUP_LABEL, PodGroup, Workload};
 use crate::scheduler::unmodelled;
-use crate::workloadbuilder::field::{ErrorList, is_dns_subdomain};
-use crate::workloadbuilder::job::{validate_job, validate_jobset};
-use crate::workloadbuilder::objects::{validate_composite_pod_group, validate_pod_group, validate_workload};
+use crate::workloadbuilder::field::{ErrorList, FieldPath, is_dns_subdomain};
+use crate::workloadbuilder::job::{MAX_JOB_PODS, job_size_errors, jobset_size_errors, validate_job, validate_jobset};
+use crate::workloadbuilder::objects::{
+    validate_composite_pod_group, validate_pod_group, validate_priority, validate_workload,
+};
 
 /// What a handler decided, for metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,8 +142,15 @@ fn template_warnings(req: &AdmissionRequest<DynamicObject>) -> Vec<String> {
 
 /// `/validate`: every rule of the workloadbuilder for muster's kinds, on create and update;
 /// an admitted job whose pods ask for what placement does not model gets a warning per field.
+/// Sizes are bounded by [`MAX_JOB_PODS`].
 pub fn validate(req: &AdmissionRequest<DynamicObject>) -> (AdmissionResponse, Outcome) {
-    let (mut resp, outcome) = validate_rules(req);
+    validate_within(req, MAX_JOB_PODS)
+}
+
+/// [`validate`], with the sizes of MusterJobs and MusterJobSets also bounded by the cluster's
+/// `max_job_pods` (`muster run --max-job-pods`; never above [`MAX_JOB_PODS`]).
+pub fn validate_within(req: &AdmissionRequest<DynamicObject>, max_job_pods: u32) -> (AdmissionResponse, Outcome) {
+    let (mut resp, outcome) = validate_rules(req, max_job_pods.min(MAX_JOB_PODS));
     if outcome == Outcome::Allowed && matches!(req.operation, Operation::Create | Operation::Update) {
         let warnings = template_warnings(req);
         if !warnings.is_empty() {
@@ -151,18 +160,64 @@ pub fn validate(req: &AdmissionRequest<DynamicObject>) -> (AdmissionResponse, Ou
     (resp, outcome)
 }
 
-fn validate_rules(req: &AdmissionRequest<DynamicObject>) -> (AdmissionResponse, Outcome) {
+/// A group's `spec.priority` and `spec.priorityClassName`, where a PodGroup or
+/// CompositePodGroup is created, or updated with a changed spec, with `spec.priority` set: what
+/// [`validate_checked`] checks against the class's value.
+pub fn group_priority(req: &AdmissionRequest<DynamicObject>) -> Option<(i32, Option<String>)> {
+    if req.kind.group != "scheduling.muster.dev" || !matches!(req.kind.kind.as_str(), "PodGroup" | "CompositePodGroup")
+    {
+        return None;
+    }
+    let spec = |o: Option<&DynamicObject>| o.and_then(|o| o.data.get("spec")).cloned();
+    let new = spec(req.object.as_ref())?;
+    match req.operation {
+        Operation::Create => {}
+        Operation::Update if spec(req.old_object.as_ref()).as_ref() != Some(&new) => {}
+        _ => return None,
+    }
+    let priority = i32::try_from(new.get("priority")?.as_i64()?).ok()?;
+    let class = new.get("priorityClassName").and_then(|c| c.as_str()).map(String::from);
+    Some((priority, class))
+}
+
+/// [`validate_within`], and a group's priority against its class: `class_value` is the value
+/// of the class [`group_priority`] named (or the cluster's default where it names none; `None`
+/// where the named class does not exist). A group that passes the other rules but names
+/// another number than its class gives is refused with the field path.
+pub fn validate_checked(
+    req: &AdmissionRequest<DynamicObject>,
+    max_job_pods: u32,
+    class_value: Option<Option<i32>>,
+) -> (AdmissionResponse, Outcome) {
+    let (resp, outcome) = validate_within(req, max_job_pods);
+    if outcome != Outcome::Allowed {
+        return (resp, outcome);
+    }
+    let (Some((priority, class)), Some(value)) = (group_priority(req), class_value) else { return (resp, outcome) };
+    let errors = validate_priority(Some(priority), class.as_deref(), value);
+    if errors.is_empty() { (resp, outcome) } else { (deny_invalid(req, &errors), Outcome::Denied) }
+}
+
+fn validate_rules(req: &AdmissionRequest<DynamicObject>, max_job_pods: u32) -> (AdmissionResponse, Outcome) {
     if !matches!(req.operation, Operation::Create | Operation::Update) {
         return (AdmissionResponse::from(req), Outcome::Allowed);
     }
+    // The cluster's bound is told once the rules pass (the hard bound is one of them).
+    let or_sizes = |errs: ErrorList, sizes: &dyn Fn() -> ErrorList| if errs.is_empty() { sizes() } else { errs };
     match (req.kind.group.as_str(), req.kind.kind.as_str()) {
         // The scheduling API a job or set was recorded with is checked like its spec (frozen).
-        ("batch.muster.dev", "MusterJob") => {
-            check::<MusterJob>(req, |j| spec_and_api(&j.spec, &j.metadata), validate_job)
-        }
-        ("batch.muster.dev", "MusterJobSet") => {
-            check::<MusterJobSet>(req, |s| spec_and_api(&s.spec, &s.metadata), validate_jobset)
-        }
+        ("batch.muster.dev", "MusterJob") => check::<MusterJob>(
+            req,
+            |j| spec_and_api(&j.spec, &j.metadata),
+            |j, old| {
+                or_sizes(validate_job(j, old), &|| job_size_errors(&j.spec, &FieldPath::new("spec"), max_job_pods))
+            },
+        ),
+        ("batch.muster.dev", "MusterJobSet") => check::<MusterJobSet>(
+            req,
+            |s| spec_and_api(&s.spec, &s.metadata),
+            |s, old| or_sizes(validate_jobset(s, old), &|| jobset_size_errors(&s.spec, max_job_pods)),
+        ),
         ("scheduling.muster.dev", "Workload") => check::<Workload>(req, |w| spec_json(&w.spec), validate_workload),
         ("scheduling.muster.dev", "PodGroup") => check::<PodGroup>(req, |g| spec_json(&g.spec), validate_pod_group),
         ("scheduling.muster.dev", "CompositePodGroup") => {

@@ -222,6 +222,21 @@ pub fn label_key_errors(value: &str) -> Vec<String> {
     out
 }
 
+/// Prefixes under `muster.dev` that muster never reads: the local simulator's (`sim.muster.dev/`,
+/// kwok finishes a pod after `succeed-after`), the end-to-end tests' and the benchmarks'. A pod
+/// template may carry them.
+pub const FREE_MUSTER_PREFIXES: [&str; 3] = ["sim.muster.dev", "e2e.muster.dev", "bench.muster.dev"];
+
+/// True for a label or annotation key of muster's own (`muster.dev/...` or
+/// `<anything>.muster.dev/...`, e.g. `gpu.muster.dev/indices`, `scheduling.muster.dev/pod-group`,
+/// `batch.muster.dev/job-name`), other than the [`FREE_MUSTER_PREFIXES`]. Only muster sets them
+/// on the pods it makes; a pod template may not carry them. The prefix is compared as the API
+/// server stores it (case-sensitive, as label keys are).
+pub fn is_muster_key(key: &str) -> bool {
+    let Some((prefix, _)) = key.split_once('/') else { return false };
+    (prefix == "muster.dev" || prefix.ends_with(".muster.dev")) && !FREE_MUSTER_PREFIXES.contains(&prefix)
+}
+
 /// True for a DNS-1123 label of at most 63 characters.
 pub fn is_dns_label(s: &str) -> bool {
     let b = s.as_bytes();
@@ -300,6 +315,32 @@ mod tests {
         }
         for bad in ["", "/rack", "Example.com/rack", "a/b/c", "-rack", "rack-", &"x".repeat(64), "a b"] {
             assert!(!label_key_errors(bad).is_empty(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn muster_keys() {
+        for own in [
+            "gpu.muster.dev/indices",
+            "scheduling.muster.dev/pod-group",
+            "batch.muster.dev/job-name",
+            "muster.dev/version",
+            "new.part.muster.dev/anything",
+        ] {
+            assert!(is_muster_key(own), "{own}");
+        }
+        for other in [
+            "sim.muster.dev/succeed-after",
+            "e2e.muster.dev/gang",
+            "bench.muster.dev/pod",
+            "app",
+            "example.com/x",
+            "notmuster.dev/x",
+            "muster.dev.example.com/x",
+            "muster.dev",
+            "gpu.muster.devx/indices",
+        ] {
+            assert!(!is_muster_key(other), "{other}");
         }
     }
 

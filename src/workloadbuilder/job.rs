@@ -12,9 +12,9 @@ use crate::crds::batch::{
     CompletionMode, MAX_SCHEDULED_REPLICATED_JOBS, MusterJob, MusterJobSet, MusterJobSetSpec, MusterJobSpec,
 };
 use crate::crds::blocks::{CompositePodGroupScheduling, PodGroupScheduling, PodGroupSchedulingPolicy};
-use crate::crds::{ADMISSION_GATE, GPU_CLAIM_NAME, GPU_RESOURCE, POD_GROUP_LABEL};
+use crate::crds::{ADMISSION_GATE, GPU_CLAIM_NAME, GPU_RESOURCE};
 
-use super::field::{ErrorList, FieldError, FieldPath, dns_label_errors, dns_subdomain_errors, quote};
+use super::field::{ErrorList, FieldError, FieldPath, dns_label_errors, dns_subdomain_errors, is_muster_key, quote};
 use super::item::{Block, PolicyInput, SchedulingConfig, WorkloadInput, WorkloadItem};
 use super::{BuildOptions, Builder};
 
@@ -22,6 +22,12 @@ use super::{BuildOptions, Builder};
 pub const JOB_TEMPLATE_NAME: &str = "main";
 /// Longest MusterJob name: room is left for `-<index>-<attempt>` in pod names and hostnames.
 pub const MAX_JOB_NAME_LENGTH: usize = 52;
+/// The most pods a MusterJob may ask for (`parallelism`, `completions`) and a MusterJobSet may
+/// plan (each replicatedJob's `replicas` × `parallelism`, summed), and the most child
+/// MusterJobs of a set: batch/v1's bound on an Indexed Job's parallelism. muster plans a pod for
+/// each, and keeps each job's pods in memory. A cluster may set a lower bound
+/// (`muster run --max-job-pods`), never a higher one.
+pub const MAX_JOB_PODS: u32 = 100_000;
 
 /// The resolved gang quorum of a job: `minCount`, defaulting to max(1, parallelism).
 pub fn default_min_count(parallelism: i32) -> i32 {
@@ -170,13 +176,131 @@ fn template_errors(template: &PodTemplateSpec, path: &FieldPath) -> ErrorList {
             format!("{ADMISSION_GATE} is added by muster"),
         ));
     }
-    if let Some(labels) = template.metadata.as_ref().and_then(|m| m.labels.as_ref())
-        && labels.contains_key(POD_GROUP_LABEL)
-    {
-        errs.push(FieldError::forbidden(
-            &path.child("metadata").child("labels").key(POD_GROUP_LABEL),
-            "is set by muster to the job's PodGroup",
+    if let Some(meta) = &template.metadata {
+        let meta_path = path.child("metadata");
+        errs.extend(muster_key_errors(meta.labels.iter().flatten().map(|(k, _)| k), &meta_path.child("labels")));
+        errs.extend(muster_key_errors(
+            meta.annotations.iter().flatten().map(|(k, _)| k),
+            &meta_path.child("annotations"),
         ));
+    }
+    errs
+}
+
+/// The keys among `keys` (labels or annotations at `path`) that are muster's own
+/// ([`is_muster_key`]): muster sets them on what it makes, and reads them back as its own.
+fn muster_key_errors<'a>(keys: impl Iterator<Item = &'a String>, path: &FieldPath) -> ErrorList {
+    keys.filter(|k| is_muster_key(k))
+        .map(|k| {
+            FieldError::forbidden(
+                &path.key(k),
+                "muster's own key; muster sets the *.muster.dev/ keys of the pods and jobs it makes, and reads them as its own",
+            )
+        })
+        .collect()
+}
+
+/// Whether `max` is a cluster's own bound (`--max-job-pods`), lower than [`MAX_JOB_PODS`].
+fn cluster_bound(max: u32) -> bool {
+    max < MAX_JOB_PODS
+}
+
+/// What a size over `max` is told: batch/v1's message for Indexed jobs, why muster bounds the
+/// others, and where a lower bound comes from.
+fn over_detail(max: u32, indexed: bool) -> String {
+    let mode = if indexed { " when completion mode is Indexed" } else { "" };
+    let why = if cluster_bound(max) {
+        " (the limit of this cluster: muster run --max-job-pods)"
+    } else if indexed {
+        ""
+    } else {
+        " (muster plans a pod for each)"
+    };
+    format!("must be less than or equal to {max}{mode}{why}")
+}
+
+/// PURE: the sizes of a MusterJob spec at `path` over `max` pods: `parallelism`, and
+/// `completions` (muster plans a pod per completion, Indexed or not). [`validate_job`] checks
+/// them against [`MAX_JOB_PODS`]; the job controller and the webhook also against the cluster's
+/// `--max-job-pods`.
+pub fn job_size_errors(spec: &MusterJobSpec, path: &FieldPath, max: u32) -> ErrorList {
+    let indexed = spec.completion_mode == CompletionMode::Indexed;
+    let over = |v: i32| u32::try_from(v).is_ok_and(|v| v > max);
+    let mut errs = Vec::new();
+    if over(spec.parallelism) {
+        errs.push(FieldError::invalid(&path.child("parallelism"), spec.parallelism, over_detail(max, indexed)));
+    }
+    if let Some(c) = spec.completions.filter(|c| over(*c)) {
+        errs.push(FieldError::invalid(&path.child("completions"), c, over_detail(max, indexed)));
+    }
+    errs
+}
+
+/// PURE: a MusterJobSet over `max`: each replicatedJob's template over it
+/// ([`job_size_errors`]), and the set's own counts ([`set_size_errors`]).
+pub fn jobset_size_errors(spec: &MusterJobSetSpec, max: u32) -> ErrorList {
+    let rjobs_path = FieldPath::new("spec").child("replicatedJobs");
+    let mut errs: ErrorList = spec
+        .replicated_jobs
+        .iter()
+        .enumerate()
+        .flat_map(|(i, r)| job_size_errors(&r.template.spec, &rjobs_path.index(i).child("template").child("spec"), max))
+        .collect();
+    errs.extend(set_size_errors(spec, max.into()));
+    errs
+}
+
+/// The counts of a MusterJobSet over `max`, each at the `replicas` of the replicatedJob that
+/// passes it: that replicatedJob's pods (`replicas` × its template's `parallelism`), or its child
+/// MusterJobs (`replicas`); else the set's pods, or children, summed up to it. All in u64 with
+/// checked arithmetic: a sum that overflows is over any bound. A template whose own
+/// `parallelism` is over the bound is told at that field ([`job_size_errors`]), not again here.
+fn set_size_errors(spec: &MusterJobSetSpec, max: u64) -> ErrorList {
+    let rjobs_path = FieldPath::new("spec").child("replicatedJobs");
+    let whose = if max < u64::from(MAX_JOB_PODS) {
+        "the limit of this cluster: muster run --max-job-pods".to_string()
+    } else {
+        format!("at most {max} per MusterJobSet: muster plans a pod for each")
+    };
+    let shown = |n: Option<u64>| n.map_or_else(|| format!("more than {}", u64::MAX), |n| n.to_string());
+    let mut errs = Vec::new();
+    let (mut pods, mut children) = (Some(0u64), Some(0u64));
+    let mut told = false;
+    for (i, rjob) in spec.replicated_jobs.iter().enumerate() {
+        let path = rjobs_path.index(i).child("replicas");
+        let replicas = u64::try_from(rjob.replicas).unwrap_or(0);
+        let parallelism = u64::try_from(rjob.template.spec.parallelism).unwrap_or(0);
+        let product = replicas.checked_mul(parallelism);
+        pods = pods.zip(product).and_then(|(sum, p)| sum.checked_add(p));
+        children = children.and_then(|sum| sum.checked_add(replicas));
+        if told || parallelism > max {
+            told = true;
+            continue;
+        }
+        let message = if product.is_none_or(|p| p > max) {
+            Some(format!(
+                "replicas × parallelism = {replicas} × {parallelism} = {} pods, more than {max} ({whose})",
+                shown(product)
+            ))
+        } else if replicas > max {
+            Some(format!("{replicas} child MusterJobs, more than {max} ({whose})"))
+        } else if pods.is_none_or(|p| p > max) {
+            Some(format!(
+                "replicatedJobs[0..={i}] make {} pods (replicas × parallelism, summed), more than {max} ({whose})",
+                shown(pods)
+            ))
+        } else if children.is_none_or(|c| c > max) {
+            Some(format!(
+                "replicatedJobs[0..={i}] make {} child MusterJobs (replicas, summed), more than {max} ({whose})",
+                shown(children)
+            ))
+        } else {
+            None
+        };
+        if let Some(message) = message {
+            errs.push(FieldError::invalid(&path, rjob.replicas, message));
+            told = true;
+        }
     }
     errs
 }
@@ -199,6 +323,7 @@ fn job_spec_errors(spec: &MusterJobSpec, old: Option<&MusterJobSpec>, path: &Fie
     if spec.completion_mode == CompletionMode::Indexed && spec.completions.is_none() {
         errs.push(FieldError::required(&path.child("completions"), "when completion mode is Indexed"));
     }
+    errs.extend(job_size_errors(spec, path, MAX_JOB_PODS));
     errs.extend(template_errors(&spec.template, &path.child("template")));
     errs.extend(claim_errors(spec, path));
     if let Some(old) = old {
@@ -441,6 +566,11 @@ pub fn validate_jobset(set: &MusterJobSet, old: Option<&MusterJobSet>) -> ErrorL
                 ));
             }
         }
+        if let Some(meta) = &rjob.template.metadata {
+            let meta_path = rpath.child("template").child("metadata");
+            errs.extend(muster_key_errors(meta.labels.keys(), &meta_path.child("labels")));
+            errs.extend(muster_key_errors(meta.annotations.keys(), &meta_path.child("annotations")));
+        }
         let tpath = rpath.child("template").child("spec");
         let old_rjob = old.and_then(|o| o.spec.replicated_jobs.iter().find(|r| r.name == rjob.name));
         errs.extend(job_spec_errors(&rjob.template.spec, old_rjob.map(|r| &r.template.spec), &tpath));
@@ -464,6 +594,7 @@ pub fn validate_jobset(set: &MusterJobSet, old: Option<&MusterJobSet>) -> ErrorL
             }
         }
     }
+    errs.extend(set_size_errors(spec, MAX_JOB_PODS.into()));
     if let Some(failure) = &spec.failure_policy {
         non_negative(&mut errs, spec_path.child("failurePolicy").child("maxRestarts"), failure.max_restarts.into());
     }
@@ -493,3 +624,6 @@ pub fn validate_jobset(set: &MusterJobSet, old: Option<&MusterJobSet>) -> ErrorL
 pub fn child_job_name(set: &str, rjob: &str, i: i32) -> String {
     format!("{set}-{rjob}-{i}")
 }
+
+#[cfg(test)]
+mod tests;

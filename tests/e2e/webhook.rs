@@ -458,3 +458,38 @@ async fn compiled_workloads_and_podgroups_refuse_changes_to_frozen_fields() {
     ));
     assert!(failures.is_empty(), "{} case(s) differ:\n{}", failures.len(), failures.join("\n"));
 }
+
+/// Issue 38: a PodGroup made by hand gets its priority from its class; a number that disagrees
+/// with the class is refused at `spec.priority` (the class read through the API server).
+#[tokio::test]
+async fn a_hand_made_pod_groups_priority_must_be_its_class_value() {
+    let _muster = muster().await;
+    let ns = namespace("webhook-priority");
+    let class = format!("{}-low", ns.name);
+    kubectl_class(&class, 100);
+    let group = |name: &str, priority: i64| {
+        json!({"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": "PodGroup",
+               "metadata": {"name": name},
+               "spec": {"schedulingPolicy": {"basic": {}}, "priority": priority, "priorityClassName": class}})
+    };
+    let refused = apply(&ns.name, &group("forged", 1_000_000)).expect_err("a forged priority is refused");
+    assert!(
+        refused.contains(&format!(
+            "spec.priority: Invalid value: 1000000: must be 100, the value of PriorityClass \"{class}\""
+        )),
+        "{refused}"
+    );
+    apply(&ns.name, &group("honest", 100)).expect("the class's own value is admitted");
+    let missing = json!({"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": "PodGroup",
+        "metadata": {"name": "nowhere"},
+        "spec": {"schedulingPolicy": {"basic": {}}, "priority": 5, "priorityClassName": format!("{class}-gone")}});
+    let refused = apply(&ns.name, &missing).expect_err("a class that does not exist is refused");
+    assert!(refused.contains("spec.priorityClassName: Not found"), "{refused}");
+    let _ = cluster().kubectl(&["delete", "priorityclass", &class, "--ignore-not-found"]);
+}
+
+fn kubectl_class(name: &str, value: i32) {
+    let manifest = json!({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+        "metadata": {"name": name}, "value": value});
+    cluster().kubectl_stdin(&["apply", "-f", "-"], Some(&manifest.to_string())).expect("PriorityClass");
+}

@@ -202,6 +202,14 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, jc: Arc<JobContext>)
         let message = crate::workloadbuilder::field::joined(&errors);
         return set_invalid(job, ctx, "InvalidSpec", &message, now, None).await;
     }
+    // The cluster's own bound (`--max-job-pods`): a job over it (made while muster was down, or
+    // before the bound was lowered) is not planned.
+    let errors =
+        crate::workloadbuilder::job::job_size_errors(&job.spec, &FieldPath::new("spec"), ctx.config.max_job_pods);
+    if !errors.is_empty() {
+        let message = crate::workloadbuilder::field::joined(&errors);
+        return set_invalid(job, ctx, "PodLimitExceeded", &message, now, None).await;
+    }
     if !ctx.config.dra_served {
         let errors = crate::workloadbuilder::job::needs_dra(&job.spec);
         if !errors.is_empty() {
@@ -707,10 +715,9 @@ async fn sync_pods(
         )
         .await;
     }
-    let subdomain = job
-        .labels()
-        .get(JOBSET_NAME_LABEL)
-        .cloned()
+    // A set's Service names its children's pods; the set label counts only on a set's child.
+    let subdomain = plan::job_labels(job)
+        .remove(JOBSET_NAME_LABEL)
         .or_else(|| (job.spec.completion_mode == CompletionMode::Indexed).then(|| name.clone()));
     let attempt = if decision.create.is_empty() { 0 } else { admission_attempt(ctx, &ns, groups).await? };
     let new_pods: Vec<Pod> = decision
@@ -782,6 +789,10 @@ async fn sync_pods(
         return Ok(Action::await_change());
     }
     let requeue = decision.requeue_after.map(|s| Duration::from_secs(s.max(1) as u64));
+    // More pods than one batch were missing: the pods just made trigger the next pass, and this
+    // makes sure of it.
+    let requeue =
+        if decision.more_to_create { Some(requeue.map_or(NEXT_BATCH, |r| r.min(NEXT_BATCH))) } else { requeue };
     let finished = matches!(decision.status.phase, Some(JobPhase::Complete | JobPhase::Failed));
     let requeue =
         if claims_pending && !finished { Some(requeue.map_or(CLAIM_RETRY, |r| r.min(CLAIM_RETRY))) } else { requeue };
@@ -797,6 +808,9 @@ async fn sync_pods(
 
 /// The most pod creates of one job in flight at once.
 const CREATE_BATCH_MAX: usize = 16;
+/// How soon a job that made one batch of pods ([`plan::CREATE_PER_PASS`]) of more it needs is
+/// looked at again, at the latest.
+const NEXT_BATCH: Duration = Duration::from_secs(1);
 
 /// Creates `pods` in batches of 1, 2, 4, ... up to [`CREATE_BATCH_MAX`] pods, each batch's
 /// creates at once, as upstream's Job controller does ("slow start"): a gang's pods are made

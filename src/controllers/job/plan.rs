@@ -27,6 +27,13 @@ pub const COMPLETION_INDEX_LABEL: &str = "batch.muster.dev/job-completion-index"
 pub const COMPLETION_INDEX_ENV: &str = "JOB_COMPLETION_INDEX";
 /// Env var with the GPU indices muster assigned.
 pub const GPU_INDICES_ENV: &str = "MUSTER_GPU_INDICES";
+/// The most pods one reconcile of a job creates: the rest follow on the next passes (the pods
+/// it made trigger them), so a job's pods in memory are those that exist plus one batch.
+pub const CREATE_PER_PASS: usize = 500;
+/// The most completion indexes the planner reads from a status or plans among: the most pods a
+/// job may ask for. A job over it is never planned (it is Invalid), and a status edited by hand
+/// to `0-2147483646` is read as far as that.
+const MAX_INDEXES: i32 = crate::workloadbuilder::job::MAX_JOB_PODS as i32;
 
 /// Condition types of a MusterJob.
 pub mod condition {
@@ -230,8 +237,10 @@ pub struct Finish {
 /// The decision of one reconcile.
 #[derive(Clone, Debug, PartialEq)]
 pub struct JobPlan {
-    /// Pods to create.
+    /// Pods to create: at most [`CREATE_PER_PASS`].
     pub create: Vec<NewPod>,
+    /// More pods are missing than `create` holds: the next pass makes the next batch.
+    pub more_to_create: bool,
     /// Names of pods to delete, with why.
     pub delete: Vec<(String, &'static str)>,
     /// The job ended in this reconcile.
@@ -249,17 +258,18 @@ pub fn completions(spec: &MusterJobSpec) -> i32 {
     spec.completions.unwrap_or(spec.parallelism).max(0)
 }
 
-/// Reads indexes in the batch/v1 form written by [`format_indexes`]; parts that do not parse
-/// are skipped (the status is muster's own, so that only happens after a hand edit).
-pub fn parse_indexes(s: &str) -> BTreeSet<i32> {
+/// Reads the indexes below `end` in the batch/v1 form written by [`format_indexes`]; parts
+/// that do not parse are skipped (the status is muster's own, so that only happens after a hand
+/// edit). Only indexes in `0..end` are kept, so a range is never made larger than that.
+pub fn parse_indexes(s: &str, end: i32) -> BTreeSet<i32> {
     let mut out = BTreeSet::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let range = match part.split_once('-') {
             Some((a, b)) => a.parse::<i32>().ok().zip(b.parse::<i32>().ok()),
             None => part.parse::<i32>().ok().map(|i| (i, i)),
         };
-        if let Some((start, end)) = range {
-            out.extend(start..=end);
+        if let Some((first, last)) = range {
+            out.extend(first.max(0)..=last.min(end.saturating_sub(1)));
         }
     }
     out
@@ -322,13 +332,14 @@ pub fn plan(
     // run an index again that already succeeded.
     let succeeded_pods = (pods.iter().filter(|p| p.phase == Lifecycle::Succeeded).count() as i32).max(prev.succeeded);
     let failed = failures(prev.failed, pods);
-    let recorded_indexes = prev.completed_indexes.as_deref().map(parse_indexes).unwrap_or_default();
+    let index_end = want_completions.min(MAX_INDEXES);
+    let recorded_indexes = prev.completed_indexes.as_deref().map(|s| parse_indexes(s, index_end)).unwrap_or_default();
     let succeeded_indexes: BTreeSet<i32> = pods
         .iter()
         .filter(|p| p.phase == Lifecycle::Succeeded)
         .filter_map(|p| p.index)
         .chain(recorded_indexes)
-        .filter(|i| (0..want_completions).contains(i))
+        .filter(|i| (0..index_end).contains(i))
         .collect();
     let indexed = job_spec.completion_mode == CompletionMode::Indexed;
     let succeeded = if indexed { succeeded_indexes.len() as i32 } else { succeeded_pods.min(want_completions) };
@@ -352,6 +363,7 @@ pub fn plan(
     };
     let mut out = JobPlan {
         create: vec![],
+        more_to_create: false,
         delete: vec![],
         finished: None,
         status: MusterJobStatus::default(),
@@ -526,21 +538,25 @@ fn plan_pods(
         // Create the next attempt only once the old one is gone, so it is admitted whole.
         return;
     }
+    // One batch per pass: the pods made trigger the next pass, which makes the next batch.
     let missing = want_active - keep.len();
+    let batch = missing.min(CREATE_PER_PASS);
     // `failed` never drops and is above every failed pod's attempt (see `failures`), so a new
     // attempt never reuses a number whose failure would restart it again at once.
     let attempt = failed;
     if spec.completion_mode == CompletionMode::Indexed {
+        // The free indexes, lowest first, as a lazy range: never a list of every index.
         let busy: BTreeSet<i32> = keep.iter().filter_map(|p| p.index).collect();
         out.create.extend(
-            (0..want_completions)
+            (0..want_completions.min(MAX_INDEXES))
                 .filter(|i| !succeeded_indexes.contains(i) && !busy.contains(i))
-                .take(missing)
+                .take(batch)
                 .map(|i| NewPod { index: Some(i), attempt }),
         );
     } else {
-        out.create.extend((0..missing).map(|_| NewPod { index: None, attempt }));
+        out.create.extend((0..batch).map(|_| NewPod { index: None, attempt }));
     }
+    out.more_to_create = missing > out.create.len() && out.create.len() == CREATE_PER_PASS;
 }
 
 /// The pod to create for `job`: the template plus muster's labels, gate, index and GPU env.
@@ -550,10 +566,12 @@ pub fn new_pod(job: &MusterJob, new: &NewPod, pod_group: &str, subdomain: Option
     let name = job.metadata.name.clone().unwrap_or_default();
     let template = &job.spec.template;
     let tmeta = template.metadata.clone().unwrap_or_default();
-    let mut labels: BTreeMap<String, String> = tmeta.labels.unwrap_or_default();
+    // muster's own keys come from muster alone: a template's are dropped (the webhook refuses
+    // them; this holds for a job that got past it).
+    let mut labels: BTreeMap<String, String> = without_muster_keys(tmeta.labels);
     labels.extend(job_labels(job));
     labels.insert(POD_GROUP_LABEL.into(), pod_group.into());
-    let mut annotations: BTreeMap<String, String> = tmeta.annotations.unwrap_or_default();
+    let mut annotations: BTreeMap<String, String> = without_muster_keys(tmeta.annotations);
     annotations.insert(GANG_ATTEMPT_ANNOTATION.into(), new.attempt.to_string());
     annotations.insert(ADMISSION_ATTEMPT_ANNOTATION.into(), admission_attempt.max(0).to_string());
     let mut spec: PodSpec = template.spec.clone().unwrap_or_default();
@@ -664,11 +682,27 @@ pub fn mirror_group_conditions(
     crate::controllers::conditions::mirror(conditions, group, before, &MIRRORED_CONDITIONS)
 }
 
+/// A template's labels or annotations without muster's own keys
+/// ([`crate::workloadbuilder::field::is_muster_key`]).
+fn without_muster_keys(map: Option<BTreeMap<String, String>>) -> BTreeMap<String, String> {
+    let mut map = map.unwrap_or_default();
+    map.retain(|k, _| !crate::workloadbuilder::field::is_muster_key(k));
+    map
+}
+
+/// Whether a MusterJobSet controls `job` (its controller owner reference): only then are its
+/// set labels muster's.
+fn controlled_by_a_set(job: &MusterJob) -> bool {
+    job.metadata.owner_references.iter().flatten().any(|o| {
+        o.controller == Some(true) && o.kind == "MusterJobSet" && o.api_version.starts_with("batch.muster.dev/")
+    })
+}
+
 /// The labels muster puts on what it makes for `job` (pods, the GPU claim template): the job's
-/// name and, for a MusterJobSet's child, the set and replicatedJob.
+/// name and, for a MusterJobSet's child (a set controls it), the set and replicatedJob.
 pub fn job_labels(job: &MusterJob) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::from([(JOB_NAME_LABEL.to_string(), job.metadata.name.clone().unwrap_or_default())]);
-    if let Some(job_labels) = &job.metadata.labels {
+    if let Some(job_labels) = job.metadata.labels.as_ref().filter(|_| controlled_by_a_set(job)) {
         for key in [JOBSET_NAME_LABEL, REPLICATED_JOB_LABEL] {
             if let Some(v) = job_labels.get(key) {
                 labels.insert(key.into(), v.clone());

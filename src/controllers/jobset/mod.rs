@@ -23,7 +23,9 @@ use crate::crds::batch::{JobSetPhase, MusterJob, MusterJobSet, MusterJobSetStatu
 use crate::crds::scheduling::{CompositePodGroup, Workload};
 use crate::crds::{JOBSET_NAME_LABEL, SCHEDULING_API_ANNOTATION};
 use crate::workloadbuilder::Builder;
-use crate::workloadbuilder::job::{build_options, jobset_item, root_template_name, validate_jobset};
+use crate::workloadbuilder::job::{
+    build_options, jobset_item, jobset_size_errors, root_template_name, validate_jobset,
+};
 use crate::workloadbuilder::native::{self, SchedulingApi};
 use plan::{ObservedChild, condition};
 
@@ -31,6 +33,11 @@ use plan::{ObservedChild, condition};
 pub const CONTROLLER: &str = "jobset";
 /// Server-side apply field manager of this controller.
 pub const FIELD_MANAGER: &str = "muster-jobset-controller";
+/// Children listed per request.
+const LIST_PAGE: u32 = 500;
+/// How soon a set that made one batch of children ([`plan::CREATE_PER_PASS`]) of more it needs
+/// is looked at again, at the latest.
+const NEXT_BATCH: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Runs the controller until `shutdown` resolves.
 pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
@@ -82,6 +89,12 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>
         let message = crate::workloadbuilder::field::joined(&errors);
         return set_invalid(set, &ctx, "InvalidSpec", &message, now).await;
     }
+    // The cluster's own bound (`--max-job-pods`): a set over it makes no children.
+    let errors = jobset_size_errors(&set.spec, ctx.config.max_job_pods);
+    if !errors.is_empty() {
+        let message = crate::workloadbuilder::field::joined(&errors);
+        return set_invalid(set, &ctx, "PodLimitExceeded", &message, now).await;
+    }
     let ns = set.namespace().unwrap_or_default();
     let name = set.name_any();
     let owner = super::controller_ref(set).ok_or_else(|| Error::Missing("the MusterJobSet has no uid yet".into()))?;
@@ -106,14 +119,22 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>
     }
 
     let jobs = Api::<MusterJob>::namespaced(ctx.client.clone(), &ns);
-    let children: Vec<MusterJob> = jobs
-        .list(&ListParams::default().labels(&format!("{JOBSET_NAME_LABEL}={name}")))
-        .await?
-        .items
-        .into_iter()
-        .filter(|j| controller_uid(&j.metadata) == Some(uid.as_str()))
-        .collect();
-    let observed: Vec<ObservedChild> = children.iter().map(ObservedChild::from_job).collect();
+    // The children, a page at a time, kept as what the set logic reads of each.
+    let mut observed: Vec<ObservedChild> = Vec::new();
+    let mut list = ListParams::default().labels(&format!("{JOBSET_NAME_LABEL}={name}")).limit(LIST_PAGE);
+    loop {
+        let page = jobs.list(&list).await?;
+        observed.extend(
+            page.items
+                .iter()
+                .filter(|j| controller_uid(&j.metadata) == Some(uid.as_str()))
+                .map(ObservedChild::from_job),
+        );
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => list = list.continue_token(&token),
+            None => break,
+        }
+    }
     let mut decision = plan::plan(set, &observed, now);
     decision.status.workload_name = root_name.clone();
     decision.status.composite_pod_group_name = root_name;
@@ -175,7 +196,9 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>
         let note = format!("CompositePodGroup {name} (scheduling.k8s.io): {}={}: {}", c.type_, c.status, c.message);
         ctx.event(&reference, warning, &c.reason, "Schedule", note).await;
     }
-    Ok(Action::await_change())
+    // More children than one batch were missing: the children made trigger the next pass, and
+    // this makes sure of it.
+    Ok(if decision.more_to_create { Action::requeue(NEXT_BATCH) } else { Action::await_change() })
 }
 
 /// The set's root objects: the name of its Workload and CompositePodGroup (`None` without

@@ -21,6 +21,10 @@ use crate::workloadbuilder::native::SchedulingApi;
 
 /// Child annotation: the restart attempt it was created in.
 pub const RESTART_ATTEMPT_ANNOTATION: &str = "batch.muster.dev/restart-attempt";
+/// The most children one reconcile of a set creates: the rest follow on the next passes (the
+/// children made trigger them), so a set's children in memory are those that exist plus one
+/// batch.
+pub const CREATE_PER_PASS: usize = 100;
 
 /// Condition types of a MusterJobSet.
 pub mod condition {
@@ -160,8 +164,10 @@ pub struct Resize {
 /// The decision of one reconcile.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SetPlan {
-    /// Children to create: (replicatedJob index, replica index).
+    /// Children to create: (replicatedJob index, replica index), at most [`CREATE_PER_PASS`].
     pub create: Vec<(usize, i32)>,
+    /// More children are missing than `create` holds: the next pass makes the next batch.
+    pub more_to_create: bool,
     /// Children to delete, with why.
     pub delete: Vec<(String, &'static str)>,
     /// Children whose `spec.suspend` must be set to the value given.
@@ -198,6 +204,7 @@ pub fn plan(set: &MusterJobSet, children: &[ObservedChild], now: Timestamp) -> S
     };
     let mut out = SetPlan {
         create: vec![],
+        more_to_create: false,
         delete: vec![],
         suspend: vec![],
         resize: vec![],
@@ -277,13 +284,15 @@ pub fn plan(set: &MusterJobSet, children: &[ObservedChild], now: Timestamp) -> S
     } else if !restarting {
         let taken: BTreeSet<&str> = children.iter().map(|c| c.name.as_str()).collect();
         let set_name = set.metadata.name.as_deref().unwrap_or_default();
-        for (r, rjob) in spec.replicated_jobs.iter().enumerate() {
-            for i in 0..rjob.replicas.max(0) {
-                if !taken.contains(child_job_name(set_name, &rjob.name, i).as_str()) {
-                    out.create.push((r, i));
-                }
-            }
-        }
+        // The missing children, in order, one batch of them: a lazy walk over the replicas
+        // that stops at the first child past the batch (never a list of every replica).
+        let mut missing = spec.replicated_jobs.iter().enumerate().flat_map(|(r, rjob)| {
+            (0..rjob.replicas.max(0))
+                .filter(|i| !taken.contains(child_job_name(set_name, &rjob.name, *i).as_str()))
+                .map(move |i| (r, i))
+        });
+        out.create.extend(missing.by_ref().take(CREATE_PER_PASS));
+        out.more_to_create = missing.next().is_some();
         for c in &live {
             let want = spec.suspend
                 || spec
@@ -341,8 +350,8 @@ pub fn plan(set: &MusterJobSet, children: &[ObservedChild], now: Timestamp) -> S
             }
         }
     }
-    let total: i32 = spec.replicated_jobs.iter().map(|r| r.replicas.max(0)).sum();
-    let done: i32 = per_rjob.values().map(|s| s.succeeded).sum();
+    let total = spec.replicated_jobs.iter().map(|r| r.replicas.max(0)).fold(0i32, i32::saturating_add);
+    let done = per_rjob.values().map(|s| s.succeeded).fold(0i32, i32::saturating_add);
     status.progress = Some(format!("{done}/{total}"));
     status.replicated_jobs_status = per_rjob.into_values().collect();
     status.phase = Some(if conditions::is_true(&status.conditions, condition::COMPLETED) {
@@ -372,10 +381,14 @@ pub fn child_job(set: &MusterJobSet, r: usize, i: i32, attempt: i32, api: Schedu
     let rjob = set.spec.replicated_jobs.get(r)?;
     let set_name = set.metadata.name.clone().unwrap_or_default();
     let meta = rjob.template.metadata.clone().unwrap_or_default();
+    // muster's own keys on a child come from muster alone (the webhook refuses a template's).
+    let own = |k: &String| crate::workloadbuilder::field::is_muster_key(k);
     let mut labels = meta.labels;
+    labels.retain(|k, _| !own(k));
     labels.insert(JOBSET_NAME_LABEL.into(), set_name.clone());
     labels.insert(REPLICATED_JOB_LABEL.into(), rjob.name.clone());
     let mut annotations = meta.annotations;
+    annotations.retain(|k, _| !own(k));
     annotations.insert(RESTART_ATTEMPT_ANNOTATION.into(), attempt.to_string());
     annotations.insert(SCHEDULING_API_ANNOTATION.into(), api.as_str().into());
     if set.spec.scheduling.is_some() {
@@ -657,5 +670,98 @@ mod tests {
         let r = &p.status.replicated_jobs_status[0];
         assert_eq!((r.succeeded, r.active, r.ready, r.failed), (1, 2, 1, 0));
         assert_eq!(p.status.phase, Some(JobSetPhase::Running));
+    }
+
+    #[test]
+    fn children_are_created_one_batch_per_pass() {
+        let s = set(false, &[("a", 150), ("b", 100)]);
+        let mut kids: Vec<ObservedChild> = Vec::new();
+        let mut batches = Vec::new();
+        loop {
+            let p = plan(&s, &kids, now());
+            if p.create.is_empty() {
+                assert!(!p.more_to_create);
+                break;
+            }
+            batches.push((p.create.len(), p.more_to_create));
+            for (r, i) in p.create {
+                let rjob = &s.spec.replicated_jobs[r].name;
+                kids.push(child(&child_job_name("s", rjob, i), rjob, None, 0));
+            }
+        }
+        assert_eq!(batches, vec![(100, true), (100, true), (50, false)]);
+        let names: BTreeSet<&str> = kids.iter().map(|k| k.name.as_str()).collect();
+        assert_eq!(names.len(), 250, "each child once");
+    }
+
+    #[test]
+    fn a_set_of_billions_of_children_plans_one_batch_and_counts_without_overflow() {
+        // Never planned by the controller (it is Invalid); were it, one batch and no panic.
+        let s = set(false, &[("a", i32::MAX), ("b", i32::MAX), ("c", i32::MAX)]);
+        let p = plan(&s, &[], now());
+        assert_eq!((p.create.len(), p.more_to_create), (CREATE_PER_PASS, true));
+        assert_eq!(p.create.last(), Some(&(0, CREATE_PER_PASS as i32 - 1)));
+        assert_eq!(p.status.progress, Some(format!("0/{}", i32::MAX)));
+    }
+
+    #[test]
+    fn a_childs_metadata_never_carries_musters_keys_from_the_template() {
+        let mut s = set(true, &[("a", 1)]);
+        s.spec.replicated_jobs[0].template.metadata = Some(
+            serde_json::from_value(serde_json::json!({
+                "labels": {"batch.muster.dev/jobset-name": "victim", "team": "a"},
+                "annotations": {"scheduling.muster.dev/parent-composite-podgroup": "victim",
+                                "batch.muster.dev/restart-attempt": "9", "note": "kept"},
+            }))
+            .expect("metadata"),
+        );
+        let c = child_job(&s, 0, 0, 2, SchedulingApi::Muster).expect("child");
+        let labels = c.metadata.labels.expect("labels");
+        assert_eq!(labels.get(JOBSET_NAME_LABEL).map(String::as_str), Some("s"));
+        assert_eq!(labels.get("team").map(String::as_str), Some("a"));
+        let annotations = c.metadata.annotations.expect("annotations");
+        assert_eq!(annotations.get(PARENT_COMPOSITE_ANNOTATION).map(String::as_str), Some("s"));
+        assert_eq!(annotations.get(RESTART_ATTEMPT_ANNOTATION).map(String::as_str), Some("2"));
+        assert_eq!(annotations.get("note").map(String::as_str), Some("kept"));
+        // Without scheduling, no delegation annotation at all, whatever the template said.
+        s.spec.scheduling = None;
+        let c = child_job(&s, 0, 0, 0, SchedulingApi::Muster).expect("child");
+        assert!(!c.metadata.annotations.expect("annotations").contains_key(PARENT_COMPOSITE_ANNOTATION));
+    }
+
+    fn arb_count() -> impl proptest::strategy::Strategy<Value = i32> {
+        use proptest::prelude::*;
+        prop_oneof![any::<i32>(), -2..=3i32, Just(i32::MAX), Just(i32::MIN), Just(50_000_000)]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
+
+        #[test]
+        fn any_replicas_plan_one_bounded_batch_without_panic(
+            replicas in proptest::collection::vec(arb_count(), 1..6),
+            scheduled in proptest::prelude::any::<bool>(),
+            existing in proptest::collection::vec((0usize..6, 0i32..5, proptest::option::of(0u8..4), 0i32..2), 0..10),
+        ) {
+            let names: Vec<String> = (0..replicas.len()).map(|i| format!("r{i}")).collect();
+            let rjobs: Vec<(&str, i32)> = names.iter().map(String::as_str).zip(replicas.iter().copied()).collect();
+            let s = set(scheduled, &rjobs);
+            let phases = [JobPhase::Pending, JobPhase::Running, JobPhase::Complete, JobPhase::Failed];
+            let kids: Vec<ObservedChild> = existing
+                .iter()
+                .filter(|(r, ..)| *r < names.len())
+                .map(|(r, i, phase, attempt)| {
+                    child(&child_job_name("s", &names[*r], *i), &names[*r], phase.map(|p| phases[p as usize]), *attempt)
+                })
+                .collect();
+            let p = plan(&s, &kids, now());
+            proptest::prop_assert!(p.create.len() <= CREATE_PER_PASS);
+            proptest::prop_assert!(!p.more_to_create || p.create.len() == CREATE_PER_PASS);
+            for (r, i) in &p.create {
+                proptest::prop_assert!(*r < names.len() && *i >= 0 && *i < replicas[*r]);
+                let name = child_job_name("s", &names[*r], *i);
+                proptest::prop_assert!(!kids.iter().any(|k| k.name == name), "{} exists", name);
+            }
+        }
     }
 }

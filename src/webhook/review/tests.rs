@@ -125,6 +125,62 @@ fn a_jobset_with_too_many_replicated_jobs_is_denied() {
 }
 
 #[test]
+fn jobs_and_sets_over_the_pod_bounds_are_denied_at_their_fields() {
+    let mut huge = job("huge", 50_000_000, Value::Null);
+    huge["spec"]["completions"] = json!(50_000_000);
+    huge["spec"]["completionMode"] = json!("Indexed");
+    let (resp, outcome) = validate(&job_request("CREATE", huge.clone(), None));
+    assert_eq!(outcome, Outcome::Denied);
+    assert_eq!(causes(&resp), vec!["spec.parallelism", "spec.completions"]);
+    assert_eq!(
+        resp.result.message,
+        "MusterJob.batch.muster.dev \"huge\" is invalid: [spec.parallelism: Invalid value: 50000000: must be less than or equal to 100000 when completion mode is Indexed, spec.completions: Invalid value: 50000000: must be less than or equal to 100000 when completion mode is Indexed]"
+    );
+    // A cluster's lower bound, told only once the rules pass.
+    let small = job("small", 8, Value::Null);
+    assert!(validate_within(&job_request("CREATE", small.clone(), None), 8).0.allowed);
+    let (resp, _) = validate_within(&job_request("CREATE", small, None), 7);
+    assert_eq!(causes(&resp), vec!["spec.parallelism"]);
+    let (resp, _) = validate_within(&job_request("CREATE", huge, None), 7);
+    assert!(resp.result.message.contains("less than or equal to 100000"), "{}", resp.result.message);
+
+    let rjob = |name: &str, replicas: i32, parallelism: i32| {
+        json!({"name": name, "replicas": replicas, "template": {"spec": {"parallelism": parallelism,
+            "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}]}}}}})
+    };
+    let set = json!({"apiVersion": "batch.muster.dev/v1alpha1", "kind": "MusterJobSet", "metadata": {"name": "s"},
+        "spec": {"replicatedJobs": [rjob("a", 1, 1), rjob("b", 2_000_000_000, 2_000_000_000)]}});
+    let set_request = request("batch.muster.dev", "MusterJobSet", "musterjobsets", "CREATE", set, None);
+    let (resp, _) = validate(&set_request);
+    assert_eq!(causes(&resp), vec!["spec.replicatedJobs[1].template.spec.parallelism"]);
+    let set = json!({"apiVersion": "batch.muster.dev/v1alpha1", "kind": "MusterJobSet", "metadata": {"name": "s"},
+        "spec": {"replicatedJobs": [rjob("a", 1, 1), rjob("b", 100_000, 2)]}});
+    let set_request = request("batch.muster.dev", "MusterJobSet", "musterjobsets", "CREATE", set, None);
+    let (resp, _) = validate(&set_request);
+    assert_eq!(causes(&resp), vec!["spec.replicatedJobs[1].replicas"]);
+    assert!(
+        resp.result.message.contains("replicas × parallelism = 100000 × 2 = 200000 pods"),
+        "{}",
+        resp.result.message
+    );
+}
+
+#[test]
+fn musters_own_keys_in_a_pod_template_are_denied_at_their_path() {
+    let mut forged = job("forged", 1, Value::Null);
+    forged["spec"]["template"]["metadata"] = json!({"annotations": {"gpu.muster.dev/indices": "0,1"}});
+    let (resp, _) = validate(&job_request("CREATE", forged, None));
+    assert_eq!(causes(&resp), vec!["spec.template.metadata.annotations[gpu.muster.dev/indices]"]);
+    assert!(
+        resp.result.message.contains(
+            "spec.template.metadata.annotations[gpu.muster.dev/indices]: Forbidden: muster's own key; muster sets the *.muster.dev/ keys"
+        ),
+        "{}",
+        resp.result.message
+    );
+}
+
+#[test]
 fn pod_group_updates_allow_only_min_count() {
     let pg = |min: i32, mode: Value| {
         json!({"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": "PodGroup", "metadata": {"name": "g"},
@@ -259,4 +315,68 @@ fn labelled_pods_placement_cannot_model_are_gated_with_a_warning() {
     let warnings = resp.warnings.expect("warnings");
     assert_eq!(warnings.len(), 1);
     assert!(warnings[0].starts_with("spec.schedulerName: \"other\""), "{warnings:?}");
+}
+
+fn pod_group(priority: Option<i32>, class: Option<&str>) -> Value {
+    let mut spec = json!({"schedulingPolicy": {"basic": {}}});
+    if let Some(p) = priority {
+        spec["priority"] = json!(p);
+    }
+    if let Some(c) = class {
+        spec["priorityClassName"] = json!(c);
+    }
+    json!({"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": "PodGroup",
+           "metadata": {"name": "by-hand", "namespace": "team-a"}, "spec": spec})
+}
+
+#[test]
+fn a_hand_made_groups_priority_must_be_its_class_value() {
+    let group = |op: &str, new: Value, old: Option<Value>| {
+        request("scheduling.muster.dev", "PodGroup", "podgroups", op, new, old)
+    };
+    let max = crate::workloadbuilder::job::MAX_JOB_PODS;
+    // (what, request, the class value looked up, allowed, the refusal's field)
+    let cases: [(&str, AdmissionRequest<DynamicObject>, Option<Option<i32>>, bool, &str); 6] = [
+        ("as its class", group("CREATE", pod_group(Some(100), Some("low")), None), Some(Some(100)), true, ""),
+        (
+            "above its class",
+            group("CREATE", pod_group(Some(1_000_000), Some("low")), None),
+            Some(Some(100)),
+            false,
+            "spec.priority",
+        ),
+        ("no number: nothing to check", group("CREATE", pod_group(None, Some("low")), None), Some(Some(100)), true, ""),
+        (
+            "a class that does not exist",
+            group("CREATE", pod_group(Some(5), Some("gone")), None),
+            Some(None),
+            false,
+            "spec.priorityClassName",
+        ),
+        (
+            "a metadata-only update is not checked again",
+            group("UPDATE", pod_group(Some(9), Some("low")), Some(pod_group(Some(9), Some("low")))),
+            Some(Some(100)),
+            true,
+            "",
+        ),
+        ("the class could not be read", group("CREATE", pod_group(Some(9), Some("low")), None), None, true, ""),
+    ];
+    for (what, req, value, allowed, field) in cases {
+        let (resp, outcome) = validate_checked(&req, max, value);
+        assert_eq!(resp.allowed, allowed, "{what}: {}", resp.result.message);
+        if !allowed {
+            assert_eq!(outcome, Outcome::Denied, "{what}");
+            assert_eq!(causes(&resp), vec![field.to_string()], "{what}");
+        }
+    }
+    let (resp, _) =
+        validate_checked(&group("CREATE", pod_group(Some(1_000_000), Some("low")), None), max, Some(Some(100)));
+    assert_eq!(
+        resp.result.message,
+        r#"PodGroup.scheduling.muster.dev "by-hand" is invalid: spec.priority: Invalid value: 1000000: must be 100, the value of PriorityClass "low": a group's priority comes from its class"#
+    );
+    // Only groups are looked up.
+    assert_eq!(group_priority(&job_request("CREATE", job("j", 1, json!({})), None)), None);
+    assert_eq!(group_priority(&group("CREATE", pod_group(Some(3), None), None)), Some((3, None)));
 }

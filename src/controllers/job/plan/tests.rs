@@ -343,9 +343,18 @@ fn indexed_jobs_do_not_rerun_indexes_recorded_as_completed() {
 #[test]
 fn completed_indexes_read_back_what_format_writes() {
     for text in ["", "0", "0-2,5,7-8", "3-4,10"] {
-        assert_eq!(format_indexes(&parse_indexes(text)), text);
+        assert_eq!(format_indexes(&parse_indexes(text, 11)), text);
     }
-    assert_eq!(parse_indexes(" 1 , x, 4-3"), [1].into_iter().collect());
+    assert_eq!(parse_indexes(" 1 , x, 4-3", 11), [1].into_iter().collect());
+}
+
+#[test]
+fn completed_indexes_are_read_only_below_the_completions() {
+    // A status edited by hand to every index is read as far as the job's completions: never a
+    // set of two billion indexes.
+    assert_eq!(parse_indexes("0-2147483646", 3), [0, 1, 2].into_iter().collect());
+    assert_eq!(parse_indexes("-5-2,2147483647", 3), BTreeSet::new(), "a negative start does not parse");
+    assert_eq!(parse_indexes("1-2147483647,7", 0), BTreeSet::new());
 }
 
 #[test]
@@ -698,5 +707,196 @@ fn a_mirrored_change_warns_while_the_group_is_unscheduled_or_disrupted() {
     ];
     for (t, status, want) in table {
         assert_eq!(mirrored_change_is_warning(&cond(t, status)), want, "{t}={status}");
+    }
+}
+
+/// The pods a pass made, as the next pass sees them (pending, gated).
+fn made(p: &JobPlan, pass: usize) -> Vec<ObservedPod> {
+    p.create
+        .iter()
+        .enumerate()
+        .map(|(n, new)| ObservedPod { gated: true, ..pod(&format!("p{pass}-{n}"), Lifecycle::Pending, new.index) })
+        .collect()
+}
+
+#[test]
+fn pods_are_planned_one_batch_per_pass() {
+    for mode in [CompletionMode::NonIndexed, CompletionMode::Indexed] {
+        let s = spec(1_300, Some(2_000), mode);
+        let mut pods: Vec<ObservedPod> = Vec::new();
+        let mut batches = Vec::new();
+        for pass in 0..10 {
+            let p = run(&s, &pods);
+            assert!(p.delete.is_empty(), "{mode:?}");
+            if p.create.is_empty() {
+                assert!(!p.more_to_create);
+                break;
+            }
+            batches.push((p.create.len(), p.more_to_create));
+            pods.extend(made(&p, pass));
+        }
+        assert_eq!(batches, vec![(500, true), (500, true), (300, false)], "{mode:?}");
+        assert_eq!(pods.len(), 1_300, "{mode:?}");
+        if mode == CompletionMode::Indexed {
+            let indexes: BTreeSet<i32> = pods.iter().filter_map(|p| p.index).collect();
+            assert_eq!(indexes, (0..1_300).collect(), "each index once, lowest first");
+        }
+    }
+}
+
+#[test]
+fn a_fifty_million_pod_job_plans_one_batch() {
+    // The controller never plans it (it is Invalid); were it planned, it would still be one batch.
+    for mode in [CompletionMode::NonIndexed, CompletionMode::Indexed] {
+        for n in [50_000_000, i32::MAX] {
+            let p = run(&spec(n, Some(n), mode), &[]);
+            assert_eq!((p.create.len(), p.more_to_create), (CREATE_PER_PASS, true), "{mode:?} {n}");
+            assert_eq!(p.status.active, CREATE_PER_PASS as i32);
+            if mode == CompletionMode::Indexed {
+                assert_eq!(p.create.last().and_then(|c| c.index), Some(CREATE_PER_PASS as i32 - 1));
+            }
+        }
+    }
+}
+
+#[test]
+fn a_template_never_gives_pods_musters_own_keys() {
+    let mut s = spec(1, Some(1), CompletionMode::Indexed);
+    s.template.metadata = Some(
+        serde_json::from_value(serde_json::json!({
+            "labels": {"scheduling.muster.dev/pod-group": "victim", "batch.muster.dev/job-name": "other",
+                       "batch.muster.dev/jobset-name": "someone", "app": "mine", "e2e.muster.dev/gang": "g"},
+            "annotations": {"gpu.muster.dev/indices": "0,1,2,3", "gpu.muster.dev/assigned": "x",
+                            "scheduling.muster.dev/gang-attempt": "99", "batch.muster.dev/job-completion-index": "7",
+                            "muster.dev/version": "1", "sim.muster.dev/succeed-after": "1s", "note": "kept"},
+        }))
+        .expect("metadata"),
+    );
+    let mut job = MusterJob::new("train", s);
+    job.metadata.uid = Some("uid".into());
+    let p = new_pod(&job, &NewPod { index: Some(0), attempt: 1 }, "train", None, 2);
+    let labels = p.metadata.labels.expect("labels");
+    let annotations = p.metadata.annotations.expect("annotations");
+    assert_eq!(
+        labels,
+        [
+            ("app", "mine"),
+            (COMPLETION_INDEX_LABEL, "0"),
+            (JOB_NAME_LABEL, "train"),
+            ("e2e.muster.dev/gang", "g"),
+            (POD_GROUP_LABEL, "train"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .into_iter()
+        .collect::<BTreeMap<_, _>>()
+    );
+    assert_eq!(
+        annotations,
+        [
+            (COMPLETION_INDEX_ANNOTATION, "0"),
+            (GANG_ATTEMPT_ANNOTATION, "1"),
+            ("note", "kept"),
+            (ADMISSION_ATTEMPT_ANNOTATION, "2"),
+            ("sim.muster.dev/succeed-after", "1s"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .into_iter()
+        .collect::<BTreeMap<_, _>>()
+    );
+}
+
+#[test]
+fn set_labels_are_musters_only_on_a_sets_child() {
+    let mut job = MusterJob::new("train", spec(1, Some(1), CompletionMode::NonIndexed));
+    job.metadata.labels = Some(BTreeMap::from([
+        (JOBSET_NAME_LABEL.to_string(), "victim".to_string()),
+        (REPLICATED_JOB_LABEL.to_string(), "workers".to_string()),
+    ]));
+    assert_eq!(job_labels(&job).keys().collect::<Vec<_>>(), vec![JOB_NAME_LABEL], "a standalone job");
+    job.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "batch.muster.dev/v1alpha1".into(),
+        kind: "MusterJobSet".into(),
+        name: "victim".into(),
+        uid: "set-uid".into(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }]);
+    assert_eq!(
+        job_labels(&job),
+        BTreeMap::from([
+            (JOB_NAME_LABEL.to_string(), "train".to_string()),
+            (JOBSET_NAME_LABEL.to_string(), "victim".to_string()),
+            (REPLICATED_JOB_LABEL.to_string(), "workers".to_string()),
+        ]),
+        "a set's child"
+    );
+}
+
+fn arb_phase() -> impl proptest::strategy::Strategy<Value = Lifecycle> {
+    use proptest::prelude::*;
+    prop_oneof![Just(Lifecycle::Pending), Just(Lifecycle::Running), Just(Lifecycle::Succeeded), Just(Lifecycle::Failed)]
+}
+
+fn arb_count() -> impl proptest::strategy::Strategy<Value = i32> {
+    use proptest::prelude::*;
+    prop_oneof![any::<i32>(), -3..=3i32, 99_998..=100_002i32, Just(i32::MAX), Just(i32::MIN), Just(50_000_000)]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 512, ..Default::default() })]
+
+    #[test]
+    fn any_counts_plan_one_bounded_batch_without_panic(
+        parallelism in arb_count(),
+        completions in proptest::option::of(arb_count()),
+        indexed in proptest::prelude::any::<bool>(),
+        gang_all in proptest::prelude::any::<bool>(),
+        backoff in arb_count(),
+        observed in proptest::collection::vec(
+            (arb_phase(), proptest::option::of(arb_count()), 0..4i32, proptest::prelude::any::<bool>()), 0..12),
+        recorded in proptest::option::of("([0-9]{1,10}(-[0-9]{1,10})?,){0,3}"),
+        prev_failed in arb_count(),
+        prev_succeeded in arb_count(),
+    ) {
+        let mode = if indexed { CompletionMode::Indexed } else { CompletionMode::NonIndexed };
+        let mut s = spec(parallelism, completions, mode);
+        s.backoff_limit = backoff;
+        let pods: Vec<ObservedPod> = observed
+            .iter()
+            .enumerate()
+            .map(|(i, (phase, index, attempt, terminating))| ObservedPod {
+                attempt: *attempt,
+                terminating: *terminating,
+                ..pod(&format!("p{i}"), *phase, *index)
+            })
+            .collect();
+        let prev = MusterJobStatus {
+            completed_indexes: recorded,
+            failed: prev_failed,
+            succeeded: prev_succeeded,
+            ..Default::default()
+        };
+        let p = plan(&s, Some(1), &prev, &pods, gang_all, now());
+        proptest::prop_assert!(p.create.len() <= CREATE_PER_PASS);
+        proptest::prop_assert!(!p.more_to_create || p.create.len() == CREATE_PER_PASS);
+        let end = super::completions(&s).min(crate::workloadbuilder::job::MAX_JOB_PODS as i32);
+        let mut seen = BTreeSet::new();
+        for new in &p.create {
+            match (mode, new.index) {
+                (CompletionMode::Indexed, Some(i)) => {
+                    proptest::prop_assert!((0..end).contains(&i), "index {} of {}", i, end);
+                    proptest::prop_assert!(seen.insert(i), "index {} twice", i);
+                    proptest::prop_assert!(
+                        !pods.iter().any(|o| o.index == Some(i) && !o.terminating && !o.phase.is_terminal()),
+                        "index {} is running already", i
+                    );
+                }
+                (CompletionMode::NonIndexed, None) => {}
+                other => proptest::prop_assert!(false, "{:?}", other),
+            }
+        }
+        if let Some(text) = &p.status.completed_indexes {
+            proptest::prop_assert!(parse_indexes(text, end).len() <= end.max(0) as usize);
+        }
     }
 }
