@@ -3,9 +3,10 @@
 //!
 //! - `gpu.muster.dev/topology`: the GPUs and their links, from NVML (the host driver's
 //!   `libnvidia-ml.so.1` under `--driver-root`) or, without it, from nvidia-smi's text;
-//! - `gpu.muster.dev/assigned`: per pod, the `nvidia.com/gpu` devices kubelet really gave it,
-//!   from kubelet's PodResources API (muster corrects its ledger and the pod's
-//!   `gpu.muster.dev/indices` to them);
+//! - `gpu.muster.dev/assigned`: per pod (`namespace/name`, as kubelet names it), the
+//!   `nvidia.com/gpu` devices kubelet really gave it, from kubelet's PodResources API (muster
+//!   maps the names to its pods and corrects its ledger and the pod's `gpu.muster.dev/indices`
+//!   to them). The agent reads no pod of the API, so its ServiceAccount has no grant on pods;
 //! - `gpu.muster.dev/health`: per GPU temperature, free memory and utilization, from NVML, so
 //!   health rules work without a DCGM exporter and Prometheus.
 //!
@@ -13,7 +14,7 @@
 //! `devices::report`) and writes the ones that changed in one merge patch. A source that fails
 //! costs only its own annotation that round; the others are still published.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -21,8 +22,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, bail};
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
 
 use super::run::{LogFormat, init_tracing};
 use crate::agent::kubelet::{POD_RESOURCES_SOCKET, PodResourcesClient};
@@ -332,7 +333,6 @@ async fn nvidia_smi(bin: &Path, libs: Option<&Path>, args: &[&str]) -> anyhow::R
 struct Agent {
     node: String,
     nodes: Api<Node>,
-    pods: Api<Pod>,
     gpus: Gpus,
     kubelet: Option<PodResourcesClient>,
     written: BTreeMap<&'static str, String>,
@@ -345,15 +345,7 @@ impl Agent {
         if let Some(why) = &gpus.nvml_missing {
             tracing::info!(reason = %why, "GPUs are read with nvidia-smi; no health is published");
         }
-        Agent {
-            node,
-            nodes: Api::all(client.clone()),
-            pods: Api::all(client),
-            gpus,
-            kubelet: None,
-            written: BTreeMap::new(),
-            health: None,
-        }
+        Agent { node, nodes: Api::all(client), gpus, kubelet: None, written: BTreeMap::new(), health: None }
     }
 
     /// One round: read every source, write what changed. Fails when nothing could be read or
@@ -409,8 +401,8 @@ impl Agent {
         }
     }
 
-    /// The `gpu.muster.dev/assigned` value: what kubelet says the pods here hold, keyed by the
-    /// uid of the API's pod of that name on this node. A broken connection is dropped and made
+    /// The `gpu.muster.dev/assigned` value: what kubelet says the pods here hold, keyed by
+    /// `namespace/name` (muster joins them to its pods). A broken connection is dropped and made
     /// again next round.
     async fn assigned(&mut self, args: &Args, model: Option<&GpuTopology>) -> anyhow::Result<String> {
         if self.kubelet.is_none() {
@@ -426,26 +418,7 @@ impl Agent {
                 return Err(e.into());
             }
         };
-        let with_gpus = listed.iter().any(|p| !p.ids_of(GPU_RESOURCE).is_empty());
-        let uids = if with_gpus { self.uids().await? } else { HashMap::new() };
-        Ok(AssignedAnnotation::from_pods(&listed, &uids, GPU_RESOURCE).to_json())
-    }
-
-    /// `(namespace, name) -> uid` of the pods the API has on this node.
-    async fn uids(&self) -> anyhow::Result<HashMap<(String, String), String>> {
-        let params = ListParams::default().fields(&format!("spec.nodeName={}", self.node));
-        let list = tokio::time::timeout(CALL_TIMEOUT, self.pods.list_metadata(&params))
-            .await
-            .context("listing the pods on this node timed out")?
-            .context("cannot list the pods on this node")?;
-        Ok(list
-            .items
-            .into_iter()
-            .filter_map(|p| {
-                let m = p.metadata;
-                Some(((m.namespace?, m.name?), m.uid?))
-            })
-            .collect())
+        Ok(AssignedAnnotation::from_pods(&listed, GPU_RESOURCE).to_json())
     }
 
     async fn patch(&self, values: &BTreeMap<&'static str, String>) -> anyhow::Result<()> {

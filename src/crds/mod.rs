@@ -26,7 +26,7 @@ pub const ADMISSION_GATE: &str = "scheduling.muster.dev/admission";
 pub const GPU_INDICES_ANNOTATION: &str = "gpu.muster.dev/indices";
 /// Node annotation describing the node's GPUs and their links.
 pub const GPU_TOPOLOGY_ANNOTATION: &str = "gpu.muster.dev/topology";
-/// Node annotation the node agent writes: per pod uid, the `nvidia.com/gpu` device IDs kubelet
+/// Node annotation the node agent writes: per pod `namespace/name`, the `nvidia.com/gpu` device IDs kubelet
 /// gave it (kubelet's PodResources API).
 pub const GPU_ASSIGNED_ANNOTATION: &str = "gpu.muster.dev/assigned";
 /// Node annotation the node agent writes: per GPU, temperature, free memory and utilization

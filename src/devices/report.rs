@@ -1,7 +1,8 @@
 //! What `muster node-agent` publishes on its Node and muster reads back: the GPUs kubelet
-//! really gave each pod (`gpu.muster.dev/assigned`, from kubelet's PodResources API) and each
-//! GPU's health (`gpu.muster.dev/health`, from NVML). Both are plain JSON annotations of a
-//! versioned shape; this module builds, parses and interprets them. No I/O here.
+//! really gave each pod (`gpu.muster.dev/assigned`, from kubelet's PodResources API, keyed by
+//! `namespace/name` as kubelet names pods) and each GPU's health (`gpu.muster.dev/health`, from
+//! NVML). Both are plain JSON annotations of a versioned shape; this module builds, parses and
+//! interprets them. No I/O here.
 //!
 //! On a device-plugin node kubelet picks a container's GPUs itself (with the plugin's
 //! preferred allocation), so muster's plan is a wish; the assignment read back is the truth.
@@ -18,8 +19,18 @@ use super::gpuset::GpuSet;
 use super::health::{GpuMetrics, NodeMetrics};
 use super::topology::GpuTopology;
 
-/// The version of both annotation shapes.
-pub const REPORT_VERSION: u32 = 1;
+/// The version of the `gpu.muster.dev/assigned` shape the agent writes: pods keyed by
+/// `namespace/name`, as kubelet's PodResources API names them (the agent reads no pod of the
+/// API).
+pub const ASSIGNED_VERSION: u32 = 2;
+/// The first `gpu.muster.dev/assigned` shape: pods keyed by uid (its agent listed the API's pods
+/// on its node to join names to uids). Still read, so a muster upgraded before its agents keeps
+/// correcting GPU indices while old agents run.
+pub const ASSIGNED_BY_UID_VERSION: u32 = 1;
+/// The versions of `gpu.muster.dev/assigned` muster reads.
+const ASSIGNED_VERSIONS: &[u32] = &[ASSIGNED_BY_UID_VERSION, ASSIGNED_VERSION];
+/// The version of the `gpu.muster.dev/health` shape.
+pub const HEALTH_VERSION: u32 = 1;
 
 /// Devices of one extended resource kubelet gave a container.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -64,29 +75,53 @@ impl PodDevices {
     }
 }
 
-/// One pod's devices in the `gpu.muster.dev/assigned` annotation.
+/// One pod's devices in the `gpu.muster.dev/assigned` annotation. (Version 1 entries also
+/// carried the pod's `namespace` and `name`; they are read and not needed.)
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AssignedPod {
-    /// The pod's namespace.
-    pub namespace: String,
-    /// The pod's name.
-    pub name: String,
     /// The device IDs kubelet gave it (sorted, each once).
     pub devices: Vec<String>,
 }
 
-/// The node annotation `gpu.muster.dev/assigned`: per pod uid, the devices of one resource
-/// (`nvidia.com/gpu`) kubelet gave the pods running on the node.
+/// The node annotation `gpu.muster.dev/assigned`: per pod, the devices of one resource
+/// (`nvidia.com/gpu`) kubelet gave the pods running on the node. The agent writes version
+/// [`ASSIGNED_VERSION`], pods keyed by `namespace/name`:
+///
+/// ```json
+/// {"version":2,"resource":"nvidia.com/gpu","pods":{"team-a/train-0":{"devices":["GPU-1","GPU-2"]}}}
+/// ```
+///
+/// Version [`ASSIGNED_BY_UID_VERSION`] (an older agent) keys them by pod uid; see
+/// [`AssignedAnnotation::given`] for how an entry is matched to a pod.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AssignedAnnotation {
-    /// Always [`REPORT_VERSION`].
+    /// [`ASSIGNED_VERSION`], or [`ASSIGNED_BY_UID_VERSION`] as read from an older agent.
     pub version: u32,
     /// The resource the devices are of.
     pub resource: String,
-    /// Pods by uid.
+    /// Pods by `namespace/name` ([`pod_key`]); by uid in version [`ASSIGNED_BY_UID_VERSION`].
     pub pods: BTreeMap<String, AssignedPod>,
+}
+
+/// The key of a pod in a version [`ASSIGNED_VERSION`] annotation: `namespace/name` (neither may
+/// contain a `/`, so the key names one pod name).
+pub fn pod_key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
+/// A pod as muster asks the annotation about it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AskingPod<'a> {
+    /// `metadata.uid`.
+    pub uid: &'a str,
+    /// `metadata.namespace`.
+    pub namespace: &'a str,
+    /// `metadata.name`.
+    pub name: &'a str,
+    /// The node it is bound to (`spec.nodeName`), none while it is not bound.
+    pub bound_to: Option<&'a str>,
 }
 
 /// Why an annotation the agent wrote cannot be used.
@@ -101,30 +136,67 @@ pub enum ReportError {
         reason: String,
     },
     /// A version this muster does not know.
-    #[error("{annotation} has version {found}; this muster reads version {REPORT_VERSION}")]
+    #[error("{annotation} has version {found}; this muster reads {}", versions(.reads))]
     Version {
         /// The annotation key.
         annotation: &'static str,
         /// The version found.
         found: u32,
+        /// The versions this muster reads of it.
+        reads: &'static [u32],
     },
 }
 
+/// `version 1`, `versions 1 and 2`.
+fn versions(reads: &[u32]) -> String {
+    match reads {
+        [one] => format!("version {one}"),
+        [first @ .., last] => {
+            let first: Vec<String> = first.iter().map(u32::to_string).collect();
+            format!("versions {} and {last}", first.join(", "))
+        }
+        [] => "no version".to_string(),
+    }
+}
+
 impl AssignedAnnotation {
-    /// What kubelet says the pods of a node hold of `resource`; `uids` maps `(namespace, name)`
-    /// to the uid of the pod the API has on this node. A pod kubelet lists but the API does not
-    /// (deleted, or not yet seen) is left out, as is a pod without devices of `resource`.
-    pub fn from_pods(pods: &[PodDevices], uids: &HashMap<(String, String), String>, resource: &str) -> Self {
-        let mut out = BTreeMap::new();
+    /// What kubelet says the pods of its node hold of `resource`, keyed by `namespace/name`. A
+    /// pod without devices of `resource` is left out; a name kubelet lists twice (a pod deleted
+    /// by force whose containers still run, and its successor) holds the devices of both, so
+    /// none of them looks free.
+    pub fn from_pods(pods: &[PodDevices], resource: &str) -> Self {
+        let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for pod in pods {
             let devices = pod.ids_of(resource);
             if devices.is_empty() {
                 continue;
             }
-            let Some(uid) = uids.get(&(pod.namespace.clone(), pod.name.clone())) else { continue };
-            out.insert(uid.clone(), AssignedPod { namespace: pod.namespace.clone(), name: pod.name.clone(), devices });
+            out.entry(pod_key(&pod.namespace, &pod.name)).or_default().extend(devices);
         }
-        AssignedAnnotation { version: REPORT_VERSION, resource: resource.to_string(), pods: out }
+        let pods =
+            out.into_iter().map(|(key, ids)| (key, AssignedPod { devices: ids.into_iter().collect() })).collect();
+        AssignedAnnotation { version: ASSIGNED_VERSION, resource: resource.to_string(), pods }
+    }
+
+    /// What kubelet on `node` (the node this annotation is on) gave `pod`. How an entry is
+    /// matched:
+    ///
+    /// - version [`ASSIGNED_VERSION`]: by `namespace/name`, and only for a pod bound to `node`.
+    ///   kubelet lists only the pods it runs, so an entry is about a pod bound there; a pod of
+    ///   that name that is not (admitted and pinned but not bound yet, or recreated under the
+    ///   name and bound elsewhere) is another pod and inherits nothing. A pod recreated under the
+    ///   name on the same node can see its predecessor's entry until the agent's next round
+    ///   lists it (the next device pass then follows the new entry).
+    /// - version [`ASSIGNED_BY_UID_VERSION`] (an agent from before): by the pod's uid, which
+    ///   names one pod for ever; nothing else is checked.
+    ///
+    /// Any other version matches nothing ([`Self::parse`] refuses it).
+    pub fn given(&self, node: &str, pod: AskingPod<'_>) -> Option<&AssignedPod> {
+        match self.version {
+            ASSIGNED_VERSION if pod.bound_to == Some(node) => self.pods.get(&pod_key(pod.namespace, pod.name)),
+            ASSIGNED_BY_UID_VERSION => self.pods.get(pod.uid),
+            _ => None,
+        }
     }
 
     /// The annotation value.
@@ -132,21 +204,28 @@ impl AssignedAnnotation {
         serde_json::to_string(self).unwrap_or_default()
     }
 
-    /// Parses an annotation value.
+    /// Parses an annotation value of version [`ASSIGNED_VERSION`] or
+    /// [`ASSIGNED_BY_UID_VERSION`] (both have the same fields; the version says what keys the
+    /// pods).
     pub fn parse(value: &str) -> Result<Self, ReportError> {
-        versioned(value, crate::crds::GPU_ASSIGNED_ANNOTATION)
+        versioned(value, crate::crds::GPU_ASSIGNED_ANNOTATION, ASSIGNED_VERSIONS)
     }
 }
 
 /// An annotation of a known version, parsed: the version is read first, so an annotation of
 /// a later shape says so rather than failing on a field this muster does not know.
-fn versioned<T: serde::de::DeserializeOwned>(value: &str, annotation: &'static str) -> Result<T, ReportError> {
+fn versioned<T: serde::de::DeserializeOwned>(
+    value: &str,
+    annotation: &'static str,
+    reads: &'static [u32],
+) -> Result<T, ReportError> {
     let malformed = |reason: String| ReportError::Malformed { annotation, reason };
     let v: serde_json::Value = serde_json::from_str(value).map_err(|e| malformed(e.to_string()))?;
     match v.get("version").and_then(serde_json::Value::as_u64) {
-        Some(found) if found == u64::from(REPORT_VERSION) => {}
+        Some(found) if reads.iter().any(|&r| u64::from(r) == found) => {}
         Some(found) => {
-            return Err(ReportError::Version { annotation, found: u32::try_from(found).unwrap_or(u32::MAX) });
+            let found = u32::try_from(found).unwrap_or(u32::MAX);
+            return Err(ReportError::Version { annotation, found, reads });
         }
         None => return Err(malformed("no version".into())),
     }
@@ -198,7 +277,7 @@ pub struct HealthSample {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HealthAnnotation {
-    /// Always [`REPORT_VERSION`].
+    /// Always [`HEALTH_VERSION`].
     pub version: u32,
     /// When the samples were taken (RFC 3339).
     pub observed_at: String,
@@ -220,7 +299,7 @@ impl HealthAnnotation {
                 utilization: m.utilization,
             })
             .collect();
-        HealthAnnotation { version: REPORT_VERSION, observed_at: rfc3339(at), gpus }
+        HealthAnnotation { version: HEALTH_VERSION, observed_at: rfc3339(at), gpus }
     }
 
     /// The annotation value.
@@ -232,7 +311,7 @@ impl HealthAnnotation {
     pub fn parse(value: &str) -> Result<NodeMetrics, ReportError> {
         let annotation = crate::crds::GPU_HEALTH_ANNOTATION;
         let malformed = |reason: String| ReportError::Malformed { annotation, reason };
-        let v: Self = versioned(value, annotation)?;
+        let v: Self = versioned(value, annotation, &[HEALTH_VERSION])?;
         let at: Timestamp =
             v.observed_at.parse().map_err(|e| malformed(format!("observedAt {:?}: {e}", v.observed_at)))?;
         let observed_at = SystemTime::from(at);
@@ -332,7 +411,7 @@ mod tests {
     }
 
     #[test]
-    fn the_assigned_annotation_keeps_gpu_pods_the_api_knows() {
+    fn the_assigned_annotation_keys_gpu_pods_by_namespace_and_name() {
         let pods = [
             // Two containers share the pod's GPUs; another resource is left out.
             pod(
@@ -344,31 +423,97 @@ mod tests {
                 ],
             ),
             pod("ns", "cpu-only", vec![vec![devices("example.com/nic", &["nic1"])]]),
-            pod("ns", "deleted", vec![vec![devices("nvidia.com/gpu", &["GPU-3"])]]),
+            pod("other", "a", vec![vec![devices("nvidia.com/gpu", &["GPU-3"])]]),
         ];
-        let uids: HashMap<(String, String), String> = [
-            (("ns".to_string(), "a".to_string()), "uid-a".to_string()),
-            (("ns".to_string(), "cpu-only".to_string()), "uid-c".to_string()),
-        ]
-        .into();
-        let report = AssignedAnnotation::from_pods(&pods, &uids, "nvidia.com/gpu");
-        assert_eq!(report.pods.keys().collect::<Vec<_>>(), ["uid-a"]);
-        assert_eq!(report.pods["uid-a"].devices, ["GPU-1", "GPU-2"]);
-        assert_eq!(AssignedAnnotation::parse(&report.to_json()), Ok(report));
+        let report = AssignedAnnotation::from_pods(&pods, "nvidia.com/gpu");
+        assert_eq!(report.version, ASSIGNED_VERSION);
+        assert_eq!(report.pods.keys().collect::<Vec<_>>(), ["ns/a", "other/a"]);
+        assert_eq!(report.pods["ns/a"].devices, ["GPU-1", "GPU-2"]);
+        assert_eq!(report.pods["other/a"].devices, ["GPU-3"]);
+        // The value as muster reads it back, and as it is documented.
+        let json = report.to_json();
+        assert_eq!(
+            json,
+            r#"{"version":2,"resource":"nvidia.com/gpu","pods":{"ns/a":{"devices":["GPU-1","GPU-2"]},"other/a":{"devices":["GPU-3"]}}}"#
+        );
+        assert_eq!(AssignedAnnotation::parse(&json), Ok(report));
+        // Nothing with GPUs: an empty report, still of the new version.
+        let empty = AssignedAnnotation::from_pods(&pods[1..2], "nvidia.com/gpu");
+        assert_eq!(empty.to_json(), r#"{"version":2,"resource":"nvidia.com/gpu","pods":{}}"#);
+    }
+
+    #[test]
+    fn a_name_kubelet_lists_twice_holds_the_devices_of_both() {
+        let pods = [
+            pod("ns", "a", vec![vec![devices("nvidia.com/gpu", &["GPU-3"])]]),
+            pod("ns", "a", vec![vec![devices("nvidia.com/gpu", &["GPU-1", "GPU-3"])]]),
+        ];
+        let report = AssignedAnnotation::from_pods(&pods, "nvidia.com/gpu");
+        assert_eq!(report.pods["ns/a"].devices, ["GPU-1", "GPU-3"]);
+    }
+
+    fn asking<'a>(uid: &'a str, namespace: &'a str, name: &'a str, bound_to: Option<&'a str>) -> AskingPod<'a> {
+        AskingPod { uid, namespace, name, bound_to }
+    }
+
+    #[test]
+    fn an_entry_by_name_is_given_only_to_a_pod_of_that_name_bound_to_the_node() {
+        let value = r#"{"version":2,"resource":"nvidia.com/gpu","pods":{"ns/a":{"devices":["GPU-1"]}}}"#;
+        let report = AssignedAnnotation::parse(value).unwrap_or_else(|e| panic!("{e}"));
+        let given = |pod: AskingPod<'_>| report.given("n1", pod).map(|p| p.devices.clone());
+        let cases = [
+            ("bound to the node", asking("uid-a", "ns", "a", Some("n1")), true),
+            ("a new uid under the name, bound to the node", asking("uid-new", "ns", "a", Some("n1")), true),
+            ("recreated under the name on another node", asking("uid-new", "ns", "a", Some("n2")), false),
+            ("pinned by admission, not bound yet", asking("uid-new", "ns", "a", None), false),
+            ("the name in another namespace", asking("uid-b", "other", "a", Some("n1")), false),
+            ("another name", asking("uid-b", "ns", "b", Some("n1")), false),
+            ("asked by the entry's key as uid", asking("ns/a", "ns", "x", Some("n1")), false),
+        ];
+        for (case, pod, held) in cases {
+            assert_eq!(given(pod), held.then(|| vec!["GPU-1".to_string()]), "{case}");
+        }
+        // The annotation of another node says nothing about a pod bound to n1.
+        assert_eq!(report.given("n2", asking("uid-a", "ns", "a", Some("n1"))), None);
+    }
+
+    #[test]
+    fn the_uid_keyed_version_of_an_older_agent_is_still_read() {
+        let value = r#"{"version":1,"resource":"nvidia.com/gpu",
+            "pods":{"uid-a":{"namespace":"ns","name":"a","devices":["GPU-2","GPU-5"]}}}"#;
+        let report = AssignedAnnotation::parse(value).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(report.version, ASSIGNED_BY_UID_VERSION);
+        let held = |pod: AskingPod<'_>| report.given("n1", pod).map(|p| p.devices.clone());
+        let want = Some(vec!["GPU-2".to_string(), "GPU-5".to_string()]);
+        // Matched by uid alone: the pod of that uid, bound or not yet seen bound.
+        assert_eq!(held(asking("uid-a", "ns", "a", Some("n1"))), want);
+        assert_eq!(held(asking("uid-a", "ns", "a", None)), want);
+        // A pod recreated under the name has another uid: nothing.
+        assert_eq!(held(asking("uid-new", "ns", "a", Some("n1"))), None);
+        // Nor does a version 1 report match by name.
+        assert_eq!(held(asking("uid-b", "ns", "uid-a", Some("n1"))), None);
     }
 
     #[test]
     fn annotations_of_another_version_or_shape_are_refused_with_the_key() {
         let cases = [
-            (r#"{"version": 2, "resource": "x", "pods": {}, "new": 1}"#, "gpu.muster.dev/assigned has version 2"),
+            (
+                r#"{"version": 3, "resource": "x", "pods": {}, "new": 1}"#,
+                "gpu.muster.dev/assigned has version 3; this muster reads versions 1 and 2",
+            ),
+            (r#"{"version": 0, "resource": "x", "pods": {}}"#, "gpu.muster.dev/assigned has version 0"),
             (r#"{"resource": "x", "pods": {}}"#, "gpu.muster.dev/assigned is not valid: no version"),
-            (r#"{"version": 1, "pods": {}}"#, "gpu.muster.dev/assigned is not valid: missing field `resource`"),
+            (r#"{"version": 2, "pods": {}}"#, "gpu.muster.dev/assigned is not valid: missing field `resource`"),
+            (r#"{"version": 2, "resource": "x", "pods": {"ns/a": {}}}"#, "gpu.muster.dev/assigned is not valid"),
             ("[]", "gpu.muster.dev/assigned is not valid"),
         ];
         for (value, want) in cases {
             let got = AssignedAnnotation::parse(value).map(|_| ()).map_err(|e| e.to_string());
             assert!(got.as_ref().is_err_and(|e| e.starts_with(want)), "{value}: {got:?}");
         }
+        let health = HealthAnnotation::parse(r#"{"version": 2, "observedAt": "x", "gpus": []}"#);
+        let got = health.map_err(|e| e.to_string());
+        assert_eq!(got, Err("gpu.muster.dev/health has version 2; this muster reads version 1".to_string()));
         let bad_time = r#"{"version": 1, "observedAt": "yesterday", "gpus": []}"#;
         let got = HealthAnnotation::parse(bad_time).map_err(|e| e.to_string());
         assert!(got.as_ref().is_err_and(|e| e.contains("observedAt \"yesterday\"")), "{got:?}");

@@ -2,15 +2,18 @@
 //! ValidatingAdmissionPolicy as rendered, then installed on the tests' control plane: one pod per
 //! selected kwok GPU node and none elsewhere, and a token of its ServiceAccount bound to such a
 //! pod (what the pod's projected token is) that may patch the three `gpu.muster.dev/`
-//! annotations of that pod's Node and nothing else.
+//! annotations of that pod's Node and nothing else: it reads no pod (kubelet names the pods it
+//! reports, muster joins the names to its pods), and the real agent publishes with it.
 
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use muster::agent::fake_kubelet::FakeKubelet;
 use muster::cli::dev::FakeGpuNodes;
 use muster::crds::{GPU_ASSIGNED_ANNOTATION, GPU_HEALTH_ANNOTATION, GPU_TOPOLOGY_ANNOTATION};
+use muster::devices::report::{AssignedAnnotation, ContainerDevices, PodDevices, ResourceDevices, pod_key};
 use serde_json::{Value, json};
 
 use crate::harness::{add_gpu_nodes, cluster, kubectl};
@@ -38,6 +41,18 @@ fn named<'a>(list: &'a Value, name: &str) -> &'a Value {
     list.as_array().into_iter().flatten().find(|v| v["name"] == name).unwrap_or_else(|| panic!("no {name:?} in {list}"))
 }
 
+/// The agent's objects of `kind` (the chart's tenant policies are of the same kinds).
+fn agent_policies<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    of_kind(docs, kind).into_iter().filter(|d| d["metadata"]["name"] == AGENT).collect()
+}
+
+fn one_of(found: Vec<&Value>) -> &Value {
+    match found.as_slice() {
+        [one] => one,
+        other => panic!("expected one of the agent's, found {}", other.len()),
+    }
+}
+
 /// Whether a selector (`matchLabels`, or a Service's plain map) selects `labels`.
 fn selects(selector: &Value, labels: &Value) -> bool {
     let wanted = selector.get("matchLabels").unwrap_or(selector);
@@ -48,8 +63,8 @@ fn selects(selector: &Value, labels: &Value) -> bool {
 fn node_agent_is_off_by_default() {
     let docs = render(NS, &[]);
     assert!(of_kind(&docs, "DaemonSet").is_empty());
-    assert!(of_kind(&docs, "ValidatingAdmissionPolicy").is_empty());
-    assert!(of_kind(&docs, "ValidatingAdmissionPolicyBinding").is_empty());
+    assert!(agent_policies(&docs, "ValidatingAdmissionPolicy").is_empty());
+    assert!(agent_policies(&docs, "ValidatingAdmissionPolicyBinding").is_empty());
     let names: Vec<&str> = docs.iter().filter_map(|d| d["metadata"]["name"].as_str()).collect();
     assert!(!names.contains(&AGENT), "{names:?}");
 }
@@ -218,15 +233,15 @@ fn node_agent_rbac_and_admission_policy() {
         role["rules"],
         json!([
             {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
-        ])
+        ]),
+        "its Node only: no pods, so a stolen agent token reads no pod of the cluster"
     );
     let binding =
         of_kind(&docs, "ClusterRoleBinding").into_iter().find(|r| r["metadata"]["name"] == AGENT).expect("binding");
     assert_eq!(binding["roleRef"]["name"], AGENT);
     assert_eq!(binding["subjects"], json!([{"kind": "ServiceAccount", "name": AGENT, "namespace": NS}]));
 
-    let policy = one(&docs, "ValidatingAdmissionPolicy");
+    let policy = one_of(agent_policies(&docs, "ValidatingAdmissionPolicy"));
     assert_eq!(policy["apiVersion"], "admissionregistration.k8s.io/v1");
     assert_eq!(policy["spec"]["failurePolicy"], "Fail");
     assert_eq!(
@@ -251,16 +266,16 @@ fn node_agent_rbac_and_admission_policy() {
     let validations = policy["spec"]["validations"].as_array().expect("validations");
     assert_eq!(validations.len(), 5, "{validations:?}");
     assert!(validations.iter().all(|v| v["reason"] == "Forbidden" && v["messageExpression"].is_string()));
-    let vap_binding = one(&docs, "ValidatingAdmissionPolicyBinding");
+    let vap_binding = one_of(agent_policies(&docs, "ValidatingAdmissionPolicyBinding"));
     assert_eq!(vap_binding["spec"], json!({"policyName": AGENT, "validationActions": ["Deny"]}));
 
     // Off: no policy. rbac.create=false: no ClusterRole, but still the policy.
     let off = agent_render(&["--set", "nodeAgent.admissionPolicy.enabled=false"]);
-    assert!(of_kind(&off, "ValidatingAdmissionPolicy").is_empty());
-    assert!(of_kind(&off, "ValidatingAdmissionPolicyBinding").is_empty());
+    assert!(agent_policies(&off, "ValidatingAdmissionPolicy").is_empty());
+    assert!(agent_policies(&off, "ValidatingAdmissionPolicyBinding").is_empty());
     let no_rbac = agent_render(&["--set", "rbac.create=false"]);
     assert!(of_kind(&no_rbac, "ClusterRole").is_empty());
-    assert_eq!(of_kind(&no_rbac, "ValidatingAdmissionPolicy").len(), 1);
+    assert_eq!(agent_policies(&no_rbac, "ValidatingAdmissionPolicy").len(), 1);
 }
 
 /// Every rendering of the DaemonSet's arguments parses with `muster node-agent`'s command line.
@@ -327,6 +342,12 @@ fn bound_kubeconfig(ns: &str, pod: &str, uid: &str) -> std::path::PathBuf {
         "--duration=1h",
     ]);
     token_kubeconfig(&format!("{ns}-{pod}"), AGENT, &token)
+}
+
+/// The uuid of the first GPU of a topology annotation value.
+fn first_uuid(topology: &str) -> String {
+    let v: Value = serde_json::from_str(topology.trim()).unwrap_or_else(|e| panic!("{e}: {topology}"));
+    v["gpus"][0]["uuid"].as_str().unwrap_or_else(|| panic!("no uuid in {topology}")).to_string()
 }
 
 /// `muster node-agent` (this build) with `kubeconfig` and `args`: (success, stdout, stderr).
@@ -475,15 +496,27 @@ fn node_agent_runs_on_gpu_nodes_and_may_change_only_its_own_node() {
         &[&policy, "not bound to a pod on a node"],
     );
 
-    // Its pods: listed by node. RBAC refuses the rest.
-    let listed = as_agent(&["get", "pods", "-A", "--field-selector", &format!("spec.nodeName={own}"), "-o", "name"])
-        .unwrap_or_else(|e| panic!("listing the pods of its node: {e}"));
-    assert_eq!(listed.trim(), format!("pod/{pod_name}"));
-    as_agent(&["get", "pod", pod_name, "-n", ns]).unwrap_or_else(|e| panic!("{e}"));
+    // Its Node it may read. RBAC refuses the rest, pods included: not even those of its node
+    // (what kubelet reports names them; muster joins the names to its pods), nor its own.
     as_agent(&["get", "node", own]).unwrap_or_else(|e| panic!("{e}"));
     let rbac = |what: &str, result: Result<String, String>| {
         refused(what, result, &["Forbidden", &format!("system:serviceaccount:{ns}:{AGENT}\" cannot")]);
     };
+    rbac("listing every pod", as_agent(&["get", "pods", "-A"]));
+    rbac(
+        "listing the pods of its node",
+        as_agent(&["get", "pods", "-A", "--field-selector", &format!("spec.nodeName={own}"), "-o", "name"]),
+    );
+    rbac("reading its own pod", as_agent(&["get", "pod", pod_name, "-n", ns]));
+    let who = format!("--as=system:serviceaccount:{ns}:{AGENT}");
+    let can_i = |verb: &str, resource: &str| cluster().kubectl(&["auth", "can-i", &who, verb, resource, "-A"]);
+    // `kubectl auth can-i` answers yes with status 0 and no with status 1: the question is asked
+    // right (patch nodes: yes), and list pods is a no, for the ServiceAccount and its token.
+    assert_eq!(can_i("patch", "nodes").map(|a| a.trim().to_string()), Ok("yes".to_string()));
+    assert!(can_i("list", "pods").is_err(), "kubectl auth can-i list pods {who}: yes");
+    assert!(can_i("get", "pods").is_err(), "kubectl auth can-i get pods {who}: yes");
+    let asked = as_agent(&["auth", "can-i", "list", "pods", "-A"]);
+    assert!(asked.is_err(), "the agent's bound token may list pods: {asked:?}");
     rbac("patching a pod", as_agent(&["annotate", "pod", pod_name, "-n", ns, "x=y"]));
     rbac("reading secrets", as_agent(&["get", "secrets", "-n", ns]));
     rbac("reading secrets anywhere", as_agent(&["get", "secrets", "-A"]));
@@ -512,9 +545,7 @@ fn node_agent_runs_on_gpu_nodes_and_may_change_only_its_own_node() {
     for (verb, resource) in
         [("watch", "pods"), ("create", "pods"), ("delete", "pods"), ("update", "nodes"), ("watch", "nodes")]
     {
-        let who = format!("--as=system:serviceaccount:{ns}:{AGENT}");
-        let answer = cluster().kubectl(&["auth", "can-i", &who, verb, resource, "-A"]);
-        assert!(answer.is_err(), "the node agent may {verb} {resource}");
+        assert!(can_i(verb, resource).is_err(), "the node agent may {verb} {resource}");
     }
 
     // The real agent with that token publishes the topology of its node, and nothing of another.
@@ -536,11 +567,30 @@ fn node_agent_runs_on_gpu_nodes_and_may_change_only_its_own_node() {
     print.extend_from_slice(&files);
     let (ok, expected, err) = agent(None, &print);
     assert!(ok, "muster node-agent --print: {err}");
-    let mut on_own = vec!["--node-name", own];
-    on_own.extend_from_slice(&files);
+    // On its own node it also reads a (fake) kubelet that gave its pod a GPU, and reports that
+    // by the pod's namespace/name, with no grant on pods.
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("kubelet.sock");
+    let kubelet = rt.block_on(FakeKubelet::start(&socket)).unwrap_or_else(|e| panic!("fake kubelet: {e:#}"));
+    let gpu = ResourceDevices { resource: "nvidia.com/gpu".into(), ids: vec![first_uuid(&expected)] };
+    let container = ContainerDevices { name: "main".into(), devices: vec![gpu.clone()] };
+    let given = PodDevices { namespace: ns.into(), name: pod_name.into(), containers: vec![container] };
+    kubelet.set_pods(vec![given]);
+    let socket_flag = socket.display().to_string();
+    let mut on_own = vec!["--node-name", own, "--pod-resources-socket", &socket_flag];
+    on_own.extend(files.iter().copied().filter(|f| *f != "--no-pod-resources"));
     let (ok, _, err) = agent(Some(&kubeconfig), &on_own);
     assert!(ok, "muster node-agent with the bound token on {own}: {err}");
+    assert!(!err.contains("PodResources"), "the agent's PodResources report failed: {err}");
+    assert_eq!(kubelet.calls().list, 1, "the agent asked kubelet once");
+    drop(kubelet);
     assert_eq!(annotation(own, GPU_TOPOLOGY_ANNOTATION).as_deref(), Some(expected.trim()));
+    let assigned = annotation(own, GPU_ASSIGNED_ANNOTATION).unwrap_or_else(|| panic!("no report on {own}"));
+    let report = AssignedAnnotation::parse(&assigned).unwrap_or_else(|e| panic!("{e}: {assigned}"));
+    let key = pod_key(ns, pod_name);
+    assert_eq!(report.pods.keys().collect::<Vec<_>>(), [&key], "{assigned}");
+    assert_eq!(report.pods[&key].devices, gpu.ids, "{assigned}");
     let mut on_other = vec!["--node-name", other];
     on_other.extend_from_slice(&files);
     let before = annotation(other, GPU_TOPOLOGY_ANNOTATION);

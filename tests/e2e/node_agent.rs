@@ -1,6 +1,7 @@
 //! The node agent end to end: `muster node-agent` (the real binary) reads a fake kubelet that
-//! serves the real PodResources gRPC service on a unix socket and annotates its kwok Node;
-//! muster reads the annotation back, corrects a pod's `gpu.muster.dev/indices` and its ledger
+//! serves the real PodResources gRPC service on a unix socket and annotates its kwok Node with
+//! what kubelet gave each pod, by `namespace/name`; muster reads the annotation back, joins the
+//! names to its pods bound to that node, corrects a pod's `gpu.muster.dev/indices` and its ledger
 //! to what kubelet gave it (event, metric), and plans the next gang around those GPUs; and
 //! health the agent measures (NVML answers replayed) keeps hot GPUs off offer without Prometheus.
 
@@ -12,7 +13,7 @@ use kube::ResourceExt;
 use kube::api::Api;
 use muster::agent::fake_kubelet::FakeKubelet;
 use muster::crds::{GPU_ASSIGNED_ANNOTATION, GPU_HEALTH_ANNOTATION, GPU_TOPOLOGY_ANNOTATION};
-use muster::devices::report::{AssignedAnnotation, ContainerDevices, PodDevices, ResourceDevices};
+use muster::devices::report::{AssignedAnnotation, ContainerDevices, PodDevices, ResourceDevices, pod_key};
 use serde_json::json;
 
 use crate::gangs::{LONG, TestNodes, all_bound, apply, events_of, gang, gpu_job, indices_of};
@@ -176,17 +177,19 @@ async fn indices_follow_what_kubelet_gave_and_the_next_gang_avoids_those_gpus() 
     let given_ids: Vec<&str> = other.iter().map(|&i| uuids[i].as_str()).collect();
     kubelet.set_pods(vec![gpu_pod(&first, &given_ids)]);
 
-    // The agent reports it on the Node, keyed by the pod's uid.
-    let uid = first.uid().unwrap_or_default();
+    // The agent reports it on the Node, keyed by the pod's namespace/name (as kubelet names it).
+    let key = pod_key(ns, &first.name_any());
     let parse = |v: &str| AssignedAnnotation::parse(v).ok();
     let report = node
         .annotation("the agent to report what kubelet gave", GPU_ASSIGNED_ANNOTATION, parse, |r| {
-            r.pods.contains_key(&uid)
+            r.pods.contains_key(&key)
         })
         .await;
     let mut want_ids: Vec<String> = given_ids.iter().map(|s| (*s).to_string()).collect();
     want_ids.sort();
-    assert_eq!(report.pods[&uid].devices, want_ids);
+    assert_eq!(report.version, 2, "the agent writes the namespace/name version");
+    assert_eq!(report.pods.keys().collect::<Vec<_>>(), [&key]);
+    assert_eq!(report.pods[&key].devices, want_ids);
 
     // muster corrects the pod's indices, says so on the pod and counts it.
     let name = first.name_any();
@@ -211,15 +214,44 @@ async fn indices_follow_what_kubelet_gave_and_the_next_gang_avoids_those_gpus() 
     // And it agrees with kubelet's view once both run: no correction for the second pod.
     let free_ids: Vec<&str> = free.split(',').map(|i| uuids[i.parse::<usize>().unwrap_or(0)].as_str()).collect();
     kubelet.set_pods(vec![gpu_pod(&first, &given_ids), gpu_pod(&second, &free_ids)]);
-    let second_uid = second.uid().unwrap_or_default();
+    let second_key = pod_key(ns, &second.name_any());
     node.annotation("the agent to report the second pod", GPU_ASSIGNED_ANNOTATION, parse, |r| {
-        r.pods.contains_key(&second_uid)
+        r.pods.contains_key(&second_key)
     })
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let second_events = events_of(ns, &second.name_any()).await;
     assert!(!second_events.iter().any(|(_, r, _)| r == "GPUIndicesCorrected"), "{second_events:?}");
     assert!(kubelet.calls().list >= 2, "the agent lists every round");
+}
+
+/// During an upgrade muster can be newer than a node's agent: the uid-keyed version 1 report
+/// an older agent wrote still corrects a pod's indices.
+#[tokio::test]
+async fn an_older_agents_report_by_uid_is_still_followed() {
+    let _muster = muster().await;
+    let node = AgentNode::add("node-agent-v1", 4).await;
+    let (ns, nodes, uuids) = (&node.ns.name, &node.nodes, &node.uuids);
+    apply(ns, &gpu_job("old", 1, 2, nodes, gang(1), json!({})));
+    let pods: Api<Pod> = Api::namespaced(client().await, ns);
+    let pod = all_bound(&pods, "old", 1).await.remove(0);
+    let planned: Vec<usize> = indices_of(&pod).unwrap_or_default().split(',').filter_map(|i| i.parse().ok()).collect();
+    let other: Vec<usize> = (0..4).filter(|i| !planned.contains(i)).collect();
+    assert_eq!((planned.len(), other.len()), (2, 2), "{planned:?}");
+    let ids: Vec<&str> = other.iter().map(|&i| uuids[i].as_str()).collect();
+    let uid = pod.uid().unwrap_or_default();
+    let report = json!({"version": 1, "resource": "nvidia.com/gpu",
+        "pods": {uid: {"namespace": ns, "name": pod.name_any(), "devices": ids}}});
+    let patch = json!({"metadata": {"annotations": {GPU_ASSIGNED_ANNOTATION: report.to_string()}}});
+    let params = kube::api::PatchParams::default();
+    node.api.patch(&node.name, &params, &kube::api::Patch::Merge(&patch)).await.unwrap_or_else(|e| panic!("{e}"));
+    let want = format!("{},{}", other[0], other[1]);
+    let name = pod.name_any();
+    wait_for("the indices to follow the version 1 report", LONG, || async {
+        let pod = pods.get(&name).await.ok()?;
+        (indices_of(&pod) == Some(want.as_str())).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -26,7 +26,7 @@ use super::context::{Context, Detached, at_most};
 use super::metrics::{NodeLabels, ReasonLabels};
 use crate::crds::GPU_INDICES_ANNOTATION;
 use crate::devices::chooser::NodeModels;
-use crate::devices::report::kubelet_indices;
+use crate::devices::report::{AskingPod, kubelet_indices};
 use crate::devices::{
     GpuSet, KeptLedger, Ledger, LedgerProblem, PodRecord, SelectOptions, format_indices, parse_indices, select,
 };
@@ -149,8 +149,9 @@ struct Held {
 }
 
 /// What `pod`'s node gave it: its allocated own DRA claims, else what the node agent read from
-/// kubelet. A device kubelet names that the node's model lacks is reported, and the pod keeps
-/// its annotation.
+/// kubelet (its entry of `pod`'s name, only while `pod` is bound to `node`, or of its uid in
+/// an older agent's report: [`crate::devices::report::AssignedAnnotation::given`]). A device
+/// kubelet names that the node's model lacks is reported, and the pod keeps its annotation.
 fn held_by_node(
     pod: &dyn DevicePod,
     node: &str,
@@ -162,7 +163,11 @@ fn held_by_node(
         return Some(Held { gpus: g, source: Source::Claim });
     }
     let node_gpus = gpus.model(node)?;
-    let given = node_gpus.assigned.as_ref()?.pods.get(pod.uid())?;
+    let assigned = node_gpus.assigned.as_ref()?;
+    let class = pod.class();
+    let asking =
+        AskingPod { uid: pod.uid(), namespace: pod.namespace(), name: pod.name(), bound_to: class.bound_node() };
+    let given = assigned.given(node, asking)?;
     match kubelet_indices(&given.devices, &node_gpus.topology) {
         Ok(set) if !set.is_empty() => {
             let planned = pod.gpu_indices().and_then(|v| parse_indices(v).ok());
