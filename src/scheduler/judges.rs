@@ -47,6 +47,12 @@ fn policy_rule(r: &NamedRuleWithOperations) -> Rule<'_> {
     Rule { groups: &r.api_groups, resources: &r.resources, operations: &r.operations, scope: &r.scope }
 }
 
+/// Label on a ValidatingAdmissionPolicy whose match conditions leave muster's own requests
+/// out (value `false`): it never judges a pin, however its rules read. The chart's tenant
+/// policies carry it; only cluster admins create policies, and a policy labelled so that does
+/// refuse a pin only costs the dry run it skipped (the refused pin rolls the attempt back).
+pub const JUDGES_MUSTER_LABEL: &str = "muster.dev/judges-muster";
+
 /// Whether a policy with these match-constraint rules may judge a pod UPDATE (`None`: the
 /// policy names no constraints, and is counted).
 fn policy_matches(rules: Option<&Vec<NamedRuleWithOperations>>) -> bool {
@@ -78,7 +84,10 @@ pub fn pod_update_judges<'a>(
         let list = c.webhooks.iter().flatten().map(|w| (w.name.as_str(), w.rules.as_ref())).collect();
         judges.extend(hooks("MutatingWebhookConfiguration", name(&c.metadata), list));
     }
-    for p in validating_policies {
+    let exempts_muster = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+        m.labels.as_ref().and_then(|l| l.get(JUDGES_MUSTER_LABEL)).is_some_and(|v| v == "false")
+    };
+    for p in validating_policies.into_iter().filter(|p| !exempts_muster(&p.metadata)) {
         let rules = p.spec.as_ref().and_then(|s| s.match_constraints.as_ref()).map(|m| m.resource_rules.as_ref());
         if policy_matches(rules.unwrap_or(None)) {
             judges.push(format!("ValidatingAdmissionPolicy {}", name(&p.metadata)));
@@ -162,10 +171,21 @@ mod tests {
             "spec": {"matchConstraints": {"resourceRules": [rule(&[""], &["pods"], &["UPDATE"], None)]}},
         }))
         .expect("policy");
+        // The chart's tenant policy matches pod UPDATEs but leaves muster's requests out.
+        let tenant: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+            "metadata": {"name": "tenant-pods", "labels": {JUDGES_MUSTER_LABEL: "false"}},
+            "spec": {"matchConstraints": {"resourceRules": [rule(&[""], &["pods"], &["CREATE", "UPDATE"], None)]}},
+        }))
+        .expect("policy");
         let unconstrained: MutatingAdmissionPolicy =
             serde_json::from_value(json!({"metadata": {"name": "open"}, "spec": {}})).expect("mutating policy");
         assert_eq!(
-            pod_update_judges([&own_validating, &hook], [&own_mutating], [&node_policy, &lock], [&unconstrained]),
+            pod_update_judges(
+                [&own_validating, &hook],
+                [&own_mutating],
+                [&node_policy, &lock, &tenant],
+                [&unconstrained]
+            ),
             vec![
                 "ValidatingWebhookConfiguration cfg/w1.example.com".to_string(),
                 "ValidatingAdmissionPolicy lock".to_string(),

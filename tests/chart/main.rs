@@ -15,4 +15,5 @@ mod observability;
 mod rbac;
 mod render;
 mod support;
+mod tenant;
 mod upgrade;
