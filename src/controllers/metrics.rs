@@ -1,7 +1,8 @@
 //! Prometheus metrics of the controller manager (`/metrics`, OpenMetrics text). One registry;
 //! each reconciler records runs, errors by reason and duration through a drop-guard timer.
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -11,7 +12,34 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::crds::GPU_RESOURCE;
 use crate::devices::GpuProblemKind;
+
+/// Resources whose `Insufficient <resource>` reason keeps its own label value; any other
+/// resource (a pod can request any name, e.g. `example.com/anything`) is counted as
+/// [`INSUFFICIENT_OTHER`], so tenants cannot make series without end.
+pub const KNOWN_RESOURCES: &[&str] = &["cpu", "memory", "ephemeral-storage", "pods", GPU_RESOURCE];
+/// The reason of an `Insufficient` resource outside [`KNOWN_RESOURCES`].
+pub const INSUFFICIENT_OTHER: &str = "Insufficient other";
+/// The reason label of a reason that is not muster's own word, or one past [`MAX_REASONS`].
+pub const OTHER_REASON: &str = "Other";
+/// The most distinct reason label values one reason family takes; later new ones are
+/// [`OTHER_REASON`] (muster names ~25 reasons).
+pub const MAX_REASONS: usize = 64;
+/// The longest reason label value muster makes itself.
+const MAX_REASON_BYTES: usize = 40;
+
+/// The label value for an unschedulable reason: muster's own reason words as they are,
+/// `Insufficient <resource>` for a resource of [`KNOWN_RESOURCES`], [`INSUFFICIENT_OTHER`] for
+/// another resource, [`OTHER_REASON`] for anything else (text that could come from a tenant).
+pub fn reason_label(reason: &str) -> &str {
+    if let Some(resource) = reason.strip_prefix("Insufficient ") {
+        return if KNOWN_RESOURCES.contains(&resource) { reason } else { INSUFFICIENT_OTHER };
+    }
+    let word =
+        !reason.is_empty() && reason.len() <= MAX_REASON_BYTES && reason.bytes().all(|b| b.is_ascii_alphabetic());
+    if word { reason } else { OTHER_REASON }
+}
 
 /// Labels naming a controller.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -205,6 +233,11 @@ pub struct Metrics {
     pub heap_bytes: Family<HeapLabels, Gauge>,
     /// 1 for the scheduling API new MusterJobs compile to (`--scheduling-api`, resolved).
     pub scheduling_api: Family<SchedulingApiLabels, Gauge>,
+    /// Pods too large to keep whole once trimmed, kept by admission as a minimal record (each
+    /// counted once, when first seen).
+    pub pods_kept_minimal: Counter,
+    /// The reason label values [`Self::unschedulable_attempts`] has (at most [`MAX_REASONS`]).
+    reasons: Mutex<BTreeSet<String>>,
 }
 
 /// Labels of the scheduling API in use.
@@ -272,6 +305,8 @@ impl Default for Metrics {
             webhook_duration: Family::new_with_constructor(histogram_seconds),
             heap_bytes: Family::default(),
             scheduling_api: Family::default(),
+            pods_kept_minimal: Counter::default(),
+            reasons: Mutex::new(BTreeSet::new()),
             registry: Registry::default(),
             families: Vec::new(),
         };
@@ -439,6 +474,13 @@ impl Default for Metrics {
         register(
             &mut registry,
             &mut families,
+            "pods_kept_minimal",
+            "Pods too large to keep whole once trimmed (over 64 KiB), kept by admission as a minimal record; see their PodTooLarge events",
+            m.pods_kept_minimal.clone(),
+        );
+        register(
+            &mut registry,
+            &mut families,
             "heap_bytes",
             "The allocator's figures (jemalloc), bytes",
             m.heap_bytes.clone(),
@@ -492,6 +534,26 @@ impl Metrics {
                 self.heap_bytes.get_or_create(&HeapLabels { kind: kind.to_string() }).set(bytes);
             }
         }
+    }
+
+    /// Counts an unschedulable admission attempt under its reason's label value
+    /// ([`reason_label`]); once the family has [`MAX_REASONS`] values, a new one counts as
+    /// [`OTHER_REASON`].
+    pub fn unschedulable(&self, reason: &str) {
+        let mut label = reason_label(reason);
+        {
+            let mut seen = match self.reasons.lock() {
+                Ok(guard) => guard,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            if !seen.contains(label) {
+                if seen.len() >= MAX_REASONS - 1 && label != OTHER_REASON {
+                    label = OTHER_REASON;
+                }
+                seen.insert(label.to_string());
+            }
+        }
+        self.unschedulable_attempts.get_or_create(&ReasonLabels { reason: label.to_string() }).inc();
     }
 
     /// Counts an admission attempt.
@@ -629,6 +691,60 @@ mod tests {
             .filter(|l| l.ends_with(" 1"))
             .count();
         assert!(finite >= 1, "{text}");
+    }
+
+    #[test]
+    fn unschedulable_reasons_a_tenant_makes_stay_a_bounded_set_of_series() {
+        let m = Metrics::default();
+        // muster's own reasons and the known resources keep their label values.
+        for reason in ["Insufficient nvidia.com/gpu", "Insufficient cpu", "TooFewPods", "PlanTooLarge", "NodeAffinity"]
+        {
+            m.unschedulable(reason);
+        }
+        // A tenant's pods request resources of any name, 10,000 of them.
+        for i in 0..10_000 {
+            m.unschedulable(&format!("Insufficient example.com/tenant-{i}"));
+        }
+        // Free text (none is made today) is never a label value.
+        for i in 0..10_000 {
+            m.unschedulable(&format!("pod {i} said: no"));
+        }
+        let text = m.encode();
+        let series: Vec<&str> =
+            text.lines().filter(|l| l.starts_with("muster_unschedulable_attempts_total{")).collect();
+        assert_eq!(series.len(), 7, "{series:?}");
+        for (reason, n) in [
+            ("Insufficient nvidia.com/gpu", 1),
+            ("Insufficient cpu", 1),
+            ("TooFewPods", 1),
+            ("PlanTooLarge", 1),
+            ("NodeAffinity", 1),
+            (INSUFFICIENT_OTHER, 10_000),
+            (OTHER_REASON, 10_000),
+        ] {
+            let line = format!("muster_unschedulable_attempts_total{{reason=\"{reason}\"}} {n}");
+            assert!(series.contains(&line.as_str()), "{line}: {series:?}");
+        }
+        assert!(!text.contains("example.com"), "{text}");
+    }
+
+    #[test]
+    fn reason_words_past_the_cap_count_as_other() {
+        let m = Metrics::default();
+        let letters: Vec<char> = ('A'..='Z').collect();
+        let words: Vec<String> =
+            letters.iter().flat_map(|a| letters.iter().map(move |b| format!("Reason{a}{b}"))).take(200).collect();
+        for w in &words {
+            m.unschedulable(w);
+        }
+        // Again: a value already counted keeps its own series.
+        m.unschedulable(&words[0]);
+        let text = m.encode();
+        let series = text.lines().filter(|l| l.starts_with("muster_unschedulable_attempts_total{")).count();
+        assert_eq!(series, MAX_REASONS, "{text}");
+        let first = format!("muster_unschedulable_attempts_total{{reason=\"{}\"}} 2", words[0]);
+        assert!(text.contains(&first), "{text}");
+        assert!(text.contains("muster_unschedulable_attempts_total{reason=\"Other\"}"), "{text}");
     }
 
     #[test]

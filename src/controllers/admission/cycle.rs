@@ -17,7 +17,6 @@ use super::watches::Settling;
 use super::{Admitter, CONTROLLER, GroupRef, InFlight, RootKey, World, error_backoff, group_pods, state};
 use crate::controllers::PlacementStrategy;
 use crate::controllers::context::{Error, Result};
-use crate::controllers::metrics::ReasonLabels;
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{CompositePodGroup, PlannedPod, PodGroup};
 use crate::devices::chooser::{ChooserNodes, GpuNode, TopologyChooser};
@@ -740,7 +739,7 @@ impl Admitter {
         capacity: u64,
     ) -> Instant {
         let at = self.back_off(key, capacity);
-        self.ctx.metrics.unschedulable_attempts.get_or_create(&ReasonLabels { reason: reason.to_string() }).inc();
+        self.ctx.metrics.unschedulable(reason);
         self.ctx.metrics.attempt(crate::controllers::metrics::AttemptResult::Unschedulable);
         let message = outcome.message().to_string();
         let memory = self.roots.entry(key.clone()).or_default();

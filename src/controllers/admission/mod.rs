@@ -315,7 +315,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
     let capacity = Arc::new(AtomicU64::new(0));
     let dra = watches::dra_served(&client).await;
     let mutating_policies = watches::mutating_policies_served(&client).await;
-    let caches = watches::watch_caches(&client, &notify, &capacity, dra, mutating_policies);
+    let caches = watches::watch_caches(&client, &ctx, &notify, &capacity, dra, mutating_policies);
     let ready = watches::ready(&caches);
     let mut shutdown = std::pin::pin!(shutdown);
     tokio::select! {

@@ -5,17 +5,22 @@ use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use k8s_openapi::api::core::v1::{
-    Container, EphemeralVolumeSource, Namespace, Node, NodeSpec, NodeStatus, PersistentVolume, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, PersistentVolumeSpec, Pod, PodSpec, PodStatus, ResourceRequirements, Volume,
+    Container, ContainerPort, EphemeralVolumeSource, Namespace, Node, NodeSpec, NodeStatus, PersistentVolume,
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeSpec, Pod, PodSchedulingGate, PodSpec, PodStatus,
+    ResourceRequirements, Volume,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher::Event;
 
 use crate::crds::{
-    COMPLETION_INDEX_ANNOTATION, GPU_ASSIGNED_ANNOTATION, GPU_HEALTH_ANNOTATION, GPU_INDICES_ANNOTATION,
-    GPU_TOPOLOGY_ANNOTATION, ROLLED_BACK_ANNOTATION,
+    ADMISSION_GATE, COMPLETION_INDEX_ANNOTATION, GPU_ASSIGNED_ANNOTATION, GPU_HEALTH_ANNOTATION,
+    GPU_INDICES_ANNOTATION, GPU_RESOURCE, GPU_TOPOLOGY_ANNOTATION, HOSTNAME_LABEL, JOB_NAME_LABEL, JOBSET_NAME_LABEL,
+    POD_GROUP_LABEL, REPLICATED_JOB_LABEL, ROLLED_BACK_ANNOTATION,
 };
+use crate::pods::Placement;
+use crate::scheduler::{CPU, EPHEMERAL_STORAGE, MEMORY, pod_requests};
 
 /// Keeps the annotations named by `keys`; none left is no map at all (an empty map still
 /// holds a node of its tree).
@@ -66,9 +71,180 @@ fn trim_volume(v: &Volume) -> Option<Volume> {
     })
 }
 
-/// Keeps what placement, quorum and status read of a pod.
+/// The most bytes admission keeps of one pod (its JSON once trimmed by [`pod`]): an ordinary
+/// pod keeps 1-10 KiB; one a tenant made huge (up to the API server's ~1.5 MiB: thousands of
+/// labels, tolerations, affinity terms, containers) is kept as a minimal record instead
+/// ([`minimal_pod`]).
+pub const MAX_KEPT_POD_BYTES: usize = 64 * 1024;
+/// Set, in admission's memory only (never written to the API server), on a pod kept as a
+/// minimal record: why, with its size. The pod watch reports such a pod once (log, metric,
+/// a `PodTooLarge` Warning event on it).
+pub const KEPT_MINIMAL_ANNOTATION: &str = "scheduling.muster.dev/kept-minimal";
+/// The resource a waiting pod kept as a minimal record asks for, in an amount that does not
+/// read: its shape is then unreadable, so placement leaves it gated and its group says why.
+pub const TOO_LARGE_RESOURCE: &str = "scheduling.muster.dev/pod-too-large";
+/// The labels a minimal record keeps: those muster reads of its pods.
+const KEPT_LABELS: &[&str] = &[POD_GROUP_LABEL, JOB_NAME_LABEL, JOBSET_NAME_LABEL, REPLICATED_JOB_LABEL];
+/// The annotations a pod keeps ([`pod`]); a minimal record keeps each only up to
+/// [`MAX_MINIMAL_VALUE_BYTES`].
+const KEPT_ANNOTATIONS: &[&str] = &[GPU_INDICES_ANNOTATION, COMPLETION_INDEX_ANNOTATION, ROLLED_BACK_ANNOTATION];
+/// The longest label, annotation or name value a minimal record keeps.
+const MAX_MINIMAL_VALUE_BYTES: usize = 256;
+/// The most extended resources and host ports a minimal record keeps.
+const MAX_MINIMAL_ITEMS: usize = 64;
+
+/// Keeps what placement, quorum and status read of a pod; a pod still over
+/// [`MAX_KEPT_POD_BYTES`] after that is kept as a [`minimal_pod`].
 pub fn pod(p: &mut Pod) {
-    trim_meta(&mut p.metadata, &[GPU_INDICES_ANNOTATION, COMPLETION_INDEX_ANNOTATION, ROLLED_BACK_ANNOTATION]);
+    trim_pod(p);
+    if let Some(bytes) = oversize(p, MAX_KEPT_POD_BYTES) {
+        *p = minimal_pod(p, bytes);
+    }
+}
+
+/// The JSON size of `p` when it is over `limit` bytes (counted up to the first byte past it).
+fn oversize(p: &Pod, limit: usize) -> Option<usize> {
+    struct Count {
+        n: usize,
+        limit: usize,
+    }
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.n += buf.len();
+            if self.n > self.limit { Err(std::io::Error::other("over the limit")) } else { Ok(buf.len()) }
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count { n: 0, limit };
+    // Serializing a pod fails only when the count stops it.
+    match serde_json::to_writer(&mut count, p) {
+        Ok(()) => None,
+        Err(_) => Some(count.n),
+    }
+}
+
+/// What admission keeps of a pod too large to keep ([`pod`]): enough to count what it uses
+/// where it runs, never its whole shape. Its name, namespace, uid, version, deletion, owner
+/// (the controller), muster's labels and annotations (each short), the node it is bound or
+/// pinned to, muster's gate, its priority, its claims, and its requests summed into one
+/// container as kube-scheduler sums them (with its host ports). A waiting (gated) pod asks for
+/// [`TOO_LARGE_RESOURCE`] instead: it is never placed on a shape muster did not keep.
+pub fn minimal_pod(p: &Pod, bytes: usize) -> Pod {
+    let short = |v: &String| v.len() <= MAX_MINIMAL_VALUE_BYTES;
+    let meta = &p.metadata;
+    let labels: BTreeMap<String, String> = meta
+        .labels
+        .iter()
+        .flatten()
+        .filter(|(k, v)| KEPT_LABELS.contains(&k.as_str()) && short(v))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mut annotations: BTreeMap<String, String> = meta
+        .annotations
+        .iter()
+        .flatten()
+        .filter(|(k, v)| KEPT_ANNOTATIONS.contains(&k.as_str()) && short(v))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    annotations.insert(
+        KEPT_MINIMAL_ANNOTATION.to_string(),
+        format!("{bytes} bytes kept after trimming, over the limit of {MAX_KEPT_POD_BYTES}"),
+    );
+    let metadata = ObjectMeta {
+        name: meta.name.clone(),
+        namespace: meta.namespace.clone(),
+        uid: meta.uid.clone(),
+        resource_version: meta.resource_version.clone(),
+        creation_timestamp: meta.creation_timestamp.clone(),
+        deletion_timestamp: meta.deletion_timestamp.clone(),
+        deletion_grace_period_seconds: meta.deletion_grace_period_seconds,
+        owner_references: meta
+            .owner_references
+            .as_ref()
+            .and_then(|o| o.iter().find(|r| r.controller == Some(true)).cloned())
+            .map(|r| vec![r]),
+        labels: (!labels.is_empty()).then_some(labels),
+        annotations: Some(annotations),
+        ..Default::default()
+    };
+    let spec = p.spec.as_ref().map(|spec| {
+        let gated = matches!(Placement::of(p), Placement::Gated);
+        let requests = if gated {
+            BTreeMap::from([(TOO_LARGE_RESOURCE.to_string(), Quantity("not-kept".to_string()))])
+        } else {
+            summed_requests(spec)
+        };
+        let host_ports: Vec<ContainerPort> = spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+            .flat_map(|c| c.ports.iter().flatten())
+            .filter(|port| port.host_port.is_some_and(|h| h > 0))
+            .take(MAX_MINIMAL_ITEMS)
+            .cloned()
+            .collect();
+        let hostname = spec.node_selector.as_ref().and_then(|s| s.get(HOSTNAME_LABEL)).filter(|h| short(h));
+        PodSpec {
+            containers: vec![Container {
+                name: "requests".to_string(),
+                resources: Some(ResourceRequirements { requests: Some(requests), ..Default::default() }),
+                ports: (!host_ports.is_empty()).then_some(host_ports),
+                ..Default::default()
+            }],
+            node_name: spec.node_name.clone().filter(|n| short(n)),
+            node_selector: hostname.map(|h| BTreeMap::from([(HOSTNAME_LABEL.to_string(), h.clone())])),
+            scheduling_gates: gated.then(|| vec![PodSchedulingGate { name: ADMISSION_GATE.to_string() }]),
+            scheduler_name: spec.scheduler_name.clone().filter(|n| short(n)),
+            priority: spec.priority,
+            preemption_policy: spec.preemption_policy.clone(),
+            // The API server allows a pod 32 claims.
+            resource_claims: spec.resource_claims.clone(),
+            ..Default::default()
+        }
+    });
+    let status = p.status.as_ref().map(|status| PodStatus {
+        phase: status.phase.clone(),
+        start_time: status.start_time.clone(),
+        nominated_node_name: status.nominated_node_name.clone().filter(|n| short(n)),
+        resource_claim_statuses: status.resource_claim_statuses.clone(),
+        ..Default::default()
+    });
+    Pod { metadata, spec, status }
+}
+
+/// The requests of `spec` summed as kube-scheduler sums them ([`pod_requests`]: containers,
+/// init containers, sidecars, pod-level resources, overhead), as one container's requests (the
+/// pod itself is counted by the reader, as ever). At most [`MAX_MINIMAL_ITEMS`] extended resources; a
+/// quantity that does not read stays unreadable under its resource's name.
+fn summed_requests(spec: &PodSpec) -> BTreeMap<String, Quantity> {
+    match pod_requests(spec) {
+        Ok(sum) => {
+            let inline = [CPU, MEMORY, EPHEMERAL_STORAGE, GPU_RESOURCE].map(|name| (name, sum.get(name)));
+            inline
+                .into_iter()
+                .chain(sum.extended().take(MAX_MINIMAL_ITEMS))
+                .filter(|(_, amount)| *amount != 0)
+                .map(|(name, amount)| {
+                    let q = if name == CPU { format!("{amount}m") } else { amount.to_string() };
+                    (name.to_string(), Quantity(q))
+                })
+                .collect()
+        }
+        Err(e) => {
+            let mut name = e.resource;
+            if name.len() > MAX_MINIMAL_VALUE_BYTES {
+                name = "unreadable".to_string();
+            }
+            BTreeMap::from([(name, Quantity("unreadable".to_string()))])
+        }
+    }
+}
+
+/// [`pod`] without the size bound.
+fn trim_pod(p: &mut Pod) {
+    trim_meta(&mut p.metadata, KEPT_ANNOTATIONS);
     if let Some(spec) = p.spec.take() {
         p.spec = Some(PodSpec {
             containers: spec.containers.iter().map(trim_container).collect(),
@@ -389,6 +565,143 @@ mod tests {
         let unmodelled = |p: &Pod| crate::scheduler::unmodelled(p.spec.as_ref().expect("spec"));
         assert_eq!(unmodelled(&p), unmodelled(&before));
         assert!(!unmodelled(&p).is_empty(), "the scheduler and the volume are still reported");
+    }
+
+    /// A pod as large as the API server takes (~1.5 MiB): thousands of labels, containers,
+    /// tolerations and affinity terms, bound to `n1` (or held by muster's gate).
+    fn huge_pod(bound: bool) -> Pod {
+        let labels: serde_json::Map<String, serde_json::Value> =
+            (0..2000).map(|i| (format!("tenant.example.com/l-{i:04}"), json!("v".repeat(60)))).collect();
+        let mut labels = labels;
+        labels.insert(crate::crds::POD_GROUP_LABEL.into(), json!("g"));
+        let containers: Vec<_> = (0..400)
+            .map(|i| {
+                json!({"name": format!("c-{i}"), "image": "i", "env": [{"name": "E", "value": "x".repeat(200)}],
+                       "ports": [{"containerPort": 80, "hostPort": if i == 0 { 8080 } else { 0 }}],
+                       "resources": {"requests": {"cpu": "10m", "memory": "1Mi", "nvidia.com/gpu": if i < 2 { "1" } else { "0" },
+                                                  format!("example.com/r{}", i % 3): "1"}}})
+            })
+            .collect();
+        let tolerations: Vec<_> =
+            (0..3000).map(|i| json!({"key": format!("k-{i}"), "operator": "Equal", "value": "v".repeat(40)})).collect();
+        let terms: Vec<_> = (0..1000)
+            .map(|i| json!({"matchExpressions": [{"key": format!("zone-{i}"), "operator": "In", "values": ["a", "b", "c"]}]}))
+            .collect();
+        let mut spec = json!({
+            "containers": containers,
+            "initContainers": [{"name": "init", "resources": {"requests": {"cpu": "8", "memory": "1Gi"}}}],
+            "overhead": {"cpu": "250m"},
+            "tolerations": tolerations,
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}},
+            "priority": 7,
+            "nodeSelector": {HOSTNAME_LABEL: "n1", "big": "x".repeat(300)},
+        });
+        if bound {
+            spec["nodeName"] = json!("n1");
+        } else {
+            spec["schedulingGates"] = json!([{"name": ADMISSION_GATE}, {"name": "other"}]);
+        }
+        serde_json::from_value(json!({
+            "metadata": {"name": "big", "namespace": "t", "uid": "u-big", "resourceVersion": "9", "labels": labels,
+                         "annotations": {GPU_INDICES_ANNOTATION: "0,1", COMPLETION_INDEX_ANNOTATION: "x".repeat(5000),
+                                         "kubectl.kubernetes.io/last-applied-configuration": "y".repeat(880_000)}},
+            "spec": spec,
+            "status": {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}]}
+        }))
+        .expect("pod")
+    }
+
+    #[test]
+    fn a_huge_pod_is_kept_small_and_still_counts_what_it_uses_where_it_runs() {
+        let original = huge_pod(true);
+        let size = serde_json::to_vec(&original).expect("json").len();
+        assert!(size > 1_500_000, "the pod is {size} bytes");
+        let mut whole = original.clone();
+        trim_pod(&mut whole);
+        assert!(oversize(&whole, MAX_KEPT_POD_BYTES).is_some(), "trimming alone keeps it too large");
+        let mut kept = original.clone();
+        pod(&mut kept);
+        let kept_size = serde_json::to_vec(&kept).expect("json").len();
+        assert!(kept_size < 4096, "kept {kept_size} bytes");
+        let why = kept.metadata.annotations.as_ref().and_then(|a| a.get(KEPT_MINIMAL_ANNOTATION)).expect("marked");
+        assert!(why.contains("over the limit of 65536"), "{why}");
+        // What it uses on its node reads the same as from the whole pod: requests summed
+        // (containers, the init container's peak, overhead), host ports, node, priority.
+        use crate::scheduler::{PodUsage, Target};
+        let (usage, whole_usage) = (PodUsage::of(&kept).expect("counted"), PodUsage::of(&whole).expect("counted"));
+        assert_eq!(usage.target, Target::Node("n1".into()));
+        assert_eq!(usage.requests, whole_usage.requests);
+        let requests = usage.requests.clone().expect("some").expect("readable");
+        assert_eq!((requests.cpu_milli, requests.gpus, requests.extended_amount("example.com/r1")), (8250, 2, 133));
+        assert_eq!(usage.host_ports, whole_usage.host_ports);
+        assert_eq!(usage.victim, whole_usage.victim);
+        assert_eq!(usage.labels.get(crate::crds::POD_GROUP_LABEL), Some("g"));
+        assert_eq!(usage.labels.get("tenant.example.com/l-0001"), None, "only muster's labels are kept");
+        assert_eq!(crate::controllers::devices::gpus_wanted(&kept), crate::controllers::devices::gpus_wanted(&whole));
+        assert_eq!(crate::pods::PodClass::of(&kept), crate::pods::PodClass::of(&whole));
+        let annotations = kept.metadata.annotations.as_ref().expect("annotations");
+        assert_eq!(annotations.get(GPU_INDICES_ANNOTATION).map(String::as_str), Some("0,1"));
+        assert!(!annotations.contains_key(COMPLETION_INDEX_ANNOTATION), "a long value is not kept");
+        assert_eq!(kept.metadata.uid.as_deref(), Some("u-big"));
+        assert_eq!(kept.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Running"));
+        // The store's slim of a bound pod keeps what the cycle reads, the mark included.
+        let mut slim = kept.clone();
+        bound_pod(&mut slim);
+        assert_eq!((&slim.metadata, &slim.status), (&kept.metadata, &kept.status));
+    }
+
+    #[test]
+    fn a_huge_waiting_pod_is_kept_gated_and_never_placed() {
+        let mut kept = huge_pod(false);
+        pod(&mut kept);
+        assert!(serde_json::to_vec(&kept).expect("json").len() < 4096);
+        assert_eq!(crate::pods::Placement::of(&kept), crate::pods::Placement::Gated);
+        // Its shape does not read: placement leaves it gated and its group says why.
+        let err = crate::scheduler::PodShape::from_pod(&kept).expect_err("unreadable");
+        assert!(err.to_string().contains(TOO_LARGE_RESOURCE), "{err}");
+        // Nothing is counted for it (a gated pod uses nothing yet).
+        assert!(crate::scheduler::PodUsage::of(&kept).is_none());
+    }
+
+    #[test]
+    fn ordinary_pods_are_kept_exactly_as_trimming_keeps_them() {
+        let mut p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "uid": "u", "labels": {"a": "b", crate::crds::POD_GROUP_LABEL: "g"},
+                         "annotations": {GPU_INDICES_ANNOTATION: "0"}},
+            "spec": {"nodeName": "n", "tolerations": [{"operator": "Exists"}],
+                     "containers": [{"name": "c", "resources": {"requests": {"cpu": "1", "nvidia.com/gpu": "1"}}}]},
+            "status": {"phase": "Running"}
+        }))
+        .expect("pod");
+        let mut trimmed = p.clone();
+        trim_pod(&mut trimmed);
+        pod(&mut p);
+        assert_eq!(p, trimmed);
+        assert!(p.metadata.annotations.as_ref().is_some_and(|a| !a.contains_key(KEPT_MINIMAL_ANNOTATION)));
+        // The mark is admission's alone: a pod that carries it is not taken for a minimal one.
+        let mut forged = trimmed.clone();
+        forged.metadata.annotations.get_or_insert_default().insert(KEPT_MINIMAL_ANNOTATION.into(), "x".into());
+        pod(&mut forged);
+        assert_eq!(forged, trimmed);
+        // A pod just under the bound is kept whole too; one just over is not.
+        let size = serde_json::to_vec(&p).expect("json").len();
+        assert_eq!(oversize(&p, size), None);
+        assert_eq!(oversize(&p, size - 1), Some(size));
+    }
+
+    #[test]
+    fn a_huge_annotation_alone_makes_a_pod_minimal_and_is_dropped() {
+        let mut p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "uid": "u", "annotations": {GPU_INDICES_ANNOTATION: "0,".repeat(100_000)}},
+            "spec": {"nodeName": "n", "containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}]},
+            "status": {"phase": "Running"}
+        }))
+        .expect("pod");
+        pod(&mut p);
+        let annotations = p.metadata.annotations.clone().unwrap_or_default();
+        assert!(annotations.contains_key(KEPT_MINIMAL_ANNOTATION) && !annotations.contains_key(GPU_INDICES_ANNOTATION));
+        let usage = crate::scheduler::PodUsage::of(&p).expect("counted");
+        assert_eq!(usage.requests.and_then(Result::ok).map(|r| r.cpu_milli), Some(1000));
     }
 
     #[test]

@@ -21,10 +21,11 @@ use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use tokio::sync::Notify;
 
 use super::{Admitter, Caches, DraCaches, GroupRef, RootKey, Unseen, is_gated, trim};
+use crate::controllers::context::Context;
 use crate::crds::scheduling::{CompositePodGroup, PlanState, PlannedPod, PodGroup};
 use crate::scheduler::{Change, ClusterState};
 
@@ -182,6 +183,64 @@ fn pod_wakes(ev: &Event<Pod>, usage_changed: bool) -> Wake {
         Event::InitApply(_) => Wake::No,
         _ => Wake::from_frees(pod_frees(ev)),
     }
+}
+
+/// The pods the watch keeps as a minimal record ([`trim::minimal_pod`]), each reported once
+/// when first seen so ([`report_too_large`]): the uids of such pods while they exist (a relist
+/// forgets those it no longer lists).
+#[derive(Debug, Default)]
+struct TooLarge {
+    reported: HashSet<String>,
+    /// The uids the relist in progress listed.
+    listed: Option<HashSet<String>>,
+}
+
+impl TooLarge {
+    /// The pod of `ev` and why it was kept minimal, when this is the first time it is seen so.
+    fn first_seen<'e>(&mut self, ev: &'e Event<Pod>) -> Option<(&'e Pod, &'e str)> {
+        match ev {
+            Event::Init => self.listed = Some(HashSet::new()),
+            Event::InitDone => {
+                let listed = self.listed.take().unwrap_or_default();
+                self.reported.retain(|uid| listed.contains(uid));
+            }
+            Event::Delete(p) => {
+                self.reported.remove(p.metadata.uid.as_deref().unwrap_or_default());
+            }
+            Event::Apply(p) | Event::InitApply(p) => {
+                let uid = p.metadata.uid.clone().unwrap_or_default();
+                let Some(why) = p.annotations().get(trim::KEPT_MINIMAL_ANNOTATION) else {
+                    self.reported.remove(&uid);
+                    return None;
+                };
+                if let Some(listed) = self.listed.as_mut() {
+                    listed.insert(uid.clone());
+                }
+                return self.reported.insert(uid).then_some((p, why.as_str()));
+            }
+        }
+        None
+    }
+}
+
+/// Reports a pod kept as a minimal record: a log line,
+/// [`crate::controllers::metrics::Metrics::pods_kept_minimal`] and a `PodTooLarge` Warning
+/// event on the pod (sent in the background).
+fn report_too_large(ctx: &Arc<Context>, p: &Pod, why: &str) {
+    let gated = matches!(crate::pods::Placement::of(p), crate::pods::Placement::Gated);
+    tracing::warn!(
+        pod = %p.name_any(), namespace = p.namespace().unwrap_or_default(), why, gated,
+        "pod too large to keep whole: admission keeps a minimal record of it"
+    );
+    ctx.metrics.pods_kept_minimal.inc();
+    let note = format!(
+        "The pod is too large for muster's admission to keep ({why}): it keeps only what the pod uses on its \
+         node (its requests summed, muster's labels){}. Make the pod smaller: fewer or shorter labels, \
+         annotations, tolerations, affinity terms or containers.",
+        if gated { ", so it leaves the pod gated and never places it" } else { "" }
+    );
+    let (ctx, reference) = (ctx.clone(), p.object_ref(&()));
+    tokio::spawn(async move { ctx.event(&reference, true, "PodTooLarge", "Admit", note).await });
 }
 
 /// muster's pods: those in a PodGroup of its (the webhook labels them).
@@ -379,6 +438,7 @@ fn watch_dra(client: &Client, notify: &Arc<Signal>, capacity: &Arc<AtomicU64>) -
 /// free capacity bump `capacity`.
 pub(super) fn watch_caches(
     client: &Client,
+    ctx: &Arc<Context>,
     notify: &Arc<Signal>,
     capacity: &Arc<AtomicU64>,
     dra: bool,
@@ -419,7 +479,11 @@ pub(super) fn watch_caches(
             capacity.clone(),
             {
                 let mut feed = feed(cluster.clone(), ClusterState::pod_changed);
+                let (ctx, mut too_large) = (ctx.clone(), TooLarge::default());
                 move |ev: &Event<Pod>| {
+                    if let Some((pod, why)) = too_large.first_seen(ev) {
+                        report_too_large(&ctx, pod, why);
+                    }
                     let usage_changed = feed(ev);
                     pod_wakes(ev, usage_changed)
                 }
@@ -651,6 +715,39 @@ mod tests {
             let got = if held { stored(&ev, ours, always) } else { stored(&ev, ours, never) };
             assert_eq!(got, want, "{case}");
         }
+    }
+
+    #[test]
+    fn a_pod_kept_minimal_is_reported_once_while_it_exists() {
+        let huge = |uid: &str| {
+            let mut p = labelled(uid, true);
+            p.metadata.uid = Some(uid.into());
+            let big = (0..3000).map(|i| (format!("tenant.example.com/label-{i}"), "x".repeat(60))).collect();
+            p.metadata.labels = Some(big);
+            trim::pod(&mut p);
+            p
+        };
+        let (a, b) = (huge("a"), huge("b"));
+        assert!(a.annotations().contains_key(trim::KEPT_MINIMAL_ANNOTATION), "{a:?}");
+        let mut small = labelled("a", true);
+        small.metadata.uid = Some("a".into());
+        trim::pod(&mut small);
+        let mut seen = TooLarge::default();
+        let mut reported =
+            |ev: Event<Pod>| seen.first_seen(&ev).map(|(p, _)| p.metadata.uid.clone().unwrap_or_default());
+        assert_eq!(reported(Event::Apply(a.clone())), Some("a".into()));
+        assert_eq!(reported(Event::Apply(a.clone())), None, "once");
+        assert_eq!(reported(Event::Apply(small.clone())), None, "an ordinary pod is not reported");
+        assert_eq!(reported(Event::Apply(a.clone())), Some("a".into()), "too large again, after it was not");
+        // A relist that no longer lists `a` forgets it; `b` is reported once.
+        assert_eq!(reported(Event::Init), None);
+        assert_eq!(reported(Event::InitApply(b.clone())), Some("b".into()));
+        assert_eq!(reported(Event::InitDone), None);
+        assert_eq!(reported(Event::Apply(b.clone())), None);
+        assert_eq!(reported(Event::Apply(a.clone())), Some("a".into()));
+        assert_eq!(reported(Event::Delete(b.clone())), None);
+        assert_eq!(reported(Event::Apply(b)), Some("b".into()), "a pod deleted and made again");
+        assert_eq!(seen.reported.len(), 2);
     }
 
     fn pin(uid: &str, node: &str) -> PlannedPod {

@@ -242,6 +242,51 @@ fn compile_one(cache: &SelectorCache, at: String, s: &DeviceSelector) -> Result<
     let field = format!("{at}.cel.expression");
     match cache.get(&cel.expression) {
         Ok(selector) => Ok(CompiledSelector { field, expression: cel.expression.clone(), selector }),
-        Err(why) => Err(ClaimError::Selector { field, expression: cel.expression.clone(), why }),
+        Err(why) => Err(ClaimError::Selector { field, expression: shortened(&cel.expression), why }),
+    }
+}
+
+/// The longest selector text a [`ClaimError::Selector`] quotes whole.
+const QUOTED_EXPRESSION_BYTES: usize = 256;
+
+/// `expression`, or its start when it is longer than [`QUOTED_EXPRESSION_BYTES`] (a refused
+/// selector can be as long as the claim; its error goes into statuses and events).
+fn shortened(expression: &str) -> String {
+    if expression.len() <= QUOTED_EXPRESSION_BYTES {
+        return expression.to_string();
+    }
+    let mut cut = QUOTED_EXPRESSION_BYTES;
+    while !expression.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}... ({} bytes)", &expression[..cut], expression.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_overlong_selector_is_refused_and_quoted_short() {
+        let huge = format!("device.driver == '{}'", "x".repeat(1_500_000));
+        let spec: ResourceClaimSpec = serde_json::from_value(serde_json::json!({"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": "c", "selectors": [{"cel": {"expression": huge}}]}}
+        ]}}))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let cache = SelectorCache::default();
+        let err = parse_spec(&spec, &cache, |_| Some((&[], &[]))).err();
+        match err {
+            Some(ClaimError::Selector { field, expression, why }) => {
+                assert_eq!(field, "spec.devices.requests[0].exactly.selectors[0].cel.expression");
+                assert!(expression.len() < QUOTED_EXPRESSION_BYTES + 32, "{} bytes quoted", expression.len());
+                assert!(expression.ends_with(&format!("... ({} bytes)", huge.len())), "{expression}");
+                assert!(why.contains("over the limit of 10240 bytes"), "{why}");
+            }
+            other => panic!("want a selector error, got {other:?}"),
+        }
+        // A short selector's text is quoted as written.
+        assert_eq!(shortened("device.driver == 'x'"), "device.driver == 'x'");
+        // Cut on a character boundary: byte 256 falls inside an `é` here.
+        assert_eq!(shortened(&format!("a{}", "é".repeat(200))).len(), 255 + "... (401 bytes)".len());
     }
 }
