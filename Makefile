@@ -80,7 +80,7 @@ chaos: controlplane
 ## The controller and webhook e2e tests again, with muster running as the Helm chart's
 ## ServiceAccount against the chart's RBAC and webhook configurations (tests/e2e/harness/rbac.rs);
 ## then hack/e2e-rbac-check.sh fails if the apiserver refused muster anything.
-E2E_RBAC_TESTS = jobs:: webhook:: admission:: gpus:: differential:: upstream:: preemption::
+E2E_RBAC_TESTS = jobs:: webhook:: admission:: gpus:: differential:: upstream:: preemption:: hostile::
 e2e-rbac: controlplane
 	MUSTER_E2E_RBAC=chart MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test --test e2e -- --test-threads=4 $(E2E_RBAC_TESTS); rc=$$?; \
 	bash hack/e2e-rbac-check.sh "$$(ls -td target/e2e-cluster-*/ | head -1)" || rc=1; \

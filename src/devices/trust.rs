@@ -81,7 +81,9 @@ mod tests {
     #[test]
     fn only_a_plan_or_a_bound_pod_of_that_many_gpus_vouches() {
         let four = set(&[0, 1, 2, 3]);
-        let cases: [(&str, GpuSet, u64, bool, Option<Placed>, Result<(), Untrusted>); 10] = [
+        /// (what, named, wanted, bound, placed, verdict)
+        type Case = (&'static str, GpuSet, u64, bool, Option<Placed>, Result<(), Untrusted>);
+        let cases: [Case; 10] = [
             ("squatter: no GPU asked, pinned, not placed", four, 0, false, None, Err(Untrusted::AsksNoGpu)),
             ("no GPU asked, bound", four, 0, true, None, Err(Untrusted::AsksNoGpu)),
             (

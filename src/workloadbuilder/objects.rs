@@ -394,7 +394,9 @@ mod tests {
 
     #[test]
     fn a_groups_priority_is_its_class_value() {
-        let cases: [(&str, Option<i32>, Option<&str>, Option<i32>, &str); 6] = [
+        /// (what, priority, class, the class's value, the errors)
+        type Case = (&'static str, Option<i32>, Option<&'static str>, Option<i32>, &'static str);
+        let cases: [Case; 6] = [
             ("unset, class exists", None, Some("high"), Some(1000), ""),
             ("equal to the class", Some(1000), Some("high"), Some(1000), ""),
             (

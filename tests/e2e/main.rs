@@ -15,6 +15,7 @@ mod dra_gangs;
 mod gangs;
 mod gpus;
 mod harness;
+mod hostile;
 mod isolation;
 mod jobs;
 mod node_agent;

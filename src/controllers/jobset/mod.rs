@@ -228,17 +228,24 @@ async fn ensure_roots(
     let wls = Api::<Workload>::namespaced(ctx.client.clone(), &ns);
     let cpgs = Api::<CompositePodGroup>::namespaced(ctx.client.clone(), &ns);
     let existing_cpg = cpgs.get_opt(&name).await?;
-    // The set is admitted as one root: it ranks by the highest priority among its pods'
-    // classes, fixed when the CompositePodGroup is made (the field is immutable).
-    cpg.spec.priority = match &existing_cpg {
-        Some(c) => c.spec.priority,
+    // The CompositePodGroup states the highest class among the replicatedJobs that make pods,
+    // with that class's value (the webhook checks the two agree), fixed when it is made (the
+    // fields are immutable). A replicatedJob of no replicas names a class nobody runs under:
+    // it counts for nothing. Admission ranks the set at its pods' resolved priority anyway.
+    (cpg.spec.priority, cpg.spec.priority_class_name) = match &existing_cpg {
+        Some(c) => (c.spec.priority, c.spec.priority_class_name.clone()),
         None => {
-            let mut best = None;
-            for rjob in &set.spec.replicated_jobs {
-                let class = rjob.template.spec.template.spec.as_ref().and_then(|s| s.priority_class_name.as_deref());
-                best = best.max(Some(ctx.priorities.resolve(&ctx.client, class).await?));
+            let mut best: Option<(i32, Option<String>)> = None;
+            for rjob in set.spec.replicated_jobs.iter().filter(|r| r.replicas > 0) {
+                let class = rjob.template.spec.template.spec.as_ref().and_then(|s| s.priority_class_name.clone());
+                // A class that does not exist is the pods' to fail on (the API server refuses
+                // them, naming it): the group names none of it.
+                let Some(value) = ctx.priorities.value_of(&ctx.client, class.as_deref()).await? else { continue };
+                if best.as_ref().is_none_or(|(v, _)| value > *v) {
+                    best = Some((value, class));
+                }
             }
-            best
+            best.map_or((None, None), |(v, class)| (Some(v), class))
         }
     };
     let existing_workload = wls.get_opt(&name).await?;

@@ -336,7 +336,8 @@ fn a_hand_made_groups_priority_must_be_its_class_value() {
     };
     let max = crate::workloadbuilder::job::MAX_JOB_PODS;
     // (what, request, the class value looked up, allowed, the refusal's field)
-    let cases: [(&str, AdmissionRequest<DynamicObject>, Option<Option<i32>>, bool, &str); 6] = [
+    type Case = (&'static str, AdmissionRequest<DynamicObject>, Option<Option<i32>>, bool, &'static str);
+    let cases: [Case; 6] = [
         ("as its class", group("CREATE", pod_group(Some(100), Some("low")), None), Some(Some(100)), true, ""),
         (
             "above its class",

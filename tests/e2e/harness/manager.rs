@@ -436,3 +436,9 @@ async fn webhook_only_invalid_job_is_refused() -> Result<(), String> {
         Ok(_) => Err("admitted".into()),
     }
 }
+
+/// The process id of the shared muster, while it runs (from `pids/muster.pid`).
+#[allow(dead_code)] // tests/chart and tests/service include the harness too
+pub fn pid() -> Option<u32> {
+    std::fs::read_to_string(pid_file()).ok()?.trim().parse().ok()
+}

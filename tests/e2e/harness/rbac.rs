@@ -23,7 +23,7 @@ pub const MODE_ENV: &str = "MUSTER_E2E_RBAC";
 pub const RELEASE: &str = "muster";
 /// Kinds applied from the rendering; the Deployment, Services and the rest are the pod's, and
 /// muster runs on this machine instead.
-const KINDS: [&str; 7] = [
+const KINDS: [&str; 9] = [
     "ServiceAccount",
     "ClusterRole",
     "ClusterRoleBinding",
@@ -31,6 +31,8 @@ const KINDS: [&str; 7] = [
     "RoleBinding",
     "ValidatingWebhookConfiguration",
     "MutatingWebhookConfiguration",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
 ];
 
 /// What the shared muster runs with in chart mode.
@@ -119,4 +121,93 @@ pub fn service_account_kubeconfig(cluster: &Cluster, namespace: &str, name: &str
     let path = cluster.dir.join(format!("{namespace}-{name}.kubeconfig"));
     std::fs::write(&path, config.to_string()).map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(path)
+}
+
+/// The ServiceAccount a [`tenant_client`] acts as.
+pub const TENANT: &str = "tenant";
+
+/// A kube client acting as a tenant of `namespace`: ServiceAccount [`TENANT`] there, with the
+/// built-in `edit` ClusterRole bound by a RoleBinding in `namespace` only, authenticating with a
+/// TokenRequest token (what a tenant's pod or CI would use). Waits until the apiserver
+/// authorizes it.
+///
+/// The e2e control plane runs no clusterrole-aggregation controller, so `edit` has no rules of
+/// its own there; the roles that controller would aggregate into it (those labelled
+/// `aggregate-to-edit` or `aggregate-to-view`, the chart's `muster-edit` and `muster-view`
+/// among them when the chart is applied) are bound in `namespace` as well. Where none grants
+/// muster's kinds (the chart is not applied), a Role there grants what `muster-edit` would.
+#[allow(dead_code)] // tests/chart and tests/service include the harness too
+pub async fn tenant_client(namespace: &str) -> kube::Client {
+    let cluster = super::cluster();
+    let sa = format!("system:serviceaccount:{namespace}:{TENANT}");
+    let subjects = json!([{"kind": "ServiceAccount", "name": TENANT, "namespace": namespace}]);
+    let binding = |name: &str, kind: &str, role: &str| {
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": name, "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": role},
+            "subjects": subjects})
+    };
+    let mut items = vec![
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": TENANT, "namespace": namespace}}),
+        binding("tenant-edit", "ClusterRole", "edit"),
+    ];
+    let mut aggregated = Vec::new();
+    for label in
+        ["rbac.authorization.k8s.io/aggregate-to-edit=true", "rbac.authorization.k8s.io/aggregate-to-view=true"]
+    {
+        let list =
+            cluster.kubectl(&["get", "clusterroles", "-l", label, "-o", "json"]).unwrap_or_else(|e| panic!("{e}"));
+        let list: Value = serde_json::from_str(&list).unwrap_or_else(|e| panic!("clusterroles: {e}"));
+        for role in list["items"].as_array().into_iter().flatten() {
+            // `view` is itself aggregated (into `edit`): the roles aggregated into it are listed.
+            if role.get("aggregationRule").is_none() {
+                aggregated.push(role["metadata"]["name"].as_str().unwrap_or_default().to_string());
+            }
+        }
+    }
+    let grants_muster = |role: &str| role.starts_with(RELEASE) && role.ends_with("-edit");
+    let muster_roles = aggregated.iter().any(|r| grants_muster(r));
+    for (i, role) in aggregated.iter().enumerate() {
+        items.push(binding(&format!("tenant-aggregated-{i}"), "ClusterRole", role));
+    }
+    if !muster_roles {
+        items.push(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "tenant-muster", "namespace": namespace},
+            "rules": [{"apiGroups": ["batch.muster.dev"], "resources": ["musterjobs", "musterjobsets"],
+                "verbs": ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"]}]}));
+        items.push(binding("tenant-muster", "Role", "tenant-muster"));
+    }
+    let objects = json!({"apiVersion": "v1", "kind": "List", "items": items});
+    cluster
+        .kubectl_stdin(&["apply", "--server-side", "--field-manager=muster-e2e", "-f", "-"], Some(&objects.to_string()))
+        .unwrap_or_else(|e| panic!("tenant of {namespace}: {e}"));
+    eprintln!(
+        "tenant {sa}: edit, with {aggregated:?} aggregated by hand, muster's kinds from the chart: {muster_roles}"
+    );
+    let can = |verb: &str, resource: &str, ns: &str| {
+        cluster.kubectl(&["auth", "can-i", verb, resource, "-n", ns, "--as", &sa]).is_ok_and(|o| o.trim() == "yes")
+    };
+    super::wait_for("the tenant's RoleBindings in effect", std::time::Duration::from_secs(30), || async {
+        let needed = ["pods", "musterjobs.batch.muster.dev", "musterjobsets.batch.muster.dev"];
+        needed.iter().all(|r| can("create", r, namespace) && can("patch", r, namespace)).then_some(())
+    })
+    .await;
+    // A tenant, not an admin: nothing outside its namespace, no writes to muster's status.
+    assert!(!can("create", "pods", "default"), "{sa} may create pods in default");
+    let status = cluster.kubectl(&[
+        "auth",
+        "can-i",
+        "patch",
+        "musterjobs.batch.muster.dev",
+        "--subresource=status",
+        "-n",
+        namespace,
+        "--as",
+        &sa,
+    ]);
+    assert!(!status.is_ok_and(|o| o.trim() == "yes"), "{sa} may write muster's job status");
+    let kubeconfig = service_account_kubeconfig(cluster, namespace, TENANT).unwrap_or_else(|e| panic!("{e}"));
+    muster::cli::dev::client(Some(&kubeconfig))
+        .await
+        .unwrap_or_else(|e| panic!("tenant client from {}: {e}", kubeconfig.display()))
 }
