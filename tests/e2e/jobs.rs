@@ -842,21 +842,16 @@ spec:
     );
     let set = eventually(&a.sets, "parent").await;
     let set_uid = set.metadata.uid.clone().unwrap_or_default();
+    let orphan = child_of_set(
+        "orphan",
+        "missing",
+        ("parent", &set_uid),
+        "containers: [{name: main, image: registry.invalid/none}]",
+    );
     kubectl_apply(
         &ns.name,
         &format!(
-            r#"
-apiVersion: batch.muster.dev/v1alpha1
-kind: MusterJob
-metadata:
-  name: orphan
-  annotations:
-    scheduling.muster.dev/group-template-name: workers
-    scheduling.muster.dev/parent-composite-podgroup: missing
-  ownerReferences:
-  - {{apiVersion: batch.muster.dev/v1alpha1, kind: MusterJobSet, name: parent, uid: {set_uid}, controller: true}}
-spec:
-  template: {{spec: {{containers: [{{name: main, image: registry.invalid/none}}]}}}}
+            r#"{orphan}
 ---
 apiVersion: batch.muster.dev/v1alpha1
 kind: MusterJob
@@ -964,24 +959,9 @@ spec:
     );
     let mine_uid = eventually(&a.sets, "mine").await.metadata.uid.unwrap_or_default();
     assert_ne!(mine_uid, other_uid);
-    kubectl_apply(
-        &ns.name,
-        &format!(
-            r#"
-apiVersion: batch.muster.dev/v1alpha1
-kind: MusterJob
-metadata:
-  name: stray
-  annotations:
-    scheduling.muster.dev/group-template-name: workers
-    scheduling.muster.dev/parent-composite-podgroup: victim
-  ownerReferences:
-  - {{apiVersion: batch.muster.dev/v1alpha1, kind: MusterJobSet, name: mine, uid: {mine_uid}, controller: true}}
-spec:
-  template: {{spec: {{restartPolicy: Never, {NOWHERE}, containers: [{{name: main, image: registry.invalid/none}}]}}}}
-"#
-        ),
-    );
+    let pod_spec =
+        format!("restartPolicy: Never, {NOWHERE}, containers: [{{name: main, image: registry.invalid/none}}]");
+    kubectl_apply(&ns.name, &child_of_set("stray", "victim", ("mine", &mine_uid), &pod_spec));
     let refused = wait_for("the stray child refused", SHORT, || async {
         let job = a.jobs.get_opt("stray").await.ok().flatten()?;
         let conditions = job.status?.conditions;
@@ -1003,4 +983,25 @@ spec:
     let spec = svc.spec.unwrap_or_default();
     assert_eq!(spec.selector, Some([("app".to_string(), "theirs".to_string())].into()));
     assert!(svc.metadata.owner_references.unwrap_or_default().is_empty());
+}
+
+/// A MusterJob `name` as a set's child looks: the delegation annotations (template `workers`,
+/// CompositePodGroup `parent`) and the set `(name, uid)` as its controller; `pod_spec` is the
+/// inside of its pod template's spec.
+fn child_of_set(name: &str, parent: &str, (set, uid): (&str, &str), pod_spec: &str) -> String {
+    format!(
+        r#"
+apiVersion: batch.muster.dev/v1alpha1
+kind: MusterJob
+metadata:
+  name: {name}
+  annotations:
+    scheduling.muster.dev/group-template-name: workers
+    scheduling.muster.dev/parent-composite-podgroup: {parent}
+  ownerReferences:
+  - {{apiVersion: batch.muster.dev/v1alpha1, kind: MusterJobSet, name: {set}, uid: {uid}, controller: true}}
+spec:
+  template: {{spec: {{{pod_spec}}}}}
+"#
+    )
 }
