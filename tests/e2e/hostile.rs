@@ -16,6 +16,8 @@
 //!    is marked invalid, makes no pod, and muster keeps serving everyone else.
 //! 4. muster's own keys in a pod template are refused at their field path.
 //! 5. Removing the admission gate or forging the pin on a gated pod (the chart's policy only).
+//! 6. A cluster limit lowered with `muster run --max-job-pods`: refused by the webhook, and a
+//!    job made before it is marked `Invalid` (`PodLimitExceeded`) with no pod.
 
 use std::time::Duration;
 
@@ -401,8 +403,8 @@ async fn a_job_of_fifty_million_pods_is_refused_and_behind_the_webhook_makes_not
         away.write(&["-n", &ns.name, "create", "-f", "-"], Some(&job)).await;
     }
     away.restore().await;
-    drop(exclusive);
-    let _muster = muster().await;
+    // `exclusive` is held to the end: no other test restarts the shared muster meanwhile, so
+    // the same process is checked below.
 
     let api: Api<MusterJob> = Api::namespaced(client().await, &ns.name);
     for (name, _) in jobs {
@@ -537,4 +539,53 @@ async fn a_tenant_cannot_remove_the_admission_gate_or_forge_the_pin() {
     let still = admin_pods.get(&name).await.expect("the pod");
     assert!(gated(&still), "the pod lost its gate");
     assert_eq!(crate::gangs::pin_of(&still), None, "the pod was pinned");
+}
+
+/// A cluster's own limit below the hard one (`muster run --max-job-pods 10`): the webhook
+/// refuses a bigger job at its field, and a job made before the limit was lowered is marked
+/// `Invalid` (`PodLimitExceeded`) and gets no pod.
+#[tokio::test]
+async fn a_lowered_cluster_limit_refuses_new_jobs_and_plans_none_of_the_old_ones() {
+    let ns = namespace("hostile-limit");
+    let job = |name: &str, pods: u32, suspend: bool| {
+        format!(
+            "apiVersion: batch.muster.dev/v1alpha1\nkind: MusterJob\nmetadata: {{name: {name}}}\nspec:\n  \
+             parallelism: {pods}\n  completions: {pods}\n  suspend: {suspend}\n  template: {{spec: {{restartPolicy: \
+             Never, nodeSelector: {{{NOWHERE}: x}}, containers: [{{name: main, image: registry.invalid/none}}]}}}}\n"
+        )
+    };
+    {
+        // Under the default limit: admitted, suspended so it makes no pod yet.
+        let _shared = muster().await;
+        crate::harness::kubectl_apply(&ns.name, &job("before", 11, true));
+    }
+    let _limited = crate::harness::extra::extra_muster(&["--max-job-pods", "10"], &[]).await;
+    let refused = cluster()
+        .kubectl_stdin(&["apply", "-n", &ns.name, "-f", "-"], Some(&job("after", 11, false)))
+        .expect_err("a job over the cluster's limit was admitted");
+    assert!(
+        refused.contains(
+            "spec.parallelism: Invalid value: 11: must be less than or equal to 10 (the limit of this cluster: muster run --max-job-pods)"
+        ),
+        "{refused}"
+    );
+    crate::harness::kubectl_apply(&ns.name, &job("small", 10, true));
+    // Made before the limit was lowered: muster plans none of it, and resuming it is an
+    // update the webhook checks against the limit too.
+    let jobs: Api<MusterJob> = Api::namespaced(client().await, &ns.name);
+    let resumed = jobs
+        .patch("before", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"suspend": false}})))
+        .await
+        .map_err(refusal)
+        .expect_err("a job over the cluster's limit was resumed");
+    assert!(resumed.contains("the limit of this cluster: muster run --max-job-pods"), "{resumed}");
+    let invalid = wait_for("the old job marked over the limit", LONG, || async {
+        let job = jobs.get_opt("before").await.ok().flatten()?;
+        job.status?.conditions.into_iter().find(|c| c.type_ == "Invalid" && c.reason == "PodLimitExceeded")
+    })
+    .await;
+    assert!(invalid.message.contains("must be less than or equal to 10"), "{invalid:?}");
+    let pods: Api<Pod> = Api::namespaced(client().await, &ns.name);
+    let made = pods.list(&ListParams::default().labels(&format!("{JOB_NAME_LABEL}=before"))).await.expect("pods");
+    assert!(made.items.is_empty(), "{} pods of a job over the limit", made.items.len());
 }
