@@ -14,9 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
-use axum::middleware::Next;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use axum_server::tls_rustls::RustlsConfig;
@@ -142,19 +141,13 @@ async fn handle(
     Json(response.into_review())
 }
 
-/// `router` with at most `max` requests in its handlers at once: the others wait for a permit
-/// before their body is read, so the reviews in memory are bounded (the API server times out
-/// a webhook call after its `timeoutSeconds` and applies the failure policy).
+/// `router` with at most `max` requests in its handlers at once, all routes together (tower's
+/// global limit: one semaphore, however often axum clones the routes; the per-service
+/// `ConcurrencyLimitLayer` let all of them through): the others wait for a permit before their
+/// body is read, so the reviews in memory are bounded (the API server times out a webhook call
+/// after its `timeoutSeconds` and applies the failure policy).
 fn in_flight_limited<S: Clone + Send + Sync + 'static>(router: Router<S>, max: usize) -> Router<S> {
-    let permits = Arc::new(tokio::sync::Semaphore::new(max.max(1)));
-    router.layer(axum::middleware::from_fn(move |request: Request, next: Next| {
-        let permits = permits.clone();
-        async move {
-            // The semaphore is never closed: a permit always comes.
-            let _permit = permits.acquire_owned().await;
-            next.run(request).await
-        }
-    }))
+    router.layer(tower::limit::GlobalConcurrencyLimitLayer::new(max.max(1)))
 }
 
 fn router(state: AppState) -> Router {
@@ -351,6 +344,7 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     use axum::body::Body;
+    use axum::extract::Request;
     use serde_json::Value;
     use tower::ServiceExt;
 
