@@ -12,7 +12,10 @@
 //! Anything else holds nothing and is reported once: indices on a pod that asks for no GPU,
 //! on a pod not bound that muster did not place, or naming another count than the pod asks.
 
-use super::GpuSet;
+use std::collections::HashMap;
+
+use super::{GpuSet, parse_indices};
+use crate::crds::scheduling::PlannedPod;
 
 /// Where muster's admission plan put a pod (the plan recorded in its group's status).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,6 +24,20 @@ pub struct Placed {
     pub node: String,
     /// The GPU indices the plan gave it, if any.
     pub gpus: Option<GpuSet>,
+}
+
+/// Where the pods of admission plans go, by pod UID: a plan's pod without a UID (from before
+/// plans named them) vouches for nothing, nor do indices that cannot be read; of two plans
+/// naming one pod, the later wins.
+pub fn placed_by_plans<'p>(plans: impl IntoIterator<Item = &'p PlannedPod>) -> HashMap<String, Placed> {
+    plans
+        .into_iter()
+        .filter(|p| !p.uid.is_empty())
+        .map(|p| {
+            let gpus = p.gpu_indices.as_deref().and_then(|v| parse_indices(v).ok());
+            (p.uid.clone(), Placed { node: p.node.clone(), gpus })
+        })
+        .collect()
 }
 
 /// Why a pod's indices hold nothing.
@@ -126,6 +143,29 @@ mod tests {
         for (what, named, wanted, bound, placed, want) in cases {
             assert_eq!(vouch(named, wanted, bound, "n", placed.as_ref()), want, "{what}");
         }
+    }
+
+    #[test]
+    fn plans_place_pods_by_uid() {
+        let planned = |name: &str, uid: &str, node: &str, gpus: Option<&str>| PlannedPod {
+            name: name.into(),
+            uid: uid.into(),
+            node: node.into(),
+            gpu_indices: gpus.map(String::from),
+            ..Default::default()
+        };
+        let plans = [
+            planned("a", "ua", "n1", Some("0,1")),
+            planned("old", "", "n1", Some("2")),
+            planned("b", "ub", "n2", Some("x")),
+            planned("c", "uc", "n1", None),
+            planned("a", "ua", "n3", Some("3")),
+        ];
+        let placed = placed_by_plans(&plans);
+        assert_eq!(placed.len(), 3, "{placed:?}");
+        assert_eq!(placed["ua"], Placed { node: "n3".into(), gpus: Some(set(&[3])) }, "the later plan wins");
+        assert_eq!(placed["ub"], Placed { node: "n2".into(), gpus: None }, "unreadable indices vouch for none");
+        assert_eq!(placed["uc"], Placed { node: "n1".into(), gpus: None });
     }
 
     proptest! {

@@ -236,6 +236,17 @@ pub fn job_size_errors(spec: &MusterJobSpec, path: &FieldPath, max: u32) -> Erro
     errs
 }
 
+/// The PriorityClass each replicatedJob that makes pods (`replicas` above 0) names in its pod
+/// template (`None`: the cluster's default), in order: what a set's CompositePodGroup may state.
+/// A replicatedJob of no replicas names a class no pod of the set runs under, so it counts for
+/// nothing (a tenant could name any class there).
+pub fn pod_making_classes(spec: &MusterJobSetSpec) -> impl Iterator<Item = Option<&str>> {
+    spec.replicated_jobs
+        .iter()
+        .filter(|r| r.replicas > 0)
+        .map(|r| r.template.spec.template.spec.as_ref().and_then(|s| s.priority_class_name.as_deref()))
+}
+
 /// PURE: a MusterJobSet over `max`: each replicatedJob's template over it
 /// ([`job_size_errors`]), and the set's own counts ([`set_size_errors`]).
 pub fn jobset_size_errors(spec: &MusterJobSetSpec, max: u32) -> ErrorList {

@@ -20,7 +20,7 @@ use crate::controllers::context::{Error, Result};
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{CompositePodGroup, PlannedPod, PodGroup};
 use crate::devices::chooser::{ChooserNodes, GpuNode, TopologyChooser};
-use crate::devices::{GpuProblem, GpuProblemKind, GpuSet, HealthThresholds, Placed, SelectOptions, parse_indices};
+use crate::devices::{GpuProblem, GpuProblemKind, GpuSet, HealthThresholds, Placed, SelectOptions};
 use crate::scheduler::{
     self, Admission, Decision, Group, GroupTree, PatchRefused, PlaceOptions, PodState, Scoring, Snapshot,
 };
@@ -108,7 +108,7 @@ impl Admitter {
             .filter_map(|g| g.status.as_ref().and_then(|s| s.plan.as_ref()))
             .chain(all_cpgs.iter().filter_map(|g| g.status.as_ref().and_then(|s| s.plan.as_ref())))
             .flat_map(|plan| plan.pods.iter());
-        let placed = placed_pods(plans.chain(settling.pins.values()));
+        let placed = crate::devices::trust::placed_by_plans(plans.chain(settling.pins.values()));
         // Groups where the webhook never gates pods are not muster's to admit.
         let excluded = excluded_namespaces(&self.ctx.config.namespace);
         let managed = |ns: Option<String>| !ns.is_some_and(|ns| excluded.contains(&ns));
@@ -800,18 +800,6 @@ fn roots_by_key<'a>(pgs: &'a [Arc<PodGroup>], cpgs: &'a [Arc<CompositePodGroup>]
         .map(|g| GroupRef::Leaf(g))
         .chain(cpgs.iter().map(|g| GroupRef::Composite(g)))
         .map(|g| (g.key(), g))
-        .collect()
-}
-
-/// Where the planned pods go, by pod UID (a plan's pods without a UID, from before plans
-/// named them, vouch for nothing); the later of two plans naming one pod wins.
-fn placed_pods<'p>(plans: impl Iterator<Item = &'p PlannedPod>) -> HashMap<String, Placed> {
-    plans
-        .filter(|p| !p.uid.is_empty())
-        .map(|p| {
-            let gpus = p.gpu_indices.as_deref().and_then(|v| parse_indices(v).ok());
-            (p.uid.clone(), Placed { node: p.node.clone(), gpus })
-        })
         .collect()
 }
 

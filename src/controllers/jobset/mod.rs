@@ -24,7 +24,7 @@ use crate::crds::scheduling::{CompositePodGroup, Workload};
 use crate::crds::{JOBSET_NAME_LABEL, SCHEDULING_API_ANNOTATION};
 use crate::workloadbuilder::Builder;
 use crate::workloadbuilder::job::{
-    build_options, jobset_item, jobset_size_errors, root_template_name, validate_jobset,
+    build_options, jobset_item, jobset_size_errors, pod_making_classes, root_template_name, validate_jobset,
 };
 use crate::workloadbuilder::native::{self, SchedulingApi};
 use plan::{ObservedChild, condition};
@@ -230,19 +230,18 @@ async fn ensure_roots(
     let existing_cpg = cpgs.get_opt(&name).await?;
     // The CompositePodGroup states the highest class among the replicatedJobs that make pods,
     // with that class's value (the webhook checks the two agree), fixed when it is made (the
-    // fields are immutable). A replicatedJob of no replicas names a class nobody runs under:
-    // it counts for nothing. Admission ranks the set at its pods' resolved priority anyway.
+    // fields are immutable); only replicatedJobs that make pods count ([`pod_making_classes`]).
+    // Admission ranks the set at its pods' resolved priority anyway.
     (cpg.spec.priority, cpg.spec.priority_class_name) = match &existing_cpg {
         Some(c) => (c.spec.priority, c.spec.priority_class_name.clone()),
         None => {
             let mut best: Option<(i32, Option<String>)> = None;
-            for rjob in set.spec.replicated_jobs.iter().filter(|r| r.replicas > 0) {
-                let class = rjob.template.spec.template.spec.as_ref().and_then(|s| s.priority_class_name.clone());
+            for class in pod_making_classes(&set.spec) {
                 // A class that does not exist is the pods' to fail on (the API server refuses
                 // them, naming it): the group names none of it.
-                let Some(value) = ctx.priorities.value_of(&ctx.client, class.as_deref()).await? else { continue };
+                let Some(value) = ctx.priorities.value_of(&ctx.client, class).await? else { continue };
                 if best.as_ref().is_none_or(|(v, _)| value > *v) {
-                    best = Some((value, class));
+                    best = Some((value, class.map(String::from)));
                 }
             }
             best.map_or((None, None), |(v, class)| (Some(v), class))

@@ -355,3 +355,15 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_set_states_only_the_classes_of_replicated_jobs_that_make_pods() {
+    let mut s = set(&[(1, 2), (0, 1), (2, 1)], true);
+    let class = |name: &str| {
+        Some(k8s_openapi::api::core::v1::PodSpec { priority_class_name: Some(name.into()), ..Default::default() })
+    };
+    s.spec.replicated_jobs[1].template.spec.template.spec = class("forged-high");
+    s.spec.replicated_jobs[2].template.spec.template.spec = class("low");
+    let classes: Vec<Option<&str>> = pod_making_classes(&s.spec).collect();
+    assert_eq!(classes, vec![None, Some("low")]);
+}
