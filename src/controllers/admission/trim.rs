@@ -133,21 +133,17 @@ fn oversize(p: &Pod, limit: usize) -> Option<usize> {
 /// [`TOO_LARGE_RESOURCE`] instead: it is never placed on a shape muster did not keep.
 pub fn minimal_pod(p: &Pod, bytes: usize) -> Pod {
     let short = |v: &String| v.len() <= MAX_MINIMAL_VALUE_BYTES;
+    // The entries of `map` under one of `keys`, each with a short value.
+    let kept = |map: &Option<BTreeMap<String, String>>, keys: &[&str]| -> BTreeMap<String, String> {
+        map.iter()
+            .flatten()
+            .filter(|(k, v)| keys.contains(&k.as_str()) && short(v))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
     let meta = &p.metadata;
-    let labels: BTreeMap<String, String> = meta
-        .labels
-        .iter()
-        .flatten()
-        .filter(|(k, v)| KEPT_LABELS.contains(&k.as_str()) && short(v))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    let mut annotations: BTreeMap<String, String> = meta
-        .annotations
-        .iter()
-        .flatten()
-        .filter(|(k, v)| KEPT_ANNOTATIONS.contains(&k.as_str()) && short(v))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let labels = kept(&meta.labels, KEPT_LABELS);
+    let mut annotations = kept(&meta.annotations, KEPT_ANNOTATIONS);
     annotations.insert(
         KEPT_MINIMAL_ANNOTATION.to_string(),
         format!("{bytes} bytes kept after trimming, over the limit of {MAX_KEPT_POD_BYTES}"),
