@@ -304,19 +304,7 @@ fn is_child(job: &MusterJob) -> bool {
     let a = job.annotations();
     a.contains_key(GROUP_TEMPLATE_ANNOTATION)
         && a.contains_key(PARENT_COMPOSITE_ANNOTATION)
-        && owning_set(job).is_some()
-}
-
-/// The UID of the MusterJobSet controlling `job`, if one does.
-fn owning_set(job: &MusterJob) -> Option<&str> {
-    job.metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| {
-            o.controller == Some(true) && o.kind == "MusterJobSet" && o.api_version.starts_with("batch.muster.dev/")
-        })
-        .map(|o| o.uid.as_str())
+        && plan::owning_set(job).is_some()
 }
 
 /// The refusal for a child whose parent group `kind` `name` is not controlled by the set that
@@ -408,7 +396,7 @@ async fn ensure_groups(
         let cpg = cached(&jc.composites, &cpgs, &ns, &parent)
             .await?
             .ok_or_else(|| Error::Missing(format!("parent CompositePodGroup {parent} not found yet")))?;
-        if controller_uid(&cpg.metadata) != owning_set(job) {
+        if controller_uid(&cpg.metadata) != plan::owning_set(job) {
             return Ok(Err(not_the_sets("CompositePodGroup", &parent)));
         }
         let wl_name = cpg.spec.workload_ref.workload_name.clone();
@@ -577,7 +565,7 @@ async fn ensure_native_groups(
                     let cpg = cpgs.get_opt(&parent).await?.ok_or_else(|| {
                         Error::Missing(format!("parent CompositePodGroup {parent} (scheduling.k8s.io) not found yet"))
                     })?;
-                    if controller_uid(&cpg.metadata) != owning_set(job) {
+                    if controller_uid(&cpg.metadata) != plan::owning_set(job) {
                         return Ok(Err(not_the_sets("CompositePodGroup (scheduling.k8s.io)", &parent)));
                     }
                     let wl_name = cpg.spec.workload_ref.workload_name;

@@ -690,19 +690,24 @@ fn without_muster_keys(map: Option<BTreeMap<String, String>>) -> BTreeMap<String
     map
 }
 
-/// Whether a MusterJobSet controls `job` (its controller owner reference): only then are its
-/// set labels muster's.
-fn controlled_by_a_set(job: &MusterJob) -> bool {
-    job.metadata.owner_references.iter().flatten().any(|o| {
-        o.controller == Some(true) && o.kind == "MusterJobSet" && o.api_version.starts_with("batch.muster.dev/")
-    })
+/// The UID of the MusterJobSet controlling `job` (its controller owner reference), if one
+/// does: only then is it a set's child, and its set labels muster's.
+pub fn owning_set(job: &MusterJob) -> Option<&str> {
+    job.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| {
+            o.controller == Some(true) && o.kind == "MusterJobSet" && o.api_version.starts_with("batch.muster.dev/")
+        })
+        .map(|o| o.uid.as_str())
 }
 
 /// The labels muster puts on what it makes for `job` (pods, the GPU claim template): the job's
 /// name and, for a MusterJobSet's child (a set controls it), the set and replicatedJob.
 pub fn job_labels(job: &MusterJob) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::from([(JOB_NAME_LABEL.to_string(), job.metadata.name.clone().unwrap_or_default())]);
-    if let Some(job_labels) = job.metadata.labels.as_ref().filter(|_| controlled_by_a_set(job)) {
+    if let Some(job_labels) = job.metadata.labels.as_ref().filter(|_| owning_set(job).is_some()) {
         for key in [JOBSET_NAME_LABEL, REPLICATED_JOB_LABEL] {
             if let Some(v) = job_labels.get(key) {
                 labels.insert(key.into(), v.clone());
