@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BIN_DIR = $(shell bash tools/k8s/bindir.sh)
 
-.PHONY: all build release host-deps host-deps-demo test unit e2e e2e-placement e2e-compat chaos e2e-rbac e2e-service chart-lint chart-test crds crds-check fmt clippy bench bench-e2e controlplane cluster-up cluster-down run demo demo-down demo-check
+.PHONY: plugin all build release host-deps host-deps-demo test unit e2e e2e-placement e2e-compat chaos e2e-rbac e2e-service chart-lint chart-test crds crds-check fmt clippy bench bench-e2e controlplane cluster-up cluster-down run demo demo-down demo-check
 
 all: build
 
@@ -41,21 +41,26 @@ test: host-deps
 unit:
 	$(CARGO) test --lib --bins
 
+## The kubectl plugin is a crate of its own; the e2e tests run its binary from the folder of
+## the muster binary under test, so it is built (debug, as `cargo test` builds) before them.
+plugin:
+	$(CARGO) build -p kubectl-muster
+
 ## Tests against a real control plane (built once per machine, cached outside the repo).
 ## The harness's watchdog stops the cluster when the tests end; the loop waits for that here,
 ## so nothing is left running when make returns.
 ## The placement differential against kube-scheduler (tests/e2e/placement_diff.rs) runs a
 ## short, representative set here; `make e2e-placement` runs all of its scenarios.
 PD_SHORT = anti-affinity-one-per-node,anti-affinity-one-per-rack-too-many,affinity-together-in-rack,spread-min-domains,symmetric-anti-affinity,host-port-too-many,pv-node-affinity,wffc-shared,missing-claim,sidecar-over
-e2e: controlplane
-	MUSTER_PD_SCENARIOS=$${MUSTER_PD_SCENARIOS:-$(PD_SHORT)} MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test --test e2e -- --test-threads=4; rc=$$?; \
+e2e: controlplane plugin
+	MUSTER_PD_SCENARIOS=$${MUSTER_PD_SCENARIOS:-$(PD_SHORT)} MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test -p muster --test e2e -- --test-threads=4; rc=$$?; \
 	for d in target/e2e-cluster-*; do \
 	  [ -d "$$d" ] && [ ! -e "/proc/$${d##*-}" ] && MUSTER_CLUSTER_DIR="$$d" bash hack/cluster-down.sh > /dev/null 2>&1; \
 	done; exit $$rc
 
 ## Every scenario of the placement differential against kube-scheduler (about 2.5 min).
 e2e-placement: controlplane
-	MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test --test e2e -- --test-threads=4 placement_diff::; rc=$$?; \
+	MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test -p muster --test e2e -- --test-threads=4 placement_diff::; rc=$$?; \
 	for d in target/e2e-cluster-*; do \
 	  [ -d "$$d" ] && [ ! -e "/proc/$${d##*-}" ] && MUSTER_CLUSTER_DIR="$$d" bash hack/cluster-down.sh > /dev/null 2>&1; \
 	done; exit $$rc
@@ -72,7 +77,7 @@ e2e-compat: host-deps
 ## `make e2e` runs its short profile. It prints the seed and the figures; replay a run with
 ## `make chaos MUSTER_CHAOS_SEED=<seed>` (MUSTER_CHAOS_NODES, _GANGS, _KILLS, ... override sizes).
 chaos: controlplane
-	MUSTER_CHAOS_PROFILE=$${MUSTER_CHAOS_PROFILE:-long} MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test --test e2e -- --test-threads=1 --nocapture chaos::; rc=$$?; \
+	MUSTER_CHAOS_PROFILE=$${MUSTER_CHAOS_PROFILE:-long} MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test -p muster --test e2e -- --test-threads=1 --nocapture chaos::; rc=$$?; \
 	for d in target/e2e-cluster-*; do \
 	  [ -d "$$d" ] && [ ! -e "/proc/$${d##*-}" ] && MUSTER_CLUSTER_DIR="$$d" bash hack/cluster-down.sh > /dev/null 2>&1; \
 	done; exit $$rc
@@ -81,8 +86,8 @@ chaos: controlplane
 ## ServiceAccount against the chart's RBAC and webhook configurations (tests/e2e/harness/rbac.rs);
 ## then hack/e2e-rbac-check.sh fails if the apiserver refused muster anything.
 E2E_RBAC_TESTS = jobs:: webhook:: admission:: gpus:: differential:: upstream:: preemption:: hostile::
-e2e-rbac: controlplane
-	MUSTER_E2E_RBAC=chart MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test --test e2e -- --test-threads=4 $(E2E_RBAC_TESTS); rc=$$?; \
+e2e-rbac: controlplane plugin
+	MUSTER_E2E_RBAC=chart MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test -p muster --test e2e -- --test-threads=4 $(E2E_RBAC_TESTS); rc=$$?; \
 	bash hack/e2e-rbac-check.sh "$$(ls -td target/e2e-cluster-*/ | head -1)" || rc=1; \
 	for d in target/e2e-cluster-*; do \
 	  [ -d "$$d" ] && [ ! -e "/proc/$${d##*-}" ] && MUSTER_CLUSTER_DIR="$$d" bash hack/cluster-down.sh > /dev/null 2>&1; \
@@ -92,7 +97,7 @@ e2e-rbac: controlplane
 ## (tests/service): a control plane of its own whose apiserver routes to endpoints, and muster in
 ## a network namespace behind the Service's EndpointSlice (hack/testhost.sh: root and iproute2).
 e2e-service: controlplane
-	MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test --test service; rc=$$?; \
+	MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test -p muster --test service; rc=$$?; \
 	for d in target/e2e-cluster-*; do \
 	  [ -d "$$d" ] && [ ! -e "/proc/$${d##*-}" ] && MUSTER_CLUSTER_DIR="$$d" bash hack/cluster-down.sh > /dev/null 2>&1; \
 	done; exit $$rc
@@ -108,7 +113,7 @@ chart-lint: controlplane
 ## The chart on a control plane of its own (tests/chart): server-side dry-run, install, muster
 ## running with only the chart's RBAC, refusals outside it, upgrades with a changed CRD.
 chart-test: controlplane
-	MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test --test chart; rc=$$?; \
+	MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test -p muster --test chart; rc=$$?; \
 	for d in target/e2e-cluster-*; do \
 	  [ -d "$$d" ] && [ ! -e "/proc/$${d##*-}" ] && MUSTER_CLUSTER_DIR="$$d" bash hack/cluster-down.sh > /dev/null 2>&1; \
 	done; exit $$rc

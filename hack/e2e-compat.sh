@@ -62,7 +62,8 @@ for entry in $versions; do
     continue
   fi
   log "Kubernetes $label: e2e $run_tests"
-  MUSTER_K8S_BIN=$bin cargo test --test e2e -- --test-threads=4 $run_tests > "$out/$key-e2e.log" 2>&1 || rc=1
+  cargo build -p kubectl-muster > "$out/$key-plugin.log" 2>&1 || rc=1
+  MUSTER_K8S_BIN=$bin cargo test -p muster --test e2e -- --test-threads=4 $run_tests > "$out/$key-e2e.log" 2>&1 || rc=1
   e2e="$(counts "$out/$key-e2e.log") ($run_tests)"
   # The cluster of that run: its features.txt says what the apiserver served, muster's log what
   # muster made of it.
@@ -79,7 +80,7 @@ for entry in $versions; do
     log "Kubernetes $label: demo check"
     if MUSTER_DEMO_PROFILE=debug make --no-print-directory demo-check > "$out/$key-demo.log" 2>&1; then demo=passed; else demo=failed; rc=1; fi
     log "Kubernetes $label: chart"
-    MUSTER_K8S_BIN=$bin cargo test --test chart > "$out/$key-chart.log" 2>&1 || rc=1
+    MUSTER_K8S_BIN=$bin cargo test -p muster --test chart > "$out/$key-chart.log" 2>&1 || rc=1
     chart=$(counts "$out/$key-chart.log")
     for d in target/e2e-cluster-*; do
       [ -d "$d" ] && [ ! -e "/proc/${d##*-}" ] && MUSTER_CLUSTER_DIR="$d" bash hack/cluster-down.sh > /dev/null 2>&1

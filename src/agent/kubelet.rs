@@ -1,6 +1,6 @@
 //! The client of kubelet's PodResources API (v1), over kubelet's unix socket: which devices
 //! kubelet gave each pod's containers, and which it can allocate. The gRPC code is generated at
-//! build time from the vendored `proto/` (see `build.rs`); what the answers mean for muster is
+//! build time from the vendored proto (the `muster-podresources` crate); what the answers mean for muster is
 //! decided in `devices::report`, not here.
 
 use std::error::Error as StdError;
@@ -31,12 +31,8 @@ const LIST: &str = "List";
 const GET: &str = "Get";
 const ALLOCATABLE: &str = "GetAllocatableResources";
 
-/// The messages, client and server of the PodResources API, generated from
-/// `proto/k8s.io/kubelet/podresources/v1/api.proto` (proto package `v1`).
-#[allow(missing_docs, clippy::all, clippy::pedantic)]
-pub mod proto {
-    tonic::include_proto!("v1");
-}
+/// The messages and client of the PodResources API (generated in `muster-podresources`).
+pub use muster_podresources::v1 as proto;
 
 /// Why a PodResources call gave no answer.
 #[derive(Debug, thiserror::Error)]
@@ -181,7 +177,7 @@ fn resource_devices(devices: proto::ContainerDevices) -> ResourceDevices {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::fake_kubelet::{Calls, FakeKubelet};
+    use muster_dev::kubelet::{Calls, FakeKubelet};
 
     const TIMEOUT: Duration = Duration::from_secs(5);
 

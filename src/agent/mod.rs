@@ -5,8 +5,3 @@
 
 pub mod kubelet;
 pub mod nvml;
-
-/// A kubelet that serves the real PodResources gRPC service on a unix socket, with answers
-/// the test sets (not part of muster's API).
-#[doc(hidden)]
-pub mod fake_kubelet;

@@ -1,6 +1,5 @@
 //! Subcommands of the `muster` binary. Each is a thin wrapper over the library.
 
-pub mod dev;
 mod node_agent;
 mod run;
 mod validate;
@@ -37,7 +36,7 @@ enum Command {
     /// Run the controller manager (reconcilers on the leader, health and metrics everywhere).
     Run(Box<run::Args>),
     /// Development tools for the local test cluster (hack/cluster-up.sh).
-    Dev(dev::Args),
+    Dev(muster_dev::Args),
     /// Describe this node's GPUs and links from nvidia-smi as the gpu.muster.dev/topology annotation.
     NodeAgent(node_agent::Args),
 }
@@ -58,7 +57,7 @@ impl Cli {
             },
             Command::Validate(args) => validate::run(args),
             Command::Run(args) => run::run(*args),
-            Command::Dev(args) => dev::run(args),
+            Command::Dev(args) => muster_dev::run(args, crate::controllers::shutdown_signal()),
             Command::NodeAgent(args) => node_agent::run(args),
         }
     }

@@ -3,7 +3,8 @@
 //! leader only and serves health and metrics on every replica.
 
 pub mod admission;
-pub mod conditions;
+/// Status conditions, kept the Kubernetes way (pure, in the core).
+pub use muster_core::conditions;
 pub mod context;
 pub mod devices;
 pub mod install;

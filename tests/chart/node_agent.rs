@@ -10,8 +10,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use muster::agent::fake_kubelet::FakeKubelet;
-use muster::cli::dev::FakeGpuNodes;
+use muster_dev::kubelet::FakeKubelet;
+use muster_dev::FakeGpuNodes;
 use muster::crds::{GPU_ASSIGNED_ANNOTATION, GPU_HEALTH_ANNOTATION, GPU_TOPOLOGY_ANNOTATION};
 use muster::devices::report::{AssignedAnnotation, ContainerDevices, PodDevices, ResourceDevices, pod_key};
 use serde_json::{Value, json};

@@ -42,7 +42,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use muster::cli::dev::{FakeGpuNodes, RACK_LABEL, ZONE_LABEL};
+use muster_dev::{FakeGpuNodes, RACK_LABEL, ZONE_LABEL};
 use muster::controllers::devices::gpus_wanted;
 use muster::controllers::job::plan::GANG_ATTEMPT_ANNOTATION;
 use muster::crds::scheduling::{AdmissionPlan, AvoidedNode, CompositePodGroup, PlanState};

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use k8s_openapi::api::scheduling::v1beta1::{PodGroup, Workload};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use muster::cli::dev::{FakeGpuNodes, GPU_RESOURCE, TopologyKind};
+use muster_dev::{FakeGpuNodes, GPU_RESOURCE, TopologyKind};
 use serde_json::{Value, json};
 
 use crate::harness::manager::muster;

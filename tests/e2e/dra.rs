@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use muster::cli::dev::dra::{DEVICE_CLASS, DRIVER};
+use muster_dev::dra::{DEVICE_CLASS, DRIVER};
 use serde_json::{Value, json};
 
 use crate::gangs::{LONG, TestNodes, merge, node_of};

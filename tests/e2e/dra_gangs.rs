@@ -354,7 +354,7 @@ async fn a_dra_only_node_gets_topology_aware_gpus_through_claims() {
     let ns = namespace("dra-topology");
     let nodes = TestNodes::add_with(&ns.name, 1, 8, |s| {
         s.dra_only = true;
-        s.topology = muster::cli::dev::TopologyKind::Pcie;
+        s.topology = muster_dev::TopologyKind::Pcie;
     })
     .await;
     let _slices = DraSlices::publish(&nodes.names).await;

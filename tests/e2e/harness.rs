@@ -38,7 +38,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use muster::cli::dev::{FakeGpuNodes, add_nodes};
+use muster_dev::{FakeGpuNodes, add_nodes};
 
 /// Prefix of the GPU node pool every test may use (untainted, 8 GPUs each, nvswitch).
 pub const POOL_PREFIX: &str = "pool-gpu-";
@@ -151,7 +151,7 @@ fn start() -> Result<Cluster, String> {
     std::thread::spawn(move || -> Result<Vec<String>, String> {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
         rt.block_on(async {
-            let client = muster::cli::dev::client(Some(&kubeconfig)).await.map_err(|e| e.to_string())?;
+            let client = muster_dev::client(Some(&kubeconfig)).await.map_err(|e| e.to_string())?;
             add_nodes(&client, &pool).await.map_err(|e| e.to_string())
         })
     })
@@ -240,7 +240,7 @@ pub async fn served(group_version: &str, resource: &str) -> bool {
 
 pub async fn client() -> kube::Client {
     let kubeconfig = &cluster().kubeconfig;
-    muster::cli::dev::client(Some(kubeconfig))
+    muster_dev::client(Some(kubeconfig))
         .await
         .unwrap_or_else(|e| panic!("kube client from {}: {e}", kubeconfig.display()))
 }

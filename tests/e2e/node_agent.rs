@@ -11,7 +11,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 use kube::api::Api;
-use muster::agent::fake_kubelet::FakeKubelet;
+use muster_dev::kubelet::FakeKubelet;
 use muster::crds::{GPU_ASSIGNED_ANNOTATION, GPU_HEALTH_ANNOTATION, GPU_TOPOLOGY_ANNOTATION};
 use muster::devices::report::{AssignedAnnotation, ContainerDevices, PodDevices, ResourceDevices, pod_key};
 use serde_json::json;

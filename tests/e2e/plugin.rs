@@ -5,7 +5,7 @@
 //! the test's own nodes (their pods get the test's node selector and toleration), never on the
 //! shared pool.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use kube::api::Api;
@@ -16,9 +16,17 @@ use crate::gangs::{LONG, TestNodes, apply, merge};
 use crate::harness::manager::muster;
 use crate::harness::{client, cluster, kubectl, namespace, wait_for};
 
+/// The plugin's binary. It is a crate of its own (`crates/kubectl-muster`), built into the
+/// folder of the `muster` binary under test: `make e2e` builds it before the tests.
+fn plugin_bin() -> PathBuf {
+    let bin = Path::new(env!("CARGO_BIN_EXE_muster")).with_file_name("kubectl-muster");
+    assert!(bin.exists(), "{} is not built: run `cargo build -p kubectl-muster` first (make e2e does)", bin.display());
+    bin
+}
+
 /// Runs the plugin in `ns` with the cluster's kubeconfig; (exit ok, stdout, stderr).
 fn plugin(ns: &str, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kubectl-muster"))
+    let out = Command::new(plugin_bin())
         .args(args)
         .args(["-n", ns, "--kubeconfig"])
         .arg(&cluster().kubeconfig)
@@ -118,7 +126,8 @@ async fn lists_explains_suspends_and_resumes_the_demo_gangs() {
     let waited = row(&table, "too-big").unwrap_or_default()[4].clone();
     assert!(waited.ends_with('s') && waited != "-", "too-big waits, for {waited}: {table}");
     // `kubectl muster` is kubectl's: the plugin found on PATH.
-    let bin_dir = Path::new(env!("CARGO_BIN_EXE_kubectl-muster")).parent().expect("the binary's folder");
+    let bin = plugin_bin();
+    let bin_dir = bin.parent().expect("the binary's folder");
     let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
     let via_kubectl = Command::new(cluster().bin.join("kubectl"))
         // kubectl hands a plugin the arguments after its name (flags before it are kubectl's).

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use muster::cli::dev::FakeGpuNodes;
+use muster_dev::FakeGpuNodes;
 use muster::crds::scheduling::{GroupPhase, PodGroupStatus};
 use muster::crds::{MusterJob, PodGroup};
 use serde_json::{Value, json};

@@ -9,22 +9,24 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Event as CoreEvent, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::status::{Outcome, StatusPacing};
-use super::{Admitter, FAULT_EXIT_ENV, GroupRef, MIN_BACKOFF, RootKey, World, Writer, error_backoff, is_gated};
-use crate::controllers::context::{Context, Detached, Error, Result, at_most, bounded};
-use crate::controllers::metrics::ObjectErrorLabels;
+use super::{
+    Admitter, FAULT_EXIT_ENV, GroupRef, MIN_BACKOFF, PlanClear, RootKey, World, Writer, error_backoff, is_gated,
+};
+use crate::controllers::context::{Detached, Error, Result, at_most, bounded};
+use super::report::object_labels;
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{AdmissionPlan, AvoidedNode, CompositePodGroup, PlanState, PlannedPod, PodGroup};
 use crate::crds::{ADMISSION_GATE, GPU_INDICES_ANNOTATION, HOSTNAME_LABEL, ROLLED_BACK_ANNOTATION};
 use crate::devices::parse_indices;
 use crate::pods::{Placement, PodClass};
+use crate::scheduler::status::{Outcome, PLAN_STATUS_HOLD, StatusPacing, wait_started};
 use crate::scheduler::{
     self, ClaimWrite, CommitInput, Decision, Disrupted, Dra, FailureCause, GatedPin, GroupCount, PatchRefused,
     PinFailure, PinState, PlannedPodNow, Refusal, RemainingFits, RollBack, RollbackHistory, RollbackPolicy, Snapshot,
@@ -543,7 +545,7 @@ impl Writer {
     }
 
     /// Clears a root's plan, fenced like [`Self::write_plan`], with the root's status in the
-    /// same patch when it changed too (`status`, see `status::fold_body`).
+    /// same patch when it changed too (`status`, see `scheduler::status::fold_body`).
     pub(super) async fn clear_plan(
         &self,
         key: &RootKey,
@@ -663,10 +665,10 @@ impl Admitter {
     pub(super) fn admitted(&mut self, job: &CommitJob) {
         let key = &job.key;
         // Its status waits for the binds: the plan's clear writes it then (see
-        // `status::PLAN_STATUS_HOLD`).
+        // `scheduler::status::PLAN_STATUS_HOLD`).
         let now = Instant::now();
         let pacing = self.status_pacing.entry(key.clone()).or_default();
-        (pacing.written, pacing.hold) = (Some(now), Some(now + super::status::PLAN_STATUS_HOLD));
+        (pacing.written, pacing.hold) = (Some(now), Some(now + PLAN_STATUS_HOLD));
         let memory = self.roots.entry(key.clone()).or_default();
         memory.failures = 0;
         memory.next_attempt = None;
@@ -680,7 +682,7 @@ impl Admitter {
             pg.and_then(|g| g.status.as_ref().map(|s| s.conditions.clone())).unwrap_or_default()
         };
         let created = job.pods.iter().filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0));
-        if let Some(since) = super::status::wait_started(created, &conditions) {
+        if let Some(since) = wait_started(created, &conditions) {
             let waited = Timestamp::now().duration_since(since).as_secs_f64();
             self.ctx.metrics.admission_latency.observe(waited.max(0.0));
         }
@@ -768,9 +770,9 @@ impl Admitter {
 
     /// Clears the plans of roots whose pods are all bound (or gone), [`PLAN_CLEAR_CONCURRENCY`]
     /// at a time: a cycle after a burst of binds clears hundreds. Each clear writes its root's
-    /// status too when that changed (one patch, see `status::fold_body`). An error is that
+    /// status too when that changed (one patch, see `scheduler::status::fold_body`). An error is that
     /// root's.
-    pub(super) async fn clear_plans(&mut self, done: Vec<super::status::PlanClear>) -> Option<Instant> {
+    pub(super) async fn clear_plans(&mut self, done: Vec<PlanClear>) -> Option<Instant> {
         let retry = self.book_clears().await;
         if done.is_empty() || self.clears.is_some() {
             // Roots cleared now are followed again (and cleared) once the batch in flight ends.
@@ -1073,17 +1075,6 @@ impl Admitter {
         }
     }
 
-    /// Events on a root group and its owner.
-    pub(super) async fn root_event(&self, key: &RootKey, warning: bool, reason: &str, message: &str) {
-        root_events(&self.ctx, self.root_refs(key), warning, reason, message).await;
-    }
-
-    /// [`Self::root_event`] sent in the background: the caller does not wait for the API server.
-    fn root_event_detached(&self, key: &RootKey, warning: bool, reason: &'static str, message: String) {
-        let (ctx, refs) = (self.ctx.clone(), self.root_refs(key));
-        tokio::spawn(async move { root_events(&ctx, refs, warning, reason, &message).await });
-    }
-
     /// The newest scheduler event explaining why a pod is not bound.
     async fn scheduler_reason(&self, ns: &str, pod: &str) -> Option<String> {
         let api = Api::<CoreEvent>::namespaced(self.ctx.client.clone(), ns);
@@ -1111,18 +1102,6 @@ const POD_PATCH_CONCURRENCY: usize = 16;
 async fn send_pod_patch(api: &Api<Pod>, request: Option<(String, serde_json::Value)>) -> Option<Result<()>> {
     let (name, patch) = request?;
     Some(bounded(api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))).await.map(|_| ()))
-}
-
-/// The same event on each of a root's objects (the group and its controller owner).
-async fn root_events(ctx: &Context, refs: Vec<ObjectReference>, warning: bool, reason: &str, message: &str) {
-    for r in refs {
-        ctx.event(&r, warning, reason, "Admit", message.to_string()).await;
-    }
-}
-
-/// Labels of [`crate::controllers::metrics::Metrics::object_errors`].
-pub(super) fn object_labels(kind: &str, reason: &str) -> ObjectErrorLabels {
-    ObjectErrorLabels { kind: kind.into(), reason: reason.into() }
 }
 
 #[cfg(test)]

@@ -10,13 +10,14 @@ use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use super::commit::{CommitJob, Committed, ROLLBACK_POLICY, object_labels, prepare_commit, reserve};
+use super::commit::{CommitJob, Committed, ROLLBACK_POLICY, prepare_commit, reserve};
+use super::report::object_labels;
 use super::preemption::{self, Held};
-use super::status::Outcome;
+use crate::scheduler::status::Outcome;
 use super::watches::Settling;
 use super::{Admitter, CONTROLLER, GroupRef, InFlight, RootKey, World, error_backoff, group_pods, state};
 use crate::controllers::PlacementStrategy;
-use crate::controllers::context::{Error, Result};
+use crate::controllers::context::Result;
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{CompositePodGroup, PlannedPod, PodGroup};
 use crate::devices::chooser::{ChooserNodes, GpuNode, TopologyChooser};
@@ -555,29 +556,6 @@ impl Admitter {
             reserve(&mut snapshot, pod, planned);
         }
         Ok((snapshot, gpus))
-    }
-
-    /// Reports an error met on one root (log, metric by reason, a Warning event on the group
-    /// once per distinct error) and backs the root off alone, doubling per error in a row.
-    /// Returns when to try it again; the cycle goes on with the other roots.
-    pub(super) async fn root_error(&mut self, key: &RootKey, what: &str, e: &Error) -> Instant {
-        let kind = if key.composite { "CompositePodGroup" } else { "PodGroup" };
-        self.ctx.metrics.attempt(crate::controllers::metrics::AttemptResult::Error);
-        self.ctx.metrics.reconcile_error(CONTROLLER, e.metric_label());
-        self.ctx.metrics.object_errors.get_or_create(&object_labels(kind, e.reason())).inc();
-        let memory = self.roots.entry(key.clone()).or_default();
-        memory.errors = memory.errors.saturating_add(1);
-        let backoff = error_backoff(memory.errors);
-        let at = Instant::now() + backoff;
-        memory.error_until = Some(at);
-        let note = format!("admission could not {what}: {e}");
-        memory.error = Some(note.clone());
-        tracing::warn!(group = %key, error = %e, errors = memory.errors, backoff_s = backoff.as_secs(), "admission could not {what}");
-        if memory.last_event.as_deref() != Some(note.as_str()) {
-            memory.last_event = Some(note.clone());
-            self.root_event(key, true, "AdmissionError", &note).await;
-        }
-        at
     }
 
     /// The API server refused a pod's patch in the dry run of a commit (a webhook, a policy):

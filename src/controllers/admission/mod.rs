@@ -12,7 +12,8 @@ mod claims;
 mod commit;
 mod cycle;
 mod preemption;
-pub mod status;
+mod report;
+mod status;
 pub mod trim;
 mod watches;
 
@@ -36,7 +37,7 @@ use crate::devices::MetricsCache;
 use crate::devices::chooser::FitCache;
 use crate::devices::models::GpuModels;
 use crate::scheduler::{Group, PatchRefused, Quiet};
-use status::Outcome;
+use crate::scheduler::status::{Outcome, SentStatus, StatusPacing};
 
 /// Name of this controller in metrics and logs.
 pub const CONTROLLER: &str = "admission";
@@ -105,6 +106,10 @@ impl std::fmt::Display for RootKey {
         write!(f, "{kind} {}/{}", self.ns, self.name)
     }
 }
+
+/// A plan to clear: the root, the resourceVersion the clear is fenced by, and the status
+/// folded into the same patch (`scheduler::status::fold_body`) when it changed too.
+pub(super) type PlanClear = (RootKey, Option<String>, Option<serde_json::Value>);
 
 /// What admission remembers of a root between cycles (never needed for correctness: the
 /// cluster holds the truth; this only paces retries and explains).
@@ -203,12 +208,12 @@ struct Admitter {
     gpu_problems: BTreeMap<String, Vec<crate::devices::GpuProblem>>,
     /// Groups whose last status write failed: errors in a row, not before, the last message.
     status_errors: HashMap<RootKey, (u32, Instant, String)>,
-    /// What paces each group's next status write (see `status::StatusPacing`).
-    status_pacing: HashMap<RootKey, status::StatusPacing>,
-    /// The status last sent per group with a write to make (see `status::SentStatus`).
-    status_sent: HashMap<RootKey, status::SentStatus>,
+    /// What paces each group's next status write (see `scheduler::status::StatusPacing`).
+    status_pacing: HashMap<RootKey, StatusPacing>,
+    /// The status last sent per group with a write to make (see `scheduler::status::SentStatus`).
+    status_sent: HashMap<RootKey, SentStatus>,
     /// PodGroups whose status, as last computed, is the one cached: a fingerprint of what it
-    /// was computed from (see `status::status_inputs`). While that stands the status is not
+    /// was computed from (see `scheduler::status::status_inputs`). While that stands the status is not
     /// computed again: with a thousand gangs, computing every status every cycle was a large
     /// part of a cycle.
     status_settled: HashMap<RootKey, u64>,

@@ -557,7 +557,7 @@ mod tests {
         assert_eq!((p.metadata.clone(), p.status.clone()), (before.metadata.clone(), before.status.clone()));
         // What the cycle reads of a bound pod reads the same.
         assert_eq!(crate::pods::PodClass::of(&p), crate::pods::PodClass::of(&before));
-        assert_eq!(super::super::status::pinned_hostname(&p), Some("n"));
+        assert_eq!(crate::scheduler::status::pinned_hostname(&p), Some("n"));
         let unmodelled = |p: &Pod| crate::scheduler::unmodelled(p.spec.as_ref().expect("spec"));
         assert_eq!(unmodelled(&p), unmodelled(&before));
         assert!(!unmodelled(&p).is_empty(), "the scheduler and the volume are still reported");

@@ -1,17 +1,17 @@
 //! A fake DRA driver for the tests: NVIDIA-shaped ResourceSlices (`gpu.nvidia.com`) for kwok GPU
 //! nodes and the DeviceClass `gpu.nvidia.com`, built and applied by the library
-//! (`muster::cli::dev::dra`, the same code as `muster dev dra-slices`). A slice's device UUIDs
+//! (`muster_dev::dra`, the same code as `muster dev dra-slices`). A slice's device UUIDs
 //! are the node's `gpu.muster.dev/topology` UUIDs.
 
 use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use kube::api::Api;
-use muster::cli::dev::dra;
+use muster_dev::dra;
 
 use super::{client, wait_for};
 
-use muster::cli::dev::dra::DEVICE_CLASS;
+use muster_dev::dra::DEVICE_CLASS;
 
 /// The slices of some nodes, removed when dropped (also when the test panics). The DeviceClass
 /// is shared by every test and stays.
@@ -75,7 +75,7 @@ impl Drop for DraSlices {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
             rt.block_on(async {
                 let kubeconfig = &super::CLUSTER.get()?.as_ref().ok()?.kubeconfig;
-                let client = muster::cli::dev::client(Some(kubeconfig)).await.ok()?;
+                let client = muster_dev::client(Some(kubeconfig)).await.ok()?;
                 dra::unpublish(&client, &nodes).await.ok()
             })
         })

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::api::{Api, Patch, PatchParams};
-use muster::cli::dev::{FIELD_MANAGER, FakeGpuNodes, KWOK_NODE, RACK_LABEL, ZONE_LABEL, fake_node};
+use muster_dev::{FIELD_MANAGER, FakeGpuNodes, KWOK_NODE, RACK_LABEL, ZONE_LABEL, fake_node};
 use serde_json::{Value, json};
 
 use super::{client, kubectl};

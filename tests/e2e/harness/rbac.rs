@@ -207,7 +207,7 @@ pub async fn tenant_client(namespace: &str) -> kube::Client {
     ]);
     assert!(!status.is_ok_and(|o| o.trim() == "yes"), "{sa} may write muster's job status");
     let kubeconfig = service_account_kubeconfig(cluster, namespace, TENANT).unwrap_or_else(|e| panic!("{e}"));
-    muster::cli::dev::client(Some(&kubeconfig))
+    muster_dev::client(Some(&kubeconfig))
         .await
         .unwrap_or_else(|e| panic!("tenant client from {}: {e}", kubeconfig.display()))
 }

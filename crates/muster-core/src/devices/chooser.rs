@@ -1,0 +1,650 @@
+//! PURE glue between GPU topology and gang placement: each node's GPU model and health, and
+//! the [`GpuChooser`] the scheduler asks for concrete indices (minimum-cost set, node score).
+
+use std::borrow::Borrow;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::SystemTime;
+
+use k8s_openapi::api::core::v1::Node;
+
+use super::problem::GpuProblemKind;
+use super::report::{self, AssignedAnnotation, HealthAnnotation};
+use super::{
+    Fit, GpuProblem, GpuSet, GpuTopology, HealthThresholds, MetricsCache, NodeHealth, NodeMetrics, SelectOptions,
+    SelectionKey, TopologyProblem, fit, healthy_mask,
+};
+use muster_api::{GPU_ASSIGNED_ANNOTATION, GPU_HEALTH_ANNOTATION, GPU_RESOURCE, GPU_TOPOLOGY_ANNOTATION};
+use crate::devices::TopologyError;
+use crate::scheduler::{GpuChoice, GpuChooser, NodeInfo};
+
+/// One node's GPUs as admission sees them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeGpus {
+    /// The topology (unknown topology when the annotation is missing or malformed), shared
+    /// with the parse kept between cycles: a cycle's 5,000 nodes copy no topology.
+    pub topology: Arc<GpuTopology>,
+    /// Why the annotation was not used, if it was not.
+    pub topology_problem: Option<TopologyProblem>,
+    /// Which GPUs are healthy enough to offer, and why others are not.
+    pub health: NodeHealth,
+    /// What the node agent says kubelet gave the pods here (`gpu.muster.dev/assigned`).
+    pub assigned: Option<Arc<AssignedAnnotation>>,
+    /// The node agent's annotations that could not be used, as an operator should read it.
+    pub report_problems: Vec<String>,
+    /// Whether the node agent publishes health for this node (then missing samples are a
+    /// problem worth hearing about, Prometheus or not).
+    pub agent_health: bool,
+}
+
+impl NodeGpus {
+    /// GPUs not offered because of health.
+    pub fn unhealthy(&self) -> GpuSet {
+        self.topology.all().difference(self.health.healthy)
+    }
+
+    /// What an operator should hear about this node's GPUs (see [`NodeHealth::problems`]),
+    /// the topology annotation first; at most one problem of each kind.
+    pub fn problems(&self, metrics_expected: bool) -> Vec<GpuProblem> {
+        let topology = self.topology_problem.iter().map(TopologyProblem::problem);
+        let agent = (!self.report_problems.is_empty())
+            .then(|| GpuProblem { kind: GpuProblemKind::AgentReportInvalid, message: self.report_problems.join("; ") });
+        topology.chain(self.health.problems(metrics_expected || self.agent_health)).chain(agent).collect()
+    }
+
+    /// A node's GPUs known only from its model: no agent report.
+    pub fn from_model(topology: GpuTopology, topology_problem: Option<TopologyProblem>, health: NodeHealth) -> Self {
+        NodeGpus {
+            topology: Arc::new(topology),
+            topology_problem,
+            health,
+            assigned: None,
+            report_problems: Vec::new(),
+            agent_health: false,
+        }
+    }
+}
+
+/// Each node's GPU model and its kind ([`FitCache::kind_of`]), by node name: what the chooser
+/// reads.
+pub type ChooserNodes = HashMap<String, (usize, NodeGpus), foldhash::fast::RandomState>;
+
+/// Each node's GPU model by node name, however it is held: a map built for one pass, or the
+/// models kept between cycles.
+pub trait NodeModels {
+    /// The model of `node`, if it has GPUs.
+    fn model(&self, node: &str) -> Option<&NodeGpus>;
+    /// Every node with a model.
+    fn models(&self) -> impl Iterator<Item = (&String, &NodeGpus)>;
+    /// How many nodes have one.
+    fn count(&self) -> usize;
+}
+
+impl NodeModels for HashMap<String, NodeGpus> {
+    fn model(&self, node: &str) -> Option<&NodeGpus> {
+        self.get(node)
+    }
+    fn models(&self) -> impl Iterator<Item = (&String, &NodeGpus)> {
+        self.iter()
+    }
+    fn count(&self) -> usize {
+        self.len()
+    }
+}
+
+impl NodeModels for ChooserNodes {
+    fn model(&self, node: &str) -> Option<&NodeGpus> {
+        self.get(node).map(|(_, g)| g)
+    }
+    fn models(&self) -> impl Iterator<Item = (&String, &NodeGpus)> {
+        self.iter().map(|(n, (_, g))| (n, g))
+    }
+    fn count(&self) -> usize {
+        self.len()
+    }
+}
+
+fn allocatable_gpus(node: &Node) -> u64 {
+    node.status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .and_then(|a| a.get(GPU_RESOURCE))
+        .and_then(|q| q.0.trim().parse::<u64>().ok())
+        .unwrap_or(0)
+}
+
+fn node_annotation<'n>(node: &'n Node, key: &str) -> Option<&'n str> {
+    node.metadata.annotations.as_ref().and_then(|a| a.get(key)).map(String::as_str)
+}
+
+/// The GPU model and health of every node with GPUs.
+pub fn node_gpus<N: Borrow<Node>>(
+    nodes: &[N],
+    metrics: &MetricsCache,
+    thresholds: &HealthThresholds,
+    now: SystemTime,
+) -> HashMap<String, NodeGpus> {
+    node_gpus_with(nodes, &HashMap::new(), metrics, thresholds, now)
+}
+
+/// [`node_gpus`], counting as a node's GPUs the larger of its `nvidia.com/gpu` allocatable and
+/// `published[node]`: the GPUs its DRA driver publishes as devices (a DRA node advertises no
+/// `nvidia.com/gpu`, and its topology annotation is checked against the devices instead).
+pub fn node_gpus_with<N: Borrow<Node>>(
+    nodes: &[N],
+    published: &HashMap<String, u64>,
+    metrics: &MetricsCache,
+    thresholds: &HealthThresholds,
+    now: SystemTime,
+) -> HashMap<String, NodeGpus> {
+    let kept: Vec<(&str, GpuNode)> = nodes
+        .iter()
+        .map(Borrow::borrow)
+        .map(|n| (n.metadata.name.as_deref().unwrap_or_default(), GpuNode::of(n)))
+        .collect();
+    node_gpus_of(kept.iter().map(|(name, g)| (*name, g)), published, metrics, thresholds, now)
+}
+
+/// [`node_gpus_with`] of nodes as kept ([`GpuNode`], by name): nothing is parsed, and each
+/// sound topology is shared with the kept node. Health is worked out afresh (it depends on
+/// the metrics and the clock).
+pub fn node_gpus_of<'a>(
+    nodes: impl IntoIterator<Item = (&'a str, &'a GpuNode)>,
+    published: &HashMap<String, u64>,
+    metrics: &MetricsCache,
+    thresholds: &HealthThresholds,
+    now: SystemTime,
+) -> HashMap<String, NodeGpus> {
+    let mut out = HashMap::new();
+    for (name, node) in nodes {
+        let count = node.gpus_with(published.get(name).copied().unwrap_or(0));
+        let samples = node.samples(metrics.node(name));
+        if let Some((model, _)) = node_model(node, count, samples.as_ref(), thresholds, now) {
+            out.insert(name.to_string(), model);
+        }
+    }
+    out
+}
+
+/// PURE: one node's GPU model from the node as kept, its GPU count ([`GpuNode::gpus_with`])
+/// and its health samples ([`GpuNode::samples`]), with when a sample it read goes stale
+/// (`None`: the model holds until an input changes). `None` for a node without GPUs and
+/// without a topology annotation.
+pub fn node_model(
+    node: &GpuNode,
+    count: u64,
+    samples: Option<&NodeMetrics>,
+    thresholds: &HealthThresholds,
+    now: SystemTime,
+) -> Option<(NodeGpus, Option<SystemTime>)> {
+    if count == 0 && node.topology.is_none() {
+        return None;
+    }
+    let (topology, topology_problem) = GpuTopology::checked(node.topology.as_ref(), count);
+    let health = healthy_mask(&topology, samples, thresholds, now);
+    let valid_until = samples.and_then(|s| super::health::fresh_until(&topology, s, thresholds, now));
+    let model = NodeGpus {
+        topology,
+        topology_problem,
+        health,
+        assigned: node.assigned.clone(),
+        report_problems: node.report_problems.clone(),
+        agent_health: node.agent.is_some(),
+    };
+    Some((model, valid_until))
+}
+
+/// PURE: what the GPU model reads of a node, parsed once, when its watch event arrives: its
+/// `nvidia.com/gpu` allocatable, its topology annotation (checked against its GPU count each
+/// cycle, which DRA slices may raise), the node agent's health and assignments. Admission
+/// keeps this per node instead of the node (a trimmed `Node` was still over 3 KiB).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuNode {
+    uid: String,
+    allocatable: u64,
+    /// The topology annotation as parsed; `None` without one.
+    topology: Option<Result<Arc<GpuTopology>, TopologyError>>,
+    agent: Option<crate::devices::NodeMetrics>,
+    assigned: Option<Arc<AssignedAnnotation>>,
+    report_problems: Vec<String>,
+}
+
+impl GpuNode {
+    /// What the GPU model reads of `node`.
+    pub fn of(node: &Node) -> Self {
+        let mut report_problems = Vec::new();
+        let agent = node_annotation(node, GPU_HEALTH_ANNOTATION)
+            .and_then(|v| HealthAnnotation::parse(v).map_err(|e| report_problems.push(e.to_string())).ok());
+        let assigned = node_annotation(node, GPU_ASSIGNED_ANNOTATION)
+            .and_then(|v| AssignedAnnotation::parse(v).map_err(|e| report_problems.push(e.to_string())).ok());
+        GpuNode {
+            uid: node.metadata.uid.clone().unwrap_or_default(),
+            allocatable: allocatable_gpus(node),
+            topology: node_annotation(node, GPU_TOPOLOGY_ANNOTATION).map(|v| GpuTopology::parse(v).map(Arc::new)),
+            agent,
+            assigned: assigned.map(Arc::new),
+            report_problems,
+        }
+    }
+
+    /// The node's `metadata.uid`.
+    pub fn uid(&self) -> &str {
+        &self.uid
+    }
+
+    /// Its GPU count: the larger of its `nvidia.com/gpu` allocatable and the GPUs its DRA
+    /// driver publishes (a DRA node advertises no `nvidia.com/gpu`).
+    pub fn gpus_with(&self, published: u64) -> u64 {
+        self.allocatable.max(published)
+    }
+
+    /// Its health samples: the node agent's merged with the metrics source's (the newest per
+    /// GPU).
+    pub fn samples(&self, metrics: Option<&NodeMetrics>) -> Option<NodeMetrics> {
+        report::newest(self.agent.as_ref(), metrics)
+    }
+}
+
+/// The load-independent part of GPU choices ([`Fit`]), shared by every admission cycle: it
+/// depends only on the node's kind ([`SelectionKey`]), its free healthy GPUs, the count and
+/// the options, so one answer serves every node of that kind and occupancy, now and later.
+///
+/// Kinds get ids that are never reused; past [`FitCache::LIMIT`] answers (or as many kinds)
+/// everything is forgotten at once, so memory stays bounded and an old id never names a new
+/// kind.
+#[derive(Debug, Default)]
+pub struct FitCache {
+    inner: Mutex<FitCacheInner>,
+}
+
+#[derive(Debug, Default)]
+struct FitCacheInner {
+    kinds: HashMap<Arc<SelectionKey>, usize>,
+    /// Kinds by the address of a key looked up before: a kept node's topology, and so its
+    /// key, is the same `Arc` cycle after cycle, so its kind is found without hashing or
+    /// comparing the key (5,000 nodes a cycle). The `Weak` keeps the address from being
+    /// reused while the entry lives; entries of keys no node holds any more are dropped now
+    /// and then ([`FitCache::PRUNE_EVERY`]).
+    by_address: HashMap<usize, (Weak<SelectionKey>, usize), foldhash::fast::RandomState>,
+    lookups: usize,
+    next_kind: usize,
+    fits: HashMap<(usize, GpuSet, u32, SelectOptions), Option<Fit>, foldhash::fast::RandomState>,
+}
+
+impl FitCache {
+    /// Most answers (and kinds) kept before the cache starts over.
+    pub const LIMIT: usize = 1 << 18;
+
+    /// Lookups the address memo missed between two sweeps of it.
+    const PRUNE_EVERY: usize = 1 << 16;
+
+    /// The id of the kind of `model`'s node.
+    pub fn kind_of(&self, model: &NodeGpus) -> usize {
+        self.kind(model.topology.selection_key())
+    }
+
+    /// The id of a node kind.
+    fn kind(&self, key: Arc<SelectionKey>) -> usize {
+        let Ok(mut inner) = self.inner.lock() else {
+            return usize::MAX;
+        };
+        let address = Arc::as_ptr(&key) as usize;
+        if let Some((_, id)) = inner.by_address.get(&address).filter(|(w, _)| w.strong_count() > 0) {
+            return *id;
+        }
+        inner.lookups += 1;
+        if inner.lookups >= Self::PRUNE_EVERY {
+            inner.lookups = 0;
+            inner.by_address.retain(|_, (w, _)| w.strong_count() > 0);
+        }
+        let id = match inner.kinds.get(&key) {
+            Some(&id) => id,
+            None => {
+                if inner.kinds.len() >= Self::LIMIT {
+                    inner.kinds.clear();
+                    inner.by_address.clear();
+                    inner.fits.clear();
+                }
+                let id = inner.next_kind;
+                inner.next_kind += 1;
+                inner.kinds.insert(key.clone(), id);
+                id
+            }
+        };
+        inner.by_address.insert(address, (Arc::downgrade(&key), id));
+        id
+    }
+
+    /// The cached answer, or `compute`'s (then kept).
+    fn fit(&self, key: (usize, GpuSet, u32, SelectOptions), compute: impl FnOnce() -> Option<Fit>) -> Option<Fit> {
+        // A poisoned lock (a panic elsewhere) or an unnamed kind: compute without the cache.
+        let Ok(mut inner) = self.inner.lock() else {
+            return compute();
+        };
+        if key.0 == usize::MAX {
+            return compute();
+        }
+        if let Some(fit) = inner.fits.get(&key) {
+            return *fit;
+        }
+        if inner.fits.len() >= Self::LIMIT {
+            inner.fits.clear();
+        }
+        let fit = compute();
+        inner.fits.insert(key, fit);
+        fit
+    }
+
+    /// How many answers are kept.
+    pub fn len(&self) -> usize {
+        self.inner.lock().map(|i| i.fits.len()).unwrap_or(0)
+    }
+
+    /// Whether no answer is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Chooses GPU indices by topology and health: the minimum-cost free, healthy set, and a node
+/// score (link cost, fragmentation left behind, load) for ranking nodes.
+///
+/// Placement asks every node that passes the filters, thousands per decision; the exact
+/// selection behind each answer comes from a [`FitCache`], and each node's load is added on
+/// top.
+pub struct TopologyChooser {
+    nodes: Arc<ChooserNodes>,
+    options: SelectOptions,
+    cache: Arc<FitCache>,
+}
+
+impl TopologyChooser {
+    /// A chooser over `nodes` with a cache of its own.
+    pub fn new(nodes: HashMap<String, NodeGpus>, options: SelectOptions) -> Self {
+        Self::with_cache(nodes, options, Arc::default())
+    }
+
+    /// A chooser over `nodes` sharing `cache` with earlier and later choosers.
+    pub fn with_cache(nodes: HashMap<String, NodeGpus>, options: SelectOptions, cache: Arc<FitCache>) -> Self {
+        let nodes = nodes.into_iter().map(|(name, gpus)| (name, (cache.kind_of(&gpus), gpus))).collect();
+        Self::shared(Arc::new(nodes), options, cache)
+    }
+
+    /// A chooser over models kept between cycles ([`super::models::GpuModels::shared`]),
+    /// their kinds named by `cache`.
+    pub fn shared(nodes: Arc<ChooserNodes>, options: SelectOptions, cache: Arc<FitCache>) -> Self {
+        Self { nodes, options, cache }
+    }
+}
+
+impl GpuChooser for TopologyChooser {
+    fn choose(&self, node: &NodeInfo, count: u32, used: GpuSet) -> Option<GpuChoice> {
+        let (kind, gpus) = self.nodes.get(&node.name)?;
+        let available = super::available(&gpus.health, used);
+        let key = (*kind, available, count, self.options);
+        let fit = self.cache.fit(key, || fit(&gpus.topology, available, count as usize, self.options))?;
+        let score = fit.with_load(&gpus.health.utilization);
+        Some(GpuChoice { gpus: score.selection.gpus, score: score.score })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::{GpuMetrics, NodeMetrics, fixtures};
+    use crate::scheduler::Resources;
+    use serde_json::json;
+
+    fn node(name: &str, annotation: Option<&str>, gpus: u32) -> Node {
+        let mut n: Node = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "status": {"allocatable": {"nvidia.com/gpu": gpus.to_string()}}
+        }))
+        .expect("node");
+        if let Some(a) = annotation {
+            n.metadata.annotations = Some([(GPU_TOPOLOGY_ANNOTATION.to_string(), a.to_string())].into());
+        }
+        n
+    }
+
+    fn pcie() -> String {
+        let links: Vec<Vec<&str>> = (0..8)
+            .map(|i| {
+                (0..8)
+                    .map(|j| {
+                        if i == j {
+                            "X"
+                        } else if i / 2 == j / 2 {
+                            "PIX"
+                        } else if i / 4 == j / 4 {
+                            "NODE"
+                        } else {
+                            "SYS"
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        let gpus: Vec<serde_json::Value> = (0..8).map(|i| json!({"index": i, "numa": i / 4})).collect();
+        json!({"version": 1, "gpus": gpus, "links": links}).to_string()
+    }
+
+    #[test]
+    fn picks_a_pcie_switch_pair_and_skips_hot_gpus() {
+        let now = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000);
+        let mut metrics = MetricsCache::default();
+        let hot = GpuMetrics { temperature_c: 90.0, memory_free_fraction: 0.9, utilization: 0.0, observed_at: now };
+        let cool = GpuMetrics { temperature_c: 40.0, ..hot };
+        let mut gpus = std::collections::BTreeMap::new();
+        for i in 0..8 {
+            gpus.insert(i, if i == 0 { hot } else { cool });
+        }
+        metrics.store(Ok([("n1".to_string(), NodeMetrics { gpus })].into()), now);
+        let map = node_gpus(
+            &[node("n1", Some(&pcie()), 8), node("cpu", None, 0)],
+            &metrics,
+            &HealthThresholds::default(),
+            now,
+        );
+        assert!(!map.contains_key("cpu"), "nodes without GPUs are left out");
+        assert_eq!(map["n1"].unhealthy(), GpuSet::from_bits(1));
+        let chooser = TopologyChooser::new(map, SelectOptions::default());
+        let info = NodeInfo::new("n1", Resources::new());
+        let pair = chooser.choose(&info, 2, GpuSet::EMPTY).expect("a pair");
+        // GPU 0 is hot, so 0-1 is out; the best pair on one PCIe switch is 2-3.
+        assert_eq!(pair.gpus, GpuSet::from_bits(0b1100));
+        // With 2 and 3 taken, the next pair is 4-5 (6-7 ties on cost; fragmentation decides).
+        let next = chooser.choose(&info, 2, GpuSet::from_bits(0b1100)).expect("another pair");
+        assert!(next.gpus.bits() == 0b11_0000 || next.gpus.bits() == 0b1100_0000, "{}", next.gpus);
+        assert!(chooser.choose(&info, 8, GpuSet::EMPTY).is_none(), "only 7 healthy GPUs");
+    }
+
+    #[test]
+    fn the_agents_health_annotation_keeps_a_hot_gpu_off_offer_without_prometheus() {
+        use crate::devices::report::HealthAnnotation;
+        let now = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000);
+        let sample = |t: f64, free: f64, secs: u64| GpuMetrics {
+            temperature_c: t,
+            memory_free_fraction: free,
+            utilization: 0.0,
+            observed_at: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs),
+        };
+        let with_health = |n: Node, metrics: &NodeMetrics| {
+            let mut n = n;
+            let value = HealthAnnotation::from_metrics(metrics).to_json();
+            n.metadata.annotations.get_or_insert_default().insert(GPU_HEALTH_ANNOTATION.into(), value);
+            n
+        };
+        // GPU 1 is hot, GPU 2 short of memory; the rest are fine. The samples are fresh.
+        let fresh = NodeMetrics {
+            gpus: (0..8)
+                .map(|i| (i, sample(if i == 1 { 91.0 } else { 40.0 }, if i == 2 { 0.1 } else { 0.9 }, 990)))
+                .collect(),
+        };
+        // The same samples 100 s old are stale and ignored.
+        let old = NodeMetrics {
+            gpus: fresh
+                .gpus
+                .iter()
+                .map(|(&i, m)| {
+                    (i, GpuMetrics { observed_at: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(900), ..*m })
+                })
+                .collect(),
+        };
+        let nodes =
+            [with_health(node("n1", Some(&pcie()), 8), &fresh), with_health(node("n2", Some(&pcie()), 8), &old)];
+        let map = node_gpus(&nodes, &MetricsCache::default(), &HealthThresholds::default(), now);
+        assert_eq!(map["n1"].unhealthy(), GpuSet::from_bits(0b110));
+        assert!(map["n1"].agent_health && map["n1"].report_problems.is_empty());
+        assert_eq!(map["n2"].unhealthy(), GpuSet::EMPTY);
+        let kinds: Vec<GpuProblemKind> = map["n2"].problems(false).iter().map(|p| p.kind).collect();
+        assert_eq!(kinds, [GpuProblemKind::MetricsStale], "stale agent samples are worth hearing about");
+        // A fresher Prometheus sample of GPU 1 (cooled down) wins over the agent's.
+        let mut metrics = MetricsCache::default();
+        metrics.store(Ok([("n1".to_string(), NodeMetrics { gpus: [(1, sample(50.0, 0.9, 995))].into() })].into()), now);
+        let map = node_gpus(&nodes[..1], &metrics, &HealthThresholds::default(), now);
+        assert_eq!(map["n1"].unhealthy(), GpuSet::from_bits(0b100));
+    }
+
+    #[test]
+    fn a_dra_node_keeps_its_topology_annotation_when_its_slices_publish_as_many_gpus() {
+        use crate::devices::dra::{NVIDIA_GPU_DRIVER, fixtures, published_gpus};
+        let now = SystemTime::UNIX_EPOCH;
+        // No nvidia.com/gpu: the GPUs are published as DRA devices only.
+        let nodes = [node("dra", Some(&pcie()), 0), node("stale", Some(&pcie()), 0)];
+        let uuids: Vec<String> = (0..8).map(|i| format!("GPU-{i}")).collect();
+        let gpus: Vec<(usize, &str)> = uuids.iter().enumerate().map(|(i, u)| (i, u.as_str())).collect();
+        let old = fixtures::nvidia_slice("dra", &gpus[..4], 1);
+        let slices = [old, fixtures::nvidia_slice("dra", &gpus, 2), fixtures::nvidia_slice("stale", &gpus[..4], 1)];
+        let published = published_gpus(&slices, NVIDIA_GPU_DRIVER);
+        assert_eq!(
+            published,
+            HashMap::from([("dra".to_string(), 8), ("stale".to_string(), 4)]),
+            "newest generation only"
+        );
+        let map = node_gpus_with(&nodes, &published, &MetricsCache::default(), &HealthThresholds::default(), now);
+        assert!(map["dra"].topology.is_known() && map["dra"].topology_problem.is_none());
+        assert_eq!(map["dra"].topology.len(), 8);
+        assert!(!map["stale"].topology.is_known(), "8 annotated, 4 published: not trusted");
+        let without = node_gpus(&nodes, &MetricsCache::default(), &HealthThresholds::default(), now);
+        assert!(!without["dra"].topology.is_known(), "counted by nvidia.com/gpu alone the annotation looks stale");
+    }
+
+    proptest::proptest! {
+        /// The shared cache never changes an answer: every node, whatever its kind, health,
+        /// load and used GPUs, gets exactly what scoring it alone gives.
+        #[test]
+        fn cached_choices_equal_scoring_each_node_alone(
+            nodes in proptest::collection::vec((0usize..4, 0u64..256, 0u64..256, proptest::option::of(0u8..=100)), 1..24),
+            count in 1u32..=8,
+        ) {
+            let kinds = [fixtures::dgx_h100(), fixtures::pcie(), fixtures::dgx1(), GpuTopology::unknown(8)];
+            let cache = Arc::new(FitCache::default());
+            // Two admission cycles sharing one cache; in the second, each name holds the
+            // next node's GPUs, so a cached answer reaching the wrong node would show.
+            for shift in 0..2 {
+                let mut map = HashMap::new();
+                let mut expected = Vec::new();
+                for i in 0..nodes.len() {
+                    let (kind, healthy, used, load) = nodes[(i + shift) % nodes.len()];
+                    let health = NodeHealth {
+                        healthy: GpuSet::from_bits(healthy),
+                        reasons: vec![],
+                        utilization: vec![load.map(|l| f64::from(l) / 100.0); 8],
+                    };
+                    let available = crate::devices::available(&health, GpuSet::from_bits(used));
+                    let alone = crate::devices::node_score(
+                        &kinds[kind], available, count as usize, &health.utilization, SelectOptions::default(),
+                    )
+                    .map(|s| GpuChoice { gpus: s.selection.gpus, score: s.score });
+                    let name = format!("n{i}");
+                    map.insert(name.clone(), NodeGpus::from_model(kinds[kind].clone(), None, health));
+                    expected.push((name, GpuSet::from_bits(used), alone));
+                }
+                let chooser = TopologyChooser::with_cache(map, SelectOptions::default(), cache.clone());
+                // Twice: the second round answers from the cache.
+                for _ in 0..2 {
+                    for (name, used, alone) in &expected {
+                        let got = chooser.choose(&NodeInfo::new(name, Resources::new()), count, *used);
+                        proptest::prop_assert_eq!(got, *alone, "node {}", name);
+                    }
+                }
+            }
+            proptest::prop_assert!(!cache.is_empty());
+        }
+    }
+
+    #[test]
+    fn unknown_nodes_get_no_choice() {
+        let chooser = TopologyChooser::new(HashMap::new(), SelectOptions::default());
+        assert!(chooser.choose(&NodeInfo::new("x", Resources::new()), 1, GpuSet::EMPTY).is_none());
+    }
+
+    proptest::proptest! {
+        /// Parsing each node once when it changes never changes an answer: after any
+        /// sequence of node changes (GPU count, topology, health and assignment annotations,
+        /// good or malformed, nodes gone and back) and DRA-published GPU counts, the nodes as
+        /// kept give what reading each node's annotations afresh against its count gives.
+        #[test]
+        fn kept_nodes_give_what_reading_each_node_afresh_gives(
+            steps in proptest::collection::vec(
+                (0usize..3, proptest::option::of((0usize..3, 0usize..3, 0usize..3, 0usize..3)), 0usize..3),
+                1..30,
+            ),
+        ) {
+            let topologies = [None, Some(pcie()), Some("{not json".to_string())];
+            let health = [None, Some("{}".to_string()), Some("[broken".to_string())];
+            let assigned = [None, Some("{}".to_string()), Some("[broken".to_string())];
+            let names = ["a", "b", "c"];
+            let mut nodes: Vec<Option<Node>> = vec![None, None, None];
+            let mut kept: std::collections::BTreeMap<&str, GpuNode> = std::collections::BTreeMap::new();
+            let metrics = MetricsCache::default();
+            let thresholds = HealthThresholds::default();
+            for (i, change, dra) in steps {
+                nodes[i] = change.map(|(gpus, t, h, a)| {
+                    let mut n = node(names[i], topologies[t].as_deref(), [0, 4, 8][gpus]);
+                    let annotations = n.metadata.annotations.get_or_insert_with(Default::default);
+                    for (key, value) in [(GPU_HEALTH_ANNOTATION, &health[h]), (GPU_ASSIGNED_ANNOTATION, &assigned[a])] {
+                        if let Some(v) = value {
+                            annotations.insert(key.to_string(), v.clone());
+                        }
+                    }
+                    n
+                });
+                match &nodes[i] {
+                    Some(n) => kept.insert(names[i], GpuNode::of(n)),
+                    None => kept.remove(names[i]),
+                };
+                let published: HashMap<String, u64> = [("a".to_string(), [0, 4, 8][dra])].into();
+                let got = node_gpus_of(kept.iter().map(|(n, g)| (*n, g)), &published, &metrics, &thresholds, SystemTime::UNIX_EPOCH);
+                // Each node read afresh: its annotations parsed against the count it has now.
+                let mut want = HashMap::new();
+                for n in nodes.iter().flatten() {
+                    let name = n.metadata.name.clone().unwrap_or_default();
+                    let gpus = allocatable_gpus(n).max(published.get(&name).copied().unwrap_or(0));
+                    let topology_annotation = node_annotation(n, GPU_TOPOLOGY_ANNOTATION);
+                    if gpus == 0 && topology_annotation.is_none() {
+                        continue;
+                    }
+                    let (topology, topology_problem) = GpuTopology::from_node(topology_annotation, gpus);
+                    let mut report_problems = Vec::new();
+                    let agent = node_annotation(n, GPU_HEALTH_ANNOTATION)
+                        .and_then(|v| HealthAnnotation::parse(v).map_err(|e| report_problems.push(e.to_string())).ok());
+                    let assigned = node_annotation(n, GPU_ASSIGNED_ANNOTATION)
+                        .and_then(|v| AssignedAnnotation::parse(v).map_err(|e| report_problems.push(e.to_string())).ok());
+                    let merged = report::newest(agent.as_ref(), metrics.node(&name));
+                    let health = healthy_mask(&topology, merged.as_ref(), &thresholds, SystemTime::UNIX_EPOCH);
+                    want.insert(name, NodeGpus {
+                        topology: Arc::new(topology),
+                        topology_problem,
+                        health,
+                        assigned: assigned.map(Arc::new),
+                        report_problems,
+                        agent_health: agent.is_some(),
+                    });
+                }
+                proptest::prop_assert_eq!(got, want);
+            }
+        }
+    }
+}

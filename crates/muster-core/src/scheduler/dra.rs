@@ -1,0 +1,557 @@
+//! PURE: the DRA claims of pods, as one admission decision sees them. A pod asks for devices
+//! through pod-level `resourceClaims` entries: a ResourceClaimTemplate (a claim of its own,
+//! created by kube-controller-manager's resource-claim controller) or a named ResourceClaim
+//! (shared: a group claim, or one the user made).
+//!
+//! muster allocates these claims itself, so the node's driver prepares exactly the devices it
+//! chose and kube-scheduler (which honours an allocated claim) is bound by the decision:
+//! - a pod's own GPU claim (one per pod, devices of the GPU driver): its devices are GPU
+//!   indices on the pod's node, chosen by the topology chooser like count-based GPUs, among
+//!   the devices its class and selectors allow ([`ShapeClaims::offered`]);
+//! - a named claim: already allocated, its allocation's node selector says which nodes can
+//!   reach it; not allocated, muster chooses its devices before placement (the widest reach
+//!   first) and every pod of the gang must be on a node they all reach.
+//!
+//! Anything else (a claim of a driver muster does not allocate per pod, a request outside
+//! the supported subset, a template or claim that does not exist) keeps the pod off every
+//! node with a message naming it, never silently left to chance.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Pod, PodSpec};
+use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim, ResourceClaimSpec, ResourceClaimTemplate};
+
+use super::placement::Decision;
+use super::snapshot::NodeInfo;
+use muster_api::scheduling::PlannedPod;
+use crate::devices::GpuSet;
+use crate::devices::dra::{ClaimKey, DeviceId, DeviceRequestSet, Inventory, SharedReach, allocated_devices};
+use crate::devices::parse_indices;
+
+/// Where a pod-level claim entry takes its claim from.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ClaimSource {
+    /// `resourceClaimTemplateName`: a claim of the pod's own, made from the template.
+    Template(String),
+    /// `resourceClaimName`: an existing claim, possibly shared.
+    Claim(String),
+}
+
+/// One pod-level `resourceClaims` entry.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PodClaim {
+    /// The entry's name (containers refer to it).
+    pub name: String,
+    /// Its claim.
+    pub source: ClaimSource,
+}
+
+/// The pod-level claim entries of a pod spec, in order (entries naming neither source are
+/// left out: the API server refuses them).
+pub fn pod_claims(spec: &PodSpec) -> Vec<PodClaim> {
+    spec.resource_claims
+        .iter()
+        .flatten()
+        .filter_map(|c| {
+            let source = match (&c.resource_claim_name, &c.resource_claim_template_name) {
+                (Some(n), _) => ClaimSource::Claim(n.clone()),
+                (None, Some(t)) => ClaimSource::Template(t.clone()),
+                (None, None) => return None,
+            };
+            Some(PodClaim { name: c.name.clone(), source })
+        })
+        .collect()
+}
+
+/// A claim as admission reads it.
+#[derive(Clone, Debug)]
+pub struct ClaimInfo {
+    /// Its spec.
+    pub spec: ResourceClaimSpec,
+    /// `status.allocation`.
+    pub allocation: Option<AllocationResult>,
+    /// UIDs of the pods in `status.reservedFor`.
+    pub reserved_for: Vec<String>,
+}
+
+/// A named claim's devices and where they reach, as this decision has them.
+#[derive(Clone, Debug)]
+pub struct SharedChoice {
+    /// The claim.
+    pub claim: ClaimKey,
+    /// Its devices: the allocation's, or the ones muster will allocate.
+    pub devices: Vec<DeviceId>,
+    /// The nodes that reach every one of them.
+    pub reach: SharedReach,
+    /// Whether muster is to write the allocation (the claim is not allocated yet).
+    pub allocate: bool,
+}
+
+impl PartialEq for SharedChoice {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.claim, &self.devices, self.allocate) == (&other.claim, &other.devices, other.allocate)
+    }
+}
+
+impl Eq for SharedChoice {}
+
+/// What the claims of one shape need in one decision.
+#[derive(Clone, Debug, Default)]
+pub struct ShapeClaims {
+    /// The pod's own GPU claim (from its template), if it has one.
+    pub gpu: Option<Arc<DeviceRequestSet>>,
+    /// The named claims the pod uses, with their devices and reach.
+    pub shared: Vec<Arc<SharedChoice>>,
+    /// GPU indices per node (node name) the pod's own claim may be given: matching, free,
+    /// and not taken by a shared claim of this decision. Filled lazily by [`Dra::offered`].
+    pub offered: HashMap<String, GpuSet>,
+}
+
+impl ShapeClaims {
+    /// Whether every named claim's devices reach the node.
+    pub fn reaches(&self, node: &NodeInfo) -> bool {
+        self.shared.iter().all(|s| s.reach.reaches(&node.name, &node.labels))
+    }
+
+    /// How many GPUs the pod's own claim asks for (0 without one).
+    pub fn gpus(&self) -> u32 {
+        self.gpu.as_ref().map_or(0, |g| g.total())
+    }
+}
+
+/// The cluster's DRA objects: devices and who holds them, templates and claims by name.
+#[derive(Default)]
+pub struct Dra {
+    inventory: Option<Inventory>,
+    templates: HashMap<(String, String), ResourceClaimSpec>,
+    claims: HashMap<(String, String), ClaimInfo>,
+}
+
+impl std::fmt::Debug for Dra {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dra").field("templates", &self.templates.len()).field("claims", &self.claims.len()).finish()
+    }
+}
+
+fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> (String, String) {
+    (meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default())
+}
+
+impl Dra {
+    /// The DRA state of the cluster: the inventory (slices, classes, allocated claims) and the
+    /// templates and claims pods name.
+    pub fn new(inventory: Inventory, templates: &[ResourceClaimTemplate], claims: &[ResourceClaim]) -> Self {
+        let templates = templates
+            .iter()
+            .map(|t| (key_of(&t.metadata), t.spec.as_ref().and_then(|s| s.spec.clone()).unwrap_or_default()))
+            .collect();
+        let claims = claims
+            .iter()
+            .map(|c| {
+                let status = c.status.as_ref();
+                let reserved_for = status
+                    .and_then(|s| s.reserved_for.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .filter(|r| r.resource == "pods")
+                    .map(|r| r.uid.clone())
+                    .collect();
+                let info = ClaimInfo {
+                    spec: c.spec.clone().unwrap_or_default(),
+                    allocation: status.and_then(|s| s.allocation.clone()),
+                    reserved_for,
+                };
+                (key_of(&c.metadata), info)
+            })
+            .collect();
+        Self { inventory: Some(inventory), templates, claims }
+    }
+
+    /// The device inventory, when the cluster serves DRA.
+    pub fn inventory(&self) -> Option<&Inventory> {
+        self.inventory.as_ref()
+    }
+
+    /// A claim by namespace and name.
+    pub fn claim(&self, ns: &str, name: &str) -> Option<&ClaimInfo> {
+        self.claims.get(&(ns.to_string(), name.to_string()))
+    }
+
+    /// A template's claim spec by namespace and name.
+    pub fn template(&self, ns: &str, name: &str) -> Option<&ResourceClaimSpec> {
+        self.templates.get(&(ns.to_string(), name.to_string()))
+    }
+
+    /// Resolves the claims of one shape. `shared` holds the named claims this decision has
+    /// resolved already (one choice per claim, whichever shapes use it) and `taken` the devices
+    /// chosen for them, so two shared claims never get the same device.
+    pub fn resolve(
+        &self,
+        ns: &str,
+        claims: &[PodClaim],
+        shared: &mut BTreeMap<ClaimKey, Arc<SharedChoice>>,
+        taken: &mut HashSet<DeviceId>,
+    ) -> Result<ShapeClaims, String> {
+        let mut out = ShapeClaims::default();
+        if claims.is_empty() {
+            return Ok(out);
+        }
+        let Some(inventory) = self.inventory.as_ref() else {
+            return Err("the pod uses DRA resourceClaims, but the cluster serves no resource.k8s.io/v1".into());
+        };
+        for (i, c) in claims.iter().enumerate() {
+            let field = format!("resourceClaims[{i}] ({:?})", c.name);
+            match &c.source {
+                ClaimSource::Template(t) => {
+                    let Some(spec) = self.template(ns, t) else {
+                        return Err(format!("ResourceClaimTemplate {ns}/{t} named by {field} does not exist"));
+                    };
+                    let req = inventory
+                        .request_of(spec)
+                        .map_err(|e| format!("ResourceClaimTemplate {ns}/{t} named by {field}: {e}"))?;
+                    if !inventory.is_gpu_request(&req) {
+                        return Err(format!(
+                            "ResourceClaimTemplate {ns}/{t} named by {field} asks for devices of class {:?}, which are not \
+                             GPUs muster allocates; muster allocates a pod's own claims only for GPUs (shared claims may be of any class)",
+                            req.class()
+                        ));
+                    }
+                    if out.gpu.is_some() {
+                        return Err(format!(
+                            "{field}: the pod has a second GPU claim of its own; muster allocates one per pod (put several requests in one template)"
+                        ));
+                    }
+                    out.gpu = Some(Arc::new(req));
+                }
+                ClaimSource::Claim(name) => {
+                    let key = ClaimKey { namespace: ns.to_string(), name: name.clone() };
+                    if let Some(choice) = shared.get(&key) {
+                        out.shared.push(choice.clone());
+                        continue;
+                    }
+                    let Some(claim) = self.claim(ns, name) else {
+                        return Err(format!("ResourceClaim {ns}/{name} named by {field} does not exist"));
+                    };
+                    let choice = match &claim.allocation {
+                        Some(a) => SharedChoice {
+                            claim: key.clone(),
+                            devices: allocated_devices(a),
+                            reach: SharedReach::of_allocation(a)
+                                .map_err(|e| format!("ResourceClaim {ns}/{name} named by {field}: allocation {e}"))?,
+                            allocate: false,
+                        },
+                        None => {
+                            let req = inventory
+                                .request_of(&claim.spec)
+                                .map_err(|e| format!("ResourceClaim {ns}/{name} named by {field}: {e}"))?;
+                            let Some((devices, reach)) = inventory.choose_shared(&req, taken) else {
+                                return Err(format!(
+                                    "ResourceClaim {ns}/{name} named by {field}: no {} free device(s) of class {:?} match it",
+                                    req.total(),
+                                    req.class()
+                                ));
+                            };
+                            SharedChoice { claim: key.clone(), devices, reach, allocate: true }
+                        }
+                    };
+                    taken.extend(choice.devices.iter().cloned());
+                    let choice = Arc::new(choice);
+                    shared.insert(key, choice.clone());
+                    out.shared.push(choice);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The GPU indices on `node` the pod's own claim may be given: matching its class and
+    /// selectors, not allocated, and not a device a shared claim of the decision takes.
+    pub fn offered(&self, claims: &ShapeClaims, node: &str, taken: &HashSet<DeviceId>) -> GpuSet {
+        let (Some(inventory), Some(req)) = (self.inventory.as_ref(), claims.gpu.as_ref()) else {
+            return GpuSet::EMPTY;
+        };
+        let offered = inventory.offered_gpus(req, node);
+        if taken.is_empty() {
+            return offered;
+        }
+        let shared = offered.iter().filter(|&i| inventory.gpu_device(node, i).is_some_and(|d| taken.contains(d)));
+        offered.difference(GpuSet::from_indices(shared).unwrap_or_default())
+    }
+}
+
+/// A pod's own claims (entries made from templates) and the claim each got, from
+/// `status.resourceClaimStatuses` (`None` until the resource-claim controller made it).
+pub fn own_claims(pod: &Pod) -> Vec<(String, Option<String>)> {
+    let Some(spec) = pod.spec.as_ref() else { return Vec::new() };
+    let statuses = pod.status.as_ref().and_then(|s| s.resource_claim_statuses.as_ref());
+    pod_claims(spec)
+        .into_iter()
+        .filter(|c| matches!(c.source, ClaimSource::Template(_)))
+        .map(|c| {
+            let made =
+                statuses.into_iter().flatten().find(|s| s.name == c.name).and_then(|s| s.resource_claim_name.clone());
+            (c.name, made)
+        })
+        .collect()
+}
+
+impl Dra {
+    /// The node and GPU indices of the GPU-driver devices a claim is allocated.
+    pub fn claim_gpus(&self, ns: &str, name: &str) -> Option<(String, GpuSet)> {
+        let inventory = self.inventory.as_ref()?;
+        let allocation = self.claim(ns, name)?.allocation.as_ref()?;
+        let mut out: Option<(String, GpuSet)> = None;
+        for id in allocated_devices(allocation) {
+            let Some((node, index)) = inventory.gpu_index(&id) else { continue };
+            let entry = out.get_or_insert_with(|| (node.clone(), GpuSet::EMPTY));
+            if entry.0 == node {
+                entry.1 = entry.1.with(index).unwrap_or(entry.1);
+            }
+        }
+        out
+    }
+
+    /// The node and GPU indices a pod's own allocated claims give it: what the node's driver
+    /// prepares for it, so what `gpu.muster.dev/indices` must say.
+    pub fn pod_gpus(&self, pod: &Pod) -> Option<(String, GpuSet)> {
+        self.claims_gpus(pod.metadata.namespace.as_deref().unwrap_or_default(), &own_claims(pod))
+    }
+
+    /// [`Self::pod_gpus`] of a pod in `ns` with these own claims ([`own_claims`]).
+    pub fn claims_gpus(&self, ns: &str, claims: &[(String, Option<String>)]) -> Option<(String, GpuSet)> {
+        let mut out: Option<(String, GpuSet)> = None;
+        for (_, claim) in claims {
+            let Some((node, gpus)) = claim.as_ref().and_then(|c| self.claim_gpus(ns, c)) else { continue };
+            let entry = out.get_or_insert_with(|| (node.clone(), GpuSet::EMPTY));
+            if entry.0 == node {
+                entry.1 = entry.1.union(gpus);
+            }
+        }
+        out
+    }
+}
+
+/// One claim write of a commit: the allocation to write (none when the claim is allocated
+/// already and only pods are to be added to `reservedFor`) and the pods it is reserved for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClaimWrite {
+    /// The claim's name.
+    pub name: String,
+    /// The allocation to write.
+    pub allocation: Option<AllocationResult>,
+    /// Its devices (the allocation's, or the claim's own when only pods are added).
+    pub devices: Vec<DeviceId>,
+    /// (name, uid) of the pods it is for.
+    pub pods: Vec<(String, String)>,
+}
+
+/// The claim writes a pod's own GPU claims need before the pod is ungated as `planned` says:
+/// the devices of its planned GPU indices. Empty when the claims are allocated that way already;
+/// an error (the gang waits or the plan is re-checked) when a claim is missing, not made yet or
+/// allocated otherwise.
+pub fn own_writes(ns: &str, planned: &PlannedPod, dra: &Dra) -> std::result::Result<Vec<ClaimWrite>, String> {
+    let Some(inventory) = dra.inventory() else { return Ok(Vec::new()) };
+    let gpus = planned.gpu_indices.as_deref().and_then(|v| parse_indices(v).ok()).unwrap_or_default();
+    let mut out = Vec::new();
+    for name in &planned.claims {
+        let Some(claim) = dra.claim(ns, name) else {
+            return Err(format!("ResourceClaim {ns}/{name} of pod {} is not in the cache yet", planned.name));
+        };
+        // Allocated already (by this plan, before a restart): only the same devices will do.
+        if let Some(a) = &claim.allocation {
+            let mut planned_devices: Vec<DeviceId> =
+                gpus.iter().filter_map(|i| inventory.gpu_device(&planned.node, i).cloned()).collect();
+            let mut now = allocated_devices(a);
+            planned_devices.sort();
+            now.sort();
+            if now != planned_devices || planned_devices.len() != gpus.len() {
+                return Err(format!(
+                    "ResourceClaim {ns}/{name} of pod {} is allocated other devices than planned",
+                    planned.name
+                ));
+            }
+            if !claim.reserved_for.contains(&planned.uid) {
+                out.push(ClaimWrite {
+                    name: name.clone(),
+                    allocation: None,
+                    devices: allocated_devices(a),
+                    pods: vec![(planned.name.clone(), planned.uid.clone())],
+                });
+            }
+            continue;
+        }
+        let request = inventory.request_of(&claim.spec).map_err(|e| format!("ResourceClaim {ns}/{name}: {e}"))?;
+        let allocation = inventory
+            .gpu_allocation(&request, &planned.node, gpus)
+            .map_err(|e| format!("ResourceClaim {ns}/{name} of pod {}: {e}", planned.name))?;
+        let devices = allocated_devices(&allocation);
+        let allocation = Some(allocation);
+        out.push(ClaimWrite {
+            name: name.clone(),
+            allocation,
+            devices,
+            pods: vec![(planned.name.clone(), planned.uid.clone())],
+        });
+    }
+    Ok(out)
+}
+
+/// The names of the claims a pod's own GPU claim entries got (in `status.resourceClaimStatuses`),
+/// for the plan; an error while the resource-claim controller has not made one yet.
+pub fn own_claim_names(pod: &Pod, dra: &Dra) -> std::result::Result<Vec<String>, String> {
+    let (Some(inventory), Some(spec)) = (dra.inventory(), pod.spec.as_ref()) else { return Ok(Vec::new()) };
+    let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+    let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
+    let mut out = Vec::new();
+    let statuses = pod.status.as_ref().and_then(|s| s.resource_claim_statuses.as_ref());
+    for entry in pod_claims(spec) {
+        let ClaimSource::Template(template) = &entry.source else { continue };
+        let gpu = dra
+            .template(ns, template)
+            .and_then(|t| inventory.request_of(t).ok())
+            .is_some_and(|r| inventory.is_gpu_request(&r));
+        if !gpu {
+            continue;
+        }
+        let made =
+            statuses.into_iter().flatten().find(|s| s.name == entry.name).and_then(|s| s.resource_claim_name.clone());
+        match made {
+            Some(name) if dra.claim(ns, &name).is_some() => out.push(name),
+            _ => {
+                return Err(format!(
+                    "waiting for kube-controller-manager's resource-claim controller to create the ResourceClaim of pod {pod_name} \
+                     (resourceClaims entry {:?}, template {template})",
+                    entry.name
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The writes of the named claims a decision allocates, each reserved for the planned pods
+/// that use it; and, for named claims allocated already, the planned pods to add to
+/// `reservedFor`.
+pub fn shared_writes(
+    ns: &str,
+    decision: &Decision,
+    planned: &[(&PlannedPod, &Pod)],
+    dra: &Dra,
+) -> std::result::Result<Vec<ClaimWrite>, String> {
+    let Some(inventory) = dra.inventory() else { return Ok(Vec::new()) };
+    let mut users: HashMap<String, Vec<(String, String)>> = HashMap::new();
+    for (p, pod) in planned {
+        for entry in pod.spec.as_ref().map(pod_claims).unwrap_or_default() {
+            if let ClaimSource::Claim(name) = entry.source {
+                users.entry(name).or_default().push((p.name.clone(), p.uid.clone()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut names: Vec<&String> = users.keys().collect();
+    names.sort();
+    for name in names {
+        let pods = &users[name];
+        let Some(claim) = dra.claim(ns, name) else {
+            return Err(format!("ResourceClaim {ns}/{name} does not exist"));
+        };
+        if claim.reserved_for.len() + pods.len() > MAX_RESERVED_FOR {
+            return Err(format!(
+                "ResourceClaim {ns}/{name} would be reserved for {} pods, more than the {MAX_RESERVED_FOR} a claim may serve",
+                claim.reserved_for.len() + pods.len()
+            ));
+        }
+        let choice = decision.shared_claims.iter().find(|c| c.claim.name == *name && c.claim.namespace == ns);
+        let (allocation, devices) = match (&claim.allocation, choice) {
+            (Some(a), _) => (None, allocated_devices(a)),
+            (None, Some(c)) => {
+                let request =
+                    inventory.request_of(&claim.spec).map_err(|e| format!("ResourceClaim {ns}/{name}: {e}"))?;
+                (Some(inventory.shared_allocation(&request, &c.devices, &c.reach)), c.devices.clone())
+            }
+            (None, None) => return Err(format!("ResourceClaim {ns}/{name} has no devices chosen")),
+        };
+        let missing: Vec<(String, String)> =
+            pods.iter().filter(|(_, uid)| !claim.reserved_for.contains(uid)).cloned().collect();
+        if allocation.is_none() && missing.is_empty() {
+            continue;
+        }
+        out.push(ClaimWrite { name: name.clone(), allocation, devices, pods: missing });
+    }
+    Ok(out)
+}
+
+/// The most consumers one claim may list in `status.reservedFor` (the API's limit).
+pub const MAX_RESERVED_FOR: usize = 256;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::dra::{NVIDIA_GPU_DRIVER, fixtures};
+    use serde_json::json;
+
+    fn claim(name: &str, devices: &[&str], reserved: &[&str]) -> ResourceClaim {
+        let results: Vec<serde_json::Value> = devices
+            .iter()
+            .map(|d| json!({"request": "gpus", "driver": "gpu.nvidia.com", "pool": "n1", "device": d}))
+            .collect();
+        let reserved: Vec<serde_json::Value> =
+            reserved.iter().map(|u| json!({"resource": "pods", "name": u, "uid": u})).collect();
+        let mut c = json!({
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}]}},
+        });
+        if !devices.is_empty() {
+            c["status"] = json!({"allocation": {"devices": {"results": results}}, "reservedFor": reserved});
+        }
+        serde_json::from_value(c).unwrap()
+    }
+
+    fn dra(claims: &[ResourceClaim]) -> Dra {
+        let gpus: Vec<(usize, String)> = (0..4).map(|i| (i, format!("GPU-{i}"))).collect();
+        let gpus: Vec<(usize, &str)> = gpus.iter().map(|(i, u)| (*i, u.as_str())).collect();
+        let slice = fixtures::nvidia_slice("n1", &gpus, 1);
+        let inventory =
+            Inventory::new(&[slice], &[fixtures::nvidia_device_class()], claims, NVIDIA_GPU_DRIVER, &HashMap::new());
+        Dra::new(inventory, &[], claims)
+    }
+
+    fn planned(claim: &str, indices: &str) -> PlannedPod {
+        PlannedPod {
+            name: "p".into(),
+            uid: "p".into(),
+            node: "n1".into(),
+            gpu_indices: Some(indices.into()),
+            claims: vec![claim.into()],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn own_claim_writes_allocate_once_and_never_over_other_devices() {
+        // Not allocated: the planned indices' devices, reserved for the pod.
+        let fresh = dra(&[claim("c", &[], &[])]);
+        let writes = own_writes("ns", &planned("c", "1,3"), &fresh).unwrap();
+        assert_eq!(writes.len(), 1);
+        let names: Vec<&str> = writes[0].devices.iter().map(|d| d.device.as_str()).collect();
+        assert_eq!(names, ["gpu-1", "gpu-3"]);
+        assert!(writes[0].allocation.is_some());
+        assert_eq!(writes[0].pods, [("p".to_string(), "p".to_string())]);
+
+        // Allocated as planned before a restart: nothing to write; not reserved yet: reserve only.
+        let done = dra(&[claim("c", &["gpu-3", "gpu-1"], &["p"])]);
+        assert_eq!(own_writes("ns", &planned("c", "1,3"), &done).unwrap(), vec![]);
+        let unreserved = dra(&[claim("c", &["gpu-1", "gpu-3"], &[])]);
+        let writes = own_writes("ns", &planned("c", "1,3"), &unreserved).unwrap();
+        assert_eq!((writes.len(), writes[0].allocation.is_none()), (1, true));
+
+        // Allocated other devices: never written over.
+        let other = dra(&[claim("c", &["gpu-0", "gpu-1"], &["p"])]);
+        let err = own_writes("ns", &planned("c", "1,3"), &other).unwrap_err();
+        assert!(err.contains("allocated other devices than planned"), "{err}");
+        // Gone: the plan cannot go on.
+        let err = own_writes("ns", &planned("gone", "1,3"), &fresh).unwrap_err();
+        assert!(err.contains("ResourceClaim ns/gone"), "{err}");
+    }
+}

@@ -1,0 +1,255 @@
+//! PURE: how a group's changed status is written: at what pace after the group's last write
+//! ([`Pace`], [`due_at`]), what the commit protocol writes instead ([`COMMIT_FIELDS`]), the
+//! merge patch that clears a plan and writes the status at once ([`fold_body`]), and the
+//! fingerprints that keep a status from being computed or sent again for nothing. Times are
+//! passed in.
+
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use muster_api::scheduling::{CompositePodGroupStatus, GroupPhase, PodGroup, PodGroupStatus};
+
+use super::outcome::Outcome;
+
+/// The least time between a group's last write (its status, its plan, its plan's clear) and a
+/// write of a new phase or condition: a gang created, admitted, bound and started within a
+/// second or two makes one or two status writes, not one per step (as kube's Job controller
+/// batches its status updates). In a saturated run the API server spent more on muster's
+/// group status writes than on any other write of muster's; a status a second late costs a
+/// user nothing.
+pub const STATUS_PACE: std::time::Duration = std::time::Duration::from_secs(1);
+/// The least time between a group's last write and a write of its counts and messages only
+/// (its phase and conditions standing): pods started one by one, seconds apart on a busy
+/// cluster, make one write, not one each.
+pub const COUNT_PACE: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long a root's status waits after its commit went through: kube-scheduler binds its
+/// pods meanwhile, and the plan's clear then writes the status (admitted and scheduled at
+/// once) in the same patch. A gang whose binds take longer gets its admitted status then.
+pub const PLAN_STATUS_HOLD: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Status fields written by the commit protocol with their own merge patches (the plan, and
+/// the rollback record beside it); the server-side apply of the rest leaves them alone, so a
+/// stale cache never writes an old value back.
+pub const COMMIT_FIELDS: [&str; 5] = ["plan", "rollbacks", "recentRollbacks", "lastRollbackTime", "avoidNodes"];
+
+/// A group status part of which is written by the commit protocol.
+pub trait CommitRecord: Clone + PartialEq {
+    fn without_commit_record(&self) -> Self;
+    /// The phase and each condition's type, status and reason: a change of that is written
+    /// at [`STATUS_PACE`], of counts and messages only at [`COUNT_PACE`].
+    fn standing(&self) -> (Option<GroupPhase>, Vec<(&str, &str, &str)>);
+}
+
+pub fn condition_keys(conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]) -> Vec<(&str, &str, &str)> {
+    conditions.iter().map(|c| (c.type_.as_str(), c.status.as_str(), c.reason.as_str())).collect()
+}
+
+impl CommitRecord for PodGroupStatus {
+    fn without_commit_record(&self) -> Self {
+        Self {
+            plan: None,
+            rollbacks: 0,
+            recent_rollbacks: 0,
+            last_rollback_time: None,
+            avoid_nodes: Vec::new(),
+            ..self.clone()
+        }
+    }
+
+    fn standing(&self) -> (Option<GroupPhase>, Vec<(&str, &str, &str)>) {
+        (self.phase, condition_keys(&self.conditions))
+    }
+}
+
+impl CommitRecord for CompositePodGroupStatus {
+    fn without_commit_record(&self) -> Self {
+        Self {
+            plan: None,
+            rollbacks: 0,
+            recent_rollbacks: 0,
+            last_rollback_time: None,
+            avoid_nodes: Vec::new(),
+            ..self.clone()
+        }
+    }
+
+    fn standing(&self) -> (Option<GroupPhase>, Vec<(&str, &str, &str)>) {
+        (self.phase, condition_keys(&self.conditions))
+    }
+}
+
+/// PURE: how long the first status of a group created at `created` may still wait at `now`:
+/// until it is at least [`STATUS_PACE`] old, so a gang admitted within that time gets no
+/// pending status before its admitted one. `creationTimestamp` has whole seconds (the group
+/// may be up to a second younger than it says), so that is [`STATUS_PACE`] and a second after
+/// the stamp. `None`: write it now (older, or a creation time ahead of this clock).
+pub fn first_status_wait(created: Option<&Time>, now: Timestamp) -> Option<std::time::Duration> {
+    let age = std::time::Duration::try_from(now.duration_since(created?.0)).ok()?;
+    (STATUS_PACE + std::time::Duration::from_secs(1)).checked_sub(age).filter(|left| !left.is_zero())
+}
+
+/// Status equality that ignores what the commit protocol writes.
+pub fn same_status<S: CommitRecord>(old: Option<&S>, new: &S) -> bool {
+    old.is_some_and(|old| old.without_commit_record() == new.without_commit_record())
+}
+
+/// PURE: a fingerprint of what a PodGroup's status is computed from: the group as cached (its
+/// resourceVersion), its pods as cached (each UID and resourceVersion), its root's outcome
+/// and last error. Equal fingerprints, equal statuses (the clock only stamps transitions).
+pub fn status_inputs(pg: &PodGroup, pods: &[&Pod], outcome: Option<&Outcome>, error: Option<&str>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    pg.metadata.uid.hash(&mut h);
+    pg.metadata.resource_version.hash(&mut h);
+    for pod in pods {
+        pod.metadata.uid.hash(&mut h);
+        pod.metadata.resource_version.hash(&mut h);
+    }
+    outcome.map(|o| (std::mem::discriminant(o), o.message())).hash(&mut h);
+    error.hash(&mut h);
+    h.finish()
+}
+
+/// When a group's changed status is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pace {
+    /// Its phase or a condition moved: [`STATUS_PACE`] after the group's last write.
+    Standing,
+    /// Counts and messages only (its pods created, bound, started one by one):
+    /// [`COUNT_PACE`] after the group's last write.
+    Counts,
+    /// Its first status, the group young: after this much more (see [`first_status_wait`]),
+    /// and [`STATUS_PACE`] after the group's last write (its plan's).
+    Young(std::time::Duration),
+}
+
+/// PURE: how a group's status, changed from `old` (the one cached) to `new`, is paced at
+/// `now`.
+pub fn pace_of<S: CommitRecord>(old: Option<&S>, new: &S, created: Option<&Time>, now: Timestamp) -> Pace {
+    match (old, first_status_wait(created, now)) {
+        (None, Some(left)) => Pace::Young(left),
+        (Some(old), _) if old.standing() == new.standing() => Pace::Counts,
+        _ => Pace::Standing,
+    }
+}
+
+/// What paces a group's next status write: when the group was last written (its status, its
+/// plan, its plan's clear), and until when its status waits for its plan's binds
+/// ([`PLAN_STATUS_HOLD`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatusPacing {
+    pub written: Option<Instant>,
+    pub hold: Option<Instant>,
+}
+
+impl StatusPacing {
+    /// Whether it still paces anything after `at`.
+    pub fn live(&self, at: Instant) -> bool {
+        self.written.is_some_and(|w| w + COUNT_PACE > at) || self.hold.is_some_and(|h| h > at)
+    }
+}
+
+/// PURE: when a status write paced `pace` may go at `at`: `None` now.
+pub fn due_at(pace: Pace, pacing: StatusPacing, at: Instant) -> Option<Instant> {
+    let after = |d: std::time::Duration| pacing.written.map(|w| w + d);
+    let due = match pace {
+        Pace::Standing => after(STATUS_PACE),
+        Pace::Counts => after(COUNT_PACE),
+        Pace::Young(left) => Some(after(STATUS_PACE).map_or(at + left, |d| d.max(at + left))),
+    };
+    [due, pacing.hold].into_iter().flatten().max().filter(|due| *due > at)
+}
+
+/// PURE: the merge patch of a root's status that clears its plan and writes `new`, the status
+/// computed from `old` (the one cached): every field admission computes, a field it no longer
+/// sets as `null` (a merge patch removes only what it names), `plan` as `null`, and nothing
+/// of the rollback record or the job controller's claim statuses, which have writers of their
+/// own.
+pub fn fold_body<S: serde::Serialize>(old: Option<&S>, new: &S) -> serde_json::Value {
+    let fields = |s: Option<&S>| match s.map(serde_json::to_value) {
+        Some(Ok(serde_json::Value::Object(map))) => map,
+        _ => serde_json::Map::new(),
+    };
+    let not_ours = |field: &str| COMMIT_FIELDS.contains(&field) || field == "resourceClaimStatuses";
+    let mut body = fields(Some(new));
+    body.retain(|field, _| !not_ours(field));
+    for field in fields(old).keys().filter(|f| !not_ours(f)) {
+        body.entry(field.clone()).or_insert(serde_json::Value::Null);
+    }
+    body.insert("plan".into(), serde_json::Value::Null);
+    serde_json::Value::Object(body)
+}
+
+/// A status sent for a group: the group's resourceVersion it was computed on, and the
+/// status without its conditions' transition times. While the cache still shows that version
+/// (it lags behind the write, seconds on a busy API server), the status computed again is the
+/// one sent: it is not sent again (on a busy cluster a tenth of the group status writes were
+/// such repeats). A status computed on another version, or another status, is sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SentStatus {
+    version: Option<String>,
+    status: u64,
+}
+
+impl SentStatus {
+    pub fn of(version: &Option<String>, status: &serde_json::Value) -> Self {
+        SentStatus { version: version.clone(), status: without_transition_times(status) }
+    }
+
+    pub fn is(&self, version: &Option<String>, status: &serde_json::Value) -> bool {
+        self.version == *version && self.status == without_transition_times(status)
+    }
+}
+
+/// PURE: a fingerprint of a status without its conditions' transition times (computed again on
+/// a stale cache, a transition is stamped again).
+pub fn without_transition_times(status: &serde_json::Value) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut status = status.clone();
+    if let Some(conditions) = status.get_mut("conditions").and_then(serde_json::Value::as_array_mut) {
+        for c in conditions.iter_mut().filter_map(serde_json::Value::as_object_mut) {
+            c.remove("lastTransitionTime");
+        }
+    }
+    let mut h = std::hash::DefaultHasher::new();
+    status.to_string().hash(&mut h);
+    h.finish()
+}
+
+/// What becomes of a group's status computed in a cycle.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Disposition {
+    /// The status cached says the same (what the commit protocol writes aside): nothing to write.
+    Same,
+    /// The root's plan is cleared this cycle: the status goes into the clear's merge patch
+    /// ([`fold_body`]), one write instead of two racing.
+    Fold(serde_json::Value),
+    /// The root settles (its writes are not in the caches yet): the status is kept this cycle.
+    Kept,
+    /// Written on its own, at this pace after the group's last write.
+    Write(Pace),
+}
+
+/// PURE: what becomes of `new`, a group's status computed at `now` from `old` (the one
+/// cached), for a group created at `created`, whose root's plan `clears` this cycle or whose
+/// root `settles`.
+pub fn disposition<S: CommitRecord + serde::Serialize>(
+    old: Option<&S>,
+    new: &S,
+    created: Option<&Time>,
+    clears: bool,
+    settles: bool,
+    now: Timestamp,
+) -> Disposition {
+    if same_status(old, new) {
+        Disposition::Same
+    } else if clears {
+        Disposition::Fold(fold_body(old, new))
+    } else if settles {
+        Disposition::Kept
+    } else {
+        Disposition::Write(pace_of(old, new, created, now))
+    }
+}
