@@ -16,8 +16,8 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use super::commit::Patched;
-use super::{Admitter, DraState, World, Writer, state};
+
+use super::{Admitter, DraState, Patched, World, Writer, patched, state};
 use crate::controllers::context::{Error, Result, bounded};
 use crate::crds::scheduling::AdmissionPlan;
 use crate::devices::chooser::{GpuNode, NodeGpus};
@@ -124,7 +124,7 @@ impl Writer {
             let patch = json!({"metadata": {"resourceVersion": version, "finalizers": finalizers}});
             match bounded(api.patch(&w.name, &PatchParams::default(), &Patch::Merge(&patch))).await {
                 Ok(c) => version = c.metadata.resource_version,
-                Err(e) => return super::commit::patched(Err(e)),
+                Err(e) => return patched(Err(e)),
             }
         }
         let mut reserved: Vec<serde_json::Value> =
@@ -140,7 +140,7 @@ impl Writer {
             body["status"]["allocation"] = serde_json::to_value(a).unwrap_or_default();
         }
         let result = bounded(api.patch_status(&w.name, &PatchParams::default(), &Patch::Merge(&body))).await;
-        let outcome = super::commit::patched(result.map(|_| ()))?;
+        let outcome = patched(result.map(|_| ()))?;
         if matches!(outcome, Patched::Ok) {
             self.unseen().claims.insert((ns.to_string(), w.name.clone()), (true, Instant::now()));
             tracing::info!(namespace = %ns, claim = %w.name, devices = w.devices.len(), pods = w.pods.len(), "claim allocated");
@@ -174,7 +174,7 @@ impl Admitter {
                               "status": {"allocation": null, "reservedFor": null}});
             let result = bounded(api.patch_status(name, &PatchParams::default(), &Patch::Merge(&body))).await;
             let Ok(freed) = result else {
-                match super::commit::patched(result.map(|_| ()))? {
+                match patched(result.map(|_| ()))? {
                     Patched::Ok | Patched::Stale => continue,
                     Patched::Refused(m) => {
                         tracing::warn!(namespace = %ns, claim = %name, error = %m, "could not free a claim of a dropped plan");
@@ -194,7 +194,7 @@ impl Admitter {
             let patch =
                 json!({"metadata": {"resourceVersion": freed.metadata.resource_version, "finalizers": finalizers}});
             let result = bounded(api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))).await;
-            super::commit::patched(result.map(|_| ()))?;
+            patched(result.map(|_| ()))?;
             tracing::info!(namespace = %ns, claim = %name, "freed the claim of a dropped plan");
         }
         Ok(())

@@ -5,7 +5,6 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -17,9 +16,10 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::{
-    Admitter, FAULT_EXIT_ENV, GroupRef, MIN_BACKOFF, PlanClear, RootKey, World, Writer, error_backoff, is_gated,
+    Admitter, GroupRef, MIN_BACKOFF, Patched, PlanClear, RootKey, World, Writer, error_backoff, is_gated, patched,
 };
 use crate::controllers::context::{Detached, Error, Result, at_most, bounded};
+use super::nominations::write_nominations;
 use super::report::object_labels;
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{AdmissionPlan, AvoidedNode, CompositePodGroup, PlanState, PlannedPod, PodGroup};
@@ -189,14 +189,6 @@ pub(super) enum Committed {
     NotReady(String),
 }
 
-/// What a pod (or claim) patch came to.
-pub(super) enum Patched {
-    Ok,
-    /// Deleted meanwhile, or changed since the cache showed it (409 on its resourceVersion).
-    Stale,
-    Refused(String),
-}
-
 /// The largest plan one status write may carry: the API server refuses requests over 3 MiB and
 /// etcd values over 1.5 MiB; the rest of the status needs room too.
 pub(super) const MAX_PLAN_BYTES: usize = 1024 * 1024;
@@ -213,25 +205,6 @@ fn too_large(plan: &AdmissionPlan) -> Option<String> {
             MAX_PLAN_BYTES / 1024
         )
     })
-}
-
-/// Reads what a patch's refusal means: a stale object (404, 409) is decided again, a server
-/// or transport failure is retried with a backoff, anything else is a refusal.
-pub(super) fn patched(result: Result<()>) -> Result<Patched> {
-    match result {
-        Ok(()) => Ok(Patched::Ok),
-        Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 || e.code == 409 => Ok(Patched::Stale),
-        Err(e) => {
-            if e.transient() {
-                return Err(e);
-            }
-            let message = match &e {
-                Error::Kube(kube::Error::Api(a)) => a.message.clone(),
-                other => other.to_string(),
-            };
-            Ok(Patched::Refused(message))
-        }
-    }
 }
 
 /// Why a plan cut short cannot go on: a shared claim it was to allocate before the first pod
@@ -429,7 +402,7 @@ impl Writer {
             .map(|(p, _)| (p.name.clone(), Some(p.node.clone())))
             .collect();
         if !moved.is_empty() {
-            super::preemption::write_nominations(&self.ctx.client, &key.ns, moved).await;
+            write_nominations(&self.ctx.client, &key.ns, moved).await;
         }
         let first = planned.first().map(|(p, _)| p.uid.clone()).unwrap_or_default();
         if let Some(stopped) = self.write_claims(&key.ns, &job.shared, &first).await? {
@@ -520,16 +493,6 @@ impl Writer {
         }
         self.count_write();
         outcome
-    }
-
-    /// Counts one commit write (a pod patch or a claim allocation) for the test hook that
-    /// exits mid-commit ([`FAULT_EXIT_ENV`]).
-    pub(super) fn count_write(&self) {
-        let writes = self.writes.fetch_add(1, Ordering::SeqCst) + 1;
-        if self.fault_exit_after.is_some_and(|n| writes >= n) {
-            tracing::error!(patches = writes, "{FAULT_EXIT_ENV} reached: exiting now (test hook)");
-            std::process::exit(3);
-        }
     }
 
     /// Writes a root's plan, fenced by the group's resourceVersion when given. Returns the

@@ -21,7 +21,7 @@ use crate::controllers::context::Result;
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{CompositePodGroup, PlannedPod, PodGroup};
 use crate::devices::chooser::{ChooserNodes, GpuNode, TopologyChooser};
-use crate::devices::{GpuProblem, GpuProblemKind, GpuSet, HealthThresholds, Placed, SelectOptions};
+use crate::devices::{GpuProblem, GpuProblemKind, GpuSet, Placed, SelectOptions};
 use crate::scheduler::{
     self, Admission, Decision, Group, GroupTree, PatchRefused, PlaceOptions, PodState, Scoring, Snapshot,
 };
@@ -570,15 +570,6 @@ impl Admitter {
         let until = Instant::now() + error_backoff(memory.errors);
         memory.error_until = Some(until);
         at.max(until)
-    }
-
-    /// When a GPU is too hot or too full to offer.
-    pub(super) fn thresholds(&self) -> HealthThresholds {
-        HealthThresholds {
-            max_temperature_c: self.ctx.config.gpu_max_temperature,
-            min_free_memory_fraction: self.ctx.config.gpu_min_free_memory,
-            ..HealthThresholds::default()
-        }
     }
 
     /// Each node's GPU model and health (kept between cycles: built again for the nodes whose

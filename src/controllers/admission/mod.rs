@@ -1,16 +1,26 @@
 //! The admission reconciler, the paired half of kube-scheduler: on the leader only, one root at
 //! a time in priority then age order, against an in-memory ledger of bound and admitted pods.
 //! Quorum, placement and the commit protocol's decisions are the scheduler core's; this module
-//! reads the world and carries the decisions out, one concern per file:
-//! - `watches`: the trimmed watch caches and what wakes a cycle;
-//! - `cycle`: one cycle: read the caches, build the snapshot, follow plans, decide per root;
+//! reads the world and carries the decisions out, one concern per file. Each file calls only the
+//! files below it, never one beside or above it:
+//! - `cycle` (the top): one cycle: read the caches, build the snapshot, follow plans, decide
+//!   per root, and hand each decision to the one below that carries it out;
 //! - `commit`: the crash-safe commit protocol (plan recorded, then each pod pinned, given its
 //!   GPU indices and ungated in one patch), the bind watch and the rollback of failed attempts;
-//! - `status`: group status and events.
+//! - `preemption`: evictions of a preemptor's victims and the nominations while they go;
+//! - `status`: writes the group statuses the core decides (`scheduler::status`);
+//! - `claims`: ResourceClaim allocations and their release (commit's, for DRA gangs);
+//! - `nominations`: the nominated node of pods (preemption's and commit's one shared write);
+//! - `report` (the bottom): Events on a root and its owner, and an error met on a root;
+//! - `watches` and `trim`: the trimmed watch caches and what wakes a cycle.
+//!
+//! This file holds what they share: the admitter's state, the writer of commits, the root key,
+//! what a fenced write came to (`Patched`), and the loop that runs cycles.
 
 mod claims;
 mod commit;
 mod cycle;
+mod nominations;
 mod preemption;
 mod report;
 mod status;
@@ -19,7 +29,7 @@ mod watches;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::Future;
@@ -28,12 +38,12 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
 
-use super::context::{Context, Detached, Result};
+use super::context::{Context, Detached, Error, Result};
 use super::devices::DeviceReconciler;
 use super::devices::prometheus::PrometheusSource;
 use crate::crds::POD_GROUP_LABEL;
 use crate::crds::scheduling::{AdmissionPlan, CompositePodGroup, PlanState, PlannedPod, PodGroup};
-use crate::devices::MetricsCache;
+use crate::devices::{HealthThresholds, MetricsCache};
 use crate::devices::chooser::FitCache;
 use crate::devices::models::GpuModels;
 use crate::scheduler::{Group, PatchRefused, Quiet};
@@ -104,6 +114,33 @@ impl std::fmt::Display for RootKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let kind = if self.composite { "CompositePodGroup" } else { "PodGroup" };
         write!(f, "{kind} {}/{}", self.ns, self.name)
+    }
+}
+
+/// What a pod (or claim) patch came to.
+pub(super) enum Patched {
+    Ok,
+    /// Deleted meanwhile, or changed since the cache showed it (409 on its resourceVersion).
+    Stale,
+    Refused(String),
+}
+
+/// Reads what a patch's refusal means: a stale object (404, 409) is decided again, a server
+/// or transport failure is retried with a backoff, anything else is a refusal.
+pub(super) fn patched(result: Result<()>) -> Result<Patched> {
+    match result {
+        Ok(()) => Ok(Patched::Ok),
+        Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 || e.code == 409 => Ok(Patched::Stale),
+        Err(e) => {
+            if e.transient() {
+                return Err(e);
+            }
+            let message = match &e {
+                Error::Kube(kube::Error::Api(a)) => a.message.clone(),
+                other => other.to_string(),
+            };
+            Ok(Patched::Refused(message))
+        }
     }
 }
 
@@ -282,6 +319,27 @@ impl Writer {
     /// The writes not yet seen (a poisoned lock is taken as is: its maps stay consistent).
     fn unseen(&self) -> std::sync::MutexGuard<'_, Unseen> {
         self.unseen.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Counts one commit write (a pod patch or a claim allocation) for the test hook that
+    /// exits mid-commit ([`FAULT_EXIT_ENV`]).
+    pub(super) fn count_write(&self) {
+        let writes = self.writes.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.fault_exit_after.is_some_and(|n| writes >= n) {
+            tracing::error!(patches = writes, "{FAULT_EXIT_ENV} reached: exiting now (test hook)");
+            std::process::exit(3);
+        }
+    }
+}
+
+impl Admitter {
+    /// When a GPU is too hot or too full to offer.
+    pub(super) fn thresholds(&self) -> HealthThresholds {
+        HealthThresholds {
+            max_temperature_c: self.ctx.config.gpu_max_temperature,
+            min_free_memory_fraction: self.ctx.config.gpu_min_free_memory,
+            ..HealthThresholds::default()
+        }
     }
 }
 

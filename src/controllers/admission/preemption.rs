@@ -9,11 +9,11 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, EvictParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
+use super::nominations::write_nominations;
 use super::{Admitter, RootKey};
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::PreemptionPolicy;
@@ -207,26 +207,6 @@ impl Admitter {
         self.protected.retain(|_, until| *until > now);
         self.protected.keys().cloned().collect()
     }
-}
-
-/// Writes (`Some`) or clears (`None`) the nominated node of each pod; a pod gone meanwhile
-/// is skipped, other errors are logged (the next decision writes again).
-pub(super) async fn write_nominations(client: &kube::Client, ns: &str, writes: Vec<(String, Option<String>)>) {
-    let api = Api::<Pod>::namespaced(client.clone(), ns);
-    futures::stream::iter(writes.into_iter().map(|(name, node)| {
-        let api = api.clone();
-        async move {
-            let body = json!({"status": {"nominatedNodeName": node}});
-            match api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body)).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => tracing::warn!(pod = %name, namespace = %ns, error = %e, "could not write a nomination"),
-            }
-        }
-    }))
-    .buffer_unordered(16)
-    .collect::<Vec<()>>()
-    .await;
 }
 
 /// Whether a nomination still waits: some victim still counts on its node, and it is not too
