@@ -1,0 +1,99 @@
+//! The `muster dev bench` command: set up the cluster, run the paths in order, relate them to
+//! the plain path, print the table and write the JSON; the exit code says whether all held.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ListParams};
+
+use super::path::run_path;
+use super::report::{PathReport, Report};
+use super::setup::{GPUS_PER_NODE, make_nodes, prepare_namespace};
+use super::stats::ratio;
+use super::table::{format_table, opt};
+use super::{Args, BenchError, BenchPath};
+use crate::client;
+
+async fn bench(args: &Args) -> Result<Report, BenchError> {
+    let client = client(args.kubeconfig.as_deref()).await?;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .map_err(|e| BenchError::Setup(format!("http client: {e}")))?;
+    let pods_needed = u64::from(args.gangs) * u64::from(args.size) * args.paths.len() as u64;
+    if pods_needed > u64::from(args.nodes) * u64::from(GPUS_PER_NODE) {
+        eprintln!(
+            "bench: WARNING: {pods_needed} one-GPU pods over all paths, {} GPUs: the later paths cannot all bind",
+            u64::from(args.nodes) * u64::from(GPUS_PER_NODE)
+        );
+    }
+    for path in &args.paths {
+        prepare_namespace(&client, &path.namespace()).await?;
+    }
+    let (nodes_create_s, nodes_ready_s) = make_nodes(&client, args).await?;
+    eprintln!("bench: all {} nodes Ready after {nodes_ready_s:.1} s", args.nodes);
+
+    let mut report = Report {
+        nodes: args.nodes,
+        gangs: args.gangs,
+        size: args.size,
+        concurrency: args.concurrency,
+        rate: args.rate,
+        timeout_s: args.timeout,
+        nodes_create_s,
+        nodes_ready_s,
+        ..Report::default()
+    };
+    for &path in &args.paths {
+        let r = run_path(&client, args, path, &http).await?;
+        eprintln!(
+            "bench: {}: {}/{} bound, {} pods/s{}",
+            path.name(),
+            r.throughput.pods_bound,
+            r.pods_expected,
+            opt(r.throughput.bound_per_s, 1),
+            if r.timed_out { " (TIMED OUT)" } else { "" }
+        );
+        report.paths.push(r);
+    }
+    let plain = report.paths.iter().find(|p| p.path == Some(BenchPath::Plain)).and_then(|p| p.throughput.bound_per_s);
+    for p in &mut report.paths {
+        p.ratio_to_plain = ratio(p.throughput.bound_per_s, plain);
+    }
+    let lp = ListParams::default();
+    report.cluster_pods = Api::<Pod>::all(client.clone()).list_metadata(&lp).await.ok().map(|l| l.items.len());
+    report.cluster_nodes = Api::<Node>::all(client).list_metadata(&lp).await.ok().map(|l| l.items.len());
+    Ok(report)
+}
+
+/// Runs `muster dev bench`: exit 0 only when every path bound all its pods and measured what
+/// it claims.
+pub fn run(args: Args) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: tokio runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let report = match runtime.block_on(bench(&args)) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    print!("{}", format_table(&report));
+    if let Some(path) = &args.json_out {
+        let written = serde_json::to_string_pretty(&report)
+            .map_err(std::io::Error::other)
+            .and_then(|text| std::fs::write(path, text + "\n"));
+        if let Err(e) = written {
+            eprintln!("error: writing {}: {e}", path.display());
+            return ExitCode::from(2);
+        }
+        println!("numbers written to {}", path.display());
+    }
+    if report.paths.iter().all(PathReport::ok) { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}

@@ -1,0 +1,121 @@
+//! Every number a run measured, per path and in all (what `--json-out` writes): throughput,
+//! the API server's and the machine's work, muster's own cost, and whether a path is ok.
+
+use serde::Serialize;
+
+use super::BenchPath;
+use super::stats::Throughput;
+
+/// muster's own cost during a path.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct MusterNumbers {
+    /// The largest VmRSS sampled during the path (every 200 ms), MiB.
+    pub rss_peak_mib: Option<f64>,
+    /// VmHWM at the path's end (peak RSS since muster started), MiB.
+    pub vm_hwm_mib: Option<f64>,
+    /// utime + stime used during the path, seconds.
+    pub cpu_s: Option<f64>,
+    /// Admission latency over the gangs, median, seconds.
+    pub admission_p50_s: Option<f64>,
+    /// Admission latency over the gangs, 99th percentile, seconds.
+    pub admission_p99_s: Option<f64>,
+    /// Gangs whose admission latency was measured (complete and ungated).
+    pub gangs_admitted: usize,
+    /// Admission cycles run during the path (delta of muster_reconciles_total{controller="admission"}).
+    pub cycles: Option<f64>,
+    /// Webhook reviews muster answered during the path (each MusterJob create is one
+    /// validation and one mutation), and their mean duration, ms.
+    pub webhook_reviews: Option<f64>,
+    pub webhook_mean_ms: Option<f64>,
+    /// The allocator's live bytes at the path's end, MiB (`muster_heap_bytes{kind="allocated"}`),
+    /// and its resident bytes: what of RSS is data, and what the allocator holds.
+    pub heap_allocated_mib: Option<f64>,
+    pub heap_resident_mib: Option<f64>,
+}
+
+/// Every number of one path.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct PathReport {
+    /// The path.
+    pub path: Option<BenchPath>,
+    /// Its namespace.
+    pub namespace: String,
+    /// gangs x size.
+    pub pods_expected: usize,
+    /// Pods the watch saw.
+    pub pods_seen: usize,
+    /// Pods seen without muster's admission gate.
+    pub pods_ungated: usize,
+    /// Pods whose `spec.schedulingGroup` was set (upstream workload scheduling).
+    pub pods_with_scheduling_group: usize,
+    /// Gang path only: the apiserver dropped the Jobs' `spec.scheduling`.
+    pub scheduling_dropped: bool,
+    /// Creates that failed after retries.
+    pub create_errors: usize,
+    /// Not every pod was bound within the timeout.
+    pub timed_out: bool,
+    /// The last successful create, seconds since the path started (the first create).
+    pub last_create_s: Option<f64>,
+    /// Binds.
+    #[serde(flatten)]
+    pub throughput: Throughput,
+    /// bound_per_s / the plain path's.
+    pub ratio_to_plain: Option<f64>,
+    /// Write requests the API server served during the path, by kind, largest first (every
+    /// client's: the path's controllers, kube-scheduler, kwok, muster).
+    pub api_writes: Vec<(String, f64)>,
+    /// The API server's time on requests during the path (reads included, watches not), by
+    /// kind: `(kind, seconds, seconds per request)`, largest first: where a saturated API
+    /// server's time went.
+    pub api_time: Vec<(String, f64, f64)>,
+    /// Write requests answered `409 Conflict` during the path, by kind, largest first.
+    #[serde(default)]
+    pub api_conflicts: Vec<(String, f64)>,
+    /// CPU seconds per process command during the path (the API server, etcd, kube-scheduler,
+    /// kwok, the controllers, muster, the bench itself), largest first: where the machine's
+    /// CPU went.
+    #[serde(default)]
+    pub cpu_s_by_process: Vec<(String, f64)>,
+    /// muster path only.
+    pub muster: Option<MusterNumbers>,
+}
+
+impl PathReport {
+    /// Whether the path measured what it claims: all bound, nothing dropped or failed.
+    pub fn ok(&self) -> bool {
+        !self.timed_out && !self.scheduling_dropped && self.create_errors == 0 && !self.gang_not_honoured()
+    }
+
+    /// Upstream gang paths only: some of its pods carry no `spec.schedulingGroup`.
+    pub fn gang_not_honoured(&self) -> bool {
+        matches!(self.path, Some(BenchPath::Gang | BenchPath::MusterUpstream))
+            && (self.scheduling_dropped || self.pods_with_scheduling_group < self.pods_seen)
+    }
+}
+
+/// The whole run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Report {
+    /// Nodes the bench made.
+    pub nodes: u32,
+    /// Gangs per path.
+    pub gangs: u32,
+    /// Pods per gang.
+    pub size: u32,
+    /// Creates in flight.
+    pub concurrency: u32,
+    /// Gangs created per second per path (0: as fast as the creates in flight allow).
+    pub rate: f64,
+    /// Path timeout, seconds.
+    pub timeout_s: u64,
+    /// Seconds creating the nodes took.
+    pub nodes_create_s: f64,
+    /// Seconds from the first node create until kwok reported them all Ready.
+    pub nodes_ready_s: f64,
+    /// The paths, in the order they ran.
+    pub paths: Vec<PathReport>,
+    /// Pods in the cluster at the end.
+    pub cluster_pods: Option<usize>,
+    /// Nodes in the cluster at the end.
+    pub cluster_nodes: Option<usize>,
+}

@@ -1,0 +1,173 @@
+//! PURE: the arithmetic of one path's pod times: nearest-rank percentiles, per-gang admission
+//! latency, bind throughput and the ratio to the plain path.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+/// What the pod watch saw of one pod, in seconds since its path started.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct PodTimes {
+    /// The gang (the name of the pod's controlling Job or MusterJob).
+    pub gang: String,
+    /// First seen by the watch.
+    pub first_seen: f64,
+    /// First seen without muster's admission gate (at first sight for pods never gated).
+    pub ungated: Option<f64>,
+    /// First seen with `spec.nodeName` set.
+    pub bound: Option<f64>,
+}
+
+/// PURE: the nearest-rank `p`-th percentile (0 < p <= 100) of `values`, in any order: the
+/// smallest value that at least p% of the values do not exceed. None when there are none.
+pub fn percentile(values: &[f64], p: f64) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+/// PURE: per gang that has `size` pods and all of them ungated, the admission latency: from
+/// the time its last pod was first seen (the gang became complete) to the time its last pod
+/// was seen ungated. Gangs still incomplete or gated are left out. In gang-name order.
+pub fn gang_admission_latencies(pods: &[PodTimes], size: usize) -> Vec<f64> {
+    let mut gangs: BTreeMap<&str, Vec<&PodTimes>> = BTreeMap::new();
+    for p in pods {
+        gangs.entry(p.gang.as_str()).or_default().push(p);
+    }
+    gangs
+        .values()
+        .filter(|members| members.len() >= size && members.iter().all(|p| p.ungated.is_some()))
+        .map(|members| {
+            let complete = members.iter().map(|p| p.first_seen).fold(f64::NEG_INFINITY, f64::max);
+            let admitted = members.iter().filter_map(|p| p.ungated).fold(f64::NEG_INFINITY, f64::max);
+            admitted - complete
+        })
+        .collect()
+}
+
+/// How fast a path's pods were bound.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Throughput {
+    /// Pods seen bound.
+    pub pods_bound: usize,
+    /// The first bind, in seconds since the path started.
+    pub first_bind_s: Option<f64>,
+    /// The last bind, in seconds since the path started.
+    pub last_bind_s: Option<f64>,
+    /// Pods bound / (last bind - first create).
+    pub bound_per_s: Option<f64>,
+    /// Seconds from the last create to the last bind.
+    pub last_create_to_last_bind_s: Option<f64>,
+}
+
+/// PURE: the throughput of `pods`, whose path made its first create at `first_create` and its
+/// last at `last_create` (seconds since the path started).
+pub fn throughput(pods: &[PodTimes], first_create: f64, last_create: Option<f64>) -> Throughput {
+    let binds: Vec<f64> = pods.iter().filter_map(|p| p.bound).collect();
+    let first_bind_s = binds.iter().copied().reduce(f64::min);
+    let last_bind_s = binds.iter().copied().reduce(f64::max);
+    let bound_per_s =
+        last_bind_s.map(|last| last - first_create).filter(|span| *span > 0.0).map(|span| binds.len() as f64 / span);
+    let last_create_to_last_bind_s = last_bind_s.zip(last_create).map(|(bind, create)| bind - create);
+    Throughput { pods_bound: binds.len(), first_bind_s, last_bind_s, bound_per_s, last_create_to_last_bind_s }
+}
+
+/// PURE: `rate` as a multiple of the plain path's rate.
+pub fn ratio(rate: Option<f64>, plain: Option<f64>) -> Option<f64> {
+    rate.zip(plain.filter(|p| *p > 0.0)).map(|(r, p)| r / p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(gang: &str, first_seen: f64, ungated: Option<f64>, bound: Option<f64>) -> PodTimes {
+        PodTimes { gang: gang.into(), first_seen, ungated, bound }
+    }
+
+    #[test]
+    fn percentile_is_nearest_rank() {
+        let ten: Vec<f64> = (1..=10).rev().map(f64::from).collect();
+        let hundred: Vec<f64> = (1..=100).map(f64::from).collect();
+        let cases: Vec<(&str, Vec<f64>, f64, Option<f64>)> = vec![
+            ("none gives none", vec![], 50.0, None),
+            ("one value is every percentile", vec![7.0], 99.0, Some(7.0)),
+            ("median of two is the lower", vec![2.0, 1.0], 50.0, Some(1.0)),
+            ("median of three is the middle", vec![3.0, 1.0, 2.0], 50.0, Some(2.0)),
+            ("p50 of 10..1 is 5 (rank 5)", ten.clone(), 50.0, Some(5.0)),
+            ("p99 of 10..1 is the max (rank ceil(9.9) = 10)", ten.clone(), 99.0, Some(10.0)),
+            ("p90 of 10..1 is 9", ten, 90.0, Some(9.0)),
+            ("p99 of 1..100 is 99", hundred.clone(), 99.0, Some(99.0)),
+            ("p100 is the max", hundred.clone(), 100.0, Some(100.0)),
+            ("a tiny p is the min", hundred, 0.1, Some(1.0)),
+        ];
+        for (name, values, p, want) in cases {
+            assert_eq!(percentile(&values, p), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn admission_latency_runs_from_the_last_pod_seen_to_the_last_pod_ungated() {
+        let cases: Vec<(&str, Vec<PodTimes>, usize, Vec<f64>)> = vec![
+            (
+                "one gang: last seen 1.5, last ungated 2.25",
+                vec![pod("a", 1.0, Some(2.0), None), pod("a", 1.5, Some(2.25), None), pod("a", 0.5, Some(2.0), None)],
+                3,
+                vec![0.75],
+            ),
+            (
+                "gangs in name order, each its own latency",
+                vec![
+                    pod("b", 3.0, Some(4.0), None),
+                    pod("b", 3.5, Some(3.75), None),
+                    pod("a", 0.0, Some(0.5), None),
+                    pod("a", 0.25, Some(1.0), None),
+                ],
+                2,
+                vec![0.75, 0.5],
+            ),
+            (
+                "a gang with a pod still gated is left out",
+                vec![pod("a", 1.0, Some(2.0), None), pod("a", 1.0, None, None)],
+                2,
+                vec![],
+            ),
+            ("a gang with too few pods is left out", vec![pod("a", 1.0, Some(2.0), None)], 2, vec![]),
+            (
+                "pods never gated: ungated at first sight",
+                vec![pod("a", 1.0, Some(1.0), None), pod("a", 2.0, Some(2.0), None)],
+                2,
+                vec![0.0],
+            ),
+        ];
+        for (name, pods, size, want) in cases {
+            assert_eq!(gang_admission_latencies(&pods, size), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn throughput_counts_binds_over_first_create_to_last_bind() {
+        let pods = [
+            pod("a", 0.5, Some(0.5), Some(1.0)),
+            pod("a", 0.5, Some(0.5), Some(4.0)),
+            pod("b", 1.0, Some(1.0), Some(2.0)),
+            pod("b", 1.0, Some(1.0), None),
+        ];
+        let t = throughput(&pods, 0.0, Some(1.5));
+        assert_eq!(t.pods_bound, 3);
+        assert_eq!(t.first_bind_s, Some(1.0));
+        assert_eq!(t.last_bind_s, Some(4.0));
+        assert_eq!(t.bound_per_s, Some(0.75));
+        assert_eq!(t.last_create_to_last_bind_s, Some(2.5));
+
+        let none = throughput(&[pod("a", 0.5, None, None)], 0.0, Some(1.0));
+        assert_eq!((none.pods_bound, none.bound_per_s, none.last_create_to_last_bind_s), (0, None, None));
+        assert_eq!(ratio(Some(30.0), Some(20.0)), Some(1.5));
+        assert_eq!(ratio(Some(30.0), None), None);
+        assert_eq!(ratio(Some(30.0), Some(0.0)), None);
+    }
+}

@@ -1,0 +1,202 @@
+//! PURE: the human summary of a [`Report`]: one row per path with its status, the top API
+//! writes, conflicts, CPU and API server time per path, and muster's own cost.
+
+use super::BenchPath;
+use super::report::{PathReport, Report};
+use super::setup::GPUS_PER_NODE;
+
+/// PURE: one line per path whose `rows` are not empty, after a blank line: `<path> path:
+/// <head of the rows' total>: <the first 8 rows>` (the rows come largest first).
+fn top_lines<T>(
+    out: &mut String,
+    report: &Report,
+    rows: impl Fn(&PathReport) -> &[T],
+    value: impl Fn(&T) -> f64,
+    item: impl Fn(&PathReport, &T) -> String,
+    head: impl Fn(&PathReport, f64) -> String,
+) {
+    for p in report.paths.iter().filter(|p| !rows(p).is_empty()) {
+        let total: f64 = rows(p).iter().map(&value).sum();
+        let top: Vec<String> = rows(p).iter().take(8).map(|r| item(p, r)).collect();
+        let path = p.path.map_or("?", BenchPath::name);
+        out.push_str(&format!("\n{path} path: {}: {}", head(p, total), top.join(", ")));
+    }
+}
+
+pub(super) fn opt(v: Option<f64>, decimals: usize) -> String {
+    v.map_or_else(|| "-".to_string(), |v| format!("{v:.decimals$}"))
+}
+
+/// PURE: the human summary of `report`.
+pub fn format_table(report: &Report) -> String {
+    let paced = if report.rate > 0.0 { format!(", created at {} gangs/s", report.rate) } else { String::new() };
+    let mut out = format!(
+        "bench: {} nodes ({} GPUs each; created in {:.1} s, all Ready after {:.1} s), {} gangs x {} pods per path{paced}\n\n",
+        report.nodes, GPUS_PER_NODE, report.nodes_create_s, report.nodes_ready_s, report.gangs, report.size
+    );
+    out.push_str(&format!(
+        "{:<8} {:>11} {:>10} {:>9} {:>22} {:>16}  {}\n",
+        "path", "pods bound", "bound/s", "vs plain", "last create->last bind", "schedulingGroup", "status"
+    ));
+    for p in &report.paths {
+        let status = if p.ok() {
+            "ok".to_string()
+        } else {
+            let mut why = Vec::new();
+            if p.timed_out {
+                why.push("TIMED OUT".to_string());
+            }
+            if p.scheduling_dropped {
+                why.push("spec.scheduling DROPPED by the API".to_string());
+            } else if p.gang_not_honoured() {
+                why.push("pods WITHOUT schedulingGroup".to_string());
+            }
+            if p.create_errors > 0 {
+                why.push(format!("{} create errors", p.create_errors));
+            }
+            why.join(", ")
+        };
+        out.push_str(&format!(
+            "{:<8} {:>11} {:>10} {:>9} {:>22} {:>16}  {}\n",
+            p.path.map_or("?", BenchPath::name),
+            format!("{}/{}", p.throughput.pods_bound, p.pods_expected),
+            opt(p.throughput.bound_per_s, 1),
+            p.ratio_to_plain.map_or_else(|| "-".to_string(), |r| format!("{r:.2}x")),
+            format!("{} s", opt(p.throughput.last_create_to_last_bind_s, 2)),
+            format!("{}/{}", p.pods_with_scheduling_group, p.pods_seen),
+            status
+        ));
+    }
+    top_lines(
+        &mut out,
+        report,
+        |p| &p.api_writes,
+        |(_, n)| *n,
+        |p, (k, n)| format!("{k} {:.2}", n / p.pods_expected.max(1) as f64),
+        |p, total| format!("{total:.0} API writes, {:.2} per pod", total / p.pods_expected.max(1) as f64),
+    );
+    top_lines(
+        &mut out,
+        report,
+        |p| &p.api_conflicts,
+        |(_, n)| *n,
+        |_, (k, n)| format!("{k} {n:.0}"),
+        |_, total| format!("{total:.0} writes refused as conflicts (409)"),
+    );
+    top_lines(
+        &mut out,
+        report,
+        |p| &p.cpu_s_by_process,
+        |(_, s)| *s,
+        |_, (c, s)| format!("{c} {s:.1}"),
+        |p, total| {
+            format!("CPU seconds {total:.1} ({:.2} per pod bound)", total / p.throughput.pods_bound.max(1) as f64)
+        },
+    );
+    top_lines(
+        &mut out,
+        report,
+        |p| &p.api_time,
+        |(_, s, _)| *s,
+        |_, (k, s, each)| format!("{k} {s:.0} s ({:.0} ms each)", each * 1000.0),
+        |_, total| format!("the API server's time on requests {total:.0} s"),
+    );
+    if report.paths.iter().any(|p| !p.api_writes.is_empty()) {
+        out.push('\n');
+    }
+    for p in &report.paths {
+        if let Some(m) = &p.muster {
+            out.push_str(&format!(
+                "\nmuster during the {} path: peak RSS {} MiB (VmHWM {} MiB, since start), CPU {} s\n",
+                p.path.map_or("?", BenchPath::name),
+                opt(m.rss_peak_mib, 1),
+                opt(m.vm_hwm_mib, 1),
+                opt(m.cpu_s, 2)
+            ));
+            out.push_str(&format!(
+                "  admission latency over {} gangs: p50 {} s, p99 {} s; admission cycles {}\n",
+                m.gangs_admitted,
+                opt(m.admission_p50_s, 3),
+                opt(m.admission_p99_s, 3),
+                opt(m.cycles, 0)
+            ));
+            out.push_str(&format!(
+                "  heap at the end: {} MiB allocated, {} MiB resident; webhook: {} reviews, mean {} ms\n",
+                opt(m.heap_allocated_mib, 1),
+                opt(m.heap_resident_mib, 1),
+                opt(m.webhook_reviews, 0),
+                opt(m.webhook_mean_ms, 1)
+            ));
+        }
+    }
+    out.push_str(&format!(
+        "\ncluster at the end: {} pods, {} nodes\n",
+        report.cluster_pods.map_or_else(|| "?".to_string(), |n| n.to_string()),
+        report.cluster_nodes.map_or_else(|| "?".to_string(), |n| n.to_string())
+    ));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::report::MusterNumbers;
+    use crate::bench::stats::Throughput;
+
+    #[test]
+    fn the_table_says_what_failed() {
+        let report = Report {
+            nodes: 100,
+            gangs: 2,
+            size: 3,
+            paths: vec![
+                PathReport {
+                    path: Some(BenchPath::Plain),
+                    pods_expected: 6,
+                    pods_seen: 6,
+                    throughput: Throughput { pods_bound: 6, bound_per_s: Some(12.0), ..Throughput::default() },
+                    ratio_to_plain: Some(1.0),
+                    ..PathReport::default()
+                },
+                PathReport {
+                    path: Some(BenchPath::Gang),
+                    pods_expected: 6,
+                    pods_seen: 6,
+                    pods_with_scheduling_group: 0,
+                    throughput: Throughput { pods_bound: 6, ..Throughput::default() },
+                    ..PathReport::default()
+                },
+                PathReport {
+                    path: Some(BenchPath::Muster),
+                    pods_expected: 6,
+                    pods_seen: 6,
+                    timed_out: true,
+                    throughput: Throughput { pods_bound: 3, ..Throughput::default() },
+                    muster: Some(MusterNumbers {
+                        rss_peak_mib: Some(50.0),
+                        cycles: Some(4.0),
+                        heap_allocated_mib: Some(20.0),
+                        webhook_mean_ms: Some(3.5),
+                        ..MusterNumbers::default()
+                    }),
+                    ..PathReport::default()
+                },
+            ],
+            cluster_pods: Some(15),
+            cluster_nodes: Some(100),
+            ..Report::default()
+        };
+        let table = format_table(&report);
+        let line = |p: &str| table.lines().find(|l| l.starts_with(p)).unwrap_or_default().to_string();
+        assert!(
+            line("plain ").contains("6/6") && line("plain ").contains("12.0") && line("plain ").ends_with("ok"),
+            "{table}"
+        );
+        assert!(line("gang ").contains("pods WITHOUT schedulingGroup"), "{table}");
+        assert!(line("muster ").contains("3/6") && line("muster ").contains("TIMED OUT"), "{table}");
+        assert!(table.contains("peak RSS 50.0 MiB") && table.contains("admission cycles 4"), "{table}");
+        assert!(table.contains("20.0 MiB allocated") && table.contains("mean 3.5 ms"), "{table}");
+        assert!(table.contains("15 pods, 100 nodes"), "{table}");
+        assert!(report.paths[0].ok() && !report.paths[1].ok() && !report.paths[2].ok());
+    }
+}
