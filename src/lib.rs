@@ -16,3 +16,6 @@ pub mod webhook;
 pub use muster_api as crds;
 /// The pure core's modules (the `muster-core` crate), under the names the shell uses.
 pub use muster_core::{devices, pods, scheduler, workloadbuilder};
+
+#[cfg(test)]
+mod floors;

@@ -9,7 +9,9 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use muster_core::devices::nvidia_policy::best_effort;
-use muster_core::devices::{GpuSet, GpuTopology, SelectOptions, fixtures, node_score, select, select_brute_force, set_cost};
+use muster_core::devices::{
+    GpuSet, GpuTopology, SelectOptions, fixtures, node_score, select, select_brute_force, set_cost,
+};
 
 const NODES: usize = 64;
 const PODS: usize = 10_000;

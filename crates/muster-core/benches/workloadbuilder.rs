@@ -12,7 +12,9 @@ use muster_api::blocks::{
     SchedulingConstraints,
 };
 use muster_core::workloadbuilder::job::job_item;
-use muster_core::workloadbuilder::{Block, BuildOptions, Builder, FieldPath, PolicyInput, SchedulingConfig, WorkloadItem};
+use muster_core::workloadbuilder::{
+    Block, BuildOptions, Builder, FieldPath, PolicyInput, SchedulingConfig, WorkloadItem,
+};
 
 fn opts() -> BuildOptions {
     let owner = OwnerReference {

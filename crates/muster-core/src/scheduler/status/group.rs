@@ -96,7 +96,6 @@ pub fn error_condition(
     }
 }
 
-
 /// Counts of a group's pods.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PodCounts {

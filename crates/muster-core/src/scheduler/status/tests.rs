@@ -10,8 +10,7 @@ use std::time::Instant;
 use crate::conditions;
 use muster_api::ROLLED_BACK_ANNOTATION;
 
-#[cfg(test)]
-mod error_condition_tests {
+mod error_condition {
     use super::*;
 
     #[test]
@@ -27,8 +26,7 @@ mod error_condition_tests {
     }
 }
 
-#[cfg(test)]
-mod tests {
+mod group {
     use super::*;
     use muster_api::PodGroupSpec;
     use muster_api::blocks::{DisruptionMode, PodGroupSchedulingPolicy};
@@ -303,8 +301,7 @@ mod tests {
     }
 }
 
-#[cfg(test)]
-mod pace_tests {
+mod pace {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
@@ -421,8 +418,7 @@ mod pace_tests {
     }
 }
 
-#[cfg(test)]
-mod disposition_tests {
+mod disposition {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
@@ -451,12 +447,21 @@ mod disposition_tests {
         let counted = status(GroupPhase::Pending, 2);
         // Only the commit protocol's record differs: the same status.
         let planned = PodGroupStatus { rollbacks: 4, ..pending.clone() };
-        let cases: [(&str, Option<&PodGroupStatus>, &PodGroupStatus, bool, bool, &str); 8] = [
+        // (case, cached, computed, the plan clears, the root settles, what becomes of it)
+        type Case<'a> = (&'a str, Option<&'a PodGroupStatus>, &'a PodGroupStatus, bool, bool, &'a str);
+        let cases: [Case<'_>; 8] = [
             ("unchanged", Some(&pending), &pending, false, false, "same"),
             ("unchanged but for the commit record", Some(&planned), &pending, false, false, "same"),
             ("unchanged, the plan clears: nothing to fold", Some(&pending), &pending, true, false, "same"),
             ("a new phase, the plan clears", Some(&pending), &admitted, true, false, "fold"),
-            ("a new phase, the plan clears while settling: the clear carries it", Some(&pending), &admitted, true, true, "fold"),
+            (
+                "a new phase, the plan clears while settling: the clear carries it",
+                Some(&pending),
+                &admitted,
+                true,
+                true,
+                "fold",
+            ),
             ("a new phase while the root settles", Some(&pending), &admitted, false, true, "kept"),
             ("a new phase", Some(&pending), &admitted, false, false, "standing"),
             ("counts only", Some(&pending), &counted, false, false, "counts"),
@@ -484,16 +489,16 @@ mod disposition_tests {
 
     #[test]
     fn a_child_counts_as_admitted_once_its_quorum_is() {
-        let leaf = |min: Option<i32>, admitted: i32, succeeded: i32, failed: i32, phase: Option<GroupPhase>| PodGroupStatus {
-            min_count: min,
-            admitted,
-            succeeded,
-            failed,
-            phase,
-            ..PodGroupStatus::default()
+        let leaf = |min: Option<i32>, admitted: i32, succeeded: i32, failed: i32, phase: Option<GroupPhase>| {
+            PodGroupStatus { min_count: min, admitted, succeeded, failed, phase, ..PodGroupStatus::default() }
         };
         let cases = [
-            ("no status yet", None, false, ChildSummary { quorate: false, admitted: false, phase: GroupPhase::Pending }),
+            (
+                "no status yet",
+                None,
+                false,
+                ChildSummary { quorate: false, admitted: false, phase: GroupPhase::Pending },
+            ),
             (
                 "short of its minCount",
                 Some(leaf(Some(3), 2, 0, 0, Some(GroupPhase::Pending))),

@@ -42,7 +42,9 @@ pub trait CommitRecord: Clone + PartialEq {
     fn standing(&self) -> (Option<GroupPhase>, Vec<(&str, &str, &str)>);
 }
 
-pub fn condition_keys(conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]) -> Vec<(&str, &str, &str)> {
+pub fn condition_keys(
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+) -> Vec<(&str, &str, &str)> {
     conditions.iter().map(|c| (c.type_.as_str(), c.status.as_str(), c.reason.as_str())).collect()
 }
 
