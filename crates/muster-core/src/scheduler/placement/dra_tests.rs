@@ -4,7 +4,7 @@
 //! their devices reach. Pods are written as Kubernetes pods, so `PodShape::from_pod` and
 //! `pod_claims` are exercised too.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -14,15 +14,18 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::*;
-use muster_api::{ADMISSION_GATE, GPU_TOPOLOGY_ANNOTATION, POD_GROUP_LABEL};
 use crate::devices::chooser::{NodeGpus, TopologyChooser, node_gpus};
 use crate::devices::dra::fixtures::{nvidia_device_class, nvidia_slice};
 use crate::devices::dra::{DeviceId, Inventory, NVIDIA_GPU_DRIVER};
-use crate::devices::{HealthThresholds, MetricsCache, SelectOptions, set_cost};
+use crate::devices::{GpuSet, HealthThresholds, MetricsCache, SelectOptions, set_cost};
 use crate::scheduler::Labels;
 use crate::scheduler::dra::Dra;
+use crate::scheduler::explain::{Explanation, ExplanationKind, FilterReason, ReasonCount};
 use crate::scheduler::gpu::LowestFreeIndices;
-use crate::scheduler::resources::{CPU, MEMORY, PODS};
+use crate::scheduler::resources::{CPU, MEMORY, PODS, Resources};
+use crate::scheduler::snapshot::{NodeInfo, Snapshot};
+use crate::scheduler::tree::{GroupTree, LeafGroup, LeafPolicy};
+use muster_api::{ADMISSION_GATE, GPU_RESOURCE, GPU_TOPOLOGY_ANNOTATION, POD_GROUP_LABEL};
 
 const GIB: i64 = 1 << 30;
 

@@ -2,15 +2,19 @@
 //! PodTopologySpread, NodePorts) and for volumes, each against what kube-scheduler's plugin of
 //! the same name decides. Pods are written as Kubernetes pods, so the parsing is tested too.
 
+use std::collections::BTreeSet;
+
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use serde_json::{Value, json};
 
 use super::*;
-use muster_api::{ADMISSION_GATE, HOSTNAME_LABEL, POD_GROUP_LABEL};
 use crate::scheduler::gpu::LowestFreeIndices;
-use crate::scheduler::resources::{CPU, MEMORY, PODS};
+use crate::scheduler::resources::{CPU, MEMORY, PODS, Resources};
+use crate::scheduler::snapshot::{NodeInfo, Snapshot};
+use crate::scheduler::tree::{GroupTree, LeafGroup, LeafPolicy};
 use crate::scheduler::volumes::Volumes;
+use muster_api::{ADMISSION_GATE, GPU_RESOURCE, HOSTNAME_LABEL, POD_GROUP_LABEL};
 
 const ZONE: &str = "topology.kubernetes.io/zone";
 const RACK: &str = "topology.muster.dev/rack";

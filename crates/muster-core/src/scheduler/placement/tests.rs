@@ -1,11 +1,17 @@
 //! Table tests for placement, one per rule.
 
+use std::collections::BTreeMap;
+
 use super::*;
+use crate::devices::GpuSet;
+use crate::scheduler::explain::{Explanation, ExplanationKind, FilterReason, ReasonCount};
+use crate::scheduler::gpu::{GpuChoice, GpuChooser, LowestFreeIndices};
+use crate::scheduler::resources::{CPU, MEMORY, PODS, Resources};
+use crate::scheduler::shape::{PodShape, Taint, TaintEffect, Toleration, UNSCHEDULABLE_TAINT_KEY};
+use crate::scheduler::snapshot::{NodeInfo, Snapshot};
+use crate::scheduler::tree::{CompositeGroup, CompositePolicy, Group, GroupTree, LeafGroup, LeafPolicy, PodState};
 use muster_api::GPU_RESOURCE;
-use crate::scheduler::gpu::LowestFreeIndices;
-use crate::scheduler::resources::{CPU, MEMORY, PODS};
-use crate::scheduler::shape::{Taint, TaintEffect, Toleration, UNSCHEDULABLE_TAINT_KEY};
-use crate::scheduler::tree::{CompositeGroup, CompositePolicy};
+use muster_api::scheduling::PlannedPod;
 
 const GIB: i64 = 1 << 30;
 const RACK: &str = "topology.muster.dev/rack";
@@ -496,14 +502,14 @@ fn a_gang_composite_stops_once_min_group_count_is_out_of_reach() {
 
 #[test]
 fn from_cluster_lists_to_a_plan() {
-    use muster_api::blocks::PodGroupSchedulingPolicy;
-    use muster_api::scheduling::PodGroupSpec;
-    use muster_api::{ADMISSION_GATE, POD_GROUP_LABEL, PodGroup};
     use k8s_openapi::api::core::v1::{
         Container, Node, NodeStatus, Pod, PodSchedulingGate, PodSpec, ResourceRequirements,
     };
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use muster_api::blocks::PodGroupSchedulingPolicy;
+    use muster_api::scheduling::PodGroupSpec;
+    use muster_api::{ADMISSION_GATE, POD_GROUP_LABEL, PodGroup};
 
     let quantities = |pairs: &[(&str, &str)]| -> BTreeMap<String, Quantity> {
         pairs.iter().map(|(k, v)| (k.to_string(), Quantity(v.to_string()))).collect()
