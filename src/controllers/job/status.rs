@@ -1,0 +1,87 @@
+//! The job's status writes: a change of the live counts alone paced, any other written at once,
+//! and a job marked Invalid.
+
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::plan::condition;
+use super::{FIELD_MANAGER, JobContext, plan};
+use crate::controllers::conditions;
+use crate::controllers::context::{Context, Result};
+use crate::crds::batch::{JobPhase, MusterJob, MusterJobStatus};
+
+/// How long a status change of `active`/`ready` alone may wait: the counts of a gang's pods
+/// starting one by one go out in one write (upstream's Job controller batches pod updates for
+/// 1 s too).
+const STATUS_PACE: Duration = Duration::from_secs(1);
+
+/// Writes the job's status when it changed. A change of the live counts alone
+/// ([`plan::status_may_wait`]) waits up to [`STATUS_PACE`] from when it was first seen, so
+/// several fold into one write; returns when to look again for such a change.
+pub(super) async fn write_status(
+    job: &MusterJob,
+    jc: &JobContext,
+    status: &MusterJobStatus,
+) -> Result<Option<Duration>> {
+    let uid = job.uid().unwrap_or_default();
+    let lock = || jc.paced.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if job.status.as_ref() == Some(status) {
+        lock().remove(&uid);
+        return Ok(None);
+    }
+    if plan::status_may_wait(job.status.as_ref(), status) {
+        let now = std::time::Instant::now();
+        let since = *lock().entry(uid.clone()).or_insert(now);
+        let due = since + STATUS_PACE;
+        if now < due {
+            return Ok(Some(due - now));
+        }
+    }
+    write_status_now(job, &jc.ctx, status).await?;
+    lock().remove(&uid);
+    Ok(None)
+}
+
+async fn write_status_now(job: &MusterJob, ctx: &Context, status: &MusterJobStatus) -> Result<()> {
+    let api = Api::<MusterJob>::namespaced(ctx.client.clone(), &job.namespace().unwrap_or_default());
+    let body = json!({"apiVersion": "batch.muster.dev/v1alpha1", "kind": "MusterJob", "status": status});
+    api.patch_status(&job.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await?;
+    Ok(())
+}
+
+/// Marks the job Invalid. `retry`: look again after that long (the cause is outside the job,
+/// e.g. an object in the way), instead of waiting for the job to change.
+pub(super) async fn set_invalid(
+    job: &MusterJob,
+    ctx: &Context,
+    reason: &str,
+    message: &str,
+    now: Timestamp,
+    retry: Option<Duration>,
+) -> Result<Action> {
+    tracing::debug!(job = %job.name_any(), reason, message, "job invalid");
+    let mut status = job.status.clone().unwrap_or_default();
+    let changed = conditions::set(
+        &mut status.conditions,
+        condition::INVALID,
+        true,
+        reason,
+        message,
+        job.metadata.generation,
+        now,
+    );
+    status.phase = Some(JobPhase::Invalid);
+    status.observed_generation = job.metadata.generation;
+    if changed {
+        ctx.event(&job.object_ref(&()), true, reason, "Validate", message).await;
+    }
+    if job.status.as_ref() != Some(&status) {
+        write_status_now(job, ctx, &status).await?;
+    }
+    Ok(retry.map_or_else(Action::await_change, Action::requeue))
+}

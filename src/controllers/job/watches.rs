@@ -1,0 +1,142 @@
+//! What the reconciles share and where it comes from: the watch caches of the jobs' pods, groups
+//! and Workloads ([`JobContext`]), the reads through them, and [`run`], which starts the watches
+//! and the controller loop.
+
+use std::sync::Arc;
+
+use futures::{Future, StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Resource;
+use kube::api::Api;
+use kube::core::DeserializeGuard;
+use kube::runtime::controller::{self, Action, Controller};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+
+use super::CONTROLLER;
+use super::expected;
+use super::plan::JobPod;
+use super::reconcile::reconcile;
+use crate::controllers::context::{Context, Error, Result, StoreReady};
+use crate::crds::JOB_NAME_LABEL;
+use crate::crds::batch::MusterJob;
+use crate::crds::scheduling::{CompositePodGroup, PodGroup, Workload};
+
+/// What the reconciles share: the context, the watch cache of the jobs' pods (a reconcile
+/// reads its pods there, never with a LIST: a thousand jobs listing their pods on every pod
+/// event was what saturated the API server and etcd at 5,000 nodes), the pods created that
+/// the cache does not show yet, and the watch caches of the groups and Workloads a job
+/// compiles to (a reconcile, one per pod event, read them with two GETs before).
+pub struct JobContext {
+    pub(super) ctx: Arc<Context>,
+    pub(super) pods: Store<JobPod>,
+    /// Whether `pods` has its first list (awaited by many reconciles at once).
+    pub(super) pods_ready: StoreReady,
+    pub(super) expected: expected::Expected,
+    pub(super) groups: Store<PodGroup>,
+    pub(super) composites: Store<CompositePodGroup>,
+    pub(super) workloads: Store<Workload>,
+    /// The native PodGroups and Workloads (jobs in upstream mode), where they are served.
+    pub(super) native_groups: Option<Store<k8s_openapi::api::scheduling::v1beta1::PodGroup>>,
+    pub(super) native_workloads: Option<Store<k8s_openapi::api::scheduling::v1beta1::Workload>>,
+    /// Jobs (by UID) whose count-only status change waits since then ([`STATUS_PACE`](super::status::STATUS_PACE)).
+    pub(super) paced: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+}
+
+/// A watch cache of every `K`, managed fields dropped; it triggers no reconcile.
+fn cache<K>(client: &kube::Client) -> Store<K>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let (store, writer) = reflector::store();
+    let stream = watcher::watcher(Api::<K>::all(client.clone()), watcher::Config::default().any_semantic())
+        .default_backoff()
+        .modify(|o: &mut K| o.meta_mut().managed_fields = None)
+        .reflect(writer);
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(ev) = stream.next().await {
+            if let Err(e) = ev {
+                tracing::warn!(error = %e, kind = %K::kind(&Default::default()), "job controller watch");
+            }
+        }
+    });
+    store
+}
+
+/// `name` in `ns` as `store` shows it, or as the API server has it when the cache does not
+/// show it (not listed yet, or just created): the cache may lag, but only behind writes that
+/// the next event reconciles again.
+pub(super) async fn cached<K>(store: &Store<K>, api: &Api<K>, ns: &str, name: &str) -> Result<Option<K>>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    match store.get(&reflector::ObjectRef::new(name).within(ns)) {
+        Some(o) => Ok(Some((*o).clone())),
+        None => Ok(api.get_opt(name).await?),
+    }
+}
+
+/// Runs the controller until `shutdown` resolves.
+pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
+    let jobs = Api::<DeserializeGuard<MusterJob>>::all(ctx.client.clone());
+    let pods = Api::<Pod>::all(ctx.client.clone());
+    // The cache keeps a record of what a reconcile reads of each pod (`plan::JobPod`), written
+    // before the pod's event triggers its job, as kube's `reflect` does.
+    let (store, mut writer) = reflector::store();
+    let pod_events = watcher::watcher(pods, watcher::Config::default().labels(JOB_NAME_LABEL).any_semantic())
+        .default_backoff()
+        .inspect_ok(move |ev| writer.apply_watcher_event(&crate::controllers::map_event(ev, JobPod::of)))
+        .touched_objects();
+    // Jobs in upstream mode follow their native PodGroups (kube-scheduler's conditions): the
+    // groups' events trigger their jobs, through the cache the reconciles read.
+    let native = ctx.config.native_scheduling_served;
+    let (native_groups, native_group_events) = if native {
+        let (store, writer) = reflector::store();
+        let events = watcher::watcher(
+            Api::<k8s_openapi::api::scheduling::v1beta1::PodGroup>::all(ctx.client.clone()),
+            watcher::Config::default().any_semantic(),
+        )
+        .default_backoff()
+        .modify(|g| g.metadata.managed_fields = None)
+        .reflect(writer)
+        .touched_objects();
+        (Some(store), Some(events))
+    } else {
+        (None, None)
+    };
+    let context = Arc::new(JobContext {
+        groups: cache(&ctx.client),
+        composites: cache(&ctx.client),
+        workloads: cache(&ctx.client),
+        native_groups,
+        native_workloads: native.then(|| cache(&ctx.client)),
+        ctx,
+        pods_ready: StoreReady::of(store.clone()),
+        pods: store,
+        expected: expected::Expected::default(),
+        paced: Default::default(),
+    });
+    let (jobs_store, jobs_writer) = reflector::store();
+    let mut controller = Controller::for_stream(crate::controllers::trimmed_objects(jobs, jobs_writer), jobs_store)
+        .with_config(controller::Config::default().concurrency(crate::controllers::RECONCILE_CONCURRENCY))
+        .owns_stream(pod_events);
+    if let Some(events) = native_group_events {
+        controller = controller.owns_stream(events);
+    }
+    controller
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, context)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "job reconcile");
+            }
+        })
+        .await;
+}
+
+fn error_policy(_job: Arc<DeserializeGuard<MusterJob>>, err: &Error, jc: Arc<JobContext>) -> Action {
+    crate::controllers::retry_after_error(CONTROLLER, err, &jc.ctx)
+}
