@@ -1,6 +1,6 @@
 //! `kubectl muster` (the binary `kubectl-muster`): `list` shows every gang with its phase, wait
 //! and reason on one screen, `why` explains one, `suspend` / `resume` set a job's
-//! `spec.suspend`. The logic is pure ([`gangs`], [`why`]); this shell only reads the objects
+//! `spec.suspend`. The logic is pure ([`gangs`], [`why`](mod@why)); this shell only reads the objects
 //! (muster's kinds and, where the cluster serves them, the native `scheduling.k8s.io` ones),
 //! the events, and patches jobs.
 
