@@ -16,7 +16,6 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-
 use super::{Admitter, DraState, Patched, World, Writer, patched, state};
 use crate::controllers::context::{Error, Result, bounded};
 use crate::crds::scheduling::AdmissionPlan;

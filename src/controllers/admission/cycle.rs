@@ -11,9 +11,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::commit::{CommitJob, Committed, ROLLBACK_POLICY, prepare_commit, reserve};
-use super::report::object_labels;
 use super::preemption::{self, Held};
-use crate::scheduler::status::Outcome;
+use super::report::object_labels;
 use super::watches::Settling;
 use super::{Admitter, CONTROLLER, GroupRef, InFlight, RootKey, World, error_backoff, group_pods, state};
 use crate::controllers::PlacementStrategy;
@@ -22,6 +21,7 @@ use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{CompositePodGroup, PlannedPod, PodGroup};
 use crate::devices::chooser::{ChooserNodes, GpuNode, TopologyChooser};
 use crate::devices::{GpuProblem, GpuProblemKind, GpuSet, Placed, SelectOptions};
+use crate::scheduler::status::Outcome;
 use crate::scheduler::{
     self, Admission, Decision, Group, GroupTree, PatchRefused, PlaceOptions, PodState, Scoring, Snapshot,
 };

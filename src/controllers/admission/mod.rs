@@ -42,12 +42,13 @@ use super::context::{Context, Detached, Error, Result};
 use super::devices::DeviceReconciler;
 use super::devices::prometheus::PrometheusSource;
 use crate::crds::POD_GROUP_LABEL;
+use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::{AdmissionPlan, CompositePodGroup, PlanState, PlannedPod, PodGroup};
-use crate::devices::{HealthThresholds, MetricsCache};
 use crate::devices::chooser::FitCache;
 use crate::devices::models::GpuModels;
-use crate::scheduler::{Group, PatchRefused, Quiet};
+use crate::devices::{HealthThresholds, MetricsCache};
 use crate::scheduler::status::{Outcome, SentStatus, StatusPacing};
+use crate::scheduler::{Group, PatchRefused, Quiet};
 
 /// Name of this controller in metrics and logs.
 pub const CONTROLLER: &str = "admission";
@@ -540,6 +541,31 @@ impl GroupRef<'_> {
         match self {
             GroupRef::Leaf(pg) => RootKey::leaf(&pg.namespace().unwrap_or_default(), &pg.name_any()),
             GroupRef::Composite(c) => RootKey::composite(&c.namespace().unwrap_or_default(), &c.name_any()),
+        }
+    }
+
+    /// The group's resourceVersion as cached: what a decision on it was made on.
+    fn version(&self) -> Option<String> {
+        match self {
+            GroupRef::Leaf(pg) => pg.resource_version(),
+            GroupRef::Composite(c) => c.resource_version(),
+        }
+    }
+
+    /// The root's disruption mode (`single` unless `all` is set).
+    fn disruption(&self) -> DisruptionModeKind {
+        let mode = match self {
+            GroupRef::Leaf(pg) => &pg.spec.disruption_mode,
+            GroupRef::Composite(c) => &c.spec.disruption_mode,
+        };
+        mode.kind().unwrap_or(DisruptionModeKind::Single)
+    }
+
+    /// The root's `preemptionPolicy` (unset: `PreemptLowerPriority`, as upstream).
+    fn preemption_policy(&self) -> Option<crate::crds::scheduling::PreemptionPolicy> {
+        match self {
+            GroupRef::Leaf(pg) => pg.spec.preemption_policy,
+            GroupRef::Composite(c) => c.spec.preemption_policy,
         }
     }
 }

@@ -285,7 +285,8 @@ impl Admitter {
                             nomination.victims.len(),
                             nodes.iter().cloned().collect::<Vec<_>>().join(", ")
                         );
-                        memory.outcome = Some(crate::scheduler::status::Outcome::Unschedulable(message, "Preempting".into()));
+                        memory.outcome =
+                            Some(crate::scheduler::status::Outcome::Unschedulable(message, "Preempting".into()));
                         memory.nomination = Some(nomination);
                         memory.reserved = Some(nodes.clone());
                         return Ok(Held::Preempting(nodes));
