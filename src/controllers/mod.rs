@@ -34,16 +34,8 @@ use metrics::Metrics;
 /// Name of the Lease the reconcilers' leader holds.
 pub const LEASE_NAME: &str = "muster-controller-manager";
 
-/// A controller reference to `owner` that also blocks the owner's foreground deletion until
-/// the dependent is gone (so a recreated child never meets its predecessor's objects).
-pub fn controller_ref<K: kube::Resource<DynamicType = ()>>(owner: &K) -> Option<OwnerReference> {
-    owner.controller_owner_ref(&()).map(|o| OwnerReference { block_owner_deletion: Some(true), ..o })
-}
-
-/// The controlling owner's uid of an object, if any.
-pub fn controller_uid(meta: &ObjectMeta) -> Option<&str> {
-    meta.owner_references.iter().flatten().find(|o| o.controller == Some(true)).map(|o| o.uid.as_str())
-}
+/// Owner references as the controllers write and read them (pure, in the core).
+pub use muster_core::owners::{controller_ref, controller_uid};
 
 /// Tells the owner of an object of kind `K` that does not decode why muster leaves it alone
 /// (a Warning event `DecodeFailed` on it); the controllers skip such objects, so without this

@@ -10,10 +10,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use muster_dev::kubelet::FakeKubelet;
-use muster_dev::FakeGpuNodes;
 use muster::crds::{GPU_ASSIGNED_ANNOTATION, GPU_HEALTH_ANNOTATION, GPU_TOPOLOGY_ANNOTATION};
 use muster::devices::report::{AssignedAnnotation, ContainerDevices, PodDevices, ResourceDevices, pod_key};
+use muster_dev::FakeGpuNodes;
+use muster_dev::kubelet::FakeKubelet;
 use serde_json::{Value, json};
 
 use crate::harness::{add_gpu_nodes, cluster, kubectl};

@@ -9,10 +9,10 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use muster_dev::RACK_LABEL;
 use muster::controllers::admission::FAULT_EXIT_ENV;
 use muster::crds::scheduling::{GroupPhase, PlanState};
 use muster::crds::{CompositePodGroup, HOSTNAME_LABEL, PodGroup};
+use muster_dev::RACK_LABEL;
 use serde_json::json;
 
 use crate::gangs::{

@@ -42,12 +42,12 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use muster_dev::{FakeGpuNodes, RACK_LABEL, ZONE_LABEL};
 use muster::controllers::devices::gpus_wanted;
 use muster::controllers::job::plan::GANG_ATTEMPT_ANNOTATION;
 use muster::crds::scheduling::{AdmissionPlan, AvoidedNode, CompositePodGroup, PlanState};
 use muster::crds::{JOB_NAME_LABEL, JOBSET_NAME_LABEL, PodGroup, REPLICATED_JOB_LABEL, ROLLED_BACK_ANNOTATION};
 use muster::scheduler::{RollbackHistory, RollbackPolicy};
+use muster_dev::{FakeGpuNodes, RACK_LABEL, ZONE_LABEL};
 use serde_json::{Value, json};
 
 use crate::gangs::{apply, gated, indices_of, merge, node_of, phase, pin_of};

@@ -9,8 +9,8 @@ use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use muster_dev::{FakeGpuNodes, KWOK_NODE};
 use muster::crds::{ADMISSION_GATE, GPU_INDICES_ANNOTATION, HOSTNAME_LABEL, JOB_NAME_LABEL, POD_GROUP_LABEL, PodGroup};
+use muster_dev::{FakeGpuNodes, KWOK_NODE};
 use serde_json::{Value, json};
 
 use crate::harness::{add_gpu_nodes, client, kubectl_apply, wait_for};

@@ -11,9 +11,9 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 use kube::api::Api;
-use muster_dev::kubelet::FakeKubelet;
 use muster::crds::{GPU_ASSIGNED_ANNOTATION, GPU_HEALTH_ANNOTATION, GPU_TOPOLOGY_ANNOTATION};
 use muster::devices::report::{AssignedAnnotation, ContainerDevices, PodDevices, ResourceDevices, pod_key};
+use muster_dev::kubelet::FakeKubelet;
 use serde_json::json;
 
 use crate::gangs::{LONG, TestNodes, all_bound, apply, events_of, gang, gpu_job, indices_of};

@@ -25,9 +25,9 @@ use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
 use kube::discovery::ApiResource;
-use muster_dev::FakeGpuNodes;
 use muster::crds::scheduling::GroupPhase;
 use muster::crds::{ADMISSION_GATE, HOSTNAME_LABEL, JOB_NAME_LABEL, PodGroup};
+use muster_dev::FakeGpuNodes;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 

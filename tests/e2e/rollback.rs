@@ -27,9 +27,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use muster_dev::FakeGpuNodes;
 use muster::crds::scheduling::{GroupPhase, PodGroupStatus};
 use muster::crds::{MusterJob, PodGroup};
+use muster_dev::FakeGpuNodes;
 use serde_json::{Value, json};
 
 use crate::gangs::{LONG, apply, events_of, gated, job_pods, merge, node_of, pin_of};

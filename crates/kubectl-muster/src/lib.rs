@@ -23,8 +23,8 @@ use kube::{Client, Config, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use muster_api::{JOBSET_NAME_LABEL, MusterJob, MusterJobSet};
 use gangs::{Gang, Objects, Owner, Target};
+use muster_api::{JOBSET_NAME_LABEL, MusterJob, MusterJobSet};
 
 /// The field manager of the plugin's writes (`spec.suspend`).
 const FIELD_MANAGER: &str = "kubectl-muster";

@@ -283,9 +283,9 @@ pub fn explain_job(owner: &Owner, namespace: &str, events: &[Event], now: Timest
 #[cfg(test)]
 mod tests {
     use super::*;
-    use muster_api::scheduling::GroupPhase;
     use crate::gangs::{ADMITTED, GangKind, GroupCounts, JobSays, PodCounts};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use muster_api::scheduling::GroupPhase;
 
     fn at(secs: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + secs).expect("ts")

@@ -7,11 +7,16 @@
 //! - [`scheduler`]: gang admission: the group forest, quorum, placement, preemption, what a
 //!   group's status says;
 //! - [`devices`]: GPUs: the topology model, index selection, health, the ledger, DRA;
-//! - [`pods`]: what muster reads from a pod, in one place.
+//! - [`jobs`]: what the job controllers decide for a MusterJob or MusterJobSet;
+//! - [`pods`]: what muster reads from a pod, in one place;
+//! - [`owners`] and [`conditions`]: owner references and status conditions, kept the
+//!   Kubernetes way.
 #![forbid(unsafe_code)]
 
 pub mod conditions;
 pub mod devices;
+pub mod jobs;
+pub mod owners;
 pub mod pods;
 pub mod scheduler;
 pub mod workloadbuilder;

@@ -11,9 +11,9 @@ use tokio::sync::oneshot;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Code, Request, Response, Status};
 
+use muster_core::devices::report::{ContainerDevices, PodDevices, ResourceDevices};
 use muster_podresources::v1 as proto;
 use muster_podresources::v1::pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer};
-use muster_core::devices::report::{ContainerDevices, PodDevices, ResourceDevices};
 
 /// How many calls of each method the fake answered.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

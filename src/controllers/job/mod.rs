@@ -19,9 +19,11 @@
 //! - `create_pods`: pod creates in doubling batches;
 //! - `status`: the job's status writes.
 
-pub mod claims;
+/// The ResourceClaims a job's pods use (pure, in the core).
+pub use muster_core::jobs::claims;
 pub mod expected;
-pub mod plan;
+/// What the controller decides for a MusterJob (pure, in the core).
+pub use muster_core::jobs::job as plan;
 
 mod claim_writes;
 mod create_pods;
@@ -30,6 +32,7 @@ mod gang_attempt;
 mod groups;
 mod native_groups;
 mod reconcile;
+mod record;
 mod scheduling_api;
 mod status;
 mod sync;

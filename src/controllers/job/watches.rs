@@ -15,8 +15,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 
 use super::CONTROLLER;
 use super::expected;
-use super::plan::JobPod;
 use super::reconcile::reconcile;
+use super::record::JobPod;
 use crate::controllers::context::{Context, Error, Result, StoreReady};
 use crate::crds::JOB_NAME_LABEL;
 use crate::crds::batch::MusterJob;

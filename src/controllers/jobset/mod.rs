@@ -3,7 +3,8 @@
 //! builds only its PodGroup from the set's Workload), a headless Service for the whole set, and
 //! JobSet-style success, failure and restarts. The decisions live in `plan` (pure).
 
-pub mod plan;
+/// What the controller decides for a MusterJobSet (pure, in the core).
+pub use muster_core::jobs::set as plan;
 
 use std::sync::Arc;
 

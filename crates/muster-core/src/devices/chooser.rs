@@ -14,9 +14,9 @@ use super::{
     Fit, GpuProblem, GpuSet, GpuTopology, HealthThresholds, MetricsCache, NodeHealth, NodeMetrics, SelectOptions,
     SelectionKey, TopologyProblem, fit, healthy_mask,
 };
-use muster_api::{GPU_ASSIGNED_ANNOTATION, GPU_HEALTH_ANNOTATION, GPU_RESOURCE, GPU_TOPOLOGY_ANNOTATION};
 use crate::devices::TopologyError;
 use crate::scheduler::{GpuChoice, GpuChooser, NodeInfo};
+use muster_api::{GPU_ASSIGNED_ANNOTATION, GPU_HEALTH_ANNOTATION, GPU_RESOURCE, GPU_TOPOLOGY_ANNOTATION};
 
 /// One node's GPUs as admission sees them.
 #[derive(Clone, Debug, PartialEq)]

@@ -132,10 +132,10 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use muster_api::{GPU_HEALTH_ANNOTATION, GPU_TOPOLOGY_ANNOTATION};
     use crate::devices::chooser::node_gpus_of;
     use crate::devices::report::HealthAnnotation;
     use crate::devices::{GpuMetrics, fixtures};
+    use muster_api::{GPU_HEALTH_ANNOTATION, GPU_TOPOLOGY_ANNOTATION};
 
     fn at(secs: u64) -> SystemTime {
         SystemTime::UNIX_EPOCH + Duration::from_secs(secs)

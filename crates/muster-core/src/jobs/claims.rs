@@ -13,11 +13,11 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use sha2::{Digest, Sha256};
 
-use crate::crds::blocks::PodGroupResourceClaim;
-use crate::crds::scheduling::PodGroupResourceClaimStatus;
-use crate::crds::{GPU_RESOURCE, GROUP_CLAIM_ANNOTATION, POD_GROUP_LABEL};
+use muster_api::blocks::PodGroupResourceClaim;
+use muster_api::scheduling::PodGroupResourceClaimStatus;
+use muster_api::{GPU_RESOURCE, GROUP_CLAIM_ANNOTATION, POD_GROUP_LABEL};
 
-pub use crate::crds::GPU_CLAIM_NAME;
+pub use muster_api::GPU_CLAIM_NAME;
 /// The one request of a GPU claim when only init containers ask for GPUs.
 pub const INIT_ONLY_REQUEST: &str = "gpus";
 /// DRA allocation mode muster asks for: a fixed number of devices.

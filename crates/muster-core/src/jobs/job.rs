@@ -1,7 +1,6 @@
 //! PURE: batch/v1 Job semantics for a MusterJob. From the spec, the last status and the pods
 //! observed, decide which pods to create and delete, and the new status. No client, no clock.
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{
@@ -10,13 +9,13 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::controllers::conditions;
-use crate::crds::batch::{CompletionMode, JobPhase, MusterJob, MusterJobSpec, MusterJobStatus};
-use crate::crds::{
+use crate::conditions;
+use crate::pods::Lifecycle;
+use muster_api::batch::{CompletionMode, JobPhase, MusterJob, MusterJobSpec, MusterJobStatus};
+use muster_api::{
     ADMISSION_ATTEMPT_ANNOTATION, ADMISSION_GATE, COMPLETION_INDEX_ANNOTATION, GPU_INDICES_ANNOTATION, GPU_RESOURCE,
     JOB_NAME_LABEL, JOBSET_NAME_LABEL, POD_GROUP_LABEL, REPLICATED_JOB_LABEL, ROLLED_BACK_ANNOTATION,
 };
-use crate::pods::Lifecycle;
 
 /// Pod annotation: the gang attempt a pod belongs to (with disruption mode `all`, a failure
 /// restarts every pod of its attempt).
@@ -142,76 +141,6 @@ pub fn status_may_wait(old: Option<&MusterJobStatus>, new: &MusterJobStatus) -> 
         moved.conditions.extend(new.conditions.iter().filter(mirrored).cloned());
         old != new && moved == *new
     })
-}
-
-/// What the job controller's watch cache keeps of one of its pods: the job it belongs to and
-/// what the job logic reads ([`ObservedPod`]). A few hundred bytes: the trimmed `Pod` it
-/// replaced was about 4 KiB (13 MiB for the 3,000 pods of a 5,000-node bench run).
-#[derive(Clone, Debug, PartialEq)]
-pub struct JobPod {
-    /// The pod's namespace.
-    pub namespace: String,
-    /// Its job name label.
-    pub job: Option<String>,
-    /// The UID of its controller (owner reference).
-    pub controller_uid: Option<String>,
-    /// What the job logic reads.
-    pub observed: ObservedPod,
-}
-
-impl JobPod {
-    /// Reads the record of `pod`.
-    pub fn of(pod: &Pod) -> Self {
-        let meta = &pod.metadata;
-        JobPod {
-            namespace: meta.namespace.clone().unwrap_or_default(),
-            job: meta.labels.as_ref().and_then(|l| l.get(JOB_NAME_LABEL)).cloned(),
-            controller_uid: crate::controllers::controller_uid(meta).map(str::to_string),
-            observed: ObservedPod::from_pod(pod),
-        }
-    }
-
-    /// Whether it is a pod of the job `name` in `namespace` with UID `uid`.
-    pub fn of_job(&self, namespace: &str, name: &str, uid: &str) -> bool {
-        self.namespace == namespace && self.job.as_deref() == Some(name) && self.controller_uid.as_deref() == Some(uid)
-    }
-}
-
-/// A reflector store of records keys them by name and namespace, as it does pods.
-impl kube::runtime::reflector::Lookup for JobPod {
-    type DynamicType = ();
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        "Pod".into()
-    }
-
-    fn group(_: &()) -> Cow<'_, str> {
-        "".into()
-    }
-
-    fn version(_: &()) -> Cow<'_, str> {
-        "v1".into()
-    }
-
-    fn plural(_: &()) -> Cow<'_, str> {
-        "pods".into()
-    }
-
-    fn name(&self) -> Option<Cow<'_, str>> {
-        Some(self.observed.name.as_str().into())
-    }
-
-    fn namespace(&self) -> Option<Cow<'_, str>> {
-        Some(self.namespace.as_str().into())
-    }
-
-    fn resource_version(&self) -> Option<Cow<'_, str>> {
-        None
-    }
-
-    fn uid(&self) -> Option<Cow<'_, str>> {
-        None
-    }
 }
 
 /// A pod to create.
@@ -605,7 +534,7 @@ pub fn new_pod(job: &MusterJob, new: &NewPod, pod_group: &str, subdomain: Option
             namespace: job.metadata.namespace.clone(),
             labels: Some(labels),
             annotations: Some(annotations),
-            owner_references: crate::controllers::controller_ref(job).map(|o| vec![o]),
+            owner_references: crate::owners::controller_ref(job).map(|o| vec![o]),
             finalizers: tmeta.finalizers,
             ..Default::default()
         },
@@ -679,7 +608,7 @@ pub fn mirror_group_conditions(
     group: &[Condition],
     before: &[Condition],
 ) -> Vec<Condition> {
-    crate::controllers::conditions::mirror(conditions, group, before, &MIRRORED_CONDITIONS)
+    crate::conditions::mirror(conditions, group, before, &MIRRORED_CONDITIONS)
 }
 
 /// A template's labels or annotations without muster's own keys

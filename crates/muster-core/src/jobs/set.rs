@@ -6,18 +6,18 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::controllers::conditions;
-use crate::controllers::job::plan::MIRRORED_CONDITIONS;
-use crate::crds::batch::{
+use super::job::MIRRORED_CONDITIONS;
+use crate::conditions;
+use crate::workloadbuilder::job::child_job_name;
+use crate::workloadbuilder::native::SchedulingApi;
+use muster_api::batch::{
     JobPhase, JobSetPhase, MusterJob, MusterJobSet, MusterJobSetSpec, MusterJobSetStatus, MusterJobSpec,
     ReplicatedJobStatus, SuccessOperator,
 };
-use crate::crds::{
+use muster_api::{
     GROUP_TEMPLATE_ANNOTATION, JOBSET_NAME_LABEL, PARENT_COMPOSITE_ANNOTATION, REPLICATED_JOB_LABEL,
     SCHEDULING_API_ANNOTATION,
 };
-use crate::workloadbuilder::job::child_job_name;
-use crate::workloadbuilder::native::SchedulingApi;
 
 /// Child annotation: the restart attempt it was created in.
 pub const RESTART_ATTEMPT_ANNOTATION: &str = "batch.muster.dev/restart-attempt";
@@ -403,7 +403,7 @@ pub fn child_job(set: &MusterJobSet, r: usize, i: i32, attempt: i32, api: Schedu
             namespace: set.metadata.namespace.clone(),
             labels: Some(labels),
             annotations: Some(annotations),
-            owner_references: crate::controllers::controller_ref(set).map(|o| vec![o]),
+            owner_references: crate::owners::controller_ref(set).map(|o| vec![o]),
             ..Default::default()
         },
         spec,
@@ -414,8 +414,8 @@ pub fn child_job(set: &MusterJobSet, r: usize, i: i32, attempt: i32, api: Schedu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crds::batch::CompletionMode;
-    use crate::crds::batch::{FailurePolicy, SuccessPolicy};
+    use muster_api::batch::CompletionMode;
+    use muster_api::batch::{FailurePolicy, SuccessPolicy};
 
     fn set(scheduling: bool, rjobs: &[(&str, i32)]) -> MusterJobSet {
         let rj: Vec<serde_json::Value> = rjobs
@@ -639,8 +639,8 @@ mod tests {
     fn children_follow_parallelism_and_min_count_of_their_template() {
         let mut s = set(true, &[("a", 2), ("b", 1)]);
         s.spec.replicated_jobs[0].template.spec.parallelism = 3;
-        s.spec.replicated_jobs[0].template.spec.scheduling = Some(crate::crds::blocks::PodGroupScheduling {
-            scheduling_policy: Some(crate::crds::blocks::PodGroupSchedulingPolicy::gang(Some(2))),
+        s.spec.replicated_jobs[0].template.spec.scheduling = Some(muster_api::blocks::PodGroupScheduling {
+            scheduling_policy: Some(muster_api::blocks::PodGroupSchedulingPolicy::gang(Some(2))),
             ..Default::default()
         });
         let mut current = child("s-a-1", "a", Some(JobPhase::Running), 0);

@@ -24,10 +24,10 @@ use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim, ResourceCl
 
 use super::placement::Decision;
 use super::snapshot::NodeInfo;
-use muster_api::scheduling::PlannedPod;
 use crate::devices::GpuSet;
 use crate::devices::dra::{ClaimKey, DeviceId, DeviceRequestSet, Inventory, SharedReach, allocated_devices};
 use crate::devices::parse_indices;
+use muster_api::scheduling::PlannedPod;
 
 /// Where a pod-level claim entry takes its claim from.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

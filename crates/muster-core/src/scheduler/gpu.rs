@@ -35,8 +35,8 @@ impl GpuChooser for LowestFreeIndices {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use muster_api::GPU_RESOURCE;
     use crate::scheduler::resources::Resources;
+    use muster_api::GPU_RESOURCE;
 
     #[test]
     fn lowest_free_indices_skip_used_ones() {

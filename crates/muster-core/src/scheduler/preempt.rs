@@ -21,9 +21,9 @@ use super::placement::{Decision, PlaceOptions, place};
 use super::resources::Resources;
 use super::snapshot::Snapshot;
 use super::tree::{GroupTree, LeafGroup, PodState};
+use crate::devices::GpuSet;
 use muster_api::GPU_RESOURCE;
 use muster_api::blocks::DisruptionModeKind;
-use crate::devices::GpuSet;
 
 /// Candidate units weighed exactly (every subset: `2^EXACT_UNITS` placements at most); past
 /// this, the greedy search.

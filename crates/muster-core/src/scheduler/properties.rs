@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, HashMap};
 use proptest::prelude::*;
 
 use super::*;
-use muster_api::GPU_RESOURCE;
 use crate::devices::GpuSet;
+use muster_api::GPU_RESOURCE;
 
 const GIB: i64 = 1 << 30;
 const RACK: &str = "topology.muster.dev/rack";

@@ -11,9 +11,9 @@ use super::interpod::{HostPort, PodTerm, host_ports};
 use super::resources::{ResourceError, Resources, pod_requests};
 use super::shape::{ShapeError, Taint};
 use super::volumes::Volumes;
-use muster_api::{GPU_RESOURCE, HOSTNAME_LABEL, POD_GROUP_LABEL};
 use crate::devices::{GpuSet, MAX_GPUS};
 use crate::pods::{Placement, PodClass};
+use muster_api::{GPU_RESOURCE, HOSTNAME_LABEL, POD_GROUP_LABEL};
 
 /// Something in the cluster lists that could not be taken into the snapshot as it is.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

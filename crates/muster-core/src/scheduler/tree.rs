@@ -10,10 +10,10 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::shape::{PodShape, ShapeError};
 use super::snapshot::Labels;
+use crate::pods::{Placement, PodClass};
 use muster_api::blocks::SchedulingConstraints;
 use muster_api::scheduling::MAX_DEPTH;
 use muster_api::{CompositePodGroup, POD_GROUP_LABEL, PodGroup};
-use crate::pods::{Placement, PodClass};
 
 /// Scheduling policy of a PodGroup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -655,11 +655,11 @@ impl ForestBuilder<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::{PodSchedulingGate, PodSpec, PodStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
     use muster_api::blocks::{CompositePodGroupSchedulingPolicy, PodGroupSchedulingPolicy, TopologyConstraint};
     use muster_api::scheduling::{CompositePodGroupSpec, PodGroupSpec};
     use muster_api::{ADMISSION_GATE, HOSTNAME_LABEL};
-    use k8s_openapi::api::core::v1::{PodSchedulingGate, PodSpec, PodStatus};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
     fn meta(name: &str) -> ObjectMeta {
         ObjectMeta { name: Some(name.into()), namespace: Some("ns".into()), ..Default::default() }

@@ -484,8 +484,8 @@ pub fn validate_job(job: &MusterJob, old: Option<&MusterJob>) -> ErrorList {
 /// The `batch.muster.dev/scheduling-api` annotation of a MusterJob or MusterJobSet: `muster` or
 /// `upstream`, and once set never changed nor removed (the groups live in that API).
 fn scheduling_api_errors(meta: &ObjectMeta, old: Option<&ObjectMeta>) -> ErrorList {
-    use muster_api::SCHEDULING_API_ANNOTATION;
     use crate::workloadbuilder::native::SchedulingApi;
+    use muster_api::SCHEDULING_API_ANNOTATION;
     let of = |m: &ObjectMeta| m.annotations.as_ref().and_then(|a| a.get(SCHEDULING_API_ANNOTATION)).cloned();
     let path = FieldPath::new("metadata").child("annotations").key(SCHEDULING_API_ANNOTATION);
     let (now, before) = (of(meta), old.and_then(of));

@@ -134,10 +134,7 @@ pub fn nvidia_gpu_device(model: &GpuModel, gpu: &NvidiaGpu) -> Device {
 /// pool name = `node`, one slice in the pool, at `generation`. No owner and no labels (the publisher adds its own).
 pub fn nvidia_gpu_slice(node: &str, model: &GpuModel, gpus: &[NvidiaGpu], generation: i64) -> ResourceSlice {
     ResourceSlice {
-        metadata: ObjectMeta {
-            name: Some(slice_name(node)),
-            ..ObjectMeta::default()
-        },
+        metadata: ObjectMeta { name: Some(slice_name(node)), ..ObjectMeta::default() },
         spec: ResourceSliceSpec {
             driver: DRIVER.into(),
             node_name: Some(node.into()),
@@ -152,10 +149,7 @@ pub fn nvidia_gpu_slice(node: &str, model: &GpuModel, gpus: &[NvidiaGpu], genera
 /// publisher adds its own).
 pub fn device_class() -> DeviceClass {
     DeviceClass {
-        metadata: ObjectMeta {
-            name: Some(DEVICE_CLASS.into()),
-            ..ObjectMeta::default()
-        },
+        metadata: ObjectMeta { name: Some(DEVICE_CLASS.into()), ..ObjectMeta::default() },
         spec: Some(DeviceClassSpec {
             selectors: Some(vec![DeviceSelector {
                 cel: Some(CELDeviceSelector { expression: DEVICE_CLASS_SELECTOR.into() }),

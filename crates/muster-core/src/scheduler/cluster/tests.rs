@@ -12,8 +12,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use proptest::prelude::*;
 
 use super::{Change, ClusterState};
-use muster_api::{ADMISSION_GATE, GPU_RESOURCE, HOSTNAME_LABEL, POD_GROUP_LABEL};
 use crate::scheduler::Snapshot;
+use muster_api::{ADMISSION_GATE, GPU_RESOURCE, HOSTNAME_LABEL, POD_GROUP_LABEL};
 
 /// What a snapshot holds, in an order that does not depend on the order pods were counted.
 fn digest(s: &Snapshot) -> (Vec<String>, Vec<String>, Vec<String>) {
