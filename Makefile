@@ -120,12 +120,12 @@ chart-test: controlplane
 
 ## Regenerate crds/ from the Rust types, and the chart's copy of it.
 crds:
-	$(CARGO) run --quiet -- crds > crds/muster.yaml
+	$(CARGO) run --quiet --bin muster -- crds > crds/muster.yaml
 	cp crds/muster.yaml charts/muster/crds/muster.yaml
 
 ## Fail when crds/ or the chart's copy is stale.
 crds-check:
-	$(CARGO) run --quiet -- crds | diff -u crds/muster.yaml - > /dev/null || { echo "crds/ is stale: run 'make crds'"; exit 1; }
+	$(CARGO) run --quiet --bin muster -- crds | diff -u crds/muster.yaml - > /dev/null || { echo "crds/ is stale: run 'make crds'"; exit 1; }
 	@diff -q crds/muster.yaml charts/muster/crds/muster.yaml > /dev/null || { echo "charts/muster/crds/ is stale: run 'make crds'"; exit 1; }
 
 fmt:
@@ -172,7 +172,7 @@ RUN_WEBHOOK_ADDRESS ?= 127.0.0.1:9443
 run: build controlplane
 	@$(BIN_DIR)/kubectl --kubeconfig $(RUN_KUBECONFIG) create namespace muster-system --dry-run=client -o yaml \
 	  | $(BIN_DIR)/kubectl --kubeconfig $(RUN_KUBECONFIG) apply -f - > /dev/null
-	$(CARGO) run -- run --kubeconfig $(RUN_KUBECONFIG) --namespace muster-system \
+	$(CARGO) run --bin muster -- run --kubeconfig $(RUN_KUBECONFIG) --namespace muster-system \
 	  --metrics-bind-address $(RUN_METRICS_ADDRESS) --webhook-bind-address $(RUN_WEBHOOK_ADDRESS) \
 	  --webhook-url https://$(RUN_WEBHOOK_ADDRESS) --webhook-manage-configurations=true
 

@@ -42,7 +42,7 @@ kc() { "$bin/kubectl" --kubeconfig "$dir/kubeconfig" "$@"; }
 features=()
 [ "${BENCH_PROFILE:-}" = heaptrack ] && features=(--features system-allocator)
 log "building muster (release${features:+, ${features[*]}})"
-cargo build --release --quiet "${features[@]}" || die "cargo build --release failed"
+cargo build --release --quiet -p muster "${features[@]}" || die "cargo build --release failed"
 [ -x "$muster" ] || die "$muster was not built"
 
 # muster first, then the cluster (cluster-down also stops a muster marked with this folder).
