@@ -42,9 +42,11 @@ unit:
 	$(CARGO) test --lib --bins
 
 ## The kubectl plugin is a crate of its own; the e2e tests run its binary from the folder of
-## the muster binary under test, so it is built (debug, as `cargo test` builds) before them.
+## the muster binary under test, so the workspace's binaries are built (debug, as `cargo test`
+## builds) before them. `--bins` of the whole workspace, not `-p kubectl-muster`: building the
+## plugin alone resolves its dependencies' features apart and compiles them a second time.
 plugin:
-	$(CARGO) build -p kubectl-muster
+	$(CARGO) build --bins
 
 ## Tests against a real control plane (built once per machine, cached outside the repo).
 ## The harness's watchdog stops the cluster when the tests end; the loop waits for that here,

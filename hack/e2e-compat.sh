@@ -62,7 +62,7 @@ for entry in $versions; do
     continue
   fi
   log "Kubernetes $label: e2e $run_tests"
-  cargo build -p kubectl-muster > "$out/$key-plugin.log" 2>&1 || rc=1
+  cargo build --bins > "$out/$key-plugin.log" 2>&1 || rc=1
   MUSTER_K8S_BIN=$bin cargo test -p muster --test e2e -- --test-threads=4 $run_tests > "$out/$key-e2e.log" 2>&1 || rc=1
   e2e="$(counts "$out/$key-e2e.log") ($run_tests)"
   # The cluster of that run: its features.txt says what the apiserver served, muster's log what

@@ -17,10 +17,11 @@ use crate::harness::manager::muster;
 use crate::harness::{client, cluster, kubectl, namespace, wait_for};
 
 /// The plugin's binary. It is a crate of its own (`crates/kubectl-muster`), built into the
-/// folder of the `muster` binary under test: `make e2e` builds it before the tests.
+/// folder of the `muster` binary under test: `make e2e` builds it before the tests
+/// (`cargo build --bins`).
 fn plugin_bin() -> PathBuf {
     let bin = Path::new(env!("CARGO_BIN_EXE_muster")).with_file_name("kubectl-muster");
-    assert!(bin.exists(), "{} is not built: run `cargo build -p kubectl-muster` first (make e2e does)", bin.display());
+    assert!(bin.exists(), "{} is not built: run `cargo build --bins` first (make e2e does)", bin.display());
     bin
 }
 
