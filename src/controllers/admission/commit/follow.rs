@@ -2,21 +2,19 @@
 //! is left of a plan cut short, and the core's next step ([`scheduler::next_step`]) carried out.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
 use super::job::Committed;
 use crate::controllers::admission::{Admitter, GroupRef, RootKey, World};
 use crate::controllers::context::Result;
-use crate::crds::scheduling::{AdmissionPlan, PlanState, PodGroup};
+use crate::crds::scheduling::{AdmissionPlan, PlanState};
 use crate::devices::parse_indices;
-use crate::pods::{Placement, PodClass};
+use crate::pods::PodClass;
 use crate::scheduler::{
-    self, CommitInput, Dra, GatedPin, GroupCount, PinState, PlannedPodNow, Refusal, RemainingFits, Snapshot,
-    StartRequirement, Step,
+    self, CommitInput, Dra, GatedPin, GroupCount, PinState, PlannedPodNow, RemainingFits, Snapshot, StartRequirement,
+    Step,
 };
 
 /// Each planned pod as it is now, for the commit state machine.
@@ -31,45 +29,10 @@ fn pods_now(plan: &AdmissionPlan, root: &str, world: &World<'_>) -> Vec<PlannedP
                 pod_group: if planned.pod_group.is_empty() { root.to_string() } else { planned.pod_group.clone() },
                 node: planned.node.clone(),
                 node_exists: world.nodes.contains(planned.node.as_str()),
-                state: pod.map_or(PinState::Gone, pin_state),
+                state: pod.map_or(PinState::Gone, PinState::of),
             }
         })
         .collect()
-}
-
-/// Where a planned pod stands, read from the pod.
-fn pin_state(pod: &Pod) -> PinState {
-    let class = PodClass::of(pod);
-    match class.placement {
-        _ if class.terminating => PinState::Terminating,
-        _ if class.finished() => PinState::Finished,
-        Placement::Bound(node) => PinState::Bound { node },
-        Placement::Gated => PinState::Gated,
-        Placement::Admitted(_) | Placement::Unpinned => PinState::Unbound { refusal: refusal(pod) },
-    }
-}
-
-/// kube-scheduler's `PodScheduled=False` condition (the pod cache keeps it).
-fn refusal(pod: &Pod) -> Option<Refusal> {
-    let c =
-        pod.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
-    Some(Refusal { reason: c.reason.clone().unwrap_or_default(), message: c.message.clone().unwrap_or_default() })
-}
-
-/// The minCount of every PodGroup with pods in the plan (1 for basic groups, and for groups
-/// not in the cache).
-fn start_requirement(plan: &AdmissionPlan, ns: &str, root: &str, pod_groups: &[Arc<PodGroup>]) -> StartRequirement {
-    let mut min_count = BTreeMap::new();
-    for planned in &plan.pods {
-        let group = if planned.pod_group.is_empty() { root } else { planned.pod_group.as_str() };
-        let min = pod_groups
-            .iter()
-            .find(|pg| pg.metadata.namespace.as_deref() == Some(ns) && pg.metadata.name.as_deref() == Some(group))
-            .and_then(|pg| pg.spec.scheduling_policy.min_count())
-            .map_or(1, |m| u32::try_from(m).unwrap_or(1));
-        min_count.insert(group.to_string(), min);
-    }
-    StartRequirement { min_count }
 }
 
 /// Why a plan cut short cannot go on: a shared claim it was to allocate before the first pod
@@ -147,7 +110,7 @@ impl Admitter {
     ) -> Result<Option<Instant>> {
         let (ns, root) = (&key.ns, &key.name);
         let pods = pods_now(plan, root, world);
-        let requirement = start_requirement(plan, ns, root, world.pod_groups);
+        let requirement = StartRequirement::of(plan, ns, root, world.pod_groups.iter().map(|g| &**g));
         let cut_short = plan.state != PlanState::Admitted;
         let remaining_fits = if cut_short {
             let (pins, groups) = remaining_of(plan, &pods, &requirement, ns, world, snapshot.dra());
@@ -216,6 +179,10 @@ mod tests {
 
     use super::super::fixtures::planned;
     use crate::crds::ADMISSION_GATE;
+    use crate::crds::scheduling::PodGroup;
+    use crate::scheduler::Refusal;
+    use k8s_openapi::api::core::v1::Pod;
+    use std::sync::Arc;
 
     fn pod(uid: &str, spec: serde_json::Value, status: serde_json::Value) -> Pod {
         serde_json::from_value(json!({"metadata": {"name": uid, "uid": uid}, "spec": spec, "status": status}))
@@ -298,9 +265,12 @@ mod tests {
             pods: vec![planned("1", "a", "n"), planned("2", "b", "n"), planned("3", "unknown", "n")],
             shared_claims: Vec::new(),
         };
-        let r = start_requirement(&plan, "ns", "root", &groups);
+        let r = StartRequirement::of(&plan, "ns", "root", groups.iter().map(|g| &**g));
         let want = BTreeMap::from([("a".to_string(), 3), ("b".to_string(), 1), ("unknown".to_string(), 1)]);
         assert_eq!(r.min_count, want);
-        assert_eq!(start_requirement(&plan, "other", "root", &groups).min_count.get("a"), Some(&1));
+        assert_eq!(
+            StartRequirement::of(&plan, "other", "root", groups.iter().map(|g| &**g)).min_count.get("a"),
+            Some(&1)
+        );
     }
 }

@@ -3,6 +3,11 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::Pod;
+use muster_api::scheduling::{AdmissionPlan, PodGroup};
+
+use crate::pods::{Placement, PodClass};
+
 /// Where one planned pod stands now.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PinState {
@@ -91,5 +96,51 @@ impl StartRequirement {
             *planned.entry(p.pod_group.as_str()).or_default() += u32::from(p.started());
         }
         planned.into_iter().any(|(group, started)| started < self.min_count.get(group).copied().unwrap_or(1).max(1))
+    }
+}
+
+impl PinState {
+    /// Where a planned pod stands, read from the pod.
+    pub fn of(pod: &Pod) -> Self {
+        let class = PodClass::of(pod);
+        match class.placement {
+            _ if class.terminating => PinState::Terminating,
+            _ if class.finished() => PinState::Finished,
+            Placement::Bound(node) => PinState::Bound { node },
+            Placement::Gated => PinState::Gated,
+            Placement::Admitted(_) | Placement::Unpinned => PinState::Unbound { refusal: Refusal::of(pod) },
+        }
+    }
+}
+
+impl Refusal {
+    /// kube-scheduler's `PodScheduled=False` condition of `pod`, if it has one.
+    pub fn of(pod: &Pod) -> Option<Self> {
+        let conditions = pod.status.as_ref()?.conditions.as_ref()?;
+        let c = conditions.iter().find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
+        Some(Refusal { reason: c.reason.clone().unwrap_or_default(), message: c.message.clone().unwrap_or_default() })
+    }
+}
+
+impl StartRequirement {
+    /// The minCount of every PodGroup with pods in `plan` of root `root` in `ns` (1 for basic
+    /// groups, and for groups not among `pod_groups`).
+    pub fn of<'a>(
+        plan: &AdmissionPlan,
+        ns: &str,
+        root: &str,
+        pod_groups: impl Iterator<Item = &'a PodGroup> + Clone,
+    ) -> Self {
+        let mut min_count = BTreeMap::new();
+        for planned in &plan.pods {
+            let group = if planned.pod_group.is_empty() { root } else { planned.pod_group.as_str() };
+            let min = pod_groups
+                .clone()
+                .find(|pg| pg.metadata.namespace.as_deref() == Some(ns) && pg.metadata.name.as_deref() == Some(group))
+                .and_then(|pg| pg.spec.scheduling_policy.min_count())
+                .map_or(1, |m| u32::try_from(m).unwrap_or(1));
+            min_count.insert(group.to_string(), min);
+        }
+        StartRequirement { min_count }
     }
 }
