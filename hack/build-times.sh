@@ -31,11 +31,11 @@ core=crates/muster-core/src/scheduler/placement.rs
 edit_ctl=$(grep -rl '"NamespaceExcluded", &message, now, None' src/controllers/job | head -1)
 edit_core=$(grep -rl '        if shape.gpus > 0 {' crates/muster-core/src/scheduler/placement* src/scheduler/placement* 2>/dev/null | head -1)
 
-timed() { # label, command...
-  local label=$1 s e rc
-  shift
+timed() { # log name, label, command...
+  local log=$1 label=$2 s e rc
+  shift 2
   s=$(date +%s.%N)
-  "$@" > "$out/$label.log" 2>&1
+  "$@" > "$out/$log.log" 2>&1
   rc=$?
   e=$(date +%s.%N)
   printf '%-48s rc=%d %6.1f s\n' "$label" "$rc" "$(echo "$e - $s" | bc)" | tee -a "$out/times.txt"
@@ -43,22 +43,22 @@ timed() { # label, command...
 
 if [ "$what" = release ] || [ "$what" = all ]; then
   rm -rf "$CARGO_TARGET_DIR/release"
-  timed release-clean cargo build --release --timings
+  timed release-clean release-clean cargo build --release --timings
   touch "$ctl"
-  timed "release-touch-controller ($ctl)" cargo build --release --timings
+  timed release-touch-controller "release-touch-controller ($ctl)" cargo build --release --timings
   touch "$core"
-  timed "release-touch-core ($core)" cargo build --release --timings
+  timed release-touch-core "release-touch-core ($core)" cargo build --release --timings
 fi
 if [ "$what" = debug ] || [ "$what" = all ]; then
-  timed debug-full cargo build
+  timed debug-full debug-full cargo build
   if [ -n "$edit_ctl" ]; then
     sed -i 's/"NamespaceExcluded", &message, now, None/"NamespaceExcluded!", \&message, now, None/' "$edit_ctl"
-    timed "debug-edit-controller ($edit_ctl)" cargo build
+    timed debug-edit-controller "debug-edit-controller ($edit_ctl)" cargo build
     git checkout -q -- "$edit_ctl" && cargo build > /dev/null 2>&1
   fi
   if [ -n "$edit_core" ]; then
     sed -i 's/        if shape.gpus > 0 {/        if shape.gpus > 0 \&\& shape.gpus < u32::MAX {/' "$edit_core"
-    timed "debug-edit-core ($edit_core)" cargo build
+    timed debug-edit-core "debug-edit-core ($edit_core)" cargo build
     git checkout -q -- "$edit_core" && cargo build > /dev/null 2>&1
   fi
 fi
