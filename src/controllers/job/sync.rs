@@ -13,8 +13,7 @@ use super::claim_writes::{CLAIM_RETRY, PodClaims, report_claims};
 use super::create_pods::create_pods;
 use super::gang_attempt::admission_attempt;
 use super::groups::Groups;
-use super::plan::{ObservedPod, condition};
-use super::record::JobPod;
+use super::plan::{JobPod, ObservedPod, condition};
 use super::status::write_status;
 use super::{JobContext, claims, plan};
 use crate::controllers::context::Result;
@@ -41,7 +40,7 @@ pub(super) async fn sync_pods(
     // The job's pods as the watch cache shows them, once it has listed them all.
     jc.pods_ready.wait().await?;
     let cached = jc.pods.state();
-    let pods: Vec<&JobPod> = cached.iter().map(|p| &**p).filter(|p| p.of_job(&ns, &name, &uid)).collect();
+    let pods: Vec<&JobPod> = cached.iter().map(|p| &p.0).filter(|p| p.of_job(&ns, &name, &uid)).collect();
     let names: std::collections::HashSet<&str> = pods.iter().map(|p| p.observed.name.as_str()).collect();
     if !jc.expected.satisfied(&uid, &names, std::time::Instant::now()) {
         // Pods it created are not in the cache yet: their events sync the job again.

@@ -15,8 +15,9 @@ use kube::runtime::{WatchStreamExt, watcher};
 
 use super::CONTROLLER;
 use super::expected;
+use super::plan::JobPod;
 use super::reconcile::reconcile;
-use super::record::JobPod;
+use super::record::CachedPod;
 use crate::controllers::context::{Context, Error, Result, StoreReady};
 use crate::crds::JOB_NAME_LABEL;
 use crate::crds::batch::MusterJob;
@@ -29,7 +30,7 @@ use crate::crds::scheduling::{CompositePodGroup, PodGroup, Workload};
 /// compiles to (a reconcile, one per pod event, read them with two GETs before).
 pub struct JobContext {
     pub(super) ctx: Arc<Context>,
-    pub(super) pods: Store<JobPod>,
+    pub(super) pods: Store<CachedPod>,
     /// Whether `pods` has its first list (awaited by many reconciles at once).
     pub(super) pods_ready: StoreReady,
     pub(super) expected: expected::Expected,
@@ -88,7 +89,9 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
     let (store, mut writer) = reflector::store();
     let pod_events = watcher::watcher(pods, watcher::Config::default().labels(JOB_NAME_LABEL).any_semantic())
         .default_backoff()
-        .inspect_ok(move |ev| writer.apply_watcher_event(&crate::controllers::map_event(ev, JobPod::of)))
+        .inspect_ok(move |ev| {
+            writer.apply_watcher_event(&crate::controllers::map_event(ev, |p| CachedPod(JobPod::of(p))))
+        })
         .touched_objects();
     // Jobs in upstream mode follow their native PodGroups (kube-scheduler's conditions): the
     // groups' events trigger their jobs, through the cache the reconciles read.

@@ -126,6 +126,39 @@ impl ObservedPod {
     }
 }
 
+/// What the job controller's watch cache keeps of one of its pods: the job it belongs to and
+/// what the job logic reads ([`ObservedPod`]). A few hundred bytes: the trimmed `Pod` it
+/// replaced was about 4 KiB (13 MiB for the 3,000 pods of a 5,000-node bench run).
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobPod {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// Its job name label.
+    pub job: Option<String>,
+    /// The UID of its controller (owner reference).
+    pub controller_uid: Option<String>,
+    /// What the job logic reads.
+    pub observed: ObservedPod,
+}
+
+impl JobPod {
+    /// Reads the record of `pod`.
+    pub fn of(pod: &Pod) -> Self {
+        let meta = &pod.metadata;
+        JobPod {
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            job: meta.labels.as_ref().and_then(|l| l.get(JOB_NAME_LABEL)).cloned(),
+            controller_uid: crate::owners::controller_uid(meta).map(str::to_string),
+            observed: ObservedPod::from_pod(pod),
+        }
+    }
+
+    /// Whether it is a pod of the job `name` in `namespace` with UID `uid`.
+    pub fn of_job(&self, namespace: &str, name: &str, uid: &str) -> bool {
+        self.namespace == namespace && self.job.as_deref() == Some(name) && self.controller_uid.as_deref() == Some(uid)
+    }
+}
+
 /// PURE: whether a new status may wait for the next paced write: only `active`, `ready` and
 /// the conditions mirrored from a native PodGroup ([`MIRRORED_CONDITIONS`], upstream mode)
 /// moved. All are read afresh on every pass (the counts from the live pods, the conditions from

@@ -493,6 +493,46 @@ fn observed_pods_read_phase_index_and_gate() {
 }
 
 #[test]
+fn a_job_pod_record_reads_as_the_whole_pod_and_names_its_job() {
+    let mut job = MusterJob::new("train", spec(2, Some(2), CompletionMode::Indexed));
+    job.metadata.uid = Some("uid".into());
+    let mut pod = new_pod(&job, &NewPod { index: Some(1), attempt: 1 }, "train", Some("train"), 2);
+    pod.metadata.name = Some("train-1-abc".into());
+    pod.metadata.namespace = Some("ns".into());
+    pod.metadata.annotations.get_or_insert_default().insert(ROLLED_BACK_ANNOTATION.into(), "plan-1".into());
+    pod.metadata.annotations.get_or_insert_default().insert("other.example.com/note".into(), "x".repeat(4096));
+    pod.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+    let status: k8s_openapi::api::core::v1::PodStatus = serde_json::from_value(serde_json::json!({
+        "phase": "Running",
+        "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
+        "containerStatuses": [{"name": "main", "image": "img", "imageID": "id", "ready": true, "restartCount": 2,
+            "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}],
+        "initContainerStatuses": [{"name": "init", "image": "img", "imageID": "id", "ready": false, "restartCount": 1}],
+    }))
+    .expect("status");
+    pod.status = Some(status);
+    for gated in [true, false] {
+        if !gated {
+            pod.spec.as_mut().expect("spec").scheduling_gates = None;
+        }
+        let record = JobPod::of(&pod);
+        assert_eq!(record.observed, ObservedPod::from_pod(&pod), "gated: {gated}");
+        assert_eq!((record.observed.restarts, record.observed.gated, record.observed.ready), (3, gated, true));
+        assert!(record.observed.terminating && record.observed.rolled_back);
+        assert!(record.of_job("ns", "train", "uid"));
+        assert!(!record.of_job("other", "train", "uid"), "another namespace");
+        assert!(!record.of_job("ns", "train-2", "uid"), "another job");
+        assert!(!record.of_job("ns", "train", "uid-2"), "a job of the same name made again");
+    }
+    // A pod without the job label or a controller belongs to no job.
+    pod.metadata.labels.as_mut().expect("labels").remove(JOB_NAME_LABEL);
+    pod.metadata.owner_references = None;
+    let record = JobPod::of(&pod);
+    assert_eq!((record.job.as_deref(), record.controller_uid.as_deref()), (None, None));
+    assert!(!record.of_job("ns", "train", "uid"));
+}
+
+#[test]
 fn only_active_and_ready_counts_wait_for_the_status_pace() {
     let old = MusterJobStatus {
         phase: Some(JobPhase::Running),
