@@ -6,18 +6,9 @@ mod validate;
 
 use std::process::ExitCode;
 
-/// Runs `future` on a single-threaded runtime; exit code 2 when no runtime can be made.
-fn block_on<F: std::future::Future<Output = ExitCode>>(future: F) -> ExitCode {
-    match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(runtime) => runtime.block_on(future),
-        Err(e) => {
-            eprintln!("error: tokio runtime: {e}");
-            ExitCode::from(2)
-        }
-    }
-}
-
 use clap::{Parser, Subcommand};
+// Subcommands run on a single-threaded runtime: `muster dev`'s helper, one for the binary.
+use muster_dev::block_on;
 
 /// muster: gang admission and GPU topology for batch and AI jobs on Kubernetes.
 #[derive(Parser, Debug)]

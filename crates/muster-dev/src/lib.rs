@@ -384,8 +384,9 @@ pub fn run(args: Args, shutdown: impl Future<Output = ()> + Send + 'static) -> E
     block_on(run_add_nodes(args))
 }
 
-/// Runs `future` on a single-threaded runtime; exit code 2 when no runtime can be made.
-fn block_on<F: Future<Output = ExitCode>>(future: F) -> ExitCode {
+/// Runs a subcommand's `future` on a single-threaded runtime; exit code 2 when no runtime can be
+/// made. The `muster` binary's other subcommands run on it too (one helper, in the lower crate).
+pub fn block_on<F: Future<Output = ExitCode>>(future: F) -> ExitCode {
     match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime.block_on(future),
         Err(e) => {
