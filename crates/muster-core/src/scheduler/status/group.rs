@@ -51,7 +51,7 @@ pub fn wait_started(
 }
 
 /// Sets [`condition::ALL_OR_NOTHING`] from what placement does not model in the pods' specs.
-pub fn all_or_nothing_condition(
+fn all_or_nothing_condition(
     conds: &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
     pods: &[&Pod],
     generation: Option<i64>,
@@ -150,7 +150,7 @@ pub fn pinned_hostname(pod: &Pod) -> Option<&str> {
     pod.spec.as_ref()?.node_selector.as_ref()?.get(HOSTNAME_LABEL).map(String::as_str)
 }
 
-pub fn phase_of(counts: &PodCounts, min: i32, outcome: Option<&Outcome>, plan: Option<&AdmissionPlan>) -> GroupPhase {
+fn phase_of(counts: &PodCounts, min: i32, outcome: Option<&Outcome>, plan: Option<&AdmissionPlan>) -> GroupPhase {
     let total = counts.pods + counts.succeeded + counts.failed;
     if total > 0 && counts.pods == 0 && counts.failed == 0 && counts.succeeded >= min.max(1) {
         return GroupPhase::Succeeded;
@@ -176,7 +176,7 @@ pub fn phase_of(counts: &PodCounts, min: i32, outcome: Option<&Outcome>, plan: O
     }
 }
 
-pub fn message_of(outcome: Option<&Outcome>, counts: &PodCounts, min: i32) -> String {
+fn message_of(outcome: Option<&Outcome>, counts: &PodCounts, min: i32) -> String {
     match outcome {
         Some(o) => o.message().to_string(),
         None if counts.pods < min => format!("waiting for quorum: {} pod(s), needs {min}", counts.pods),
@@ -184,7 +184,7 @@ pub fn message_of(outcome: Option<&Outcome>, counts: &PodCounts, min: i32) -> St
     }
 }
 
-pub fn admission_conditions(
+fn admission_conditions(
     conds: &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
     outcome: Option<&Outcome>,
     generation: Option<i64>,
@@ -222,7 +222,7 @@ pub fn admission_conditions(
 /// What a root's outcome means for one PodGroup under it: a root admitted only in part is
 /// unschedulable for a group still short of its minCount, partly admitted for one that has
 /// it but still has gated pods, and says nothing special of one with no gated pod.
-pub fn leaf_outcome(outcome: Option<&Outcome>, counts: &PodCounts, min: i32) -> Option<Outcome> {
+fn leaf_outcome(outcome: Option<&Outcome>, counts: &PodCounts, min: i32) -> Option<Outcome> {
     match outcome {
         Some(Outcome::Partly(_)) if counts.gated == 0 => None,
         Some(Outcome::Partly(m)) if counts.admitted + counts.succeeded + counts.failed < min.max(1) => {

@@ -36,58 +36,47 @@ pub const COMMIT_FIELDS: [&str; 5] = ["plan", "rollbacks", "recentRollbacks", "l
 
 /// A group status part of which is written by the commit protocol.
 pub trait CommitRecord: Clone + PartialEq {
+    /// The status without what the commit protocol writes (see [`COMMIT_FIELDS`]).
     fn without_commit_record(&self) -> Self;
     /// The phase and each condition's type, status and reason: a change of that is written
     /// at [`STATUS_PACE`], of counts and messages only at [`COUNT_PACE`].
     fn standing(&self) -> (Option<GroupPhase>, Vec<(&str, &str, &str)>);
 }
 
-pub fn condition_keys(
-    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
-) -> Vec<(&str, &str, &str)> {
+fn condition_keys(conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]) -> Vec<(&str, &str, &str)> {
     conditions.iter().map(|c| (c.type_.as_str(), c.status.as_str(), c.reason.as_str())).collect()
 }
 
-impl CommitRecord for PodGroupStatus {
-    fn without_commit_record(&self) -> Self {
-        Self {
-            plan: None,
-            rollbacks: 0,
-            recent_rollbacks: 0,
-            last_rollback_time: None,
-            avoid_nodes: Vec::new(),
-            ..self.clone()
-        }
-    }
+/// The same record for both group kinds: their statuses share the commit protocol's fields.
+macro_rules! commit_record {
+    ($($status:ty),*) => {$(
+        impl CommitRecord for $status {
+            fn without_commit_record(&self) -> Self {
+                Self {
+                    plan: None,
+                    rollbacks: 0,
+                    recent_rollbacks: 0,
+                    last_rollback_time: None,
+                    avoid_nodes: Vec::new(),
+                    ..self.clone()
+                }
+            }
 
-    fn standing(&self) -> (Option<GroupPhase>, Vec<(&str, &str, &str)>) {
-        (self.phase, condition_keys(&self.conditions))
-    }
+            fn standing(&self) -> (Option<GroupPhase>, Vec<(&str, &str, &str)>) {
+                (self.phase, condition_keys(&self.conditions))
+            }
+        }
+    )*};
 }
 
-impl CommitRecord for CompositePodGroupStatus {
-    fn without_commit_record(&self) -> Self {
-        Self {
-            plan: None,
-            rollbacks: 0,
-            recent_rollbacks: 0,
-            last_rollback_time: None,
-            avoid_nodes: Vec::new(),
-            ..self.clone()
-        }
-    }
-
-    fn standing(&self) -> (Option<GroupPhase>, Vec<(&str, &str, &str)>) {
-        (self.phase, condition_keys(&self.conditions))
-    }
-}
+commit_record!(PodGroupStatus, CompositePodGroupStatus);
 
 /// PURE: how long the first status of a group created at `created` may still wait at `now`:
 /// until it is at least [`STATUS_PACE`] old, so a gang admitted within that time gets no
 /// pending status before its admitted one. `creationTimestamp` has whole seconds (the group
 /// may be up to a second younger than it says), so that is [`STATUS_PACE`] and a second after
 /// the stamp. `None`: write it now (older, or a creation time ahead of this clock).
-pub fn first_status_wait(created: Option<&Time>, now: Timestamp) -> Option<std::time::Duration> {
+pub(super) fn first_status_wait(created: Option<&Time>, now: Timestamp) -> Option<std::time::Duration> {
     let age = std::time::Duration::try_from(now.duration_since(created?.0)).ok()?;
     (STATUS_PACE + std::time::Duration::from_secs(1)).checked_sub(age).filter(|left| !left.is_zero())
 }
@@ -129,7 +118,7 @@ pub enum Pace {
 
 /// PURE: how a group's status, changed from `old` (the one cached) to `new`, is paced at
 /// `now`.
-pub fn pace_of<S: CommitRecord>(old: Option<&S>, new: &S, created: Option<&Time>, now: Timestamp) -> Pace {
+pub(super) fn pace_of<S: CommitRecord>(old: Option<&S>, new: &S, created: Option<&Time>, now: Timestamp) -> Pace {
     match (old, first_status_wait(created, now)) {
         (None, Some(left)) => Pace::Young(left),
         (Some(old), _) if old.standing() == new.standing() => Pace::Counts,
@@ -207,7 +196,7 @@ impl SentStatus {
 
 /// PURE: a fingerprint of a status without its conditions' transition times (computed again on
 /// a stale cache, a transition is stamped again).
-pub fn without_transition_times(status: &serde_json::Value) -> u64 {
+fn without_transition_times(status: &serde_json::Value) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut status = status.clone();
     if let Some(conditions) = status.get_mut("conditions").and_then(serde_json::Value::as_array_mut) {
