@@ -135,7 +135,7 @@ mod defaults {
     pub const ZONES: u32 = 1;
     pub const GPUS: u32 = 8;
     pub const GPU_MEMORY_MIB: u64 = 81920;
-    pub const GPU_PRODUCT: &str = "NVIDIA-H100-80GB-HBM3";
+    pub const GPU_PRODUCT: &str = muster_core::devices::dra::nvidia::H100_PRODUCT;
     pub const CPU: &str = "128";
     pub const MEMORY: &str = "1Ti";
     pub const PODS: &str = "110";

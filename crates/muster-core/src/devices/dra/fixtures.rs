@@ -18,7 +18,7 @@ pub fn nvidia_gpu(index: usize, uuid: &str) -> Device {
 
 /// The fixtures' GPU model.
 fn h100() -> super::nvidia::GpuModel {
-    super::nvidia::gpu_model("NVIDIA-H100-80GB-HBM3")
+    super::nvidia::gpu_model(super::nvidia::H100_PRODUCT)
 }
 
 fn fake_gpu(index: usize, uuid: &str) -> super::nvidia::NvidiaGpu {

@@ -14,6 +14,9 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+/// An H100 80GB as GPU feature discovery labels its product (`nvidia.com/gpu.product`): the
+/// product of muster's fake GPU nodes and of the DRA fixtures.
+pub const H100_PRODUCT: &str = "NVIDIA-H100-80GB-HBM3";
 /// The driver name of NVIDIA's DRA driver for GPUs (also its attribute domain).
 pub const DRIVER: &str = "gpu.nvidia.com";
 /// The DeviceClass NVIDIA's driver installs for whole GPUs.
