@@ -348,7 +348,7 @@ spec:
         assert_eq!(job.labels().get(JOBSET_NAME_LABEL).map(String::as_str), Some("ray"));
         assert_eq!(job.labels().get(REPLICATED_JOB_LABEL).map(String::as_str), Some(rjob));
         assert_eq!(job.labels().get("role").is_some(), rjob == "workers", "template labels reach the child");
-        assert_eq!(job.spec.completion_mode, CompletionMode::Indexed, "both templates ask for Indexed");
+        assert_eq!(job.spec.completion_mode(), CompletionMode::Indexed, "both templates ask for Indexed");
 
         let group = eventually(&a.groups, child).await;
         assert_eq!(group.spec.parent_composite_pod_group_name.as_deref(), Some("ray"));

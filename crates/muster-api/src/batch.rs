@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::PodTemplateSpec;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -20,6 +20,20 @@ pub const MAX_SCHEDULED_REPLICATED_JOBS: usize = 8;
 /// Most replicatedJobs a MusterJobSet may have at all.
 pub const MAX_REPLICATED_JOBS: usize = 32;
 
+pub use k8s_openapi::api::batch::v1::{
+    PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyOnPodConditionsPattern,
+    PodFailurePolicyRule, SuccessPolicy as JobSuccessPolicy, SuccessPolicyRule as JobSuccessPolicyRule,
+};
+
+/// The `managedBy` value of a MusterJob muster's own job controller reconciles (also when the
+/// field is unset); a job naming another controller is left to it.
+pub const JOB_CONTROLLER_NAME: &str = "batch.muster.dev/job-controller";
+/// The `managedBy` value of a MusterJobSet muster's set controller reconciles.
+pub const JOBSET_CONTROLLER_NAME: &str = "batch.muster.dev/jobset-controller";
+/// `backoffLimit` when unset: 6, or the largest int32 when `backoffLimitPerIndex` is set (as
+/// batch/v1 defaults it).
+pub const DEFAULT_BACKOFF_LIMIT: i32 = 6;
+
 /// How pods of a MusterJob are told apart.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub enum CompletionMode {
@@ -28,6 +42,16 @@ pub enum CompletionMode {
     NonIndexed,
     /// Each pod gets an index 0..completions-1 (annotation, `JOB_COMPLETION_INDEX`, hostname).
     Indexed,
+}
+
+/// When a MusterJob creates a replacement for a pod (batch/v1 `podReplacementPolicy`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum PodReplacementPolicy {
+    /// As soon as the pod is terminating or failed (the default without `podFailurePolicy`).
+    TerminatingOrFailed,
+    /// Only once the pod is fully terminated, in phase Failed (the only value with
+    /// `podFailurePolicy`, and its default).
+    Failed,
 }
 
 /// A batch job whose pods start together (Job fields plus `scheduling`).
@@ -63,7 +87,7 @@ pub enum CompletionMode {
     validation = Rule::new("!has(self.scheduling) || !has(oldSelf.scheduling) || (has(self.scheduling.disruptionMode) == has(oldSelf.scheduling.disruptionMode) && (!has(self.scheduling.disruptionMode) || self.scheduling.disruptionMode == oldSelf.scheduling.disruptionMode))").message("field is immutable").field_path(".scheduling.disruptionMode"),
     validation = Rule::new("!has(self.scheduling) || !has(oldSelf.scheduling) || (has(self.scheduling.resourceClaims) == has(oldSelf.scheduling.resourceClaims) && (!has(self.scheduling.resourceClaims) || self.scheduling.resourceClaims == oldSelf.scheduling.resourceClaims))").message("field is immutable").field_path(".scheduling.resourceClaims"),
     validation = Rule::new("has(self.completions) == has(oldSelf.completions) && (!has(self.completions) || self.completions == oldSelf.completions)").message("field is immutable").field_path(".completions"),
-    validation = Rule::new("self.completionMode == oldSelf.completionMode").message("field is immutable").field_path(".completionMode")
+    validation = Rule::new("(has(self.completionMode) ? self.completionMode : 'NonIndexed') == (has(oldSelf.completionMode) ? oldSelf.completionMode : 'NonIndexed')").message("field is immutable").field_path(".completionMode")
 )]
 pub struct MusterJobSpec {
     /// Pods running at once. Mutable.
@@ -74,14 +98,43 @@ pub struct MusterJobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub completions: Option<i32>,
-    /// `NonIndexed` (default) or `Indexed`. Immutable.
-    #[serde(default)]
-    #[schemars(extend("default" = "NonIndexed"))]
-    pub completion_mode: CompletionMode,
-    /// Pod failures tolerated before the job fails (default 6).
-    #[serde(default = "six")]
-    #[schemars(range(min = 0), extend("default" = 6))]
-    pub backoff_limit: i32,
+    /// `NonIndexed` (default) or `Indexed`. Immutable. A MusterJobSet's children default to
+    /// `Indexed`, as JobSet's Jobs do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_mode: Option<CompletionMode>,
+    /// Pod failures tolerated before the job fails (default 6; the largest int32 when
+    /// `backoffLimitPerIndex` is set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub backoff_limit: Option<i32>,
+    /// Indexed jobs: failures tolerated per index before that index is marked failed.
+    /// Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff_limit_per_index: Option<i32>,
+    /// With `backoffLimitPerIndex`: failed indexes tolerated before the job fails.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_failed_indexes: Option<i32>,
+    /// How pod failures are handled beyond counting them (exit codes, pod conditions), as
+    /// batch/v1 `podFailurePolicy`. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_failure_policy: Option<PodFailurePolicy>,
+    /// Indexed jobs: when the job is declared succeeded before every index succeeds
+    /// (batch/v1 `successPolicy`). Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub success_policy: Option<JobSuccessPolicy>,
+    /// When a replacement pod is created: `TerminatingOrFailed` or `Failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_replacement_policy: Option<PodReplacementPolicy>,
+    /// The controller that reconciles the job: unset or `batch.muster.dev/job-controller` for
+    /// muster; any other value leaves the job to that controller. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub managed_by: Option<String>,
+    /// The pods' selector, as batch/v1 allows it: generated unless `manualSelector` is true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+    /// True when `selector` is written by the user (batch/v1 `manualSelector`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manual_selector: Option<bool>,
     /// Seconds the job may be active before it fails with reason DeadlineExceeded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
@@ -120,8 +173,38 @@ pub struct GpuClaims {
 fn one() -> i32 {
     1
 }
-fn six() -> i32 {
-    6
+
+impl MusterJobSpec {
+    /// `completionMode`, `NonIndexed` when unset.
+    pub fn completion_mode(&self) -> CompletionMode {
+        self.completion_mode.unwrap_or_default()
+    }
+    /// Whether the job is `Indexed`.
+    pub fn indexed(&self) -> bool {
+        self.completion_mode() == CompletionMode::Indexed
+    }
+    /// `backoffLimit` as batch/v1 defaults it: 6, or the largest int32 with
+    /// `backoffLimitPerIndex`.
+    pub fn backoff_limit(&self) -> i32 {
+        self.backoff_limit.unwrap_or(if self.backoff_limit_per_index.is_some() {
+            i32::MAX
+        } else {
+            DEFAULT_BACKOFF_LIMIT
+        })
+    }
+    /// `podReplacementPolicy` as batch/v1 defaults it: `Failed` with a `podFailurePolicy`,
+    /// else `TerminatingOrFailed`.
+    pub fn pod_replacement_policy(&self) -> PodReplacementPolicy {
+        self.pod_replacement_policy.unwrap_or(if self.pod_failure_policy.is_some() {
+            PodReplacementPolicy::Failed
+        } else {
+            PodReplacementPolicy::TerminatingOrFailed
+        })
+    }
+    /// Whether muster's job controller reconciles the job (`managedBy` unset or muster's).
+    pub fn managed_by_muster(&self) -> bool {
+        self.managed_by.as_deref().is_none_or(|m| m == JOB_CONTROLLER_NAME)
+    }
 }
 
 /// Where a MusterJob stands, in one word.
@@ -164,10 +247,18 @@ pub struct MusterJobStatus {
     /// Pods failed.
     #[serde(default)]
     pub failed: i32,
+    /// Pods terminating (being deleted, not yet in a terminal phase).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminating: Option<i32>,
     /// Indexes completed, for Indexed jobs (e.g. `0-2,5`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_indexes: Option<String>,
-    /// `Complete`, `Failed`, `Suspended`, `Invalid`.
+    /// Indexes failed, for jobs with `backoffLimitPerIndex` (e.g. `1,3-4`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_indexes: Option<String>,
+    /// `FailureTarget`, `SuccessCriteriaMet`, `Complete`, `Failed`, `Suspended` with
+    /// batch/v1's reasons; muster's `Invalid`, `ClaimsReady` and, in upstream mode, the
+    /// conditions of the native PodGroup.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
@@ -215,12 +306,93 @@ pub struct ReplicatedJob {
     /// Name (a DNS label), unique in the set; also the name of its PodGroupTemplate.
     #[schemars(length(min = 1, max = 63), regex(pattern = DNS_LABEL_PATTERN))]
     pub name: String,
+    /// The group this replicatedJob belongs to (JobSet's `groupName`, default `default`):
+    /// its children and their pods carry it with their index in the group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63), regex(pattern = DNS_LABEL_PATTERN))]
+    pub group_name: Option<String>,
     /// How many child MusterJobs (each one PodGroup).
     #[serde(default = "one")]
     #[schemars(range(min = 0), extend("default" = 1))]
     pub replicas: i32,
     /// The child MusterJob.
     pub template: MusterJobTemplate,
+    /// The earlier replicatedJob this one waits for (JobSet's `dependsOn`: at most one; not on
+    /// the first replicatedJob). Immutable.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 1), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub depends_on: Vec<DependsOn>,
+}
+
+/// What a replicatedJob waits for in an earlier one.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum DependsOnStatus {
+    /// Every child of the earlier replicatedJob is ready, succeeded or failed.
+    Ready,
+    /// Every child of the earlier replicatedJob succeeded.
+    Complete,
+}
+
+/// A dependency on an earlier replicatedJob.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+pub struct DependsOn {
+    /// Name of the earlier replicatedJob.
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// `Ready` or `Complete`.
+    pub status: DependsOnStatus,
+}
+
+/// The set's network: a headless Service giving its pods DNS names (JobSet's `network`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Network {
+    /// Pods are reachable as `<set>-<rjob>-<i>-<index>.<subdomain>` (default true).
+    #[serde(rename = "enableDNSHostnames", default, skip_serializing_if = "Option::is_none")]
+    pub enable_dns_hostnames: Option<bool>,
+    /// The headless Service's name (default: the set's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
+    pub subdomain: Option<String>,
+    /// Publish DNS records of pods before they are ready (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publish_not_ready_addresses: Option<bool>,
+}
+
+/// The order replicatedJobs start in.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum StartupPolicyOrder {
+    /// All at once.
+    #[default]
+    AnyOrder,
+    /// As listed: a replicatedJob is created once every child of the one before is ready.
+    InOrder,
+}
+
+/// JobSet's `startupPolicy`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StartupPolicy {
+    /// `AnyOrder` or `InOrder`.
+    pub startup_policy_order: StartupPolicyOrder,
+}
+
+/// The pod other pods reach first (JobSet's `coordinator`): its stable DNS name is written on
+/// every child and pod as `jobset.sigs.k8s.io/coordinator`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Coordinator {
+    /// The replicatedJob holding the coordinator.
+    #[schemars(length(min = 1, max = 63))]
+    pub replicated_job: String,
+    /// The child's index in that replicatedJob.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub job_index: i32,
+    /// The pod's completion index in that child.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub pod_index: i32,
 }
 
 /// When the set succeeds.
@@ -246,14 +418,67 @@ pub struct SuccessPolicy {
     pub target_replicated_jobs: Vec<String>,
 }
 
-/// What happens when a child job fails.
+/// How a set restarts.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum RestartStrategy {
+    /// Each child is recreated as soon as its previous one is gone.
+    #[default]
+    Recreate,
+    /// Every child of the previous attempt (and its pods) is gone before any is recreated.
+    BlockingRecreate,
+}
+
+/// What a failure rule does.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum FailurePolicyAction {
+    /// Fail the set at once.
+    FailJobSet,
+    /// Recreate every child if `restartsCountTowardsMax < maxRestarts`, else fail the set.
+    RestartJobSet,
+    /// Recreate every child without counting toward `maxRestarts`.
+    RestartJobSetAndIgnoreMaxRestarts,
+}
+
+/// A rule for a failed child: the first whose requirements all match decides.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailurePolicyRule {
+    /// Name of the rule (`^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$`), unique in the policy.
+    #[schemars(length(min = 1, max = 128))]
+    pub name: String,
+    /// What to do.
+    pub action: FailurePolicyAction,
+    /// The child's `Failed` reasons the rule matches (e.g. `PodFailurePolicy`,
+    /// `BackoffLimitExceeded`); empty matches any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub on_job_failure_reasons: Vec<String>,
+    /// Regular expressions (RE2) one of which the child's `Failed` message must match; empty
+    /// matches any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub on_job_failure_message_patterns: Vec<String>,
+    /// replicatedJobs whose children the rule applies to; empty means all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub target_replicated_jobs: Vec<String>,
+}
+
+/// What happens when a child job fails (JobSet's `failurePolicy`).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FailurePolicy {
-    /// Times every child is recreated after a child fails before the set fails (default 0).
+    /// Restarts that count toward the limit before the set fails (default 0).
     #[serde(default)]
     #[schemars(range(min = 0))]
     pub max_restarts: i32,
+    /// `Recreate` (default) or `BlockingRecreate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_strategy: Option<RestartStrategy>,
+    /// Evaluated in order for a failed child; none matching means `RestartJobSet`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub rules: Vec<FailurePolicyRule>,
 }
 
 /// A set of MusterJobs admitted together under one CompositePodGroup.
@@ -300,6 +525,32 @@ pub struct MusterJobSetSpec {
     /// When true, children are suspended.
     #[serde(default)]
     pub suspend: bool,
+    /// The headless Service and pod DNS names (default: enabled, named after the set).
+    /// Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<Network>,
+    /// The order replicatedJobs start in. Immutable; not with `dependsOn`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup_policy: Option<StartupPolicy>,
+    /// The pod whose DNS name every child and pod is told.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coordinator: Option<Coordinator>,
+    /// The controller that reconciles the set: unset or `batch.muster.dev/jobset-controller`
+    /// for muster. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
+    pub managed_by: Option<String>,
+    /// Seconds after the set finishes before it is deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub ttl_seconds_after_finished: Option<i32>,
+}
+
+impl MusterJobSetSpec {
+    /// Whether muster's set controller reconciles the set (`managedBy` unset or muster's).
+    pub fn managed_by_muster(&self) -> bool {
+        self.managed_by.as_deref().is_none_or(|m| m == JOBSET_CONTROLLER_NAME)
+    }
 }
 
 /// Where a MusterJobSet stands, in one word.
@@ -355,6 +606,13 @@ pub struct MusterJobSetStatus {
     /// Times all children were recreated after a failure.
     #[serde(default)]
     pub restarts: i32,
+    /// The restarts that count toward `failurePolicy.maxRestarts` (not those of
+    /// `RestartJobSetAndIgnoreMaxRestarts`).
+    #[serde(default)]
+    pub restarts_count_towards_max: i32,
+    /// `Completed` or `Failed` once the set finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminal_state: Option<String>,
     /// Per replicatedJob counts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]

@@ -18,7 +18,7 @@ use super::sync::sync_pods;
 use super::{CONTROLLER, FIELD_MANAGER, JobContext};
 use crate::controllers::context::{Error, Result};
 use crate::crds::JOB_NAME_LABEL;
-use crate::crds::batch::{CompletionMode, MusterJob};
+use crate::crds::batch::MusterJob;
 use crate::workloadbuilder::FieldPath;
 use crate::workloadbuilder::job::validate_job;
 use crate::workloadbuilder::native::SchedulingApi;
@@ -88,7 +88,7 @@ pub(super) async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, jc: Arc<J
         SchedulingApi::Upstream => GroupClaims { claims: Vec::new(), problems: Vec::new() },
     };
     let standalone = !is_child(job);
-    if standalone && job.spec.completion_mode == CompletionMode::Indexed {
+    if standalone && job.spec.indexed() {
         let name = job.name_any();
         let refused = crate::controllers::apply_headless_service(
             &ctx.client,

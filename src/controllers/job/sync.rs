@@ -18,7 +18,7 @@ use super::status::write_status;
 use super::{JobContext, claims, plan};
 use crate::controllers::context::Result;
 use crate::crds::JOBSET_NAME_LABEL;
-use crate::crds::batch::{CompletionMode, JobPhase, MusterJob};
+use crate::crds::batch::{JobPhase, MusterJob};
 use crate::workloadbuilder::native::SchedulingApi;
 
 /// How soon a job that made one batch of pods ([`plan::CREATE_PER_PASS`]) of more it needs is
@@ -90,9 +90,8 @@ pub(super) async fn sync_pods(
         .await;
     }
     // A set's Service names its children's pods; the set label counts only on a set's child.
-    let subdomain = plan::job_labels(job)
-        .remove(JOBSET_NAME_LABEL)
-        .or_else(|| (job.spec.completion_mode == CompletionMode::Indexed).then(|| name.clone()));
+    let subdomain =
+        plan::job_labels(job).remove(JOBSET_NAME_LABEL).or_else(|| (job.spec.indexed()).then(|| name.clone()));
     let attempt = if decision.create.is_empty() { 0 } else { admission_attempt(ctx, &ns, groups).await? };
     let new_pods: Vec<Pod> = decision
         .create

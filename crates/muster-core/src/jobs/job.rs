@@ -11,7 +11,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::conditions;
 use crate::pods::Lifecycle;
-use muster_api::batch::{CompletionMode, JobPhase, MusterJob, MusterJobSpec, MusterJobStatus};
+use muster_api::batch::{JobPhase, MusterJob, MusterJobSpec, MusterJobStatus};
 use muster_api::{
     ADMISSION_ATTEMPT_ANNOTATION, ADMISSION_GATE, COMPLETION_INDEX_ANNOTATION, GPU_INDICES_ANNOTATION, GPU_RESOURCE,
     JOB_NAME_LABEL, JOBSET_NAME_LABEL, POD_GROUP_LABEL, REPLICATED_JOB_LABEL, ROLLED_BACK_ANNOTATION,
@@ -303,7 +303,7 @@ pub fn plan(
         .chain(recorded_indexes)
         .filter(|i| (0..index_end).contains(i))
         .collect();
-    let indexed = job_spec.completion_mode == CompletionMode::Indexed;
+    let indexed = job_spec.indexed();
     let succeeded = if indexed { succeeded_indexes.len() as i32 } else { succeeded_pods.min(want_completions) };
     // batch/v1: with `restartPolicy: OnFailure` a failing container restarts in place, so the
     // restarts of the pods still pending or running are the retries backoffLimit bounds.
@@ -357,19 +357,19 @@ pub fn plan(
                 reason: "Completed",
                 message: format!("{succeeded}/{want_completions} completions succeeded"),
             })
-        } else if failed > job_spec.backoff_limit {
+        } else if failed > job_spec.backoff_limit() {
             Some(Finish {
                 condition: condition::FAILED,
                 reason: "BackoffLimitExceeded",
-                message: format!("{failed} pod(s) failed, more than the backoff limit of {}", job_spec.backoff_limit),
+                message: format!("{failed} pod(s) failed, more than the backoff limit of {}", job_spec.backoff_limit()),
             })
-        } else if restarts_past_limit(restarts, job_spec.backoff_limit) {
+        } else if restarts_past_limit(restarts, job_spec.backoff_limit()) {
             Some(Finish {
                 condition: condition::FAILED,
                 reason: "BackoffLimitExceeded",
                 message: format!(
                     "containers restarted {restarts} time(s) (restartPolicy OnFailure), reaching the backoff limit of {}",
-                    job_spec.backoff_limit
+                    job_spec.backoff_limit()
                 ),
             })
         } else if deadline_passed {
@@ -506,7 +506,7 @@ fn plan_pods(
     // `failed` never drops and is above every failed pod's attempt (see `failures`), so a new
     // attempt never reuses a number whose failure would restart it again at once.
     let attempt = failed;
-    if spec.completion_mode == CompletionMode::Indexed {
+    if spec.indexed() {
         // The free indexes, lowest first, as a lazy range: never a list of every index.
         let busy: BTreeSet<i32> = keep.iter().filter_map(|p| p.index).collect();
         out.create.extend(

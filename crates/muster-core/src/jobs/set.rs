@@ -486,7 +486,7 @@ mod tests {
     #[test]
     fn a_failed_child_restarts_all_children_until_max_restarts() {
         let mut s = set(true, &[("a", 1), ("b", 1)]);
-        s.spec.failure_policy = Some(FailurePolicy { max_restarts: 1 });
+        s.spec.failure_policy = Some(FailurePolicy { max_restarts: 1, ..Default::default() });
         let kids = [child("s-a-0", "a", Some(JobPhase::Failed), 0), child("s-b-0", "b", Some(JobPhase::Running), 0)];
         let p = plan(&s, &kids, now());
         assert_eq!(p.status.restarts, 1);
@@ -626,10 +626,10 @@ mod tests {
     fn children_keep_the_completion_mode_of_their_template() {
         let mut s = set(true, &[("driver", 1), ("workers", 2)]);
         s.spec.replicated_jobs[0].template.spec.completions = Some(1);
-        s.spec.replicated_jobs[0].template.spec.completion_mode = CompletionMode::Indexed;
+        s.spec.replicated_jobs[0].template.spec.completion_mode = Some(CompletionMode::Indexed);
         let mode = |r: usize| child_job(&s, r, 0, 0, SchedulingApi::Muster).expect("child").spec.completion_mode;
-        assert_eq!(mode(0), CompletionMode::Indexed);
-        assert_eq!(mode(1), CompletionMode::NonIndexed);
+        assert_eq!(mode(0), Some(CompletionMode::Indexed));
+        assert_eq!(mode(1), None);
         let driver = child_job(&s, 0, 0, 0, SchedulingApi::Muster).expect("child");
         assert_eq!(driver.spec.completions, Some(1), "nothing else of the template changes");
         assert_eq!(driver.metadata.name.as_deref(), Some("s-driver-0"));

@@ -8,9 +8,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use muster_api::batch::{
-    CompletionMode, MAX_SCHEDULED_REPLICATED_JOBS, MusterJob, MusterJobSet, MusterJobSetSpec, MusterJobSpec,
-};
+use muster_api::batch::{MAX_SCHEDULED_REPLICATED_JOBS, MusterJob, MusterJobSet, MusterJobSetSpec, MusterJobSpec};
 use muster_api::blocks::{CompositePodGroupScheduling, PodGroupScheduling, PodGroupSchedulingPolicy};
 use muster_api::{ADMISSION_GATE, GPU_CLAIM_NAME, GPU_RESOURCE};
 
@@ -224,7 +222,7 @@ fn over_detail(max: u32, indexed: bool) -> String {
 /// them against [`MAX_JOB_PODS`]; the job controller and the webhook also against the cluster's
 /// `--max-job-pods`.
 pub fn job_size_errors(spec: &MusterJobSpec, path: &FieldPath, max: u32) -> ErrorList {
-    let indexed = spec.completion_mode == CompletionMode::Indexed;
+    let indexed = spec.indexed();
     let over = |v: i32| u32::try_from(v).is_ok_and(|v| v > max);
     let mut errs = Vec::new();
     if over(spec.parallelism) {
@@ -324,14 +322,16 @@ fn job_spec_errors(spec: &MusterJobSpec, old: Option<&MusterJobSpec>, path: &Fie
     if let Some(c) = spec.completions {
         non_negative(&mut errs, path.child("completions"), c.into());
     }
-    non_negative(&mut errs, path.child("backoffLimit"), spec.backoff_limit.into());
+    if let Some(b) = spec.backoff_limit {
+        non_negative(&mut errs, path.child("backoffLimit"), b.into());
+    }
     if let Some(d) = spec.active_deadline_seconds {
         non_negative(&mut errs, path.child("activeDeadlineSeconds"), d);
     }
     if let Some(t) = spec.ttl_seconds_after_finished {
         non_negative(&mut errs, path.child("ttlSecondsAfterFinished"), t.into());
     }
-    if spec.completion_mode == CompletionMode::Indexed && spec.completions.is_none() {
+    if spec.indexed() && spec.completions.is_none() {
         errs.push(FieldError::required(&path.child("completions"), "when completion mode is Indexed"));
     }
     errs.extend(job_size_errors(spec, path, MAX_JOB_PODS));
@@ -361,10 +361,10 @@ fn job_spec_errors(spec: &MusterJobSpec, old: Option<&MusterJobSpec>, path: &Fie
                 "field is immutable",
             ));
         }
-        if spec.completion_mode != old.completion_mode {
+        if spec.completion_mode() != old.completion_mode() {
             errs.push(FieldError::invalid(
                 &path.child("completionMode"),
-                quote(&format!("{:?}", spec.completion_mode)),
+                quote(&format!("{:?}", spec.completion_mode())),
                 "field is immutable",
             ));
         }

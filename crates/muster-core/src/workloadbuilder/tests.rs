@@ -462,6 +462,8 @@ fn set_spec(scheduling: Option<CompositePodGroupScheduling>, rjobs: &[(&str, i32
                 name: name.to_string(),
                 replicas: *replicas,
                 template: MusterJobTemplate { metadata: None, spec: job_spec(*parallelism, Some(gang(None))) },
+                group_name: None,
+                depends_on: vec![],
             })
             .collect(),
         ..Default::default()
@@ -576,7 +578,7 @@ fn job_template_rules() {
 #[test]
 fn indexed_job_needs_completions() {
     let mut spec = job_spec(2, None);
-    spec.completion_mode = muster_api::batch::CompletionMode::Indexed;
+    spec.completion_mode = Some(muster_api::batch::CompletionMode::Indexed);
     assert_eq!(paths(&validate_job(&job("j", spec), None)), vec!["spec.completions"]);
 }
 

@@ -1,7 +1,7 @@
 //! Table tests of the job logic, one per batch/v1 rule muster keeps.
 
 use super::*;
-use muster_api::batch::MusterJobSpec;
+use muster_api::batch::{CompletionMode, MusterJobSpec};
 
 fn spec(parallelism: i32, completions: Option<i32>, mode: CompletionMode) -> MusterJobSpec {
     let mut s: MusterJobSpec = serde_json::from_value(serde_json::json!({
@@ -11,7 +11,7 @@ fn spec(parallelism: i32, completions: Option<i32>, mode: CompletionMode) -> Mus
     }))
     .expect("fixture");
     s.completions = completions;
-    s.completion_mode = mode;
+    s.completion_mode = Some(mode);
     s
 }
 
@@ -108,7 +108,7 @@ fn indexed_completes_only_when_every_index_succeeded() {
 #[test]
 fn failed_pods_are_replaced_until_the_backoff_limit() {
     let mut s = spec(1, Some(1), CompletionMode::NonIndexed);
-    s.backoff_limit = 1;
+    s.backoff_limit = Some(1);
     let p = run(&s, &[pod("a", Lifecycle::Failed, None)]);
     assert_eq!(p.create.len(), 1);
     assert_eq!(p.create[0].attempt, 1);
@@ -217,7 +217,7 @@ fn restarted(name: &str, phase: Lifecycle, restarts: i32) -> ObservedPod {
 #[test]
 fn on_failure_container_restarts_count_toward_the_backoff_limit() {
     let mut s = on_failure(spec(2, Some(2), CompletionMode::NonIndexed));
-    s.backoff_limit = 3;
+    s.backoff_limit = Some(3);
     let p = run(&s, &[restarted("a", Lifecycle::Running, 1), restarted("b", Lifecycle::Running, 1)]);
     assert!(p.finished.is_none(), "2 restarts, limit 3");
     let p = run(&s, &[restarted("a", Lifecycle::Running, 2), restarted("b", Lifecycle::Pending, 1)]);
@@ -231,7 +231,7 @@ fn on_failure_container_restarts_count_toward_the_backoff_limit() {
 #[test]
 fn on_failure_with_backoff_limit_zero_fails_on_the_first_restart() {
     let mut s = on_failure(spec(1, Some(1), CompletionMode::NonIndexed));
-    s.backoff_limit = 0;
+    s.backoff_limit = Some(0);
     assert!(run(&s, &[restarted("a", Lifecycle::Running, 0)]).finished.is_none());
     assert_eq!(
         run(&s, &[restarted("a", Lifecycle::Running, 1)]).finished.map(|f| f.reason),
@@ -242,7 +242,7 @@ fn on_failure_with_backoff_limit_zero_fails_on_the_first_restart() {
 #[test]
 fn restarts_count_only_with_restart_policy_on_failure() {
     let mut s = spec(1, Some(1), CompletionMode::NonIndexed);
-    s.backoff_limit = 1;
+    s.backoff_limit = Some(1);
     // restartPolicy unset: muster's pods run with Never, where a pod failure is the retry.
     assert!(run(&s, &[restarted("a", Lifecycle::Running, 5)]).finished.is_none());
     // A finished pod's restarts are not counted again: it counts as a failed pod.
@@ -268,7 +268,7 @@ fn observed_pods_sum_container_and_init_container_restarts() {
 #[test]
 fn deleted_failed_pods_still_count_toward_the_backoff_limit() {
     let mut s = spec(1, Some(1), CompletionMode::NonIndexed);
-    s.backoff_limit = 2;
+    s.backoff_limit = Some(2);
     let prev = MusterJobStatus { failed: 2, ..Default::default() };
     let p = plan(&s, None, &prev, &[], false, now());
     assert_eq!(p.status.failed, 2, "the two failed pods were deleted; the count never drops");
@@ -295,7 +295,7 @@ fn failures_are_at_least_what_attempts_and_the_last_status_prove() {
 #[test]
 fn rolled_back_pods_never_count_toward_the_backoff_limit() {
     let mut s = spec(2, Some(2), CompletionMode::NonIndexed);
-    s.backoff_limit = 0;
+    s.backoff_limit = Some(0);
     // A rolled-back attempt: one pod bound and started, marked Failed by kubelet as it is
     // deleted; the other never bound. Both are terminating.
     let rolled =
@@ -857,7 +857,7 @@ proptest::proptest! {
     ) {
         let mode = if indexed { CompletionMode::Indexed } else { CompletionMode::NonIndexed };
         let mut s = spec(parallelism, completions, mode);
-        s.backoff_limit = backoff;
+        s.backoff_limit = Some(backoff);
         let pods: Vec<ObservedPod> = observed
             .iter()
             .enumerate()
