@@ -55,6 +55,32 @@ fn claims(n: usize) -> Value {
     Value::Array((0..n).map(|i| json!({"name": format!("c{i}"), "resourceClaimName": "shared"})).collect())
 }
 
+const PER_INDEX: &str = "spec.backoffLimitPerIndex";
+const MAX_FAILED: &str = "spec.maxFailedIndexes";
+
+/// `spec` on an Indexed job of 2 completions.
+fn indexed(spec: Value) -> Value {
+    merged(json!({"completionMode": "Indexed", "completions": 2}), spec)
+}
+
+fn merged(mut a: Value, b: Value) -> Value {
+    merge_patch(&mut a, &b);
+    a
+}
+
+fn pfp(rules: Value) -> Value {
+    json!({"podFailurePolicy": {"rules": rules}})
+}
+
+fn exit_rule(action: &str, operator: &str, values: Value) -> Value {
+    json!({"action": action, "onExitCodes": {"operator": operator, "values": values}})
+}
+
+/// The usual rule of preemptible training: a pod with `DisruptionTarget` does not count.
+fn disruption() -> Value {
+    json!({"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]})
+}
+
 const MIN_COUNT: &str = "spec.scheduling.schedulingPolicy.gang.minCount";
 const POLICY: &str = "spec.scheduling.schedulingPolicy";
 const MODE: &str = "spec.scheduling.disruptionMode";
@@ -151,6 +177,201 @@ pub fn create_cases() -> Vec<Case> {
                 {"name": "c", "resourceClaimName": "z"}, {"name": "d", "resourceClaimTemplateName": "w"}]})),
             &[],
         ),
+        // batch/v1's rules for the JobSpec fields a MusterJob shares with Job (1.37).
+        case("backoff_limit_per_index_non_indexed", json!({"backoffLimitPerIndex": 1}), &[PER_INDEX]),
+        case(
+            "max_failed_indexes_without_backoff_limit_per_index",
+            indexed(json!({"maxFailedIndexes": 1})),
+            &[PER_INDEX],
+        ),
+        case(
+            "max_failed_indexes_non_indexed",
+            json!({"backoffLimitPerIndex": 1, "maxFailedIndexes": 1}),
+            &[PER_INDEX, MAX_FAILED],
+        ),
+        case(
+            "max_failed_indexes_above_completions",
+            indexed(json!({"backoffLimitPerIndex": 1, "maxFailedIndexes": 3})),
+            &[MAX_FAILED],
+        ),
+        case("negative_backoff_limit_per_index", indexed(json!({"backoffLimitPerIndex": -1})), &[PER_INDEX]),
+        case(
+            "twenty_one_pod_failure_policy_rules",
+            pfp(Value::Array((1..=21).map(|i| exit_rule("Count", "In", json!([i]))).collect())),
+            &["spec.podFailurePolicy.rules"],
+        ),
+        case(
+            "exit_code_zero_with_in",
+            pfp(json!([exit_rule("FailJob", "In", json!([0]))])),
+            &["spec.podFailurePolicy.rules[0].onExitCodes.values[0]"],
+        ),
+        case(
+            "exit_codes_unordered",
+            pfp(json!([exit_rule("FailJob", "NotIn", json!([2, 1]))])),
+            &["spec.podFailurePolicy.rules[0].onExitCodes.values"],
+        ),
+        case(
+            "exit_codes_repeated",
+            pfp(json!([exit_rule("FailJob", "In", json!([1, 1]))])),
+            &["spec.podFailurePolicy.rules[0].onExitCodes.values[1]"],
+        ),
+        case(
+            "exit_codes_empty",
+            pfp(json!([exit_rule("FailJob", "In", json!([]))])),
+            &["spec.podFailurePolicy.rules[0].onExitCodes.values"],
+        ),
+        case(
+            "exit_codes_of_an_unknown_container",
+            pfp(
+                json!([{"action": "FailJob", "onExitCodes": {"containerName": "nope", "operator": "In", "values": [1]}}]),
+            ),
+            &["spec.podFailurePolicy.rules[0].onExitCodes.containerName"],
+        ),
+        case(
+            "exit_codes_unknown_operator",
+            pfp(json!([exit_rule("FailJob", "Gt", json!([1]))])),
+            &["spec.podFailurePolicy.rules[0].onExitCodes.operator"],
+        ),
+        case(
+            "rule_with_exit_codes_and_conditions",
+            pfp(json!([{"action": "Ignore", "onExitCodes": {"operator": "In", "values": [1]},
+                "onPodConditions": [{"type": "DisruptionTarget"}]}])),
+            &["spec.podFailurePolicy.rules[0]"],
+        ),
+        case("rule_without_requirement", pfp(json!([{"action": "Ignore"}])), &["spec.podFailurePolicy.rules[0]"]),
+        case(
+            "condition_type_not_a_qualified_name",
+            pfp(json!([{"action": "Ignore", "onPodConditions": [{"type": "Bad Type"}]}])),
+            &["spec.podFailurePolicy.rules[0].onPodConditions[0].type"],
+        ),
+        case(
+            "condition_status_unknown",
+            pfp(json!([{"action": "Ignore", "onPodConditions": [{"type": "Ready", "status": "Maybe"}]}])),
+            &["spec.podFailurePolicy.rules[0].onPodConditions[0].status"],
+        ),
+        case(
+            "fail_index_without_backoff_limit_per_index",
+            indexed(pfp(json!([exit_rule("FailIndex", "In", json!([42]))]))),
+            &["spec.podFailurePolicy.rules[0].action"],
+        ),
+        case(
+            "unknown_pod_failure_policy_action",
+            pfp(json!([exit_rule("Retry", "In", json!([1]))])),
+            &["spec.podFailurePolicy.rules[0].action"],
+        ),
+        case(
+            "pod_failure_policy_with_restart_on_failure",
+            merged(pfp(json!([disruption()])), json!({"template": {"spec": {"restartPolicy": "OnFailure"}}})),
+            &["spec.template.spec.restartPolicy"],
+        ),
+        case(
+            "pod_failure_policy_with_terminating_or_failed",
+            merged(pfp(json!([disruption()])), json!({"podReplacementPolicy": "TerminatingOrFailed"})),
+            &["spec.podReplacementPolicy"],
+        ),
+        case(
+            "success_policy_non_indexed",
+            json!({"successPolicy": {"rules": [{"succeededCount": 1}]}}),
+            &["spec.successPolicy"],
+        ),
+        case(
+            "success_policy_without_rules",
+            indexed(json!({"successPolicy": {"rules": []}})),
+            &["spec.successPolicy.rules"],
+        ),
+        case(
+            "success_rule_without_count_or_indexes",
+            indexed(json!({"successPolicy": {"rules": [{}]}})),
+            &["spec.successPolicy.rules[0]"],
+        ),
+        case(
+            "succeeded_count_above_completions",
+            indexed(json!({"successPolicy": {"rules": [{"succeededCount": 3}]}})),
+            &["spec.successPolicy.rules[0].succeededCount"],
+        ),
+        case(
+            "succeeded_count_above_its_indexes",
+            indexed(json!({"successPolicy": {"rules": [{"succeededIndexes": "1", "succeededCount": 2}]}})),
+            &["spec.successPolicy.rules[0].succeededCount"],
+        ),
+        case(
+            "succeeded_indexes_out_of_range",
+            indexed(json!({"successPolicy": {"rules": [{"succeededIndexes": "0-2"}]}})),
+            &["spec.successPolicy.rules[0].succeededIndexes"],
+        ),
+        case(
+            "succeeded_indexes_not_increasing",
+            indexed(json!({"successPolicy": {"rules": [{"succeededIndexes": "1,0"}]}})),
+            &["spec.successPolicy.rules[0].succeededIndexes"],
+        ),
+        case(
+            "unknown_pod_replacement_policy",
+            json!({"podReplacementPolicy": "Sometimes"}),
+            &["spec.podReplacementPolicy"],
+        ),
+        case("unknown_completion_mode", json!({"completionMode": "Striped"}), &["spec.completionMode"]),
+        case("managed_by_not_a_domain_prefixed_path", json!({"managedBy": "muster"}), &["spec.managedBy"]),
+        case(
+            "managed_by_of_64_characters",
+            json!({"managedBy": format!("example.com/{}", "x".repeat(52))}),
+            &["spec.managedBy"],
+        ),
+        case(
+            "selector_without_manual_selector",
+            json!({"selector": {"matchLabels": {"app": "x"}}, "template": {"metadata": {"labels": {"app": "x"}}}}),
+            &["spec.selector"],
+        ),
+        case(
+            "manual_selector_not_matching_the_template",
+            json!({"manualSelector": true, "selector": {"matchLabels": {"app": "x"}}}),
+            &["spec.template.metadata.labels"],
+        ),
+        case(
+            "manual_selector_without_selector",
+            json!({"manualSelector": true}),
+            &["spec.selector", "spec.template.metadata.labels"],
+        ),
+        case(
+            "manual_selector_in_without_values",
+            json!({"manualSelector": true, "selector": {"matchExpressions": [{"key": "app", "operator": "In"}]},
+                "template": {"metadata": {"labels": {"app": "x"}}}}),
+            &["spec.selector.matchExpressions[0].values"],
+        ),
+        case(
+            "pytorch_ddp_job",
+            indexed(merged(
+                json!({"backoffLimitPerIndex": 1, "maxFailedIndexes": 1, "podReplacementPolicy": "Failed"}),
+                pfp(json!([
+                    disruption(),
+                    exit_rule("FailIndex", "In", json!([42])),
+                    exit_rule("FailJob", "NotIn", json!([0, 1]))
+                ])),
+            )),
+            &[],
+        ),
+        case(
+            "success_policy_on_indexes",
+            indexed(json!({"successPolicy": {"rules": [{"succeededIndexes": "0-1", "succeededCount": 1}]}})),
+            &[],
+        ),
+        case(
+            "manual_selector_matching_the_template",
+            json!({"manualSelector": true, "selector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["x"]}]},
+                "template": {"metadata": {"labels": {"app": "x"}}}}),
+            &[],
+        ),
+        case("managed_by_another_controller", json!({"managedBy": "example.com/other"}), &[]),
+        case(
+            "init_container_exit_codes_and_custom_condition",
+            merged(
+                json!({"template": {"spec": {"initContainers": [{"name": "setup", "image": "registry.invalid/none"}]}}}),
+                pfp(
+                    json!([{"action": "Count", "onExitCodes": {"containerName": "setup", "operator": "In", "values": [3]}},
+                    {"action": "Ignore", "onPodConditions": [{"type": "example.com/Preempted", "status": "False"}]}]),
+                ),
+            ),
+            &[],
+        ),
         Case {
             upstream: Some((
                 &["spec.template.spec.restartPolicy"],
@@ -212,6 +433,20 @@ pub fn update_bases() -> Vec<(&'static str, Value)> {
         (
             "indexed",
             json!({"completions": 2, "completionMode": "Indexed", "scheduling": {"schedulingPolicy": {"gang": {}}}}),
+        ),
+        (
+            "policies",
+            json!({"completions": 2, "completionMode": "Indexed", "backoffLimitPerIndex": 1, "maxFailedIndexes": 1,
+                "podFailurePolicy": {"rules": [
+                    {"action": "FailIndex", "onExitCodes": {"operator": "In", "values": [42]}},
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]},
+                "successPolicy": {"rules": [{"succeededCount": 2}]}}),
+        ),
+        ("suspended", json!({"suspend": true})),
+        (
+            "manual-selector",
+            json!({"manualSelector": true, "selector": {"matchLabels": {"app": "x"}},
+                "template": {"metadata": {"labels": {"app": "x", "tier": "a"}}}}),
         ),
     ]
 }
@@ -283,19 +518,85 @@ pub fn update_cases() -> Vec<UpdateCase> {
             &[POLICY],
         ),
         update("basic_to_gang", "basic", sched(json!({"schedulingPolicy": {"basic": null, "gang": {}}})), &[POLICY]),
+        // Elastic Indexed jobs: completions change together with parallelism, equal to it.
+        update(
+            "indexed_completions_scaled_with_parallelism",
+            "indexed",
+            spec_patch(json!({"completions": 3, "parallelism": 3})),
+            &[],
+        ),
+        update(
+            "indexed_completions_scaled_down_with_parallelism",
+            "indexed",
+            spec_patch(json!({"completions": 1, "parallelism": 1})),
+            &[],
+        ),
+        update(
+            "indexed_completions_without_parallelism",
+            "indexed",
+            spec_patch(json!({"completions": 3})),
+            &["spec.completions"],
+        ),
+        update(
+            "pod_failure_policy_changed",
+            "policies",
+            spec_patch(json!({"podFailurePolicy": {"rules": [
+                {"action": "FailIndex", "onExitCodes": {"operator": "In", "values": [43]}}]}})),
+            &["spec.podFailurePolicy"],
+        ),
+        update(
+            "pod_failure_policy_removed",
+            "policies",
+            spec_patch(json!({"podFailurePolicy": null})),
+            &["spec.podFailurePolicy"],
+        ),
+        update(
+            "backoff_limit_per_index_changed",
+            "policies",
+            spec_patch(json!({"backoffLimitPerIndex": 2})),
+            &["spec.backoffLimitPerIndex"],
+        ),
+        update("max_failed_indexes_changed", "policies", spec_patch(json!({"maxFailedIndexes": 2})), &[]),
+        update("backoff_limit_changed", "policies", spec_patch(json!({"backoffLimit": 3})), &[]),
+        update(
+            "success_policy_changed",
+            "policies",
+            spec_patch(json!({"successPolicy": {"rules": [{"succeededCount": 1}]}})),
+            &["spec.successPolicy"],
+        ),
+        update(
+            "success_policy_set",
+            "indexed",
+            spec_patch(json!({"successPolicy": {"rules": [{"succeededCount": 1}]}})),
+            &["spec.successPolicy"],
+        ),
+        update(
+            "managed_by_set",
+            "unscheduled",
+            spec_patch(json!({"managedBy": "example.com/other"})),
+            &["spec.managedBy"],
+        ),
         UpdateCase {
             upstream: Some((
                 &[],
-                "COMPLETIONS_FROZEN: muster freezes completions; batch/v1 lets an Indexed Job change completions \
-                 together with parallelism (elastic Indexed Jobs)",
+                "SUSPENDED_TEMPLATE_FROZEN: batch/v1 lets a suspended Job that has not started change its pod \
+                 template's labels, annotations, nodeSelector, tolerations, schedulingGates and node affinity; \
+                 muster records the template on the job's PodGroup and keeps it frozen",
             )),
             ..update(
-                "indexed_completions_scaled_with_parallelism",
-                "indexed",
-                spec_patch(json!({"completions": 3, "parallelism": 3})),
-                &["spec.completions"],
+                "suspended_pods_moved",
+                "suspended",
+                spec_patch(json!({"template": {"metadata": {"labels": {"queue": "a"}},
+                    "spec": {"nodeSelector": {"pool": "b"}, "tolerations": [{"key": "gpu", "operator": "Exists"}]}}})),
+                &["spec.template"],
             )
         },
+        update(
+            "manual_selector_changed",
+            "manual-selector",
+            spec_patch(json!({"selector": {"matchLabels": {"tier": "a"}}})),
+            &["spec.selector"],
+        ),
     ]
 }
 

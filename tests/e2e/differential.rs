@@ -228,6 +228,16 @@ async fn jobs_and_upstream_musterjobs_compile_to_the_same_native_objects() {
     assert!(differences.is_empty(), "{} difference(s):\n{}", differences.len(), differences.join("\n"));
 }
 
+/// Both answers to a case, side by side (shown with `--nocapture`): the messages are compared
+/// by eye, the paths by [`compare`].
+fn show(case: &str, upstream: &Result<String, String>, muster: &Result<String, String>) {
+    let text = |r: &Result<String, String>| match r {
+        Ok(_) => "admitted".to_string(),
+        Err(e) => e.trim().replace('\n', " "),
+    };
+    eprintln!("{case}\n  Job:       {}\n  MusterJob: {}", text(upstream), text(muster));
+}
+
 /// `Ok(paths)`: the paths of the refusal (empty when admitted).
 fn outcome(result: Result<String, String>) -> Result<BTreeSet<String>, String> {
     match result {
@@ -271,8 +281,10 @@ async fn jobs_and_musterjobs_are_refused_alike() {
     let mut report = Vec::new();
     for case in create_cases() {
         let name = case.object_name.clone().unwrap_or_else(|| case.name.replace('_', "-"));
-        let upstream = outcome(create(&job_manifest("Job", &name, &case.spec)));
-        let muster = outcome(create(&job_manifest("MusterJob", &name, &case.spec)));
+        let (u, m) =
+            (create(&job_manifest("Job", &name, &case.spec)), create(&job_manifest("MusterJob", &name, &case.spec)));
+        show(case.name, &u, &m);
+        let (upstream, muster) = (outcome(u), outcome(m));
         report.extend(compare(case.name, upstream, muster, case.paths, case.upstream));
     }
 
@@ -285,7 +297,7 @@ async fn jobs_and_musterjobs_are_refused_alike() {
     for case in update_cases() {
         let patch = case.patch.to_string();
         let run = |resource: &str| {
-            outcome(cluster().kubectl(&[
+            cluster().kubectl(&[
                 "-n",
                 &ns.name,
                 "patch",
@@ -295,9 +307,23 @@ async fn jobs_and_musterjobs_are_refused_alike() {
                 "--dry-run=server",
                 "-p",
                 &patch,
-            ]))
+            ])
         };
-        report.extend(compare(case.name, run("job"), run("musterjob"), case.paths, case.upstream));
+        let (u, m) = (run("job"), run("musterjob"));
+        show(case.name, &u, &m);
+        report.extend(compare(case.name, outcome(u), outcome(m), case.paths, case.upstream));
     }
+    let total = create_cases().len() + update_cases().len();
+    let differ: Vec<String> = create_cases()
+        .iter()
+        .filter_map(|c| c.upstream.map(|(_, why)| format!("{}: {why}", c.name)))
+        .chain(update_cases().iter().filter_map(|c| c.upstream.map(|(_, why)| format!("{}: {why}", c.name))))
+        .collect();
+    eprintln!(
+        "validation: {} of {total} cases as batch/v1 decides them (same outcome, same field paths); {} differ on purpose:\n  {}",
+        total - differ.len() - report.len(),
+        differ.len(),
+        differ.join("\n  ")
+    );
     assert!(report.is_empty(), "{} case(s) where muster and batch/v1 disagree:\n{}", report.len(), report.join("\n"));
 }

@@ -76,6 +76,12 @@ fn set_manifest(name: &str, spec: Value) -> Value {
     json!({"apiVersion": "batch.muster.dev/v1alpha1", "kind": "MusterJobSet", "metadata": {"name": name}, "spec": spec})
 }
 
+/// `rjob` waiting for `on` to be ready.
+fn depends(mut rjob: Value, on: &str) -> Value {
+    rjob["dependsOn"] = json!([{"name": on, "status": "Ready"}]);
+    rjob
+}
+
 fn rjob(name: &str, replicas: i32, spec: Value) -> Value {
     let mut s = base_spec();
     merge_patch(&mut s, &spec);
@@ -152,6 +158,141 @@ async fn musterjobsets_breaking_a_rule_are_refused_at_its_field_path() {
             ),
             &["spec.successPolicy.targetReplicatedJobs[0]"],
         ),
+        // JobSet v1alpha2's rules.
+        (
+            "in_order_with_depends_on",
+            set_manifest(
+                "in-order",
+                json!({"startupPolicy": {"startupPolicyOrder": "InOrder"}, "replicatedJobs": [rjob("a", 1, json!({})),
+                    depends(rjob("b", 1, json!({})), "a")]}),
+            ),
+            &["spec"],
+        ),
+        (
+            "depends_on_the_first_replicated_job",
+            set_manifest(
+                "dep-first",
+                json!({"replicatedJobs": [depends(rjob("a", 1, json!({})), "b"), rjob("b", 1, json!({}))]}),
+            ),
+            &["spec.replicatedJobs[0].dependsOn"],
+        ),
+        (
+            "depends_on_a_later_replicated_job",
+            set_manifest(
+                "dep-later",
+                json!({"replicatedJobs": [rjob("a", 1, json!({})), depends(rjob("b", 1, json!({})), "c"), rjob("c", 1, json!({}))]}),
+            ),
+            &["spec.replicatedJobs[1].dependsOn[0].name"],
+        ),
+        (
+            "failure_rule_name_not_matching_the_pattern",
+            set_manifest(
+                "rule-name",
+                json!({"failurePolicy": {"rules": [{"name": "1st", "action": "FailJobSet"}]}, "replicatedJobs": two()}),
+            ),
+            &["spec.failurePolicy.rules[0].name"],
+        ),
+        (
+            "failure_rule_names_repeated",
+            set_manifest(
+                "rule-names",
+                json!({"failurePolicy": {"rules": [{"name": "r", "action": "FailJobSet"}, {"name": "r", "action": "RestartJobSet"}]},
+                    "replicatedJobs": two()}),
+            ),
+            &["spec.failurePolicy.rules"],
+        ),
+        (
+            "failure_rule_target_unknown",
+            set_manifest(
+                "rule-target",
+                json!({"failurePolicy": {"rules": [{"name": "r", "action": "FailJobSet", "targetReplicatedJobs": ["ps"]}]},
+                    "replicatedJobs": two()}),
+            ),
+            &["spec.failurePolicy.rules[0].targetReplicatedJobs[0]"],
+        ),
+        (
+            "failure_rule_reason_unknown",
+            set_manifest(
+                "rule-reason",
+                json!({"failurePolicy": {"rules": [{"name": "r", "action": "FailJobSet", "onJobFailureReasons": ["Evicted"]}]},
+                    "replicatedJobs": two()}),
+            ),
+            &["spec.failurePolicy.rules[0].onJobFailureReasons[0]"],
+        ),
+        (
+            "coordinator_replicated_job_unknown",
+            set_manifest("coord-rjob", json!({"coordinator": {"replicatedJob": "ps"}, "replicatedJobs": two()})),
+            &["spec.coordinator.replicatedJob"],
+        ),
+        (
+            "coordinator_job_index_past_replicas",
+            set_manifest(
+                "coord-job",
+                json!({"coordinator": {"replicatedJob": "a", "jobIndex": 1}, "replicatedJobs": two()}),
+            ),
+            &["spec.coordinator.jobIndex"],
+        ),
+        (
+            "coordinator_pod_index_past_completions",
+            set_manifest(
+                "coord-pod",
+                json!({"coordinator": {"replicatedJob": "a", "podIndex": 2}, "replicatedJobs": two()}),
+            ),
+            &["spec.coordinator.podIndex"],
+        ),
+        (
+            "subdomain_not_a_dns_1035_label",
+            set_manifest("subdomain", json!({"network": {"subdomain": "1ddp"}, "replicatedJobs": two()})),
+            &["spec.network.subdomain"],
+        ),
+        (
+            "group_name_not_a_dns_1035_label",
+            set_manifest(
+                "group",
+                json!({"replicatedJobs": [{"groupName": "1st", "name": "a", "replicas": 1, "template": {"spec": base_spec()}}]}),
+            ),
+            &["spec.replicatedJobs[0].groupName"],
+        ),
+        (
+            "set_managed_by_not_a_domain_prefixed_path",
+            set_manifest("managed", json!({"managedBy": "kueue", "replicatedJobs": two()})),
+            &["spec.managedBy"],
+        ),
+        (
+            "child_backoff_limit_per_index_when_non_indexed",
+            set_manifest(
+                "per-index",
+                json!({"replicatedJobs": [rjob("a", 1, json!({"completionMode": "NonIndexed", "backoffLimitPerIndex": 1}))]}),
+            ),
+            &["spec.replicatedJobs[0].template.spec.backoffLimitPerIndex"],
+        ),
+        (
+            "child_pod_failure_policy_with_restart_on_failure",
+            set_manifest(
+                "child-pfp",
+                json!({"replicatedJobs": [rjob("a", 1, json!({"template": {"spec": {"restartPolicy": "OnFailure"}},
+                    "podFailurePolicy": {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]}}))]}),
+            ),
+            &["spec.replicatedJobs[0].template.spec.template.spec.restartPolicy"],
+        ),
+        (
+            "jobset_fields_together",
+            set_manifest(
+                "ddp",
+                json!({"network": {"enableDNSHostnames": true, "subdomain": "ddp"},
+                    "startupPolicy": {"startupPolicyOrder": "InOrder"},
+                    "coordinator": {"replicatedJob": "a", "jobIndex": 0, "podIndex": 1},
+                    "failurePolicy": {"maxRestarts": 2, "restartStrategy": "BlockingRecreate", "rules": [
+                        {"name": "FailOnBadConfig", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]},
+                        {"name": "restart_workers", "action": "RestartJobSet", "targetReplicatedJobs": ["b"]}]},
+                    "successPolicy": {"operator": "All", "targetReplicatedJobs": ["a"]},
+                    "ttlSecondsAfterFinished": 60,
+                    "replicatedJobs": [
+                        rjob("a", 1, json!({"completions": 2, "completionMode": "Indexed", "backoffLimitPerIndex": 0})),
+                        rjob("b", 2, json!({"completions": 2, "completionMode": "Indexed"}))]}),
+            ),
+            &[],
+        ),
         (
             "gang_of_two_children",
             set_manifest(
@@ -171,7 +312,12 @@ async fn frozen_musterjobset_fields_are_refused_on_update() {
     let _muster = muster().await;
     let ns = namespace("webhook-set-updates");
     let base = || {
-        json!({"scheduling": {"schedulingPolicy": {"gang": {}}}, "replicatedJobs": [
+        json!({"scheduling": {"schedulingPolicy": {"gang": {}}},
+            "network": {"enableDNSHostnames": true},
+            "successPolicy": {"operator": "All"},
+            "failurePolicy": {"maxRestarts": 1},
+            "startupPolicy": {"startupPolicyOrder": "AnyOrder"},
+            "replicatedJobs": [
             rjob("driver", 1, json!({})),
             rjob("workers", 2, json!({"scheduling": {"schedulingPolicy": {"gang": {"minCount": 2}}}})),
         ]})
@@ -195,13 +341,27 @@ async fn frozen_musterjobset_fields_are_refused_on_update() {
             &["spec.replicatedJobs[0].template.spec.scheduling"],
         ),
         ("child_min_count_changed", json!({}), &[]),
+        // JobSet freezes these.
+        ("network_changed", json!({"network": {"subdomain": "other"}}), &["spec.network"]),
+        ("success_policy_changed", json!({"successPolicy": {"operator": "Any"}}), &["spec.successPolicy"]),
+        ("failure_policy_changed", json!({"failurePolicy": {"maxRestarts": 2}}), &["spec.failurePolicy"]),
+        (
+            "startup_policy_changed",
+            json!({"startupPolicy": {"startupPolicyOrder": "InOrder"}}),
+            &["spec.startupPolicy"],
+        ),
+        ("managed_by_set", json!({"managedBy": "example.com/other"}), &["spec.managedBy"]),
+        ("depends_on_set", json!({}), &["spec.replicatedJobs[1].dependsOn"]),
+        ("ttl_changed", json!({"ttlSecondsAfterFinished": 30}), &[]),
     ];
     let mut failures = Vec::new();
     for (i, (name, change, want)) in cases.into_iter().enumerate() {
         let set = format!("set-{i}");
         let mut spec = base();
         apply(&ns.name, &set_manifest(&set, spec.clone())).unwrap_or_else(|e| panic!("base of {name}: {e}"));
-        if name == "child_min_count_changed" {
+        if name == "depends_on_set" {
+            spec["replicatedJobs"][1]["dependsOn"] = json!([{"name": "driver", "status": "Ready"}]);
+        } else if name == "child_min_count_changed" {
             spec["replicatedJobs"][1]["template"]["spec"]["scheduling"]["schedulingPolicy"]["gang"]["minCount"] =
                 json!(1);
         } else if let Some(rjobs) = change.get("replicatedJobs") {

@@ -73,7 +73,13 @@ pub enum PodReplacementPolicy {
     // Upstream mode: kube-scheduler's reason for the job's native PodGroup (`Scheduled`,
     // `Unschedulable`), mirrored from its PodGroupInitiallyScheduled condition.
     printcolumn(name = "Scheduling", type_ = "string", json_path = ".status.conditions[?(@.type==\"PodGroupInitiallyScheduled\")].reason", priority = 1),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    // batch/v1's rules that depend on the completion mode: a MusterJob's unset mode is
+    // NonIndexed, a set's template's is Indexed (those are on ReplicatedJob).
+    validation = Rule::new("!has(self.spec.backoffLimitPerIndex) || (has(self.spec.completionMode) && self.spec.completionMode == 'Indexed')").message("requires indexed completion mode").field_path(".spec.backoffLimitPerIndex"),
+    validation = Rule::new("!has(self.spec.maxFailedIndexes) || (has(self.spec.completionMode) && self.spec.completionMode == 'Indexed')").message("requires indexed completion mode").field_path(".spec.maxFailedIndexes"),
+    validation = Rule::new("!has(self.spec.successPolicy) || (has(self.spec.completionMode) && self.spec.completionMode == 'Indexed')").message("requires indexed completion mode").field_path(".spec.successPolicy"),
+    validation = Rule::new("!has(self.spec.maxFailedIndexes) || !has(self.spec.completions) || !has(self.spec.completionMode) || self.spec.completionMode != 'Indexed' || self.spec.maxFailedIndexes <= self.spec.completions").message("must be less than or equal to completions").field_path(".spec.maxFailedIndexes")
 )]
 #[serde(rename_all = "camelCase")]
 // Update rules report at the field that changed (as upstream's Job validation does); the block
@@ -86,8 +92,19 @@ pub enum PodReplacementPolicy {
     validation = Rule::new("!has(self.scheduling) || !has(oldSelf.scheduling) || (has(self.scheduling.schedulingConstraints) == has(oldSelf.scheduling.schedulingConstraints) && (!has(self.scheduling.schedulingConstraints) || self.scheduling.schedulingConstraints == oldSelf.scheduling.schedulingConstraints))").message("field is immutable").field_path(".scheduling.schedulingConstraints"),
     validation = Rule::new("!has(self.scheduling) || !has(oldSelf.scheduling) || (has(self.scheduling.disruptionMode) == has(oldSelf.scheduling.disruptionMode) && (!has(self.scheduling.disruptionMode) || self.scheduling.disruptionMode == oldSelf.scheduling.disruptionMode))").message("field is immutable").field_path(".scheduling.disruptionMode"),
     validation = Rule::new("!has(self.scheduling) || !has(oldSelf.scheduling) || (has(self.scheduling.resourceClaims) == has(oldSelf.scheduling.resourceClaims) && (!has(self.scheduling.resourceClaims) || self.scheduling.resourceClaims == oldSelf.scheduling.resourceClaims))").message("field is immutable").field_path(".scheduling.resourceClaims"),
-    validation = Rule::new("has(self.completions) == has(oldSelf.completions) && (!has(self.completions) || self.completions == oldSelf.completions)").message("field is immutable").field_path(".completions"),
-    validation = Rule::new("(has(self.completionMode) ? self.completionMode : 'NonIndexed') == (has(oldSelf.completionMode) ? oldSelf.completionMode : 'NonIndexed')").message("field is immutable").field_path(".completionMode")
+    // Elastic Indexed jobs: completions may change together with parallelism (equal to it).
+    validation = Rule::new("(has(self.completions) == has(oldSelf.completions) && (!has(self.completions) || self.completions == oldSelf.completions)) || (has(self.completionMode) && self.completionMode == 'Indexed' && (!has(self.completions) || self.completions == self.parallelism))").message(Message::Expression("has(self.completionMode) && self.completionMode == 'Indexed' ? 'can only be modified in tandem with spec.parallelism' : 'field is immutable'".into())).field_path(".completions"),
+    validation = Rule::new("(has(self.completionMode) ? self.completionMode : 'NonIndexed') == (has(oldSelf.completionMode) ? oldSelf.completionMode : 'NonIndexed')").message("field is immutable").field_path(".completionMode"),
+    // batch/v1's rules that do not depend on the completion mode, and the fields it freezes.
+    validation = Rule::new("!has(self.maxFailedIndexes) || has(self.backoffLimitPerIndex)").message("when maxFailedIndexes is specified").reason(Reason::FieldValueRequired).field_path(".backoffLimitPerIndex"),
+    validation = Rule::new("!has(self.podFailurePolicy) || !has(self.podReplacementPolicy) || self.podReplacementPolicy == 'Failed'").message("supported values: \"Failed\" (with podFailurePolicy)").field_path(".podReplacementPolicy"),
+    validation = Rule::new("!has(self.podFailurePolicy) || !has(self.template.spec) || !has(self.template.spec.restartPolicy) || self.template.spec.restartPolicy != 'OnFailure'").message("only \"Never\" is supported when podFailurePolicy is specified").field_path(".template.spec.restartPolicy"),
+    validation = Rule::new("!has(self.podFailurePolicy) || size(self.podFailurePolicy.rules) <= 20").message("must have at most 20 items").field_path(".podFailurePolicy.rules"),
+    validation = Rule::new("has(self.podFailurePolicy) == has(oldSelf.podFailurePolicy) && (!has(self.podFailurePolicy) || self.podFailurePolicy == oldSelf.podFailurePolicy)").message("field is immutable").field_path(".podFailurePolicy"),
+    validation = Rule::new("has(self.successPolicy) == has(oldSelf.successPolicy) && (!has(self.successPolicy) || self.successPolicy == oldSelf.successPolicy)").message("field is immutable").field_path(".successPolicy"),
+    validation = Rule::new("has(self.backoffLimitPerIndex) == has(oldSelf.backoffLimitPerIndex) && (!has(self.backoffLimitPerIndex) || self.backoffLimitPerIndex == oldSelf.backoffLimitPerIndex)").message("field is immutable").field_path(".backoffLimitPerIndex"),
+    validation = Rule::new("has(self.managedBy) == has(oldSelf.managedBy) && (!has(self.managedBy) || self.managedBy == oldSelf.managedBy)").message("field is immutable").field_path(".managedBy"),
+    validation = Rule::new("has(self.selector) == has(oldSelf.selector) && (!has(self.selector) || self.selector == oldSelf.selector)").message("field is immutable").field_path(".selector")
 )]
 pub struct MusterJobSpec {
     /// Pods running at once. Mutable.
@@ -110,9 +127,11 @@ pub struct MusterJobSpec {
     /// Indexed jobs: failures tolerated per index before that index is marked failed.
     /// Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
     pub backoff_limit_per_index: Option<i32>,
     /// With `backoffLimitPerIndex`: failed indexes tolerated before the job fails.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100_000))]
     pub max_failed_indexes: Option<i32>,
     /// How pod failures are handled beyond counting them (exit codes, pod conditions), as
     /// batch/v1 `podFailurePolicy`. Immutable.
@@ -128,6 +147,12 @@ pub struct MusterJobSpec {
     /// The controller that reconciles the job: unset or `batch.muster.dev/job-controller` for
     /// muster; any other value leaves the job to that controller. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(max = 63),
+        regex(
+            pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$"
+        )
+    )]
     pub managed_by: Option<String>,
     /// The pods' selector, as batch/v1 allows it: generated unless `manualSelector` is true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -302,6 +327,16 @@ pub struct MusterJobTemplate {
 
 /// `replicas` identical MusterJobs named `<set>-<name>-<i>`; one PodGroupTemplate.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+// batch/v1's rules that depend on the completion mode, for children that are Indexed unless
+// the template says NonIndexed (as JobSet defaults its Jobs), with completions defaulting to
+// parallelism.
+#[x_kube(
+    validation = Rule::new("!has(self.template.spec.backoffLimitPerIndex) || !has(self.template.spec.completionMode) || self.template.spec.completionMode == 'Indexed'").message("requires indexed completion mode").field_path(".template.spec.backoffLimitPerIndex"),
+    validation = Rule::new("!has(self.template.spec.maxFailedIndexes) || !has(self.template.spec.completionMode) || self.template.spec.completionMode == 'Indexed'").message("requires indexed completion mode").field_path(".template.spec.maxFailedIndexes"),
+    validation = Rule::new("!has(self.template.spec.successPolicy) || !has(self.template.spec.completionMode) || self.template.spec.completionMode == 'Indexed'").message("requires indexed completion mode").field_path(".template.spec.successPolicy"),
+    validation = Rule::new("!has(self.template.spec.maxFailedIndexes) || (has(self.template.spec.completionMode) && self.template.spec.completionMode != 'Indexed') || (has(self.template.spec.completions) ? self.template.spec.maxFailedIndexes <= self.template.spec.completions : (has(self.template.spec.completionMode) || self.template.spec.maxFailedIndexes <= self.template.spec.parallelism))").message("must be less than or equal to completions").field_path(".template.spec.maxFailedIndexes")
+)]
+#[serde(rename_all = "camelCase")]
 pub struct ReplicatedJob {
     /// Name (a DNS label), unique in the set; also the name of its PodGroupTemplate.
     #[schemars(length(min = 1, max = 63), regex(pattern = DNS_LABEL_PATTERN))]
@@ -309,7 +344,7 @@ pub struct ReplicatedJob {
     /// The group this replicatedJob belongs to (JobSet's `groupName`, default `default`):
     /// its children and their pods carry it with their index in the group.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 63), regex(pattern = DNS_LABEL_PATTERN))]
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"))]
     pub group_name: Option<String>,
     /// How many child MusterJobs (each one PodGroup).
     #[serde(default = "one")]
@@ -321,6 +356,7 @@ pub struct ReplicatedJob {
     /// the first replicatedJob). Immutable.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 1), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("Value is immutable"))]
     pub depends_on: Vec<DependsOn>,
 }
 
@@ -352,7 +388,7 @@ pub struct Network {
     pub enable_dns_hostnames: Option<bool>,
     /// The headless Service's name (default: the set's name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 63))]
+    #[schemars(length(max = 63), regex(pattern = r"^([a-z]([-a-z0-9]*[a-z0-9])?)?$"))]
     pub subdomain: Option<String>,
     /// Publish DNS records of pods before they are ready (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -444,14 +480,19 @@ pub enum FailurePolicyAction {
 #[serde(rename_all = "camelCase")]
 pub struct FailurePolicyRule {
     /// Name of the rule (`^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$`), unique in the policy.
-    #[schemars(length(min = 1, max = 128))]
+    #[schemars(length(min = 1, max = 128), regex(pattern = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"))]
     pub name: String,
     /// What to do.
     pub action: FailurePolicyAction,
     /// The child's `Failed` reasons the rule matches (e.g. `PodFailurePolicy`,
     /// `BackoffLimitExceeded`); empty matches any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 16))]
+    #[schemars(
+        length(max = 16),
+        inner(regex(
+            pattern = r"^(BackoffLimitExceeded|DeadlineExceeded|FailedIndexes|MaxFailedIndexesExceeded|PodFailurePolicy)$"
+        ))
+    )]
     pub on_job_failure_reasons: Vec<String>,
     /// Regular expressions (RE2) one of which the child's `Failed` message must match; empty
     /// matches any.
@@ -467,6 +508,9 @@ pub struct FailurePolicyRule {
 /// What happens when a child job fails (JobSet's `failurePolicy`).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.rules) || self.rules.all(r, size(self.rules.filter(o, o.name == r.name)) == 1)").message("rule names are not unique").field_path(".rules")
+)]
 pub struct FailurePolicy {
     /// Restarts that count toward the limit before the set fails (default 0).
     #[serde(default)]
@@ -506,7 +550,15 @@ pub struct FailurePolicy {
 #[x_kube(
     validation = Rule::new("!has(self.scheduling) || size(self.replicatedJobs) <= 8").message("must have at most 8 items when scheduling is set").field_path(".replicatedJobs"),
     validation = Rule::new("has(self.scheduling) == has(oldSelf.scheduling) && (!has(self.scheduling) || self.scheduling == oldSelf.scheduling)").message("field is immutable").field_path(".scheduling"),
-    validation = Rule::new("self.replicatedJobs.map(r, r.name) == oldSelf.replicatedJobs.map(r, r.name) && self.replicatedJobs.all(r, oldSelf.replicatedJobs.exists(o, o.name == r.name && o.replicas == r.replicas))").message("replicatedJobs may not be added, removed, renamed or resized").field_path(".replicatedJobs")
+    validation = Rule::new("self.replicatedJobs.map(r, r.name) == oldSelf.replicatedJobs.map(r, r.name) && self.replicatedJobs.all(r, oldSelf.replicatedJobs.exists(o, o.name == r.name && o.replicas == r.replicas))").message("replicatedJobs may not be added, removed, renamed or resized").field_path(".replicatedJobs"),
+    // JobSet's rules: startupPolicy InOrder and dependsOn exclude each other; the fields it
+    // freezes.
+    validation = Rule::new("!(has(self.startupPolicy) && self.startupPolicy.startupPolicyOrder == 'InOrder' && self.replicatedJobs.exists(x, has(x.dependsOn) && size(x.dependsOn) > 0))").message("StartupPolicy and DependsOn APIs are mutually exclusive"),
+    validation = Rule::new("has(self.network) == has(oldSelf.network) && (!has(self.network) || self.network == oldSelf.network)").message("Value is immutable").field_path(".network"),
+    validation = Rule::new("has(self.successPolicy) == has(oldSelf.successPolicy) && (!has(self.successPolicy) || self.successPolicy == oldSelf.successPolicy)").message("Value is immutable").field_path(".successPolicy"),
+    validation = Rule::new("has(self.failurePolicy) == has(oldSelf.failurePolicy) && (!has(self.failurePolicy) || self.failurePolicy == oldSelf.failurePolicy)").message("Value is immutable").field_path(".failurePolicy"),
+    validation = Rule::new("has(self.startupPolicy) == has(oldSelf.startupPolicy) && (!has(self.startupPolicy) || self.startupPolicy == oldSelf.startupPolicy)").message("Value is immutable").field_path(".startupPolicy"),
+    validation = Rule::new("has(self.managedBy) == has(oldSelf.managedBy) && (!has(self.managedBy) || self.managedBy == oldSelf.managedBy)").message("field is immutable").field_path(".managedBy")
 )]
 pub struct MusterJobSetSpec {
     /// Gang policy, topology constraint and disruption mode of the set's CompositePodGroup.
@@ -538,7 +590,12 @@ pub struct MusterJobSetSpec {
     /// The controller that reconciles the set: unset or `batch.muster.dev/jobset-controller`
     /// for muster. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 63))]
+    #[schemars(
+        length(max = 63),
+        regex(
+            pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$"
+        )
+    )]
     pub managed_by: Option<String>,
     /// Seconds after the set finishes before it is deleted.
     #[serde(default, skip_serializing_if = "Option::is_none")]

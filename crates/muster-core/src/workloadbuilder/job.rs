@@ -16,6 +16,9 @@ use super::field::{ErrorList, FieldError, FieldPath, dns_label_errors, dns_subdo
 use super::item::{Block, PolicyInput, SchedulingConfig, WorkloadInput, WorkloadItem};
 use super::{BuildOptions, Builder};
 
+pub mod batchv1;
+pub mod jobset;
+
 /// Template name of a plain MusterJob's single PodGroupTemplate.
 pub const JOB_TEMPLATE_NAME: &str = "main";
 /// Longest MusterJob name: room is left for `-<index>-<attempt>` in pod names and hostnames.
@@ -315,8 +318,14 @@ fn set_size_errors(spec: &MusterJobSetSpec, max: u64) -> ErrorList {
 }
 
 /// Job-level rules of a MusterJob spec at `path` (not the scheduling blocks): counts, the pod
-/// template, and on update the fields batch/v1 freezes.
-fn job_spec_errors(spec: &MusterJobSpec, old: Option<&MusterJobSpec>, path: &FieldPath) -> ErrorList {
+/// template, batch/v1's rules, and on update the fields batch/v1 freezes. `owner` is the
+/// MusterJob the spec is of; `None` for a replicatedJob's template.
+fn job_spec_errors(
+    spec: &MusterJobSpec,
+    old: Option<&MusterJobSpec>,
+    path: &FieldPath,
+    owner: Option<batchv1::Owner<'_>>,
+) -> ErrorList {
     let mut errs = Vec::new();
     non_negative(&mut errs, path.child("parallelism"), spec.parallelism.into());
     if let Some(c) = spec.completions {
@@ -335,6 +344,9 @@ fn job_spec_errors(spec: &MusterJobSpec, old: Option<&MusterJobSpec>, path: &Fie
         errs.push(FieldError::required(&path.child("completions"), "when completion mode is Indexed"));
     }
     errs.extend(job_size_errors(spec, path, MAX_JOB_PODS));
+    // A replicatedJob's template (no owner) is checked as its children run: Indexed by default.
+    let child = |s| if owner.is_some() { std::borrow::Cow::Borrowed(s) } else { jobset::child_spec(s) };
+    errs.extend(batchv1::spec_errors(&child(spec), path, owner));
     errs.extend(template_errors(&spec.template, &path.child("template")));
     errs.extend(claim_errors(spec, path));
     if let Some(old) = old {
@@ -351,16 +363,14 @@ fn job_spec_errors(spec: &MusterJobSpec, old: Option<&MusterJobSpec>, path: &Fie
                 old_s.scheduling_policy.is_some(),
             );
         }
+        // batch/v1 lets a suspended Job that has not started change its pods' scheduling
+        // directives; muster records the template on the job's PodGroup and keeps it frozen.
         if spec.template != old.template {
             errs.push(FieldError::invalid(&path.child("template"), "{...}", "field is immutable"));
         }
-        if spec.completions != old.completions {
-            errs.push(FieldError::invalid(
-                &path.child("completions"),
-                spec.completions.map(|c| c.to_string()).unwrap_or_else(|| "null".into()),
-                "field is immutable",
-            ));
-        }
+        // Elastic Indexed jobs: as written (the CRD's rule cannot tell a set's template from a
+        // job, so an unset mode stays NonIndexed here, and completions immutable).
+        errs.extend(batchv1::update_errors(spec, old, path));
         if spec.completion_mode() != old.completion_mode() {
             errs.push(FieldError::invalid(
                 &path.child("completionMode"),
@@ -464,7 +474,18 @@ fn scheduling_presence(spec: &MusterJobSpec) -> (bool, bool) {
 /// of its scheduling blocks (with update rules when `old` is given; a `scheduling` set or
 /// cleared is reported once, by the job-level rules).
 pub fn validate_job_spec(spec: &MusterJobSpec, old: Option<&MusterJobSpec>, path: &FieldPath) -> ErrorList {
-    let mut errs = job_spec_errors(spec, old, path);
+    validate_owned_job_spec(spec, old, path, Some(batchv1::Owner::default()))
+}
+
+/// [`validate_job_spec`] for the spec of the job `owner` (its name and uid decide which
+/// selector counts as generated).
+fn validate_owned_job_spec(
+    spec: &MusterJobSpec,
+    old: Option<&MusterJobSpec>,
+    path: &FieldPath,
+    owner: Option<batchv1::Owner<'_>>,
+) -> ErrorList {
+    let mut errs = job_spec_errors(spec, old, path, owner);
     let item = job_item(spec, JOB_TEMPLATE_NAME, path);
     let old_item = old
         .filter(|o| scheduling_presence(o) == scheduling_presence(spec))
@@ -477,7 +498,11 @@ pub fn validate_job_spec(spec: &MusterJobSpec, old: Option<&MusterJobSpec>, path
 pub fn validate_job(job: &MusterJob, old: Option<&MusterJob>) -> ErrorList {
     let mut errs = name_errors(job.metadata.name.as_deref());
     errs.extend(scheduling_api_errors(&job.metadata, old.map(|o| &o.metadata)));
-    errs.extend(validate_job_spec(&job.spec, old.map(|o| &o.spec), &FieldPath::new("spec")));
+    let owner = batchv1::Owner {
+        name: job.metadata.name.as_deref().unwrap_or_default(),
+        uid: job.metadata.uid.as_deref().unwrap_or_default(),
+    };
+    errs.extend(validate_owned_job_spec(&job.spec, old.map(|o| &o.spec), &FieldPath::new("spec"), Some(owner)));
     errs
 }
 
@@ -584,7 +609,7 @@ pub fn validate_jobset(set: &MusterJobSet, old: Option<&MusterJobSet>) -> ErrorL
         }
         let tpath = rpath.child("template").child("spec");
         let old_rjob = old.and_then(|o| o.spec.replicated_jobs.iter().find(|r| r.name == rjob.name));
-        errs.extend(job_spec_errors(&rjob.template.spec, old_rjob.map(|r| &r.template.spec), &tpath));
+        errs.extend(job_spec_errors(&rjob.template.spec, old_rjob.map(|r| &r.template.spec), &tpath, None));
         if spec.scheduling.is_none() {
             // Independent children: each is its own leaf tree.
             let item = job_item(&rjob.template.spec, JOB_TEMPLATE_NAME, &tpath);
@@ -606,6 +631,10 @@ pub fn validate_jobset(set: &MusterJobSet, old: Option<&MusterJobSet>) -> ErrorL
         }
     }
     errs.extend(set_size_errors(spec, MAX_JOB_PODS.into()));
+    errs.extend(jobset::set_errors(set));
+    if let Some(old) = old {
+        errs.extend(jobset::set_update_errors(spec, &old.spec));
+    }
     if let Some(failure) = &spec.failure_policy {
         non_negative(&mut errs, spec_path.child("failurePolicy").child("maxRestarts"), failure.max_restarts.into());
     }
