@@ -538,7 +538,7 @@ spec:
     let status = set.status.unwrap();
     assert_eq!(status.restarts, 1);
     let failed = condition(&status.conditions, "Failed").expect("a Failed condition");
-    assert_eq!(failed.reason, "FailedJobs");
+    assert_eq!(failed.reason, "ReachedMaxRestarts", "JobSet writes FailedJobs only without a failurePolicy");
     let child = a.jobs.get("retry-flaky-0").await.unwrap();
     assert_ne!(child.uid().unwrap(), first, "the child was made again");
     let child_status = child.status.unwrap();
@@ -632,7 +632,7 @@ spec:
     assert_eq!((failed.status.as_str(), failed.reason.as_str()), ("True", "BackoffLimitExceeded"));
     assert_eq!(status.failed, 3, "backoffLimit 2: the third failure fails the job");
     assert_eq!((status.active, status.succeeded), (0, 0));
-    assert!(status.completion_time.is_some());
+    assert!(status.completion_time.is_none(), "batch/v1 sets completionTime only on Complete");
     let pods = a.pods.list(&ListParams::default()).await.unwrap().items;
     assert_eq!(pods.len(), 3, "two replacements, then no more");
     assert!(pods.iter().all(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed")));
@@ -672,9 +672,9 @@ spec:
     .await;
     let status = job.status.unwrap();
     let complete = condition(&status.conditions, "Complete").expect("a Complete condition");
-    assert_eq!((complete.status.as_str(), complete.reason.as_str()), ("True", "Completed"));
+    assert_eq!((complete.status.as_str(), complete.reason.as_str()), ("True", "CompletionsReached"));
     assert_eq!((status.succeeded, status.failed, status.active), (2, 0, 0));
-    assert_eq!(status.completed_indexes.as_deref(), Some("0-1"));
+    assert_eq!(status.completed_indexes.as_deref(), Some("0,1"), "batch/v1 writes two consecutive indexes so");
     assert!(status.start_time.is_some() && status.completion_time.is_some());
 
     let table = kubectl(&["-n", &ns.name, "get", "musterjobs", "-o", "wide"]);

@@ -138,11 +138,20 @@ async fn a_high_priority_gang_preempts_lower_gangs_wholly_and_a_never_one_waits(
             now.iter().map(|p| (&p.metadata.name, node_of(p))).collect::<Vec<_>>()
         );
     }
+    // The Preempting event counts the pods muster evicted: the first eviction of a low gang
+    // disrupts it, and its job controller may delete that gang's other pods (a gang restart)
+    // before muster reaches them, so it names 1 to 4 of the 4 victims, which are all gone
+    // (above) either way.
     let events = events_of(&ns.name, "high").await;
-    assert!(events.iter().any(|(_, r, m)| r == "Preempting" && m.contains("4 pod(s)")), "{events:?}");
+    let evicted = |m: &str| {
+        m.strip_prefix("preempting ").and_then(|m| m.split_once(" pod(s)")).and_then(|(n, _)| n.parse::<u32>().ok())
+    };
+    let counts: Vec<u32> =
+        events.iter().filter(|(_, r, _)| r == "Preempting").filter_map(|(_, _, m)| evicted(m)).collect();
+    assert!(counts.iter().any(|n| (1..=4).contains(n)), "{events:?}");
     let metrics = muster.metrics().await;
     assert!(crate::harness::metric(&metrics, "muster_preemptions_total", &[]) >= 1.0);
-    assert!(crate::harness::metric(&metrics, "muster_preemption_victims_total", &[]) >= 4.0);
+    assert!(crate::harness::metric(&metrics, "muster_preemption_victims_total", &[]) >= 1.0);
     // low-a's new pods carry the finalizer too: let the namespace go.
     jobs.delete("low-a", &DeleteParams::background()).await.expect("delete low-a");
     let lp = kube::api::ListParams::default().labels(&format!("{}=low-a", muster::crds::JOB_NAME_LABEL));

@@ -35,6 +35,13 @@ pub(super) fn frozen_hashes(job: &MusterJob) -> Result<String> {
         .join(","))
 }
 
+/// The frozen parts of `job` that changed from the hashes `old`: `spec.completions` may change
+/// in an elastic Indexed job (batch/v1: with parallelism, the two equal).
+pub(super) fn changed_frozen_parts(job: &MusterJob, old: &str, new: &str) -> Vec<String> {
+    let elastic = job.spec.indexed() && job.spec.completions == Some(job.spec.parallelism);
+    changed_parts(old, new).into_iter().filter(|c| !(elastic && c == "spec.completions")).collect()
+}
+
 pub(super) fn changed_parts(old: &str, new: &str) -> Vec<String> {
     let parse = |s: &str| -> BTreeMap<String, String> {
         s.split(',').filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect()
@@ -70,5 +77,31 @@ mod tests {
             changed_parts(&before, &frozen_hashes(&job).expect("hash")),
             vec!["spec.completions", "spec.scheduling"]
         );
+    }
+
+    #[test]
+    fn an_elastic_indexed_job_may_change_its_completions_with_parallelism() {
+        let mut job: MusterJob = serde_json::from_value(json!({
+            "apiVersion": "batch.muster.dev/v1alpha1", "kind": "MusterJob",
+            "metadata": {"name": "j"},
+            "spec": {"parallelism": 4, "completions": 4, "completionMode": "Indexed",
+                     "template": {"spec": {"containers": [{"name": "c", "image": "x"}]}}},
+        }))
+        .expect("fixture");
+        let before = frozen_hashes(&job).expect("hash");
+        // (parallelism, completions, mode) -> refused parts
+        let table = [
+            (2, Some(2), "Indexed", vec![]),
+            (6, Some(6), "Indexed", vec![]),
+            (4, Some(2), "Indexed", vec!["spec.completions"]),
+            (2, Some(2), "NonIndexed", vec!["spec.completions"]),
+        ];
+        for (parallelism, completions, mode, want) in table {
+            job.spec.parallelism = parallelism;
+            job.spec.completions = completions;
+            job.spec.completion_mode = serde_json::from_value(json!(mode)).expect("mode");
+            let now = frozen_hashes(&job).expect("hash");
+            assert_eq!(changed_frozen_parts(&job, &before, &now), want, "{parallelism} {completions:?} {mode}");
+        }
     }
 }

@@ -7,7 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, PatchParams};
 use kube::{Resource, ResourceExt};
 
-use super::frozen::{FROZEN_HASH_ANNOTATION, changed_parts, frozen_hashes};
+use super::frozen::{FROZEN_HASH_ANNOTATION, changed_frozen_parts, frozen_hashes};
 use super::reconcile::owner_ref;
 use super::watches::cached;
 use super::{FIELD_MANAGER, JobContext, plan};
@@ -25,7 +25,8 @@ use crate::workloadbuilder::{Builder, FieldPath};
 pub(super) struct Groups {
     pub(super) workload: String,
     pub(super) pod_group: String,
-    pub(super) gang_all: bool,
+    /// How the pods are admitted: one by one, or as a gang (disruption mode `single` or `all`).
+    pub(super) gang: plan::Gang,
     /// The parent CompositePodGroup of a MusterJobSet's child.
     pub(super) parent: Option<String>,
     /// A controller reference to the PodGroup (the owner of the claims made for it).
@@ -88,7 +89,7 @@ pub(super) async fn ensure_groups(
             )));
         }
         if let Some(old) = existing.annotations().get(FROZEN_HASH_ANNOTATION) {
-            let changed = changed_parts(old, &hashes);
+            let changed = changed_frozen_parts(job, old, &hashes);
             if !changed.is_empty() {
                 return Ok(Err((
                     "FrozenFieldChanged",
@@ -146,14 +147,18 @@ pub(super) async fn ensure_groups(
     // A root job's PodGroup is also owned by its Workload (as upstream's Job controller does).
     pg.metadata.owner_references.get_or_insert_with(Vec::new).extend(workload_owner);
     pg.metadata.annotations = Some(BTreeMap::from([(FROZEN_HASH_ANNOTATION.to_string(), hashes)]));
-    let gang_all = pg.spec.disruption_mode.kind() == Some(DisruptionModeKind::All);
+    let gang = match (pg.spec.scheduling_policy.gang.is_some(), pg.spec.disruption_mode.kind()) {
+        (_, Some(DisruptionModeKind::All)) => plan::Gang::All,
+        (true, _) => plan::Gang::Single,
+        (false, _) => plan::Gang::None,
+    };
     let created = existing.is_none();
     let applied = crate::controllers::apply_if_changed(&pgs, &name, &params, pg, existing).await?;
     let status = applied.status.clone().unwrap_or_default();
     Ok(Ok(Groups {
         workload: workload_name,
         pod_group: name,
-        gang_all,
+        gang,
         parent,
         pod_group_owner: crate::controllers::controller_ref(&applied),
         resource_claims: applied.spec.resource_claims.clone().unwrap_or_default(),

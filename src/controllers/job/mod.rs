@@ -17,7 +17,8 @@
 //! - `sync`: a plan carried out: pods deleted and created, events, status, when to look again;
 //! - `gang_attempt`: the gang attempt new pods carry;
 //! - `create_pods`: pod creates in doubling batches;
-//! - `status`: the job's status writes.
+//! - `status`: the job's status writes;
+//! - `tracking`: the pods' tracking finalizer, removed once the status counts them.
 
 /// The ResourceClaims a job's pods use (pure, in the core).
 pub use muster_core::jobs::claims;
@@ -36,6 +37,7 @@ mod record;
 mod scheduling_api;
 mod status;
 mod sync;
+mod tracking;
 mod watches;
 
 pub use frozen::FROZEN_HASH_ANNOTATION;

@@ -122,12 +122,18 @@ pub(super) async fn ensure_native_groups(
             pg_api.patch(&name, &params, &Patch::Apply(&native::pod_group(&compiled)?)).await?
         }
     };
-    let gang_all = group.spec.disruption_mode.as_ref().is_some_and(|m| m.all.is_some());
+    let gang = if group.spec.disruption_mode.as_ref().is_some_and(|m| m.all.is_some()) {
+        plan::Gang::All
+    } else if group.spec.scheduling_policy.gang.is_some() {
+        plan::Gang::Single
+    } else {
+        plan::Gang::None
+    };
     let workload = group.spec.workload_ref.as_ref().map_or_else(|| name.clone(), |r| r.workload_name.clone());
     Ok(Ok(Groups {
         workload,
         pod_group: name,
-        gang_all,
+        gang,
         parent: group.spec.parent_composite_pod_group_name.clone(),
         pod_group_owner: crate::controllers::controller_ref(&group),
         resource_claims: native::group_claims(&group.spec),

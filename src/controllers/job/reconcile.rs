@@ -34,8 +34,17 @@ pub(super) async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, jc: Arc<J
         }
     };
     if job.metadata.deletion_timestamp.is_some() {
-        jc.expected.forget(&job.uid().unwrap_or_default());
-        jc.paced.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&job.uid().unwrap_or_default());
+        let uid = job.uid().unwrap_or_default();
+        jc.expected.forget(&uid);
+        jc.released.forget(&uid);
+        jc.written.forget(&uid);
+        jc.paced.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&uid);
+        // Its pods go with it: none may be stuck on its tracking finalizer.
+        release_all(job, &jc).await?;
+        return Ok(Action::await_change());
+    }
+    // A job another controller reconciles (`managedBy`) is left to it entirely.
+    if !job.spec.managed_by_muster() {
         return Ok(Action::await_change());
     }
     let now = Timestamp::now();
@@ -104,6 +113,23 @@ pub(super) async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, jc: Arc<J
         }
     }
     sync_pods(job, &jc, &group, &PodClaims { gpu_template, group: group_claims }, now).await
+}
+
+/// Removes the tracking finalizer of every pod of `job` the cache shows with it.
+async fn release_all(job: &MusterJob, jc: &JobContext) -> Result<()> {
+    let (ns, name, uid) = (job.namespace().unwrap_or_default(), job.name_any(), job.uid().unwrap_or_default());
+    let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(jc.ctx.client.clone(), &ns);
+    let tracked: Vec<String> = jc
+        .pods
+        .state()
+        .iter()
+        .filter(|p| p.of_job(&ns, &name, &uid) && p.observed.tracked)
+        .map(|p| p.observed.name.clone())
+        .collect();
+    for pod in tracked {
+        super::tracking::release(&api, &pod).await?;
+    }
+    Ok(())
 }
 
 pub(super) fn owner_ref(job: &MusterJob) -> Result<OwnerReference> {

@@ -15,9 +15,8 @@ use super::gang_attempt::admission_attempt;
 use super::groups::Groups;
 use super::plan::{JobPod, ObservedPod, condition};
 use super::status::write_status;
-use super::{JobContext, claims, plan};
+use super::{JobContext, claims, plan, tracking};
 use crate::controllers::context::Result;
-use crate::crds::JOBSET_NAME_LABEL;
 use crate::crds::batch::{JobPhase, MusterJob};
 use crate::workloadbuilder::native::SchedulingApi;
 
@@ -47,9 +46,27 @@ pub(super) async fn sync_pods(
         tracing::debug!(job = %name, namespace = %ns, cached = names.len(), "pods created are not cached yet");
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
-    let observed: Vec<ObservedPod> = pods.iter().map(|p| p.observed.clone()).collect();
     let prev = job.status.clone().unwrap_or_default();
-    let mut decision = plan::plan(&job.spec, job.metadata.generation, &prev, &observed, groups.gang_all, now);
+    let instant = std::time::Instant::now();
+    if !jc.written.caught_up(&uid, &prev, instant) {
+        // The cache shows an older status than this controller wrote: its counts would miss
+        // the pods released since. The write's own event syncs the job again.
+        tracing::debug!(job = %name, namespace = %ns, "the job's status written is not cached yet");
+        return Ok(Action::requeue(Duration::from_millis(200)));
+    }
+    // Pods released whose release the cache does not show yet are counted already.
+    let tracked_in_cache: std::collections::HashMap<&str, bool> =
+        pods.iter().map(|p| (p.observed.name.as_str(), p.observed.tracked)).collect();
+    let released = jc.released.apply(&uid, &tracked_in_cache, instant);
+    let observed: Vec<ObservedPod> = pods
+        .iter()
+        .map(|p| {
+            let mut o = p.observed.clone();
+            o.tracked &= !released.contains(&o.name);
+            o
+        })
+        .collect();
+    let mut decision = plan::plan(&ns, &job.spec, job.metadata.generation, &prev, &observed, groups.gang, now);
     decision.status.workload_name = Some(groups.workload.clone());
     decision.status.pod_group_name = Some(groups.pod_group.clone());
     let mirrored = match groups.api {
@@ -70,7 +87,17 @@ pub(super) async fn sync_pods(
     );
     let reference = job.object_ref(&());
 
+    let still_tracked: std::collections::HashSet<&str> =
+        observed.iter().filter(|o| o.tracked).map(|o| o.name.as_str()).collect();
     for (pod, why) in &decision.delete {
+        // A pod whose end counts for nothing loses its tracking finalizer first; one whose end
+        // counts as a failure keeps it until the status counting it is written.
+        let gang_restart = *why == "GangRestart";
+        if !decision.deletes_counted && (still_tracked.contains(pod.as_str()) || gang_restart) {
+            // Counted for nothing from now on, whatever the cache shows.
+            jc.released.released(&uid, [pod.clone()], std::time::Instant::now());
+            tracking::release_before_delete(&pods_api, pod, gang_restart).await?;
+        }
         match pods_api.delete(pod, &DeleteParams::background()).await {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 404 => {}
@@ -89,9 +116,14 @@ pub(super) async fn sync_pods(
         )
         .await;
     }
-    // A set's Service names its children's pods; the set label counts only on a set's child.
-    let subdomain =
-        plan::job_labels(job).remove(JOBSET_NAME_LABEL).or_else(|| (job.spec.indexed()).then(|| name.clone()));
+    // A set's child: the set wrote its pods' subdomain (its network's Service, none with DNS
+    // hostnames off) into the template. A job of its own: its Indexed pods are named through
+    // the job's Service.
+    let subdomain = if plan::owning_set(job).is_some() {
+        job.spec.template.spec.as_ref().and_then(|s| s.subdomain.clone())
+    } else {
+        job.spec.indexed().then(|| name.clone())
+    };
     let attempt = if decision.create.is_empty() { 0 } else { admission_attempt(ctx, &ns, groups).await? };
     let new_pods: Vec<Pod> = decision
         .create
@@ -131,8 +163,12 @@ pub(super) async fn sync_pods(
         .await;
     }
     if let Some(f) = &decision.finished {
-        let warning = f.condition == condition::FAILED;
-        ctx.event(&reference, warning, f.reason, "Finish", f.message.clone()).await;
+        // As batch/v1 tells it: `Completed` for a job complete, the reason for one failed.
+        if f.condition == condition::FAILED {
+            ctx.event(&reference, true, f.reason, "Finish", f.message.clone()).await;
+        } else {
+            ctx.event(&reference, false, "Completed", "Finish", "Job completed").await;
+        }
     }
     let was_suspended = prev.phase == Some(JobPhase::Suspended);
     let is_suspended = decision.status.phase == Some(JobPhase::Suspended);
@@ -142,6 +178,30 @@ pub(super) async fn sync_pods(
     }
     let claims_pending = report_claims(job, ctx, pod_claims, &mut decision.status, now).await;
     let paced = write_status(job, jc, &decision.status).await?;
+    if paced.is_none() && job.status.as_ref() != Some(&decision.status) {
+        jc.written.wrote(&uid, &decision.status, std::time::Instant::now());
+    }
+    // The status counts them now (or counted them before, when only the live counts wait).
+    // Recorded from now on (never counted again, whatever the cache shows), then released; a
+    // release that failed is tried again on the next pass.
+    let releasing: Vec<String> = decision
+        .release
+        .iter()
+        .filter(|p| still_tracked.contains(p.as_str()))
+        .cloned()
+        .chain(released.iter().cloned())
+        .collect();
+    jc.released.released(&uid, releasing.iter().cloned(), std::time::Instant::now());
+    let mut release_error = None;
+    for pod in &releasing {
+        if let Err(e) = tracking::release(&pods_api, pod).await {
+            tracing::debug!(job = %name, pod, error = %e, "releasing a pod");
+            release_error = release_error.or(Some(e));
+        }
+    }
+    if let Some(e) = release_error {
+        return Err(e);
+    }
     // A mirrored condition's change is told once, with the write that records it (a paced write
     // comes back here, its change still new against the job's status).
     if paced.is_none() {

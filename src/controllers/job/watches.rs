@@ -34,6 +34,10 @@ pub struct JobContext {
     /// Whether `pods` has its first list (awaited by many reconciles at once).
     pub(super) pods_ready: StoreReady,
     pub(super) expected: expected::Expected,
+    /// Pods whose tracking finalizer was removed that the cache may still show with it.
+    pub(super) released: super::tracking::Released,
+    /// The counts last written to a job's status, until its cache shows them.
+    pub(super) written: super::tracking::Written,
     pub(super) groups: Store<PodGroup>,
     pub(super) composites: Store<CompositePodGroup>,
     pub(super) workloads: Store<Workload>,
@@ -120,9 +124,13 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         pods_ready: StoreReady::of(store.clone()),
         pods: store,
         expected: expected::Expected::default(),
+        released: Default::default(),
+        written: Default::default(),
         paced: Default::default(),
     });
     let (jobs_store, jobs_writer) = reflector::store();
+    // Pods whose job is gone, deleted, finished or not muster's lose their tracking finalizer.
+    tokio::spawn(super::tracking::sweep(context.clone(), jobs_store.clone()));
     let mut controller = Controller::for_stream(crate::controllers::trimmed_objects(jobs, jobs_writer), jobs_store)
         .with_config(controller::Config::default().concurrency(crate::controllers::RECONCILE_CONCURRENCY))
         .owns_stream(pod_events);

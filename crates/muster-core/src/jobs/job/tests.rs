@@ -27,6 +27,13 @@ fn pod(name: &str, phase: Lifecycle, index: Option<i32>) -> ObservedPod {
         restarts: 0,
         rolled_back: false,
         disruption: None,
+        tracked: true,
+        gang_restarted: false,
+        index_failures: 0,
+        index_ignored: 0,
+        exit_codes: vec![],
+        conditions: vec![],
+        finished_at: None,
     }
 }
 
@@ -42,12 +49,27 @@ fn condition_of(type_: &str, status: &str, reason: &str, message: &str) -> Condi
     }
 }
 
+/// The reason of the job's `FailureTarget=True` condition, if it has one.
+fn failing(p: &JobPlan) -> Option<&str> {
+    conditions::get(&p.status.conditions, condition::FAILURE_TARGET)
+        .filter(|c| c.status == "True")
+        .map(|c| c.reason.as_str())
+}
+
+/// The pods as the next pass sees them: those released untracked, those deleted gone.
+fn after(p: &JobPlan, pods: &[ObservedPod]) -> Vec<ObservedPod> {
+    pods.iter()
+        .filter(|o| !p.delete.iter().any(|(n, _)| *n == o.name))
+        .map(|o| ObservedPod { tracked: o.tracked && !p.release.contains(&o.name), ..o.clone() })
+        .collect()
+}
+
 fn now() -> Timestamp {
     Timestamp::from_second(1_000_000).expect("ts")
 }
 
 fn run(s: &MusterJobSpec, pods: &[ObservedPod]) -> JobPlan {
-    plan(s, Some(1), &MusterJobStatus::default(), pods, false, now())
+    plan("ns", s, Some(1), &MusterJobStatus::default(), pods, false, now())
 }
 
 #[test]
@@ -64,7 +86,7 @@ fn creates_parallelism_pods_at_start() {
 fn indexed_creates_lowest_missing_indexes() {
     let pods = [pod("a", Lifecycle::Succeeded, Some(0)), pod("b", Lifecycle::Running, Some(1))];
     let p = run(&spec(2, Some(4), CompletionMode::Indexed), &pods);
-    assert_eq!(p.create, vec![NewPod { index: Some(2), attempt: 0 }]);
+    assert_eq!(p.create, vec![NewPod { index: Some(2), attempt: 0, ..NewPod::default() }]);
     assert_eq!(p.status.completed_indexes.as_deref(), Some("0"));
     assert_eq!(p.status.phase, Some(JobPhase::Running));
 }
@@ -89,12 +111,30 @@ fn completes_when_completions_succeed_and_stops_the_rest() {
         pod("b", Lifecycle::Succeeded, None),
         pod("c", Lifecycle::Running, None),
     ];
-    let p = run(&spec(3, Some(2), CompletionMode::NonIndexed), &pods);
-    assert_eq!(p.finished.as_ref().map(|f| f.condition), Some(condition::COMPLETE));
-    assert_eq!(p.delete, vec![("c".to_string(), "JobComplete")]);
+    let s = spec(3, Some(2), CompletionMode::NonIndexed);
+    let p = run(&s, &pods);
+    // The extra pod goes first (uncounted); the criteria are met, Complete waits for it.
+    assert_eq!(p.delete, vec![("c".to_string(), "TooManyActive")]);
+    assert!(!p.deletes_counted);
+    assert!(p.finished.is_none());
+    let met = conditions::get(&p.status.conditions, condition::SUCCESS_CRITERIA_MET).expect("criteria met");
+    assert_eq!(
+        (met.status.as_str(), met.reason.as_str(), met.message.as_str()),
+        ("True", "CompletionsReached", "Reached expected number of succeeded pods")
+    );
+    assert_eq!((p.status.terminating, p.status.active), (Some(1), 0));
+    assert_ne!(p.status.phase, Some(JobPhase::Complete));
+    // Once it is gone: Complete, with the same reason and message.
+    let p = plan("ns", &s, None, &p.status, &after(&p, &pods), false, now());
+    assert_eq!(p.finished.as_ref().map(|f| (f.condition, f.reason)), Some((condition::COMPLETE, "CompletionsReached")));
     assert_eq!(p.status.phase, Some(JobPhase::Complete));
     assert_eq!(p.status.completion_time, Some(Time(now())));
-    assert!(conditions::is_true(&p.status.conditions, condition::COMPLETE));
+    assert_eq!((p.status.succeeded, p.status.failed, p.status.terminating), (2, 0, Some(0)));
+    let complete = conditions::get(&p.status.conditions, condition::COMPLETE).expect("complete");
+    assert_eq!(
+        (complete.reason.as_str(), complete.message.as_str()),
+        ("CompletionsReached", "Reached expected number of succeeded pods")
+    );
 }
 
 #[test]
@@ -102,7 +142,7 @@ fn indexed_completes_only_when_every_index_succeeded() {
     let pods = [pod("a", Lifecycle::Succeeded, Some(0)), pod("b", Lifecycle::Succeeded, Some(0))];
     let p = run(&spec(2, Some(2), CompletionMode::Indexed), &pods);
     assert!(p.finished.is_none());
-    assert_eq!(p.create, vec![NewPod { index: Some(1), attempt: 0 }]);
+    assert_eq!(p.create, vec![NewPod { index: Some(1), attempt: 0, ..NewPod::default() }]);
 }
 
 #[test]
@@ -114,10 +154,16 @@ fn failed_pods_are_replaced_until_the_backoff_limit() {
     assert_eq!(p.create[0].attempt, 1);
     let p = run(&s, &[pod("a", Lifecycle::Failed, None), pod("b", Lifecycle::Failed, None)]);
     assert!(p.create.is_empty());
-    let f = p.finished.expect("failed");
-    assert_eq!((f.condition, f.reason), (condition::FAILED, "BackoffLimitExceeded"));
+    // No pod left to stop: FailureTarget and Failed at once, with batch/v1's words.
+    let f = p.finished.clone().expect("failed");
+    assert_eq!(
+        (f.condition, f.reason, f.message.as_str()),
+        (condition::FAILED, "BackoffLimitExceeded", "Job has reached the specified backoff limit")
+    );
+    assert_eq!(failing(&p), Some("BackoffLimitExceeded"));
     assert_eq!(p.status.phase, Some(JobPhase::Failed));
     assert_eq!(p.status.failed, 2);
+    assert_eq!(p.status.completion_time, None, "batch/v1 sets completionTime on Complete jobs only");
 }
 
 #[test]
@@ -128,9 +174,17 @@ fn deadline_fails_the_job() {
         start_time: Some(Time(Timestamp::from_second(now().as_second() - 11).expect("ts"))),
         ..Default::default()
     };
-    let p = plan(&s, None, &prev, &[pod("a", Lifecycle::Running, None)], false, now());
-    assert_eq!(p.finished.map(|f| f.reason), Some("DeadlineExceeded"));
+    let pods = [pod("a", Lifecycle::Running, None)];
+    let p = plan("ns", &s, None, &prev, &pods, false, now());
+    assert_eq!(failing(&p), Some("DeadlineExceeded"));
+    assert!(p.finished.is_none(), "Failed waits until the pod is gone");
     assert_eq!(p.delete, vec![("a".to_string(), "DeadlineExceeded")]);
+    assert!(p.deletes_counted);
+    assert_eq!((p.status.failed, p.status.active, p.status.terminating), (1, 0, Some(1)), "the pod stopped counts");
+    let p = plan("ns", &s, None, &p.status, &after(&p, &pods), false, now());
+    let f = p.finished.expect("failed");
+    assert_eq!((f.reason, f.message.as_str()), ("DeadlineExceeded", "Job was active longer than specified deadline"));
+    assert_eq!((p.status.failed, p.status.phase), (1, Some(JobPhase::Failed)));
 }
 
 #[test]
@@ -141,7 +195,7 @@ fn deadline_requeues_until_due() {
         start_time: Some(Time(Timestamp::from_second(now().as_second() - 4).expect("ts"))),
         ..Default::default()
     };
-    let p = plan(&s, None, &prev, &[pod("a", Lifecycle::Running, None)], false, now());
+    let p = plan("ns", &s, None, &prev, &[pod("a", Lifecycle::Running, None)], false, now());
     assert!(p.finished.is_none());
     assert_eq!(p.requeue_after, Some(6));
 }
@@ -150,15 +204,20 @@ fn deadline_requeues_until_due() {
 fn suspend_deletes_active_pods_and_sets_the_condition() {
     let mut s = spec(2, Some(2), CompletionMode::NonIndexed);
     s.suspend = true;
-    let p = run(&s, &[pod("a", Lifecycle::Running, None), pod("b", Lifecycle::Succeeded, None)]);
+    let pods = [pod("a", Lifecycle::Running, None), pod("b", Lifecycle::Succeeded, None)];
+    let running = MusterJobStatus { start_time: Some(Time(now())), ..Default::default() };
+    let p = plan("ns", &s, None, &running, &pods, false, now());
     assert_eq!(p.delete, vec![("a".to_string(), "JobSuspended")]);
+    assert!(!p.deletes_counted, "a suspended job's pods do not fail");
     assert!(p.create.is_empty());
-    assert!(conditions::is_true(&p.status.conditions, condition::SUSPENDED));
+    let c = conditions::get(&p.status.conditions, condition::SUSPENDED).expect("suspended");
+    assert_eq!((c.status.as_str(), c.reason.as_str(), c.message.as_str()), ("True", "JobSuspended", "Job suspended"));
     assert_eq!(p.status.phase, Some(JobPhase::Suspended));
     s.suspend = false;
-    let resumed = plan(&s, None, &p.status, &[pod("b", Lifecycle::Succeeded, None)], false, now());
-    assert_eq!(resumed.create.len(), 1);
-    assert!(!conditions::is_true(&resumed.status.conditions, condition::SUSPENDED));
+    let resumed = plan("ns", &s, None, &p.status, &after(&p, &pods), false, now());
+    assert_eq!((resumed.create.len(), resumed.status.succeeded, resumed.status.failed), (1, 1, 0));
+    let c = conditions::get(&resumed.status.conditions, condition::SUSPENDED).expect("suspended");
+    assert_eq!((c.status.as_str(), c.reason.as_str(), c.message.as_str()), ("False", "JobResumed", "Job resumed"));
 }
 
 #[test]
@@ -168,7 +227,7 @@ fn suspended_time_does_not_count_toward_the_deadline() {
     s.suspend = true;
     let long_ago = Time(Timestamp::from_second(now().as_second() - 3_600).expect("ts"));
     let running = MusterJobStatus { start_time: Some(long_ago.clone()), ..Default::default() };
-    let suspended = plan(&s, None, &running, &[pod("a", Lifecycle::Running, None)], false, now());
+    let suspended = plan("ns", &s, None, &running, &[pod("a", Lifecycle::Running, None)], false, now());
     assert!(suspended.finished.is_none(), "a suspended job never fails on its deadline");
     assert_eq!(suspended.status.start_time, None, "suspending clears startTime");
     assert_eq!(suspended.requeue_after, None);
@@ -176,7 +235,7 @@ fn suspended_time_does_not_count_toward_the_deadline() {
     // Resumed an hour after the deadline would have passed: the clock starts again.
     s.suspend = false;
     let later = Timestamp::from_second(now().as_second() + 3_600).expect("ts");
-    let resumed = plan(&s, None, &suspended.status, &[], false, later);
+    let resumed = plan("ns", &s, None, &suspended.status, &[], false, later);
     assert!(resumed.finished.is_none());
     assert_eq!(resumed.status.start_time, Some(Time(later)));
     assert_eq!(resumed.requeue_after, Some(10));
@@ -184,14 +243,14 @@ fn suspended_time_does_not_count_toward_the_deadline() {
 
     // A status written while suspended that still holds an old startTime is reset too.
     let stale = MusterJobStatus { start_time: Some(long_ago), ..suspended.status.clone() };
-    let resumed = plan(&s, None, &stale, &[], false, later);
+    let resumed = plan("ns", &s, None, &stale, &[], false, later);
     assert!(resumed.finished.is_none());
     assert_eq!(resumed.status.start_time, Some(Time(later)));
 
     // Once resumed, the deadline runs from the resume.
     let due = Timestamp::from_second(later.as_second() + 10).expect("ts");
-    let p = plan(&s, None, &resumed.status, &[pod("b", Lifecycle::Running, None)], false, due);
-    assert_eq!(p.finished.map(|f| f.reason), Some("DeadlineExceeded"));
+    let p = plan("ns", &s, None, &resumed.status, &[pod("b", Lifecycle::Running, None)], false, due);
+    assert_eq!(failing(&p), Some("DeadlineExceeded"));
 }
 
 #[test]
@@ -201,6 +260,13 @@ fn created_suspended_jobs_have_no_start_time_until_resumed() {
     let p = run(&s, &[]);
     assert_eq!(p.status.start_time, None);
     assert!(p.create.is_empty());
+    assert!(conditions::is_true(&p.status.conditions, condition::SUSPENDED));
+    assert_eq!(p.status.phase, Some(JobPhase::Suspended));
+    s.suspend = false;
+    let resumed = plan("ns", &s, None, &p.status, &[], false, now());
+    let c = conditions::get(&resumed.status.conditions, condition::SUSPENDED).expect("suspended");
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "JobResumed"));
+    assert_eq!(resumed.create.len(), 1);
 }
 
 fn on_failure(mut s: MusterJobSpec) -> MusterJobSpec {
@@ -220,12 +286,14 @@ fn on_failure_container_restarts_count_toward_the_backoff_limit() {
     s.backoff_limit = Some(3);
     let p = run(&s, &[restarted("a", Lifecycle::Running, 1), restarted("b", Lifecycle::Running, 1)]);
     assert!(p.finished.is_none(), "2 restarts, limit 3");
-    let p = run(&s, &[restarted("a", Lifecycle::Running, 2), restarted("b", Lifecycle::Pending, 1)]);
-    let f = p.finished.expect("failed");
-    assert_eq!((f.condition, f.reason), (condition::FAILED, "BackoffLimitExceeded"));
-    assert_eq!(p.status.failed, 0, "status.failed counts failed pods only");
+    let pods = [restarted("a", Lifecycle::Running, 2), restarted("b", Lifecycle::Pending, 1)];
+    let p = run(&s, &pods);
+    assert_eq!(failing(&p), Some("BackoffLimitExceeded"));
+    assert_eq!(p.status.failed, 2, "the pods stopped count as failed, as batch/v1 counts them");
     assert_eq!(p.delete.len(), 2);
-    assert_eq!(p.status.phase, Some(JobPhase::Failed));
+    let p = plan("ns", &s, None, &p.status, &after(&p, &pods), false, now());
+    assert_eq!(p.finished.map(|f| (f.condition, f.reason)), Some((condition::FAILED, "BackoffLimitExceeded")));
+    assert_eq!((p.status.failed, p.status.phase), (2, Some(JobPhase::Failed)));
 }
 
 #[test]
@@ -233,10 +301,7 @@ fn on_failure_with_backoff_limit_zero_fails_on_the_first_restart() {
     let mut s = on_failure(spec(1, Some(1), CompletionMode::NonIndexed));
     s.backoff_limit = Some(0);
     assert!(run(&s, &[restarted("a", Lifecycle::Running, 0)]).finished.is_none());
-    assert_eq!(
-        run(&s, &[restarted("a", Lifecycle::Running, 1)]).finished.map(|f| f.reason),
-        Some("BackoffLimitExceeded")
-    );
+    assert_eq!(failing(&run(&s, &[restarted("a", Lifecycle::Running, 1)])), Some("BackoffLimitExceeded"));
 }
 
 #[test]
@@ -244,10 +309,10 @@ fn restarts_count_only_with_restart_policy_on_failure() {
     let mut s = spec(1, Some(1), CompletionMode::NonIndexed);
     s.backoff_limit = Some(1);
     // restartPolicy unset: muster's pods run with Never, where a pod failure is the retry.
-    assert!(run(&s, &[restarted("a", Lifecycle::Running, 5)]).finished.is_none());
+    assert_eq!(failing(&run(&s, &[restarted("a", Lifecycle::Running, 5)])), None);
     // A finished pod's restarts are not counted again: it counts as a failed pod.
     let s = on_failure(s);
-    assert!(run(&s, &[restarted("a", Lifecycle::Failed, 5)]).finished.is_none());
+    assert_eq!(failing(&run(&s, &[restarted("a", Lifecycle::Failed, 5)])), None);
 }
 
 #[test]
@@ -270,26 +335,46 @@ fn deleted_failed_pods_still_count_toward_the_backoff_limit() {
     let mut s = spec(1, Some(1), CompletionMode::NonIndexed);
     s.backoff_limit = Some(2);
     let prev = MusterJobStatus { failed: 2, ..Default::default() };
-    let p = plan(&s, None, &prev, &[], false, now());
+    let p = plan("ns", &s, None, &prev, &[], false, now());
     assert_eq!(p.status.failed, 2, "the two failed pods were deleted; the count never drops");
     assert!(p.finished.is_none());
-    assert_eq!(p.create, vec![NewPod { index: None, attempt: 2 }], "attempt numbers are not reused");
+    assert_eq!(
+        p.create,
+        vec![NewPod { index: None, attempt: 2, ..NewPod::default() }],
+        "attempt numbers are not reused"
+    );
     // Its replacement (attempt 2: made after 2 failures) fails too: the third failure.
     let third = ObservedPod { attempt: 2, ..pod("c", Lifecycle::Failed, None) };
-    let p = plan(&s, None, &p.status, &[third], false, now());
+    let p = plan("ns", &s, None, &p.status, &[third], false, now());
     assert_eq!(p.status.failed, 3);
     assert_eq!(p.finished.map(|f| f.reason), Some("BackoffLimitExceeded"));
 }
 
 #[test]
-fn failures_are_at_least_what_attempts_and_the_last_status_prove() {
-    let failed = |attempt: i32| ObservedPod { attempt, ..pod("p", Lifecycle::Failed, None) };
-    assert_eq!(failures(0, &[]), 0);
-    assert_eq!(failures(4, &[failed(0)]), 4, "the recorded count");
-    assert_eq!(failures(0, &[failed(0), failed(0)]), 2, "the visible count");
-    assert_eq!(failures(1, &[failed(5)]), 6, "attempt 5 was made after 5 failures");
-    assert_eq!(failures(0, &[failed(5), failed(2), failed(5)]), 7);
-    assert_eq!(failures(0, &[ObservedPod { attempt: 9, ..pod("r", Lifecycle::Running, None) }]), 0);
+fn counts_are_the_statuses_plus_the_pods_still_tracked() {
+    let mut s = spec(1, Some(5), CompletionMode::NonIndexed);
+    s.backoff_limit = Some(10);
+    let failed = |name: &str, tracked: bool| ObservedPod { tracked, ..pod(name, Lifecycle::Failed, None) };
+    let done = |name: &str, tracked: bool| ObservedPod { tracked, ..pod(name, Lifecycle::Succeeded, None) };
+    // (recorded failed, recorded succeeded, pods) -> (failed, succeeded)
+    let table = [
+        (0, 0, vec![], (0, 0)),
+        (4, 0, vec![failed("a", false)], (4, 0)),
+        (4, 0, vec![failed("a", false), failed("b", true)], (5, 0)),
+        (0, 0, vec![failed("a", true), failed("b", true)], (2, 0)),
+        (1, 1, vec![done("a", false), done("b", true), failed("c", true)], (2, 2)),
+        // An older muster's pods (never tracked) still prove their successes.
+        (0, 0, vec![done("a", false), done("b", false)], (0, 2)),
+    ];
+    for (i, (f, ok, pods, want)) in table.into_iter().enumerate() {
+        let prev = MusterJobStatus { failed: f, succeeded: ok, ..Default::default() };
+        let p = plan("ns", &s, None, &prev, &pods, false, now());
+        assert_eq!((p.status.failed, p.status.succeeded), want, "row {i}");
+        // What was counted is released once the status is written; nothing else.
+        let released: BTreeSet<&str> = p.release.iter().map(String::as_str).collect();
+        let tracked: BTreeSet<&str> = pods.iter().filter(|p| p.tracked).map(|p| p.name.as_str()).collect();
+        assert_eq!(released, tracked, "row {i}");
+    }
 }
 
 #[test]
@@ -302,7 +387,7 @@ fn rolled_back_pods_never_count_toward_the_backoff_limit() {
         |name: &str, phase: Lifecycle| ObservedPod { rolled_back: true, terminating: true, ..pod(name, phase, None) };
     let pods = [rolled("a", Lifecycle::Failed), rolled("b", Lifecycle::Pending)];
     for gang_all in [false, true] {
-        let p = plan(&s, None, &MusterJobStatus::default(), &pods, gang_all, now());
+        let p = plan("ns", &s, None, &MusterJobStatus::default(), &pods, gang_all, now());
         assert_eq!(p.status.failed, 0, "gang_all={gang_all}");
         assert!(p.finished.is_none(), "gang_all={gang_all}");
         assert_eq!(p.create.len(), 2, "both recreated at once (gang_all={gang_all})");
@@ -310,7 +395,7 @@ fn rolled_back_pods_never_count_toward_the_backoff_limit() {
     }
     // The same pod failing on its own does count.
     let failed = ObservedPod { terminating: true, ..pod("a", Lifecycle::Failed, None) };
-    let p = plan(&s, None, &MusterJobStatus::default(), &[failed], false, now());
+    let p = plan("ns", &s, None, &MusterJobStatus::default(), &[failed], false, now());
     assert_eq!(p.status.failed, 1);
 }
 
@@ -318,13 +403,15 @@ fn rolled_back_pods_never_count_toward_the_backoff_limit() {
 fn deleted_succeeded_pods_still_count_toward_completions() {
     let s = spec(1, Some(3), CompletionMode::NonIndexed);
     let prev = MusterJobStatus { succeeded: 2, ..Default::default() };
-    let p = plan(&s, None, &prev, &[], false, now());
+    let p = plan("ns", &s, None, &prev, &[], false, now());
     assert_eq!(p.status.succeeded, 2);
     assert_eq!(p.create.len(), 1);
-    let p = plan(&s, None, &prev, &[pod("c", Lifecycle::Succeeded, None)], false, now());
-    assert_eq!(p.status.succeeded, 2, "max of recorded and visible, not their sum");
-    let p = plan(&s, None, &p.status, &[pod("d", Lifecycle::Succeeded, None)], false, now());
-    assert_eq!(p.status.succeeded, 2, "a pod counted before cannot be told from a new one");
+    let counted = ObservedPod { tracked: false, ..pod("c", Lifecycle::Succeeded, None) };
+    let p = plan("ns", &s, None, &prev, std::slice::from_ref(&counted), false, now());
+    assert_eq!(p.status.succeeded, 2, "a pod released is counted already");
+    let new = pod("d", Lifecycle::Succeeded, None);
+    let p = plan("ns", &s, None, &p.status, &[counted, new], false, now());
+    assert_eq!(p.status.succeeded, 3, "a pod still tracked is new");
 }
 
 #[test]
@@ -332,17 +419,17 @@ fn indexed_jobs_do_not_rerun_indexes_recorded_as_completed() {
     let s = spec(2, Some(4), CompletionMode::Indexed);
     let prev = MusterJobStatus { succeeded: 2, completed_indexes: Some("0,2".into()), ..Default::default() };
     // The pods of indexes 0 and 2 were deleted after they succeeded.
-    let p = plan(&s, None, &prev, &[pod("b", Lifecycle::Succeeded, Some(1))], false, now());
-    assert_eq!(p.create, vec![NewPod { index: Some(3), attempt: 0 }]);
+    let p = plan("ns", &s, None, &prev, &[pod("b", Lifecycle::Succeeded, Some(1))], false, now());
+    assert_eq!(p.create, vec![NewPod { index: Some(3), attempt: 0, ..NewPod::default() }]);
     assert_eq!(p.status.completed_indexes.as_deref(), Some("0-2"));
     assert_eq!(p.status.succeeded, 3);
-    let done = plan(&s, None, &p.status, &[pod("d", Lifecycle::Succeeded, Some(3))], false, now());
+    let done = plan("ns", &s, None, &p.status, &[pod("d", Lifecycle::Succeeded, Some(3))], false, now());
     assert_eq!(done.finished.map(|f| f.condition), Some(condition::COMPLETE));
 }
 
 #[test]
 fn completed_indexes_read_back_what_format_writes() {
-    for text in ["", "0", "0-2,5,7-8", "3-4,10"] {
+    for text in ["", "0", "0-2,5,7,8", "3,4,10", "0-3"] {
         assert_eq!(format_indexes(&parse_indexes(text, 11)), text);
     }
     assert_eq!(parse_indexes(" 1 , x, 4-3", 11), [1].into_iter().collect());
@@ -363,7 +450,7 @@ fn a_gang_restart_never_reuses_a_failed_attempt() {
     // Attempt 3 failed, but the status records fewer failures (written by an older muster).
     let mut failed = pod("a", Lifecycle::Failed, Some(0));
     failed.attempt = 3;
-    let p = plan(&s, None, &MusterJobStatus { failed: 1, ..Default::default() }, &[failed], true, now());
+    let p = plan("ns", &s, None, &MusterJobStatus { failed: 1, ..Default::default() }, &[failed], true, now());
     assert!(p.create.iter().all(|n| n.attempt == 4), "{:?}", p.create);
 }
 
@@ -384,12 +471,15 @@ fn disruption_mode_all_restarts_the_whole_attempt() {
         pod("b", Lifecycle::Running, Some(1)),
         pod("c", Lifecycle::Running, Some(2)),
     ];
-    let p = plan(&s, None, &MusterJobStatus::default(), &pods, true, now());
+    let p = plan("ns", &s, None, &MusterJobStatus::default(), &pods, true, now());
     assert_eq!(p.delete, vec![("b".to_string(), "GangRestart"), ("c".to_string(), "GangRestart")]);
     assert!(p.create.is_empty(), "the next attempt waits until the old one is gone");
     // Once they are gone, the next attempt is created whole.
-    let p = plan(&s, None, &MusterJobStatus::default(), &pods[..1], true, now());
-    assert_eq!(p.create, (0..3).map(|i| NewPod { index: Some(i), attempt: 1 }).collect::<Vec<_>>());
+    let p = plan("ns", &s, None, &MusterJobStatus::default(), &pods[..1], true, now());
+    assert_eq!(
+        p.create,
+        (0..3).map(|i| NewPod { index: Some(i), attempt: 1, ..NewPod::default() }).collect::<Vec<_>>()
+    );
 }
 
 #[test]
@@ -400,9 +490,9 @@ fn disruption_mode_single_replaces_only_the_failed_pod() {
         pod("b", Lifecycle::Running, Some(1)),
         pod("c", Lifecycle::Running, Some(2)),
     ];
-    let p = plan(&s, None, &MusterJobStatus::default(), &pods, false, now());
+    let p = plan("ns", &s, None, &MusterJobStatus::default(), &pods, false, now());
     assert!(p.delete.is_empty());
-    assert_eq!(p.create, vec![NewPod { index: Some(0), attempt: 1 }]);
+    assert_eq!(p.create, vec![NewPod { index: Some(0), attempt: 1, ..NewPod::default() }]);
 }
 
 #[test]
@@ -413,7 +503,7 @@ fn ttl_after_finished_deletes_the_job_when_due() {
     assert_eq!(p.requeue_after, Some(30));
     assert!(!p.delete_job);
     let later = Timestamp::from_second(now().as_second() + 31).expect("ts");
-    let p2 = plan(&s, None, &p.status, &[pod("a", Lifecycle::Succeeded, None)], false, later);
+    let p2 = plan("ns", &s, None, &p.status, &[pod("a", Lifecycle::Succeeded, None)], false, later);
     assert!(p2.delete_job);
     assert!(p2.finished.is_none(), "a finished job does not finish twice");
 }
@@ -423,6 +513,7 @@ fn finished_jobs_create_nothing() {
     let s = spec(1, Some(1), CompletionMode::NonIndexed);
     let p = run(&s, &[pod("a", Lifecycle::Succeeded, None)]);
     let again = plan(
+        "ns",
         &s,
         None,
         &p.status,
@@ -445,7 +536,7 @@ fn terminating_pods_are_not_active() {
 #[test]
 fn indexes_are_compressed_like_batch_v1() {
     let set: BTreeSet<i32> = [0, 1, 2, 5, 7, 8].into_iter().collect();
-    assert_eq!(format_indexes(&set), "0-2,5,7-8");
+    assert_eq!(format_indexes(&set), "0-2,5,7,8", "two in a row are two");
     assert_eq!(format_indexes(&BTreeSet::new()), "");
 }
 
@@ -454,7 +545,7 @@ fn new_pods_are_gated_labelled_indexed_and_get_gpu_env() {
     let mut job = MusterJob::new("train", spec(2, Some(2), CompletionMode::Indexed));
     job.metadata.namespace = Some("ns".into());
     job.metadata.uid = Some("uid".into());
-    let p = new_pod(&job, &NewPod { index: Some(1), attempt: 0 }, "train", Some("train"), 3);
+    let p = new_pod(&job, &NewPod { index: Some(1), attempt: 0, ..NewPod::default() }, "train", Some("train"), 3);
     let meta = &p.metadata;
     assert_eq!(meta.generate_name.as_deref(), Some("train-1-"));
     let labels = meta.labels.as_ref().expect("labels");
@@ -483,7 +574,7 @@ fn new_pods_are_gated_labelled_indexed_and_get_gpu_env() {
 fn observed_pods_read_phase_index_and_gate() {
     let mut job = MusterJob::new("train", spec(1, Some(1), CompletionMode::Indexed));
     job.metadata.uid = Some("uid".into());
-    let mut pod = new_pod(&job, &NewPod { index: Some(0), attempt: 2 }, "train", None, 0);
+    let mut pod = new_pod(&job, &NewPod { index: Some(0), attempt: 2, ..NewPod::default() }, "train", None, 0);
     pod.metadata.name = Some("train-0-abc".into());
     let o = ObservedPod::from_pod(&pod);
     assert_eq!((o.phase, o.index, o.attempt, o.gated, o.terminating), (Lifecycle::Pending, Some(0), 2, true, false));
@@ -496,7 +587,7 @@ fn observed_pods_read_phase_index_and_gate() {
 fn a_job_pod_record_reads_as_the_whole_pod_and_names_its_job() {
     let mut job = MusterJob::new("train", spec(2, Some(2), CompletionMode::Indexed));
     job.metadata.uid = Some("uid".into());
-    let mut pod = new_pod(&job, &NewPod { index: Some(1), attempt: 1 }, "train", Some("train"), 2);
+    let mut pod = new_pod(&job, &NewPod { index: Some(1), attempt: 1, ..NewPod::default() }, "train", Some("train"), 2);
     pod.metadata.name = Some("train-1-abc".into());
     pod.metadata.namespace = Some("ns".into());
     pod.metadata.annotations.get_or_insert_default().insert(ROLLED_BACK_ANNOTATION.into(), "plan-1".into());
@@ -548,6 +639,7 @@ fn only_active_and_ready_counts_wait_for_the_status_pace() {
     };
     assert!(status_may_wait(Some(&old), &with(&|s| s.ready = 3)));
     assert!(status_may_wait(Some(&old), &with(&|s| s.active = 2)));
+    assert!(status_may_wait(Some(&old), &with(&|s| s.terminating = Some(2))), "a live count too");
     assert!(!status_may_wait(Some(&old), &old), "nothing to write");
     assert!(!status_may_wait(None, &old), "a first status is written at once");
     assert!(!status_may_wait(Some(&old), &with(&|s| s.failed = 1)), "a failure is recorded at once");
@@ -579,7 +671,7 @@ fn only_active_and_ready_counts_wait_for_the_status_pace() {
 fn a_native_pod_joins_its_group_by_scheduling_group_without_muster_label_or_gate() {
     let mut job = MusterJob::new("train", spec(2, Some(2), CompletionMode::Indexed));
     job.metadata.uid = Some("uid".into());
-    let mut pod = new_pod(&job, &NewPod { index: Some(0), attempt: 0 }, "train", None, 3);
+    let mut pod = new_pod(&job, &NewPod { index: Some(0), attempt: 0, ..NewPod::default() }, "train", None, 3);
     pod.spec
         .as_mut()
         .expect("spec")
@@ -598,7 +690,7 @@ fn a_native_pod_joins_its_group_by_scheduling_group_without_muster_label_or_gate
     assert_eq!(gates, vec!["other.example.com/gate"], "only muster's gate goes");
     assert_eq!(spec.scheduling_group.as_ref().and_then(|g| g.pod_group_name.as_deref()), Some("train"));
     // With only muster's gate, no gate list is left at all.
-    let mut pod = new_pod(&job, &NewPod { index: Some(1), attempt: 0 }, "train", None, 0);
+    let mut pod = new_pod(&job, &NewPod { index: Some(1), attempt: 0, ..NewPod::default() }, "train", None, 0);
     native_pod(&mut pod, "train");
     assert_eq!(pod.spec.as_ref().expect("spec").scheduling_gates, None);
 }
@@ -771,7 +863,7 @@ fn a_template_never_gives_pods_musters_own_keys() {
     );
     let mut job = MusterJob::new("train", s);
     job.metadata.uid = Some("uid".into());
-    let p = new_pod(&job, &NewPod { index: Some(0), attempt: 1 }, "train", None, 2);
+    let p = new_pod(&job, &NewPod { index: Some(0), attempt: 1, ..NewPod::default() }, "train", None, 2);
     let labels = p.metadata.labels.expect("labels");
     let annotations = p.metadata.annotations.expect("annotations");
     assert_eq!(
@@ -873,7 +965,7 @@ proptest::proptest! {
             succeeded: prev_succeeded,
             ..Default::default()
         };
-        let p = plan(&s, Some(1), &prev, &pods, gang_all, now());
+        let p = plan("ns", &s, Some(1), &prev, &pods, gang_all, now());
         proptest::prop_assert!(p.create.len() <= CREATE_PER_PASS);
         proptest::prop_assert!(!p.more_to_create || p.create.len() == CREATE_PER_PASS);
         let end = super::completions(&s).min(crate::workloadbuilder::job::MAX_JOB_PODS as i32);
@@ -897,3 +989,6 @@ proptest::proptest! {
         }
     }
 }
+
+/// The batch/v1 rules muster added for Kubernetes 1.37's JobSpec, one table each.
+mod semantics;
