@@ -1,7 +1,11 @@
 //! The MusterJobSet reconciler: validate, compile the Workload and the root
 //! CompositePodGroup, keep `replicas` child MusterJobs per replicatedJob (annotated so each
-//! builds only its PodGroup from the set's Workload), a headless Service for the whole set, and
-//! JobSet-style success, failure and restarts. The decisions live in `plan` (pure).
+//! builds only its PodGroup from the set's Workload), the set's headless Service (`network`),
+//! and JobSet v1alpha2's semantics: failure policy and restarts, success policy, startup order
+//! and `dependsOn`, suspend and resume, TTL after finishing, `managedBy`. The decisions live
+//! in `plan` (pure); this shell only reads and writes.
+
+mod network;
 
 /// What the controller decides for a MusterJobSet (pure, in the core).
 pub use muster_core::jobs::set as plan;
@@ -80,6 +84,11 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>
     if set.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
+    // A set another controller manages (JobSet's `managedBy`, e.g. MultiKueue) is left alone:
+    // no child, no status.
+    if !set.spec.managed_by_muster() {
+        return Ok(Action::await_change());
+    }
     let now = Timestamp::now();
     let namespace = set.namespace().unwrap_or_default();
     if let Some(message) = crate::webhook::config::excluded_namespace(&namespace, &ctx.config.namespace) {
@@ -95,6 +104,10 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>
     if !errors.is_empty() {
         let message = crate::workloadbuilder::field::joined(&errors);
         return set_invalid(set, &ctx, "PodLimitExceeded", &message, now).await;
+    }
+    // An ordered start under a composite gang would never start: refused, named.
+    if let Some(message) = plan::ordered_start_refusal(&set.spec) {
+        return set_invalid(set, &ctx, "OrderedStartWithGang", &message, now).await;
     }
     let ns = set.namespace().unwrap_or_default();
     let name = set.name_any();
@@ -113,9 +126,7 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>
         Ok(roots) => roots,
         Err((reason, message)) => return set_invalid(set, &ctx, reason, &message, now).await,
     };
-    if let Some(note) =
-        super::apply_headless_service(&ctx.client, &ns, &name, JOBSET_NAME_LABEL, owner.clone(), FIELD_MANAGER).await?
-    {
+    if let Some(note) = network::apply(&ctx.client, set, owner.clone(), FIELD_MANAGER).await? {
         ctx.event(&set.object_ref(&()), true, "ServiceConflict", "ApplyService", note).await;
     }
 
@@ -179,6 +190,9 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>
     }
     for r in &decision.resize {
         let mut patch = json!({"spec": {"parallelism": r.parallelism}});
+        if let Some(completions) = r.completions {
+            patch["spec"]["completions"] = json!(completions);
+        }
         if r.gang {
             patch["spec"]["scheduling"] = json!({"schedulingPolicy": {"gang": {"minCount": r.min_count}}});
         }
@@ -192,6 +206,16 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>
         ctx.event(&reference, *warning, reason, "Sync", message.clone()).await;
     }
     write_status(set, &ctx, &decision.status).await?;
+    // `ttlSecondsAfterFinished` ran out: the set goes, and with it (foreground) all it made.
+    if decision.delete_set {
+        let sets = Api::<MusterJobSet>::namespaced(ctx.client.clone(), &ns);
+        match sets.delete(&name, &DeleteParams::foreground()).await {
+            Ok(_) => tracing::info!(set = %name, "deleted finished set (ttlSecondsAfterFinished)"),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+        return Ok(Action::await_change());
+    }
     for c in &mirrored {
         let warning = c.status == "False" && c.type_ == condition::COMPOSITE_SCHEDULED;
         let note = format!("CompositePodGroup {name} (scheduling.k8s.io): {}={}: {}", c.type_, c.status, c.message);
@@ -199,7 +223,11 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>
     }
     // More children than one batch were missing: the children made trigger the next pass, and
     // this makes sure of it.
-    Ok(if decision.more_to_create { Action::requeue(NEXT_BATCH) } else { Action::await_change() })
+    Ok(match decision.requeue_after {
+        _ if decision.more_to_create => Action::requeue(NEXT_BATCH),
+        Some(after) => Action::requeue(after),
+        None => Action::await_change(),
+    })
 }
 
 /// The set's root objects: the name of its Workload and CompositePodGroup (`None` without

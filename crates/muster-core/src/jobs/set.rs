@@ -1,39 +1,96 @@
-//! PURE: JobSet-style semantics for a MusterJobSet. From the spec, the last status and the
-//! child MusterJobs observed, decide which children to create and delete, and the new status.
+//! PURE: JobSet v1alpha2 semantics for a MusterJobSet (kubernetes-sigs/jobset's
+//! `jobset_controller.go`, `failure_policy.go`, `success_policy.go`, `startup_policy.go`,
+//! `depends_on.go`, `ttl_after_finished.go`). From the spec, the last status and the child
+//! MusterJobs observed, decide which children to create, delete, suspend or resume, whether
+//! the set itself goes (TTL), and the new status. The children themselves are made in
+//! [`child`]; the failure policy's rule matching lives in [`failure`].
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 
 use super::job::MIRRORED_CONDITIONS;
 use crate::conditions;
 use crate::workloadbuilder::job::child_job_name;
-use crate::workloadbuilder::native::SchedulingApi;
+use muster_api::REPLICATED_JOB_LABEL;
 use muster_api::batch::{
-    JobPhase, JobSetPhase, MusterJob, MusterJobSet, MusterJobSetSpec, MusterJobSetStatus, MusterJobSpec,
-    ReplicatedJobStatus, SuccessOperator,
-};
-use muster_api::{
-    GROUP_TEMPLATE_ANNOTATION, JOBSET_NAME_LABEL, PARENT_COMPOSITE_ANNOTATION, REPLICATED_JOB_LABEL,
-    SCHEDULING_API_ANNOTATION,
+    DependsOnStatus, JobPhase, JobSetPhase, MusterJob, MusterJobSet, MusterJobSetSpec, MusterJobSetStatus,
+    MusterJobSpec, ReplicatedJob, ReplicatedJobStatus, RestartStrategy, StartupPolicyOrder, SuccessOperator,
 };
 
-/// Child annotation: the restart attempt it was created in.
-pub const RESTART_ATTEMPT_ANNOTATION: &str = "batch.muster.dev/restart-attempt";
+pub mod child;
+pub mod failure;
+
+pub use child::{
+    DEFAULT_GROUP_NAME, RESTART_ATTEMPT_ANNOTATION, child_job, coordinator_endpoint, dns_hostnames, jobset_keys, keys,
+    publish_not_ready_addresses, subdomain,
+};
+pub use failure::{ChildFailure, Outcome};
+
 /// The most children one reconcile of a set creates: the rest follow on the next passes (the
 /// children made trigger them), so a set's children in memory are those that exist plus one
 /// batch.
 pub const CREATE_PER_PASS: usize = 100;
 
+/// Condition reasons and messages JobSet writes besides the failure policy's
+/// ([`failure::reason`]).
+pub mod reason {
+    /// Completed: the success policy is met.
+    pub const ALL_JOBS_COMPLETED: &str = "AllJobsCompleted";
+    /// Its message.
+    pub const ALL_JOBS_COMPLETED_MESSAGE: &str = "jobset completed successfully";
+    /// Suspended true.
+    pub const SUSPENDED: &str = "SuspendedJobs";
+    /// Its message.
+    pub const SUSPENDED_MESSAGE: &str = "jobset is suspended";
+    /// Suspended false after a resume.
+    pub const RESUMED: &str = "ResumeJobs";
+    /// Its message.
+    pub const RESUMED_MESSAGE: &str = "jobset is resumed";
+    /// StartupPolicyInProgress.
+    pub const STARTUP_IN_PROGRESS: &str = "InOrderStartupPolicyInProgress";
+    /// Its message.
+    pub const STARTUP_IN_PROGRESS_MESSAGE: &str = "in order startup policy is in progress";
+    /// StartupPolicyCompleted.
+    pub const STARTUP_COMPLETED: &str = "InOrderStartupPolicyCompleted";
+    /// Its message.
+    pub const STARTUP_COMPLETED_MESSAGE: &str = "in order startup policy has completed";
+    /// RestartingJobSet false: every child is ready.
+    pub const JOBS_READY: &str = "JobsReady";
+    /// Its message.
+    pub const JOBS_READY_MESSAGE: &str = "all jobs are ready";
+    /// RestartingJobSet false: the set failed.
+    pub const JOBSET_FAILED: &str = "JobSetFailed";
+    /// Its message.
+    pub const JOBSET_FAILED_MESSAGE: &str = "jobset failed";
+    /// RestartingJobSet false: the set completed (message: [`ALL_JOBS_COMPLETED_MESSAGE`]).
+    pub const JOBSET_COMPLETED: &str = "JobSetCompleted";
+    /// RestartingJobSet false: the set is suspended (message: [`SUSPENDED_MESSAGE`]).
+    pub const JOBSET_SUSPENDED: &str = "JobSetSuspended";
+}
+
+/// `status.terminalState` of a set that completed.
+pub const TERMINAL_COMPLETED: &str = "Completed";
+/// `status.terminalState` of a set that failed.
+pub const TERMINAL_FAILED: &str = "Failed";
+
 /// Condition types of a MusterJobSet.
 pub mod condition {
     /// The success policy is met.
     pub const COMPLETED: &str = "Completed";
-    /// A child failed after `maxRestarts` restarts.
+    /// The failure policy failed the set.
     pub const FAILED: &str = "Failed";
     /// `spec.suspend` is true.
     pub const SUSPENDED: &str = "Suspended";
+    /// The failure policy restarted the set; false again once every child is ready (or the
+    /// set finished or is suspended).
+    pub const RESTARTING: &str = "RestartingJobSet";
+    /// `startupPolicy: InOrder` is creating (or resuming) replicatedJobs one after another.
+    pub const STARTUP_IN_PROGRESS: &str = "StartupPolicyInProgress";
+    /// `startupPolicy: InOrder` has every replicatedJob started.
+    pub const STARTUP_COMPLETED: &str = "StartupPolicyCompleted";
     /// The spec is invalid; nothing is done.
     pub const INVALID: &str = "Invalid";
     /// Upstream mode: whether kube-scheduler has placed the set's native CompositePodGroup
@@ -106,12 +163,20 @@ pub struct ObservedChild {
     pub phase: Option<JobPhase>,
     /// Being deleted.
     pub terminating: bool,
-    /// Every wanted pod is ready.
+    /// JobSet's ready job: ready plus succeeded pods reach `min(parallelism, completions)`.
     pub ready: bool,
+    /// It has active pods (`status.active > 0`).
+    pub active: bool,
+    /// Its `Complete` condition is true (or its phase says Complete).
+    pub complete: bool,
+    /// Its `Failed` condition when true (or an undated one when only its phase says Failed).
+    pub failure: Option<ChildFailure>,
     /// `spec.suspend` of the child.
     pub suspended: bool,
     /// `spec.parallelism` of the child.
     pub parallelism: i32,
+    /// `spec.completions` of the child.
+    pub completions: Option<i32>,
     /// `spec.scheduling.schedulingPolicy.gang.minCount` of the child.
     pub min_count: Option<i32>,
     /// Upstream mode: the child's native PodGroup conditions it mirrors
@@ -125,22 +190,42 @@ impl ObservedChild {
         let meta = &job.metadata;
         let get = |k: &str| meta.annotations.as_ref().and_then(|a| a.get(k)).cloned();
         let status = job.status.as_ref();
+        let phase = status.and_then(|s| s.phase);
+        let conds = status.map(|s| s.conditions.as_slice()).unwrap_or_default();
+        let true_cond = |t: &str| conds.iter().find(|c| c.type_ == t && c.status == "True");
+        let failure = match true_cond(super::job::condition::FAILED) {
+            Some(c) => Some(ChildFailure {
+                reason: c.reason.clone(),
+                message: c.message.clone(),
+                at: Some(c.last_transition_time.0),
+            }),
+            None => (phase == Some(JobPhase::Failed)).then(ChildFailure::default),
+        };
+        let spec = &job.spec;
+        let pods = spec.completions.map_or(spec.parallelism, |c| c.min(spec.parallelism));
+        let (ready, succeeded, active) = status.map_or((0, 0, 0), |s| (s.ready, s.succeeded, s.active));
         Self {
             name: meta.name.clone().unwrap_or_default(),
             replicated_job: meta.labels.as_ref().and_then(|l| l.get(REPLICATED_JOB_LABEL)).cloned().unwrap_or_default(),
             attempt: get(RESTART_ATTEMPT_ANNOTATION).and_then(|v| v.parse().ok()).unwrap_or(0),
-            phase: status.and_then(|s| s.phase),
+            phase,
             terminating: meta.deletion_timestamp.is_some(),
-            ready: status.is_some_and(|s| s.ready >= job.spec.parallelism.max(1) && s.active > 0),
-            suspended: job.spec.suspend,
-            parallelism: job.spec.parallelism,
-            min_count: min_count(&job.spec),
-            scheduling: status
-                .map(|s| {
-                    s.conditions.iter().filter(|c| MIRRORED_CONDITIONS.contains(&c.type_.as_str())).cloned().collect()
-                })
-                .unwrap_or_default(),
+            ready: ready.saturating_add(succeeded) >= pods,
+            active: active > 0,
+            complete: failure.is_none()
+                && (phase == Some(JobPhase::Complete) || true_cond(super::job::condition::COMPLETE).is_some()),
+            failure,
+            suspended: spec.suspend,
+            parallelism: spec.parallelism,
+            completions: spec.completions,
+            min_count: min_count(spec),
+            scheduling: conds.iter().filter(|c| MIRRORED_CONDITIONS.contains(&c.type_.as_str())).cloned().collect(),
         }
+    }
+
+    /// Finished: failed or complete (JobSet's `JobFinished`).
+    pub fn finished(&self) -> bool {
+        self.failure.is_some() || self.complete
     }
 }
 
@@ -155,6 +240,10 @@ pub struct Resize {
     pub child: String,
     /// Its replicatedJob's parallelism.
     pub parallelism: i32,
+    /// New completions, written with the parallelism: only for a child whose template leaves
+    /// the mode and completions unset (Indexed, completions following parallelism, as an
+    /// elastic Indexed job changes them in tandem).
+    pub completions: Option<i32>,
     /// Its replicatedJob's `gang.minCount` (unset: the default follows parallelism).
     pub min_count: Option<i32>,
     /// The child has a gang policy (only then is `minCount` written).
@@ -176,16 +265,95 @@ pub struct SetPlan {
     /// (the only fields of it that may change).
     pub resize: Vec<Resize>,
     /// Events to publish: (warning, reason, message).
-    pub events: Vec<(bool, &'static str, String)>,
+    pub events: Vec<(bool, String, String)>,
+    /// The set finished `ttlSecondsAfterFinished` ago or more: delete it.
+    pub delete_set: bool,
+    /// Look at the set again after this long (its TTL runs out then).
+    pub requeue_after: Option<Duration>,
     /// The status to write.
     pub status: MusterJobSetStatus,
 }
 
-fn targets(spec: &MusterJobSetSpec) -> BTreeSet<&str> {
-    let listed = spec.success_policy.as_ref().map(|s| &s.target_replicated_jobs).filter(|t| !t.is_empty());
-    match listed {
-        Some(t) => t.iter().map(String::as_str).collect(),
-        None => spec.replicated_jobs.iter().map(|r| r.name.as_str()).collect(),
+/// Why a set must not run: `startupPolicy: InOrder` or `dependsOn` together with a gang
+/// `spec.scheduling`. The set's CompositePodGroup admits its child groups together, counting
+/// every child of every replicatedJob, so the first replicatedJob's pods would wait for
+/// children that are created only once those pods are ready: the set would never start.
+/// (With a `basic` composite policy the children are admitted independently, and the order
+/// works.)
+pub fn ordered_start_refusal(spec: &MusterJobSetSpec) -> Option<String> {
+    let gang = spec.scheduling.as_ref().and_then(|s| s.scheduling_policy.as_ref()).is_some_and(|p| p.gang.is_some());
+    if !gang {
+        return None;
+    }
+    let in_order = in_order(spec);
+    let depends = spec.replicated_jobs.iter().find(|r| !r.depends_on.is_empty());
+    let what = match (in_order, depends) {
+        (true, _) => "spec.startupPolicy.startupPolicyOrder: InOrder".to_string(),
+        (false, Some(r)) => format!("spec.replicatedJobs[{}].dependsOn", r.name),
+        (false, None) => return None,
+    };
+    Some(format!("{what} {}", crate::workloadbuilder::job::jobset::ORDERED_START_WITH_GANG))
+}
+
+fn in_order(spec: &MusterJobSetSpec) -> bool {
+    spec.startup_policy.as_ref().is_some_and(|s| s.startup_policy_order == StartupPolicyOrder::InOrder)
+}
+
+/// JobSet's `allReplicasStarted`: every child of the replicatedJob is ready, succeeded or
+/// failed.
+fn all_started(rjob: &ReplicatedJob, status: Option<&ReplicatedJobStatus>) -> bool {
+    let started = status.map_or(0i64, |s| i64::from(s.ready) + i64::from(s.succeeded) + i64::from(s.failed));
+    i64::from(rjob.replicas) == started
+}
+
+/// JobSet's `dependencyReachedStatus`: every replicatedJob `rjob` depends on (listed before
+/// it: `replicas` knows those) is Ready (ready + succeeded + failed children = replicas) or
+/// Complete (succeeded = replicas).
+fn dependencies_reached(
+    rjob: &ReplicatedJob,
+    replicas: &BTreeMap<&str, i32>,
+    statuses: &BTreeMap<&str, ReplicatedJobStatus>,
+) -> bool {
+    rjob.depends_on.iter().all(|d| {
+        let Some(s) = statuses.get(d.name.as_str()) else { return false };
+        let want = i64::from(replicas.get(d.name.as_str()).copied().unwrap_or(0));
+        match d.status {
+            DependsOnStatus::Complete => want == i64::from(s.succeeded),
+            DependsOnStatus::Ready => want == i64::from(s.failed) + i64::from(s.ready) + i64::from(s.succeeded),
+        }
+    })
+}
+
+/// Conditions kept as JobSet's `updateCondition` keeps them: a condition that is not there is
+/// added only when true; `StartupPolicyInProgress` and `StartupPolicyCompleted` exclude each
+/// other (setting one true makes the other false). Changes become events.
+struct Conditions<'a> {
+    list: &'a mut Vec<Condition>,
+    generation: Option<i64>,
+    now: Timestamp,
+    events: &'a mut Vec<(bool, String, String)>,
+}
+
+impl Conditions<'_> {
+    fn set(&mut self, type_: &str, status: bool, reason: &str, message: &str, warning: bool) {
+        if !status && conditions::get(self.list, type_).is_none() {
+            return;
+        }
+        let exclusive = match type_ {
+            condition::STARTUP_IN_PROGRESS => Some(condition::STARTUP_COMPLETED),
+            condition::STARTUP_COMPLETED => Some(condition::STARTUP_IN_PROGRESS),
+            _ => None,
+        };
+        if status
+            && let Some(other) = exclusive.and_then(|o| self.list.iter_mut().find(|c| c.type_ == o))
+            && other.status == "True"
+        {
+            other.status = "False".into();
+            other.last_transition_time = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(self.now);
+        }
+        if conditions::set(self.list, type_, status, reason, message, self.generation, self.now) {
+            self.events.push((warning, reason.to_string(), message.to_string()));
+        }
     }
 }
 
@@ -196,6 +364,8 @@ pub fn plan(set: &MusterJobSet, children: &[ObservedChild], now: Timestamp) -> S
     let prev = set.status.clone().unwrap_or_default();
     let mut status = MusterJobSetStatus {
         restarts: prev.restarts,
+        restarts_count_towards_max: prev.restarts_count_towards_max,
+        terminal_state: prev.terminal_state.clone(),
         conditions: prev.conditions.clone(),
         workload_name: prev.workload_name.clone(),
         composite_pod_group_name: prev.composite_pod_group_name.clone(),
@@ -209,559 +379,307 @@ pub fn plan(set: &MusterJobSet, children: &[ObservedChild], now: Timestamp) -> S
         suspend: vec![],
         resize: vec![],
         events: vec![],
+        delete_set: false,
+        requeue_after: None,
         status: MusterJobSetStatus::default(),
     };
+    // muster's own condition: always there once the set was looked at.
     conditions::set(&mut status.conditions, condition::INVALID, false, "Valid", "", generation, now);
+    let mut events = Vec::new();
+    let mut conds = Conditions { list: &mut status.conditions, generation, now, events: &mut events };
 
     // Children of an older attempt go first; their names are reused by the new attempt.
     let (current, stale): (Vec<&ObservedChild>, Vec<&ObservedChild>) =
-        children.iter().partition(|c| c.attempt == status.restarts);
+        children.iter().partition(|c| c.attempt == prev.restarts);
     for c in stale.iter().filter(|c| !c.terminating) {
         out.delete.push((c.name.clone(), "Restart"));
     }
     let live: Vec<&ObservedChild> = current.into_iter().filter(|c| !c.terminating).collect();
-    let finished =
-        [condition::COMPLETED, condition::FAILED].into_iter().find(|c| conditions::is_true(&status.conditions, c));
-    let is_active = |c: &ObservedChild| !matches!(c.phase, Some(JobPhase::Complete) | Some(JobPhase::Failed));
+    let statuses = replicated_job_statuses(spec, &live);
+    let finished = |list: &[Condition]| {
+        [condition::COMPLETED, condition::FAILED].into_iter().find(|c| conditions::is_true(list, c)).is_some()
+    };
 
-    if finished.is_none() {
-        let failed: Vec<&&ObservedChild> = live.iter().filter(|c| c.phase == Some(JobPhase::Failed)).collect();
-        let max_restarts = spec.failure_policy.as_ref().map(|f| f.max_restarts).unwrap_or(0);
-        let target = targets(spec);
-        let wanted =
-            |name: &str| spec.replicated_jobs.iter().find(|r| r.name == name).map(|r| r.replicas.max(0)).unwrap_or(0);
-        let complete_in = |rjob: &str| {
-            live.iter().filter(|c| c.replicated_job == rjob && c.phase == Some(JobPhase::Complete)).count() as i32
-        };
-        let success = match spec.success_policy.as_ref().map(|s| s.operator).unwrap_or_default() {
-            SuccessOperator::All => target.iter().all(|r| complete_in(r) >= wanted(r)),
-            SuccessOperator::Any => target.iter().any(|r| complete_in(r) > 0),
-        };
-        if let Some(first) = failed.first() {
-            if status.restarts < max_restarts {
-                status.restarts += 1;
+    if !finished(conds.list) {
+        let total: i64 = spec.replicated_jobs.iter().map(|r| i64::from(r.replicas.max(0))).sum();
+        let ready: i64 = statuses.values().map(|s| i64::from(s.ready) + i64::from(s.succeeded)).sum();
+        if !spec.suspend && total == ready {
+            conds.set(condition::RESTARTING, false, reason::JOBS_READY, reason::JOBS_READY_MESSAGE, false);
+        }
+        let failed: Vec<&ObservedChild> = live.iter().copied().filter(|c| c.failure.is_some()).collect();
+        let succeeded: Vec<&ObservedChild> = live.iter().copied().filter(|c| c.complete).collect();
+        match failure::decide(spec.failure_policy.as_ref(), prev.restarts_count_towards_max, &failed) {
+            Some(Outcome::Fail { reason, message }) => {
+                conds.set(condition::FAILED, true, reason, &message, true);
+                conds.set(condition::RESTARTING, false, reason::JOBSET_FAILED, reason::JOBSET_FAILED_MESSAGE, false);
+                status.terminal_state = Some(TERMINAL_FAILED.into());
+            }
+            Some(Outcome::Restart { counts, condition_reason, event_reason, message }) => {
+                status.restarts = status.restarts.saturating_add(1);
+                if counts {
+                    status.restarts_count_towards_max = status.restarts_count_towards_max.saturating_add(1);
+                }
+                conds.set(condition::RESTARTING, true, &condition_reason, &message, true);
+                conds.events.push((true, event_reason.to_string(), message));
                 for c in &live {
                     out.delete.push((c.name.clone(), "Restart"));
                 }
-                out.events.push((
-                    true,
-                    "Restarting",
-                    format!(
-                        "child {} failed; recreating all children (restart {}/{max_restarts})",
-                        first.name, status.restarts
-                    ),
-                ));
-            } else {
-                let msg =
-                    format!("child {} failed and the set has no restarts left ({max_restarts} allowed)", first.name);
-                conditions::set(&mut status.conditions, condition::FAILED, true, "FailedJobs", &msg, generation, now);
-                out.events.push((true, "FailedJobs", msg));
             }
-        } else if success {
-            let msg = format!(
-                "success policy {:?} met",
-                spec.success_policy.as_ref().map(|s| s.operator).unwrap_or_default()
-            );
-            conditions::set(
-                &mut status.conditions,
-                condition::COMPLETED,
-                true,
-                "AllJobsCompleted",
-                &msg,
-                generation,
-                now,
-            );
-            out.events.push((false, "Completed", msg));
+            None if !succeeded.is_empty() && success_policy_met(spec, &succeeded) => {
+                conds.set(
+                    condition::COMPLETED,
+                    true,
+                    reason::ALL_JOBS_COMPLETED,
+                    reason::ALL_JOBS_COMPLETED_MESSAGE,
+                    false,
+                );
+                conds.set(
+                    condition::RESTARTING,
+                    false,
+                    reason::JOBSET_COMPLETED,
+                    reason::ALL_JOBS_COMPLETED_MESSAGE,
+                    false,
+                );
+                status.terminal_state = Some(TERMINAL_COMPLETED.into());
+            }
+            None => {
+                create_children(set, children, &stale, &statuses, &mut conds, &mut out);
+                suspend_or_resume(spec, &live, &statuses, &mut conds, &mut out);
+                resize(spec, &live, &mut out);
+            }
         }
     }
-    let finished =
-        [condition::COMPLETED, condition::FAILED].into_iter().find(|c| conditions::is_true(&status.conditions, c));
-    let restarting = status.restarts != prev.restarts;
-    if finished.is_some() {
-        for c in live.iter().filter(|c| is_active(c)) {
+    if finished(conds.list) {
+        // A finished set keeps no active child (JobSet deletes them on every pass).
+        for c in live.iter().filter(|c| !c.finished()) {
             out.delete.push((c.name.clone(), "SetFinished"));
         }
-    } else if !restarting {
-        let taken: BTreeSet<&str> = children.iter().map(|c| c.name.as_str()).collect();
-        let set_name = set.metadata.name.as_deref().unwrap_or_default();
-        // The missing children, in order, one batch of them: a lazy walk over the replicas
-        // that stops at the first child past the batch (never a list of every replica).
-        let mut missing = spec.replicated_jobs.iter().enumerate().flat_map(|(r, rjob)| {
-            (0..rjob.replicas.max(0))
-                .filter(|i| !taken.contains(child_job_name(set_name, &rjob.name, *i).as_str()))
-                .map(move |i| (r, i))
-        });
-        out.create.extend(missing.by_ref().take(CREATE_PER_PASS));
-        out.more_to_create = missing.next().is_some();
-        for c in &live {
-            let want = spec.suspend
-                || spec
-                    .replicated_jobs
-                    .iter()
-                    .find(|r| r.name == c.replicated_job)
-                    .is_some_and(|r| r.template.spec.suspend);
-            if c.suspended != want && is_active(c) {
-                out.suspend.push((c.name.clone(), want));
-            }
-            let template = spec.replicated_jobs.iter().find(|r| r.name == c.replicated_job).map(|r| &r.template.spec);
-            if let Some(t) = template
-                && is_active(c)
-                && (c.parallelism, c.min_count) != (t.parallelism, min_count(t))
-            {
-                out.resize.push(Resize {
-                    child: c.name.clone(),
-                    parallelism: t.parallelism,
-                    min_count: min_count(t),
-                    gang: t
-                        .scheduling
-                        .as_ref()
-                        .and_then(|s| s.scheduling_policy.as_ref())
-                        .is_some_and(|p| p.gang.is_some()),
-                });
-            }
-        }
-        let was = conditions::is_true(&status.conditions, condition::SUSPENDED);
-        if spec.suspend != was {
-            let (reason, msg) = if spec.suspend {
-                ("JobSetSuspended", "the set is suspended")
+        if let Some(ttl) = spec.ttl_seconds_after_finished {
+            let finished_at = [condition::COMPLETED, condition::FAILED]
+                .into_iter()
+                .filter_map(|t| conditions::get(conds.list, t).filter(|c| c.status == "True"))
+                .map(|c| c.last_transition_time.0)
+                .next()
+                .unwrap_or(now);
+            let expires = finished_at.as_second().saturating_add(i64::from(ttl.max(0)));
+            let left = expires.saturating_sub(now.as_second());
+            if left <= 0 {
+                out.delete_set = true;
             } else {
-                ("JobSetResumed", "the set was resumed")
-            };
-            conditions::set(&mut status.conditions, condition::SUSPENDED, spec.suspend, reason, msg, generation, now);
+                out.requeue_after = Some(Duration::from_secs(left.unsigned_abs()));
+            }
         }
     }
 
     let deleting: BTreeSet<&str> = out.delete.iter().map(|(n, _)| n.as_str()).collect();
-    let mut per_rjob: BTreeMap<&str, ReplicatedJobStatus> = spec
-        .replicated_jobs
-        .iter()
-        .map(|r| (r.name.as_str(), ReplicatedJobStatus { name: r.name.clone(), ..Default::default() }))
-        .collect();
-    for c in live.iter().filter(|c| !deleting.contains(c.name.as_str())) {
-        if let Some(s) = per_rjob.get_mut(c.replicated_job.as_str()) {
-            match c.phase {
-                Some(JobPhase::Complete) => s.succeeded += 1,
-                Some(JobPhase::Failed) => s.failed += 1,
-                Some(JobPhase::Suspended) => s.suspended += 1,
-                _ => s.active += 1,
-            }
-            if c.ready {
-                s.ready += 1;
-            }
-        }
-    }
+    let kept: Vec<&ObservedChild> = live.iter().copied().filter(|c| !deleting.contains(c.name.as_str())).collect();
+    let counts = replicated_job_statuses(spec, &kept);
     let total = spec.replicated_jobs.iter().map(|r| r.replicas.max(0)).fold(0i32, i32::saturating_add);
-    let done = per_rjob.values().map(|s| s.succeeded).fold(0i32, i32::saturating_add);
+    let done = counts.values().map(|s| s.succeeded).fold(0i32, i32::saturating_add);
     status.progress = Some(format!("{done}/{total}"));
-    status.replicated_jobs_status = per_rjob.into_values().collect();
+    status.replicated_jobs_status =
+        spec.replicated_jobs.iter().filter_map(|r| counts.get(r.name.as_str()).cloned()).collect::<Vec<_>>();
+    // Duplicate names (an invalid spec) show once.
+    status.replicated_jobs_status.dedup_by(|a, b| a.name == b.name);
     status.phase = Some(if conditions::is_true(&status.conditions, condition::COMPLETED) {
         JobSetPhase::Completed
     } else if conditions::is_true(&status.conditions, condition::FAILED) {
         JobSetPhase::Failed
     } else if spec.suspend {
         JobSetPhase::Suspended
-    } else if live.iter().any(|c| c.phase == Some(JobPhase::Running)) {
+    } else if kept.iter().any(|c| c.phase == Some(JobPhase::Running)) {
         JobSetPhase::Running
     } else {
         JobSetPhase::Pending
     });
+    out.events = events;
     out.status = status;
     out
 }
 
-/// The child MusterJob `i` of replicatedJob `r`, for restart attempt `attempt`, in the set's
-/// scheduling API (`api`, stamped on it: the whole tree is in one API).
-///
-/// The child runs its template's spec as written. Only Indexed pods get a hostname, so only
-/// they are addressable as `<set>-<rjob>-<i>-<index>.<set>` through the set's headless Service;
-/// upstream JobSet defaults its Jobs to Indexed when the mode is unset, but here the CRD
-/// defaults `completionMode` to `NonIndexed` and an unset mode cannot be told from a chosen
-/// one, so muster does not override it: templates that want per-pod DNS names say `Indexed`.
-pub fn child_job(set: &MusterJobSet, r: usize, i: i32, attempt: i32, api: SchedulingApi) -> Option<MusterJob> {
-    let rjob = set.spec.replicated_jobs.get(r)?;
-    let set_name = set.metadata.name.clone().unwrap_or_default();
-    let meta = rjob.template.metadata.clone().unwrap_or_default();
-    // muster's own keys on a child come from muster alone (the webhook refuses a template's).
-    let own = |k: &String| crate::workloadbuilder::field::is_muster_key(k);
-    let mut labels = meta.labels;
-    labels.retain(|k, _| !own(k));
-    labels.insert(JOBSET_NAME_LABEL.into(), set_name.clone());
-    labels.insert(REPLICATED_JOB_LABEL.into(), rjob.name.clone());
-    let mut annotations = meta.annotations;
-    annotations.retain(|k, _| !own(k));
-    annotations.insert(RESTART_ATTEMPT_ANNOTATION.into(), attempt.to_string());
-    annotations.insert(SCHEDULING_API_ANNOTATION.into(), api.as_str().into());
-    if set.spec.scheduling.is_some() {
-        annotations.insert(GROUP_TEMPLATE_ANNOTATION.into(), rjob.name.clone());
-        annotations.insert(PARENT_COMPOSITE_ANNOTATION.into(), set_name.clone());
+/// JobSet's `calculateReplicatedJobStatuses` over `children` (of the current attempt): an
+/// unfinished child counts as ready when its ready and succeeded pods reach
+/// `min(parallelism, completions)`, active with active pods, suspended with `spec.suspend`;
+/// a finished one as succeeded or failed.
+fn replicated_job_statuses<'a>(
+    spec: &'a MusterJobSetSpec,
+    children: &[&ObservedChild],
+) -> BTreeMap<&'a str, ReplicatedJobStatus> {
+    let mut out: BTreeMap<&str, ReplicatedJobStatus> = spec
+        .replicated_jobs
+        .iter()
+        .map(|r| (r.name.as_str(), ReplicatedJobStatus { name: r.name.clone(), ..Default::default() }))
+        .collect();
+    for c in children {
+        let Some(s) = out.get_mut(c.replicated_job.as_str()) else { continue };
+        if c.failure.is_some() {
+            s.failed += 1;
+        } else if c.complete {
+            s.succeeded += 1;
+        } else {
+            s.ready += i32::from(c.ready);
+            s.active += i32::from(c.active);
+            s.suspended += i32::from(c.suspended);
+        }
     }
-    let mut spec = rjob.template.spec.clone();
-    spec.suspend = spec.suspend || set.spec.suspend;
-    Some(MusterJob {
-        metadata: ObjectMeta {
-            name: Some(child_job_name(&set_name, &rjob.name, i)),
-            namespace: set.metadata.namespace.clone(),
-            labels: Some(labels),
-            annotations: Some(annotations),
-            owner_references: crate::owners::controller_ref(set).map(|o| vec![o]),
-            ..Default::default()
-        },
-        spec,
-        status: None,
-    })
+    out
+}
+
+/// JobSet's success policy: enough children of the targeted replicatedJobs succeeded (one for
+/// `Any`; every replica of every target for `All`).
+fn success_policy_met(spec: &MusterJobSetSpec, succeeded: &[&ObservedChild]) -> bool {
+    let policy = spec.success_policy.clone().unwrap_or_default();
+    let targeted = |name: &str| {
+        policy.target_replicated_jobs.is_empty() || policy.target_replicated_jobs.iter().any(|t| t == name)
+    };
+    let matching = succeeded.iter().filter(|c| targeted(&c.replicated_job)).count() as i64;
+    let expected: i64 = match policy.operator {
+        SuccessOperator::Any => 1,
+        SuccessOperator::All => {
+            spec.replicated_jobs.iter().filter(|r| targeted(&r.name)).map(|r| i64::from(r.replicas.max(0))).sum()
+        }
+    };
+    matching >= expected
+}
+
+/// JobSet's `reconcileReplicatedJobs`: replicatedJobs in list order, each once its
+/// dependencies are reached; with `InOrder` (and the set not suspended) one at a time, the
+/// next only once every child of the one before started (ready, succeeded or failed). With
+/// `BlockingRecreate`, nothing while a child of an older attempt exists.
+fn create_children(
+    set: &MusterJobSet,
+    children: &[ObservedChild],
+    stale: &[&ObservedChild],
+    statuses: &BTreeMap<&str, ReplicatedJobStatus>,
+    conds: &mut Conditions<'_>,
+    out: &mut SetPlan,
+) {
+    let spec = &set.spec;
+    let ordered = in_order(spec) && !spec.suspend;
+    let blocking = spec.failure_policy.as_ref().and_then(|f| f.restart_strategy)
+        == Some(RestartStrategy::BlockingRecreate)
+        && !stale.is_empty();
+    let mut replicas: BTreeMap<&str, i32> = BTreeMap::new();
+    let mut chosen = Vec::new();
+    let mut waiting = false;
+    for (r, rjob) in spec.replicated_jobs.iter().enumerate() {
+        replicas.insert(rjob.name.as_str(), rjob.replicas);
+        if !dependencies_reached(rjob, &replicas, statuses) {
+            continue;
+        }
+        if ordered && all_started(rjob, statuses.get(rjob.name.as_str())) {
+            continue;
+        }
+        if !blocking {
+            chosen.push(r);
+        }
+        if ordered {
+            waiting = true;
+            break;
+        }
+    }
+    if ordered {
+        if waiting {
+            conds.set(
+                condition::STARTUP_IN_PROGRESS,
+                true,
+                reason::STARTUP_IN_PROGRESS,
+                reason::STARTUP_IN_PROGRESS_MESSAGE,
+                false,
+            );
+        } else {
+            conds.set(
+                condition::STARTUP_COMPLETED,
+                true,
+                reason::STARTUP_COMPLETED,
+                reason::STARTUP_COMPLETED_MESSAGE,
+                false,
+            );
+        }
+    }
+    let taken: BTreeSet<&str> = children.iter().map(|c| c.name.as_str()).collect();
+    let set_name = set.metadata.name.as_deref().unwrap_or_default();
+    // The missing children, in order, one batch of them: a lazy walk over the replicas that
+    // stops at the first child past the batch (never a list of every replica).
+    let mut missing = chosen.into_iter().flat_map(|r| {
+        let rjob = &spec.replicated_jobs[r];
+        (0..rjob.replicas.max(0))
+            .filter(|i| !taken.contains(child_job_name(set_name, &rjob.name, *i).as_str()))
+            .map(move |i| (r, i))
+    });
+    out.create.extend(missing.by_ref().take(CREATE_PER_PASS));
+    out.more_to_create = missing.next().is_some();
+}
+
+/// JobSet's `suspendJobs` / `resumeJobsIfNecessary`: a suspended set suspends every unfinished
+/// child; a resumed one resumes them replicatedJob by replicatedJob as they are created
+/// (dependencies reached; with `InOrder` one replicatedJob at a time, so the startup sequence
+/// runs again), and says it is no longer suspended once all are.
+fn suspend_or_resume(
+    spec: &MusterJobSetSpec,
+    live: &[&ObservedChild],
+    statuses: &BTreeMap<&str, ReplicatedJobStatus>,
+    conds: &mut Conditions<'_>,
+    out: &mut SetPlan,
+) {
+    let unfinished = || live.iter().filter(|c| !c.finished());
+    if spec.suspend {
+        out.suspend.extend(unfinished().filter(|c| !c.suspended).map(|c| (c.name.clone(), true)));
+        conds.set(condition::SUSPENDED, true, reason::SUSPENDED, reason::SUSPENDED_MESSAGE, false);
+        conds.set(condition::RESTARTING, false, reason::JOBSET_SUSPENDED, reason::SUSPENDED_MESSAGE, false);
+        return;
+    }
+    let ordered = in_order(spec);
+    let mut replicas: BTreeMap<&str, i32> = BTreeMap::new();
+    for rjob in &spec.replicated_jobs {
+        replicas.insert(rjob.name.as_str(), rjob.replicas);
+        if !dependencies_reached(rjob, &replicas, statuses) {
+            continue;
+        }
+        if ordered && all_started(rjob, statuses.get(rjob.name.as_str())) {
+            continue;
+        }
+        out.suspend.extend(
+            unfinished().filter(|c| c.replicated_job == rjob.name && c.suspended).map(|c| (c.name.clone(), false)),
+        );
+        if ordered {
+            conds.set(
+                condition::STARTUP_IN_PROGRESS,
+                true,
+                reason::STARTUP_IN_PROGRESS,
+                reason::STARTUP_IN_PROGRESS_MESSAGE,
+                false,
+            );
+            return;
+        }
+    }
+    conds.set(condition::SUSPENDED, false, reason::RESUMED, reason::RESUMED_MESSAGE, false);
+}
+
+/// Unfinished children follow their replicatedJob's parallelism and gang quorum (muster's
+/// elastic sets); a child whose completions follow its parallelism (template mode and
+/// completions unset) gets both, in tandem.
+fn resize(spec: &MusterJobSetSpec, live: &[&ObservedChild], out: &mut SetPlan) {
+    for c in live.iter().filter(|c| !c.finished()) {
+        let template = spec.replicated_jobs.iter().find(|r| r.name == c.replicated_job).map(|r| &r.template.spec);
+        let Some(t) = template else { continue };
+        let tandem = t.completion_mode.is_none() && t.completions.is_none();
+        let completions = if tandem { Some(t.parallelism) } else { c.completions };
+        if (c.parallelism, c.completions, c.min_count) != (t.parallelism, completions, min_count(t)) {
+            out.resize.push(Resize {
+                child: c.name.clone(),
+                parallelism: t.parallelism,
+                completions: tandem.then_some(t.parallelism),
+                min_count: min_count(t),
+                gang: t
+                    .scheduling
+                    .as_ref()
+                    .and_then(|s| s.scheduling_policy.as_ref())
+                    .is_some_and(|p| p.gang.is_some()),
+            });
+        }
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use muster_api::batch::CompletionMode;
-    use muster_api::batch::{FailurePolicy, SuccessPolicy};
-
-    fn set(scheduling: bool, rjobs: &[(&str, i32)]) -> MusterJobSet {
-        let rj: Vec<serde_json::Value> = rjobs
-            .iter()
-            .map(|(n, r)| serde_json::json!({"name": n, "replicas": r, "template": {"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "x"}]}}}}}))
-            .collect();
-        let mut spec = serde_json::json!({"replicatedJobs": rj});
-        if scheduling {
-            spec["scheduling"] = serde_json::json!({"schedulingPolicy": {"gang": {}}});
-        }
-        let mut s: MusterJobSet = serde_json::from_value(serde_json::json!({
-            "apiVersion": "batch.muster.dev/v1alpha1", "kind": "MusterJobSet",
-            "metadata": {"name": "s", "namespace": "ns", "uid": "u1", "generation": 1}, "spec": spec}))
-        .expect("fixture");
-        s.status = Some(MusterJobSetStatus::default());
-        s
-    }
-
-    fn child(name: &str, rjob: &str, phase: Option<JobPhase>, attempt: i32) -> ObservedChild {
-        ObservedChild {
-            name: name.into(),
-            replicated_job: rjob.into(),
-            attempt,
-            phase,
-            terminating: false,
-            ready: false,
-            suspended: false,
-            parallelism: 1,
-            min_count: None,
-            scheduling: Vec::new(),
-        }
-    }
-
-    fn now() -> Timestamp {
-        Timestamp::from_second(1_000).expect("ts")
-    }
-
-    #[test]
-    fn creates_every_missing_child() {
-        let p = plan(&set(true, &[("driver", 1), ("workers", 2)]), &[child("s-workers-0", "workers", None, 0)], now());
-        assert_eq!(p.create, vec![(0, 0), (1, 1)]);
-        assert_eq!(p.status.progress.as_deref(), Some("0/3"));
-    }
-
-    #[test]
-    fn completes_when_every_child_completes() {
-        let s = set(true, &[("a", 1), ("b", 1)]);
-        let kids = [child("s-a-0", "a", Some(JobPhase::Complete), 0), child("s-b-0", "b", Some(JobPhase::Complete), 0)];
-        let p = plan(&s, &kids, now());
-        assert!(conditions::is_true(&p.status.conditions, condition::COMPLETED));
-        assert_eq!(p.status.phase, Some(JobSetPhase::Completed));
-        assert_eq!(p.status.progress.as_deref(), Some("2/2"));
-    }
-
-    #[test]
-    fn success_policy_any_on_targets() {
-        let mut s = set(false, &[("a", 2), ("b", 1)]);
-        s.spec.success_policy =
-            Some(SuccessPolicy { operator: SuccessOperator::Any, target_replicated_jobs: vec!["b".into()] });
-        let kids = [child("s-a-0", "a", Some(JobPhase::Complete), 0), child("s-b-0", "b", Some(JobPhase::Running), 0)];
-        assert!(!conditions::is_true(&plan(&s, &kids, now()).status.conditions, condition::COMPLETED));
-        let kids = [child("s-a-0", "a", Some(JobPhase::Running), 0), child("s-b-0", "b", Some(JobPhase::Complete), 0)];
-        let p = plan(&s, &kids, now());
-        assert!(conditions::is_true(&p.status.conditions, condition::COMPLETED));
-        assert_eq!(p.delete, vec![("s-a-0".to_string(), "SetFinished")]);
-    }
-
-    #[test]
-    fn a_failed_child_restarts_all_children_until_max_restarts() {
-        let mut s = set(true, &[("a", 1), ("b", 1)]);
-        s.spec.failure_policy = Some(FailurePolicy { max_restarts: 1, ..Default::default() });
-        let kids = [child("s-a-0", "a", Some(JobPhase::Failed), 0), child("s-b-0", "b", Some(JobPhase::Running), 0)];
-        let p = plan(&s, &kids, now());
-        assert_eq!(p.status.restarts, 1);
-        assert_eq!(p.delete.len(), 2);
-        assert!(p.create.is_empty(), "new children wait for the old names to be free");
-        // Next round: old children gone; the new attempt is created.
-        s.status = Some(p.status.clone());
-        let p = plan(&s, &[], now());
-        assert_eq!(p.create, vec![(0, 0), (1, 0)]);
-        assert_eq!(
-            child_job(&s, 0, 0, p.status.restarts, SchedulingApi::Muster)
-                .and_then(|j| j.metadata.annotations)
-                .and_then(|a| a.get(RESTART_ATTEMPT_ANNOTATION).cloned())
-                .as_deref(),
-            Some("1")
-        );
-        // A failure in the last attempt fails the set.
-        let kids = [child("s-a-0", "a", Some(JobPhase::Failed), 1), child("s-b-0", "b", Some(JobPhase::Running), 1)];
-        let p = plan(&s, &kids, now());
-        assert!(conditions::is_true(&p.status.conditions, condition::FAILED));
-        assert_eq!(p.delete, vec![("s-b-0".to_string(), "SetFinished")]);
-        assert_eq!(p.status.phase, Some(JobSetPhase::Failed));
-    }
-
-    #[test]
-    fn stale_children_are_deleted_before_recreation() {
-        let mut s = set(false, &[("a", 1)]);
-        s.status = Some(MusterJobSetStatus { restarts: 1, ..Default::default() });
-        let mut old = child("s-a-0", "a", Some(JobPhase::Running), 0);
-        let p = plan(&s, std::slice::from_ref(&old), now());
-        assert_eq!(p.delete, vec![("s-a-0".to_string(), "Restart")]);
-        assert!(p.create.is_empty());
-        old.terminating = true;
-        let p = plan(&s, &[old], now());
-        assert!(p.delete.is_empty() && p.create.is_empty(), "wait until the old child is gone");
-    }
-
-    #[test]
-    fn suspend_flows_to_children() {
-        let mut s = set(false, &[("a", 1)]);
-        s.spec.suspend = true;
-        let p = plan(&s, &[child("s-a-0", "a", Some(JobPhase::Running), 0)], now());
-        assert_eq!(p.suspend, vec![("s-a-0".to_string(), true)]);
-        assert!(conditions::is_true(&p.status.conditions, condition::SUSPENDED));
-        assert_eq!(p.status.phase, Some(JobSetPhase::Suspended));
-    }
-
-    #[test]
-    fn children_are_annotated_for_delegation_only_with_scheduling() {
-        let with = child_job(&set(true, &[("workers", 2)]), 0, 1, 0, SchedulingApi::Muster).expect("child");
-        assert_eq!(with.metadata.name.as_deref(), Some("s-workers-1"));
-        let a = with.metadata.annotations.expect("annotations");
-        assert_eq!(a.get(GROUP_TEMPLATE_ANNOTATION).map(String::as_str), Some("workers"));
-        assert_eq!(a.get(PARENT_COMPOSITE_ANNOTATION).map(String::as_str), Some("s"));
-        assert_eq!(with.metadata.labels.expect("labels").get(JOBSET_NAME_LABEL).map(String::as_str), Some("s"));
-        let without = child_job(&set(false, &[("workers", 2)]), 0, 0, 0, SchedulingApi::Muster).expect("child");
-        assert!(!without.metadata.annotations.expect("annotations").contains_key(GROUP_TEMPLATE_ANNOTATION));
-        // Every child is stamped with the set's scheduling API.
-        for api in [SchedulingApi::Muster, SchedulingApi::Upstream] {
-            for scheduling in [true, false] {
-                let child = child_job(&set(scheduling, &[("workers", 2)]), 0, 0, 0, api).expect("child");
-                let a = child.metadata.annotations.expect("annotations");
-                assert_eq!(a.get(SCHEDULING_API_ANNOTATION).map(String::as_str), Some(api.as_str()));
-            }
-        }
-    }
-
-    fn cond(type_: &str, status: &str, reason: &str, message: &str, at: i64) -> Condition {
-        Condition {
-            type_: type_.into(),
-            status: status.into(),
-            reason: reason.into(),
-            message: message.into(),
-            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                Timestamp::from_second(at).expect("ts"),
-            ),
-            observed_generation: None,
-        }
-    }
-
-    fn judged(name: &str, attempt: i32, conditions: Vec<Condition>) -> ObservedChild {
-        ObservedChild { scheduling: conditions, ..child(name, "r", Some(JobPhase::Running), attempt) }
-    }
-
-    #[test]
-    fn a_sets_composite_condition_is_its_own_or_what_every_child_says() {
-        const PG: &str = "PodGroupInitiallyScheduled";
-        let scheduled = |at| cond(PG, "True", "Scheduled", "", at);
-        let unschedulable = cond(PG, "False", "Unschedulable", "0/4 placements fit", 5);
-        let shown = |out: &[Condition]| -> Vec<(String, String, String, String)> {
-            out.iter().map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone(), c.message.clone())).collect()
-        };
-        let row = |t: &str, st: &str, r: &str, m: &str| (t.to_string(), st.to_string(), r.to_string(), m.to_string());
-        // Every child scheduled: scheduled, at the latest child's transition.
-        let both = [judged("s-a-0", 0, vec![scheduled(10)]), judged("s-b-0", 0, vec![scheduled(20)])];
-        let out = composite_conditions(&[], &both, 0);
-        assert_eq!(
-            shown(&out),
-            [row(condition::COMPOSITE_SCHEDULED, "True", "Scheduled", "every child PodGroup is scheduled (2)")]
-        );
-        assert_eq!(out[0].last_transition_time.0.as_second(), 20);
-        // One not scheduled: the set is not, with that child's reason and message, named.
-        let one = [judged("s-a-0", 0, vec![scheduled(10)]), judged("s-b-0", 0, vec![unschedulable.clone()])];
-        assert_eq!(
-            shown(&composite_conditions(&[], &one, 0)),
-            [row(condition::COMPOSITE_SCHEDULED, "False", "Unschedulable", "child PodGroup s-b-0: 0/4 placements fit")]
-        );
-        // A child without a verdict yet: nothing to say. No children: nothing either.
-        let partial = [judged("s-a-0", 0, vec![scheduled(10)]), judged("s-b-0", 0, vec![])];
-        assert!(composite_conditions(&[], &partial, 0).is_empty());
-        assert!(composite_conditions(&[], &[], 0).is_empty());
-        // Children of an older attempt, or being deleted, do not count.
-        let mut going = judged("s-b-0", 0, vec![unschedulable.clone()]);
-        going.terminating = true;
-        let stale = [judged("s-a-0", 1, vec![scheduled(30)]), judged("s-b-0", 0, vec![unschedulable.clone()]), going];
-        assert_eq!(shown(&composite_conditions(&[], &stale, 1))[0].1, "True");
-        // The group's own verdict wins when kube-scheduler wrote one.
-        let own = [cond(condition::COMPOSITE_SCHEDULED, "False", "Invalid", "cycle", 1)];
-        assert_eq!(
-            shown(&composite_conditions(&own, &both, 0)),
-            [row(condition::COMPOSITE_SCHEDULED, "False", "Invalid", "cycle")]
-        );
-        // A disrupted child makes the set a disruption target; other condition types stay out.
-        let disrupted = cond(condition::DISRUPTION_TARGET, "True", "PreemptionByScheduler", "preempted", 40);
-        let kids = [judged("s-a-0", 0, vec![scheduled(10), disrupted]), judged("s-b-0", 0, vec![scheduled(10)])];
-        let out = shown(&composite_conditions(&[cond("Other", "True", "X", "", 1)], &kids, 0));
-        assert_eq!(
-            out,
-            [
-                row(condition::COMPOSITE_SCHEDULED, "True", "Scheduled", "every child PodGroup is scheduled (2)"),
-                row(condition::DISRUPTION_TARGET, "True", "PreemptionByScheduler", "child PodGroup s-a-0: preempted"),
-            ]
-        );
-    }
-
-    #[test]
-    fn children_keep_the_completion_mode_of_their_template() {
-        let mut s = set(true, &[("driver", 1), ("workers", 2)]);
-        s.spec.replicated_jobs[0].template.spec.completions = Some(1);
-        s.spec.replicated_jobs[0].template.spec.completion_mode = Some(CompletionMode::Indexed);
-        let mode = |r: usize| child_job(&s, r, 0, 0, SchedulingApi::Muster).expect("child").spec.completion_mode;
-        assert_eq!(mode(0), Some(CompletionMode::Indexed));
-        assert_eq!(mode(1), None);
-        let driver = child_job(&s, 0, 0, 0, SchedulingApi::Muster).expect("child");
-        assert_eq!(driver.spec.completions, Some(1), "nothing else of the template changes");
-        assert_eq!(driver.metadata.name.as_deref(), Some("s-driver-0"));
-    }
-
-    #[test]
-    fn children_follow_parallelism_and_min_count_of_their_template() {
-        let mut s = set(true, &[("a", 2), ("b", 1)]);
-        s.spec.replicated_jobs[0].template.spec.parallelism = 3;
-        s.spec.replicated_jobs[0].template.spec.scheduling = Some(muster_api::blocks::PodGroupScheduling {
-            scheduling_policy: Some(muster_api::blocks::PodGroupSchedulingPolicy::gang(Some(2))),
-            ..Default::default()
-        });
-        let mut current = child("s-a-1", "a", Some(JobPhase::Running), 0);
-        (current.parallelism, current.min_count) = (3, Some(2));
-        let kids = [
-            child("s-a-0", "a", Some(JobPhase::Running), 0),
-            current,
-            child("s-b-0", "b", Some(JobPhase::Running), 0),
-            child("s-a-2", "a", Some(JobPhase::Complete), 0),
-        ];
-        let p = plan(&s, &kids, now());
-        assert_eq!(
-            p.resize,
-            vec![Resize { child: "s-a-0".into(), parallelism: 3, min_count: Some(2), gang: true }],
-            "only active children that differ"
-        );
-    }
-
-    #[test]
-    fn per_replicated_job_counts() {
-        let s = set(false, &[("a", 3)]);
-        let mut ready = child("s-a-1", "a", Some(JobPhase::Running), 0);
-        ready.ready = true;
-        let kids =
-            [child("s-a-0", "a", Some(JobPhase::Complete), 0), ready, child("s-a-2", "a", Some(JobPhase::Pending), 0)];
-        let p = plan(&s, &kids, now());
-        let r = &p.status.replicated_jobs_status[0];
-        assert_eq!((r.succeeded, r.active, r.ready, r.failed), (1, 2, 1, 0));
-        assert_eq!(p.status.phase, Some(JobSetPhase::Running));
-    }
-
-    #[test]
-    fn children_are_created_one_batch_per_pass() {
-        let s = set(false, &[("a", 150), ("b", 100)]);
-        let mut kids: Vec<ObservedChild> = Vec::new();
-        let mut batches = Vec::new();
-        loop {
-            let p = plan(&s, &kids, now());
-            if p.create.is_empty() {
-                assert!(!p.more_to_create);
-                break;
-            }
-            batches.push((p.create.len(), p.more_to_create));
-            for (r, i) in p.create {
-                let rjob = &s.spec.replicated_jobs[r].name;
-                kids.push(child(&child_job_name("s", rjob, i), rjob, None, 0));
-            }
-        }
-        assert_eq!(batches, vec![(100, true), (100, true), (50, false)]);
-        let names: BTreeSet<&str> = kids.iter().map(|k| k.name.as_str()).collect();
-        assert_eq!(names.len(), 250, "each child once");
-    }
-
-    #[test]
-    fn a_set_of_billions_of_children_plans_one_batch_and_counts_without_overflow() {
-        // Never planned by the controller (it is Invalid); were it, one batch and no panic.
-        let s = set(false, &[("a", i32::MAX), ("b", i32::MAX), ("c", i32::MAX)]);
-        let p = plan(&s, &[], now());
-        assert_eq!((p.create.len(), p.more_to_create), (CREATE_PER_PASS, true));
-        assert_eq!(p.create.last(), Some(&(0, CREATE_PER_PASS as i32 - 1)));
-        assert_eq!(p.status.progress, Some(format!("0/{}", i32::MAX)));
-    }
-
-    #[test]
-    fn a_childs_metadata_never_carries_musters_keys_from_the_template() {
-        let mut s = set(true, &[("a", 1)]);
-        s.spec.replicated_jobs[0].template.metadata = Some(
-            serde_json::from_value(serde_json::json!({
-                "labels": {"batch.muster.dev/jobset-name": "victim", "team": "a"},
-                "annotations": {"scheduling.muster.dev/parent-composite-podgroup": "victim",
-                                "batch.muster.dev/restart-attempt": "9", "note": "kept"},
-            }))
-            .expect("metadata"),
-        );
-        let c = child_job(&s, 0, 0, 2, SchedulingApi::Muster).expect("child");
-        let labels = c.metadata.labels.expect("labels");
-        assert_eq!(labels.get(JOBSET_NAME_LABEL).map(String::as_str), Some("s"));
-        assert_eq!(labels.get("team").map(String::as_str), Some("a"));
-        let annotations = c.metadata.annotations.expect("annotations");
-        assert_eq!(annotations.get(PARENT_COMPOSITE_ANNOTATION).map(String::as_str), Some("s"));
-        assert_eq!(annotations.get(RESTART_ATTEMPT_ANNOTATION).map(String::as_str), Some("2"));
-        assert_eq!(annotations.get("note").map(String::as_str), Some("kept"));
-        // Without scheduling, no delegation annotation at all, whatever the template said.
-        s.spec.scheduling = None;
-        let c = child_job(&s, 0, 0, 0, SchedulingApi::Muster).expect("child");
-        assert!(!c.metadata.annotations.expect("annotations").contains_key(PARENT_COMPOSITE_ANNOTATION));
-    }
-
-    fn arb_count() -> impl proptest::strategy::Strategy<Value = i32> {
-        use proptest::prelude::*;
-        prop_oneof![any::<i32>(), -2..=3i32, Just(i32::MAX), Just(i32::MIN), Just(50_000_000)]
-    }
-
-    proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
-
-        #[test]
-        fn any_replicas_plan_one_bounded_batch_without_panic(
-            replicas in proptest::collection::vec(arb_count(), 1..6),
-            scheduled in proptest::prelude::any::<bool>(),
-            existing in proptest::collection::vec((0usize..6, 0i32..5, proptest::option::of(0u8..4), 0i32..2), 0..10),
-        ) {
-            let names: Vec<String> = (0..replicas.len()).map(|i| format!("r{i}")).collect();
-            let rjobs: Vec<(&str, i32)> = names.iter().map(String::as_str).zip(replicas.iter().copied()).collect();
-            let s = set(scheduled, &rjobs);
-            let phases = [JobPhase::Pending, JobPhase::Running, JobPhase::Complete, JobPhase::Failed];
-            let kids: Vec<ObservedChild> = existing
-                .iter()
-                .filter(|(r, ..)| *r < names.len())
-                .map(|(r, i, phase, attempt)| {
-                    child(&child_job_name("s", &names[*r], *i), &names[*r], phase.map(|p| phases[p as usize]), *attempt)
-                })
-                .collect();
-            let p = plan(&s, &kids, now());
-            proptest::prop_assert!(p.create.len() <= CREATE_PER_PASS);
-            proptest::prop_assert!(!p.more_to_create || p.create.len() == CREATE_PER_PASS);
-            for (r, i) in &p.create {
-                proptest::prop_assert!(*r < names.len() && *i >= 0 && *i < replicas[*r]);
-                let name = child_job_name("s", &names[*r], *i);
-                proptest::prop_assert!(!kids.iter().any(|k| k.name == name), "{} exists", name);
-            }
-        }
-    }
-}
+mod tests;
