@@ -131,8 +131,12 @@ for _ in 1 2 3 4 5; do
   echo "(retrying: the webhook may still be starting)"; sleep 1
 done
 
-expect=(--admitted hello,train-2x4,inference,kv-cache,ray-train-driver-0,ray-train-workers-0
-        --admitted-composite ray-train --unschedulable too-big --api "$api")
+# The brought Job (finetune) and JobSet (pytorch-ddp) must also finish as batch/v1 and JobSet
+# say it (their pods succeed after 15 s on kwok), the set with its headless Service and its
+# coordinator's DNS name on every child and pod.
+expect=(--admitted hello,train-2x4,inference,kv-cache,ray-train-driver-0,ray-train-workers-0,finetune,pytorch-ddp-leader-0,pytorch-ddp-workers-0
+        --admitted-composite ray-train,pytorch-ddp --unschedulable too-big --api "$api"
+        --complete finetune --completed-sets pytorch-ddp)
 step "waiting for the gangs"
 ok=0
 for _ in $(seq 60); do
@@ -161,6 +165,11 @@ kc get pods --field-selector=status.phase!=Pending -o \
   custom-columns="POD:.metadata.name,PODGROUP:$group_column,NODE:.spec.nodeName,GPUS:.metadata.annotations.gpu\\.muster\\.dev/indices,PHASE:.status.phase" \
   --sort-by=.spec.nodeName
 echo
+echo "\$ kubectl get service pytorch-ddp; kubectl get pods -l jobset.sigs.k8s.io/coordinator -o custom-columns=...   (the set's DNS names)"
+kc get service pytorch-ddp || true
+kc get pods -l jobset.sigs.k8s.io/coordinator --sort-by=.metadata.name -o \
+  custom-columns='POD:.metadata.name,HOSTNAME:.spec.hostname,SUBDOMAIN:.spec.subdomain,COORDINATOR:.metadata.labels.jobset\.sigs\.k8s\.io/coordinator,PHASE:.status.phase' || true
+echo
 if [ "$api" = upstream ]; then
   echo "\$ kubectl get musterjob too-big -o jsonpath='{.status.conditions[?(@.type==\"PodGroupInitiallyScheduled\")].message}'"
   kc get musterjob too-big -o jsonpath='{.status.conditions[?(@.type=="PodGroupInitiallyScheduled")].message}{"\n"}'
@@ -176,7 +185,8 @@ cat << USAGE
 The cluster and muster keep running ($((SECONDS - began))s so far).
   export KUBECONFIG=$dir/kubeconfig PATH="$bin:\$PATH"
   kubectl get podgroups -w                       # where each gang stands, and why
-  kubectl apply -f my-job.yaml                   # your own MusterJob / MusterJobSet
+  kubectl apply -f my-job.yaml                   # your own MusterJob / MusterJobSet (a Job or JobSet
+                                                 # with its kind changed: README, "Bring your Job or JobSet")
   $muster validate -f my-job.yaml   # check a manifest offline first
   tail -f $dir/logs/muster.log
   make demo-down                                 # stop it all

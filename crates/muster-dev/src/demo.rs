@@ -2,17 +2,21 @@
 //! expected gangs are admitted (or already done), the oversize one is Unschedulable with a
 //! reason, and no GPU index is held twice on a node. In upstream mode (`--api upstream`) the
 //! same promises are read from kube-scheduler's verdicts on the native `scheduling.k8s.io`
-//! groups. The checks are pure ([`check`], [`check_native`]); the command only lists the
-//! objects.
+//! groups. The brought Job and JobSet (`--complete`, `--completed-sets`) finish as batch/v1 and
+//! JobSet report it, in both modes; a set's headless Service and coordinator label are checked
+//! on the objects muster made. The checks are pure ([`check`], [`check_native`],
+//! [`check_finished`]); [`observe`] only lists the objects.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::scheduling::{v1alpha3, v1beta1};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
+use kube::api::{Api, ListParams};
 
 use muster_api::scheduling::GroupPhase;
-use muster_api::{CompositePodGroup, GPU_INDICES_ANNOTATION, PodGroup};
+use muster_api::{CompositePodGroup, GPU_INDICES_ANNOTATION, MusterJob, MusterJobSet, PodGroup};
 
 /// What the demo expects.
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -33,6 +37,16 @@ pub struct Expectations {
     /// (the native scheduling.k8s.io ones, as kube-scheduler left them).
     #[arg(long, default_value = "muster", value_parser = ["muster", "upstream"])]
     pub api: String,
+    /// MusterJobs that must finish as batch/v1 Jobs do: condition `Complete=True`, no
+    /// `Failed=True`, `succeeded` at `completions`.
+    #[arg(long, value_delimiter = ',')]
+    pub complete: Vec<String>,
+    /// MusterJobSets that must finish as JobSets do: condition `Completed=True`,
+    /// `terminalState: Completed`; with DNS hostnames, their headless Service selects their
+    /// pods; with a coordinator, every child and pod carries its DNS name, and the pod named by
+    /// it answers to it.
+    #[arg(long, value_delimiter = ',')]
+    pub completed_sets: Vec<String>,
 }
 
 /// One verdict of the check.
@@ -112,6 +126,233 @@ fn gpus_disjoint(pods: &[Pod]) -> Finding {
         } else {
             format!("GPU indices held twice: {}", twice.join("; "))
         },
+    }
+}
+
+/// The label (and annotation) JobSet writes on every Job and pod of a set with a
+/// `coordinator`: the coordinator pod's stable DNS name.
+pub const COORDINATOR_LABEL: &str = "jobset.sigs.k8s.io/coordinator";
+
+/// Lists what the demo expects from the cluster and checks it: the groups (muster's, or with
+/// `--api upstream` the native ones), the pods and, when jobs or sets must have finished, the
+/// MusterJobs, MusterJobSets and Services of the namespace.
+pub async fn observe(kubeconfig: Option<&Path>, expect: &Expectations) -> Result<Vec<Finding>, crate::Error> {
+    let client = crate::client(kubeconfig).await?;
+    let ns = expect.namespace.as_str();
+    let lp = ListParams::default();
+    let pods = Api::<Pod>::all(client.clone()).list(&lp).await?.items;
+    let mut out = if expect.api == "upstream" {
+        let pgs = Api::<v1beta1::PodGroup>::namespaced(client.clone(), ns).list(&lp).await?.items;
+        let cpgs = Api::<v1alpha3::CompositePodGroup>::namespaced(client.clone(), ns).list(&lp).await?.items;
+        check_native(expect, &pgs, &cpgs, &pods)
+    } else {
+        let pgs = Api::<PodGroup>::namespaced(client.clone(), ns).list(&lp).await?.items;
+        let cpgs = Api::<CompositePodGroup>::namespaced(client.clone(), ns).list(&lp).await?.items;
+        check(expect, &pgs, &cpgs, &pods)
+    };
+    if !expect.complete.is_empty() || !expect.completed_sets.is_empty() {
+        let jobs = Api::<MusterJob>::namespaced(client.clone(), ns).list(&lp).await?.items;
+        let sets = Api::<MusterJobSet>::namespaced(client.clone(), ns).list(&lp).await?.items;
+        let services = Api::<Service>::namespaced(client, ns).list(&lp).await?.items;
+        out.extend(check_finished(expect, &jobs, &sets, &services, &pods));
+    }
+    Ok(out)
+}
+
+/// Whether `conditions` hold `type_` with status True.
+fn holds(conditions: &[Condition], type_: &str) -> bool {
+    conditions.iter().any(|c| c.type_ == type_ && c.status == "True")
+}
+
+/// Conditions as the findings print them: `Complete=True CompletionsReached, ...`.
+fn listed(conditions: &[Condition]) -> String {
+    if conditions.is_empty() {
+        return "no conditions".into();
+    }
+    conditions.iter().map(|c| format!("{}={} {}", c.type_, c.status, c.reason)).collect::<Vec<_>>().join(", ")
+}
+
+/// The uid of the object's controller (its ownerReference with `controller: true`).
+fn controller(meta: &ObjectMeta) -> Option<&str> {
+    meta.owner_references.iter().flatten().find(|o| o.controller == Some(true)).map(|o| o.uid.as_str())
+}
+
+/// Checks that the MusterJobs and MusterJobSets the demo names finished as batch/v1 and JobSet
+/// report it, and (for a set) its network and coordinator, read from the objects muster made:
+/// the headless Service, the child MusterJobs (controlled by the set) and their pods.
+pub fn check_finished(
+    expect: &Expectations,
+    jobs: &[MusterJob],
+    sets: &[MusterJobSet],
+    services: &[Service],
+    pods: &[Pod],
+) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for name in &expect.complete {
+        out.push(job_complete(name, jobs.iter().find(|j| j.metadata.name.as_deref() == Some(name.as_str()))));
+    }
+    for name in &expect.completed_sets {
+        match sets.iter().find(|s| s.metadata.name.as_deref() == Some(name.as_str())) {
+            Some(set) => out.extend(set_finished(set, jobs, services, pods)),
+            None => out.push(Finding { ok: false, what: format!("MusterJobSet {name} Completed (not found)") }),
+        }
+    }
+    out
+}
+
+/// A MusterJob finished as a batch/v1 Job does: `Complete=True`, never `Failed=True`, and
+/// `succeeded` at `completions` (at least one success without `completions`). No demo pod
+/// fails, so `failed` must be 0: a pod counted failed there is a bug.
+fn job_complete(name: &str, job: Option<&MusterJob>) -> Finding {
+    let Some(job) = job else {
+        return Finding { ok: false, what: format!("MusterJob {name} Complete (not found)") };
+    };
+    let status = job.status.clone().unwrap_or_default();
+    let completions = job.spec.completions;
+    let counted = completions.map_or(status.succeeded >= 1, |c| status.succeeded == c);
+    Finding {
+        ok: holds(&status.conditions, "Complete")
+            && !holds(&status.conditions, "Failed")
+            && counted
+            && status.failed == 0,
+        what: format!(
+            "MusterJob {name} Complete ({}; succeeded {}/{}, failed {})",
+            listed(&status.conditions),
+            status.succeeded,
+            completions.map_or_else(|| "-".to_string(), |c| c.to_string()),
+            status.failed
+        ),
+    }
+}
+
+/// A MusterJobSet finished as a JobSet does (without a restart: no demo pod fails), with its
+/// headless Service and coordinator.
+fn set_finished(set: &MusterJobSet, jobs: &[MusterJob], services: &[Service], pods: &[Pod]) -> Vec<Finding> {
+    let name = set.metadata.name.as_deref().unwrap_or_default();
+    let uid = set.metadata.uid.as_deref();
+    let status = set.status.clone().unwrap_or_default();
+    let conditions = &status.conditions;
+    let mut out = vec![Finding {
+        ok: holds(conditions, "Completed")
+            && !holds(conditions, "Failed")
+            && status.terminal_state.as_deref() == Some("Completed")
+            && status.restarts == 0,
+        what: format!(
+            "MusterJobSet {name} Completed ({}; terminalState {}; restarts {})",
+            listed(conditions),
+            status.terminal_state.as_deref().unwrap_or("<none>"),
+            status.restarts
+        ),
+    }];
+    // The set's children, and their pods, by controller reference.
+    let children: Vec<&MusterJob> = jobs.iter().filter(|j| uid.is_some() && controller(&j.metadata) == uid).collect();
+    let child_uids: Vec<&str> = children.iter().filter_map(|j| j.metadata.uid.as_deref()).collect();
+    let set_pods: Vec<&Pod> = pods
+        .iter()
+        .filter(|p| {
+            p.metadata.namespace == set.metadata.namespace
+                && controller(&p.metadata).is_some_and(|owner| child_uids.contains(&owner))
+        })
+        .collect();
+    let network = set.spec.network.clone().unwrap_or_default();
+    let subdomain = network.subdomain.clone().filter(|s| !s.is_empty()).unwrap_or_else(|| name.to_string());
+    if network.enable_dns_hostnames != Some(false) {
+        out.push(headless_service(name, uid, &subdomain, network.publish_not_ready_addresses, services, &set_pods));
+    }
+    if let Some(c) = &set.spec.coordinator {
+        let host = format!("{name}-{}-{}-{}", c.replicated_job, c.job_index, c.pod_index);
+        let endpoint = format!("{host}.{subdomain}");
+        let mut wrong = Vec::new();
+        let label = |meta: &ObjectMeta| meta.labels.as_ref().and_then(|l| l.get(COORDINATOR_LABEL)).cloned();
+        for child in &children {
+            if label(&child.metadata).as_deref() != Some(endpoint.as_str()) {
+                wrong.push(format!(
+                    "child {} has {:?}",
+                    child.metadata.name.as_deref().unwrap_or_default(),
+                    label(&child.metadata)
+                ));
+            }
+        }
+        let unlabelled = set_pods.iter().filter(|p| label(&p.metadata).as_deref() != Some(endpoint.as_str())).count();
+        if unlabelled > 0 {
+            wrong.push(format!("{unlabelled} of {} pods lack it", set_pods.len()));
+        }
+        let answers = set_pods.iter().any(|p| {
+            let spec = p.spec.as_ref();
+            spec.and_then(|s| s.hostname.as_deref()) == Some(host.as_str())
+                && spec.and_then(|s| s.subdomain.as_deref()) == Some(subdomain.as_str())
+        });
+        if !answers {
+            wrong.push(format!("no pod of the set is {endpoint}"));
+        }
+        if children.is_empty() || set_pods.is_empty() {
+            wrong.push(format!("{} children, {} pods", children.len(), set_pods.len()));
+        }
+        out.push(Finding {
+            ok: wrong.is_empty(),
+            what: format!(
+                "MusterJobSet {name} coordinator {endpoint}: label on its {} children and {} pods, the pod answering to it exists{}",
+                children.len(),
+                set_pods.len(),
+                if wrong.is_empty() { String::new() } else { format!(" ({})", wrong.join("; ")) }
+            ),
+        });
+    }
+    out
+}
+
+/// The set's headless Service: named after the subdomain, `clusterIP: None`, controlled by the
+/// set, publishing not-ready addresses as the spec says (default true), and selecting every pod
+/// of the set, each of which names the subdomain.
+fn headless_service(
+    set: &str,
+    uid: Option<&str>,
+    subdomain: &str,
+    publish_not_ready: Option<bool>,
+    services: &[Service],
+    set_pods: &[&Pod],
+) -> Finding {
+    let mut wrong = Vec::new();
+    match services.iter().find(|s| s.metadata.name.as_deref() == Some(subdomain)) {
+        None => wrong.push("missing".to_string()),
+        Some(svc) => {
+            let spec = svc.spec.clone().unwrap_or_default();
+            if spec.cluster_ip.as_deref() != Some("None") {
+                wrong.push(format!("clusterIP {:?}", spec.cluster_ip));
+            }
+            if uid.is_none() || controller(&svc.metadata) != uid {
+                wrong.push("not controlled by the set".into());
+            }
+            let publish = publish_not_ready.unwrap_or(true);
+            if spec.publish_not_ready_addresses.unwrap_or(false) != publish {
+                wrong.push(format!("publishNotReadyAddresses {:?}, want {publish}", spec.publish_not_ready_addresses));
+            }
+            let selector = spec.selector.unwrap_or_default();
+            let selected = |p: &&&Pod| {
+                let labels = p.metadata.labels.as_ref();
+                selector.iter().all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+            };
+            let missed = set_pods.iter().filter(|p| !selected(p)).count();
+            if selector.is_empty() || missed > 0 {
+                wrong.push(format!("selector {selector:?} misses {missed} of {} pods", set_pods.len()));
+            }
+        }
+    }
+    let elsewhere =
+        set_pods.iter().filter(|p| p.spec.as_ref().and_then(|s| s.subdomain.as_deref()) != Some(subdomain)).count();
+    if elsewhere > 0 {
+        wrong.push(format!("{elsewhere} pods name another subdomain"));
+    }
+    if set_pods.is_empty() {
+        wrong.push("the set has no pods".into());
+    }
+    Finding {
+        ok: wrong.is_empty(),
+        what: format!(
+            "MusterJobSet {set} headless Service {subdomain} selects its {} pods{}",
+            set_pods.len(),
+            if wrong.is_empty() { String::new() } else { format!(" ({})", wrong.join("; ")) }
+        ),
     }
 }
 
@@ -357,5 +598,212 @@ mod tests {
             assert_eq!(failed.len(), 1, "{want}: {failed:?}");
             assert!(failed[0].starts_with(want), "{want}: {failed:?}");
         }
+    }
+
+    /// A cluster after the brought Job and JobSet finished, as JSON so each case can break one
+    /// thing: the MusterJob `train` (4/4), the set `ddp` (leader 1 pod, workers 2 pods, a
+    /// coordinator, DNS hostnames), its children, pods and headless Service, and a pod of
+    /// another owner that the set's checks must ignore.
+    struct Finished {
+        jobs: Vec<serde_json::Value>,
+        sets: Vec<serde_json::Value>,
+        services: Vec<serde_json::Value>,
+        pods: Vec<serde_json::Value>,
+    }
+
+    const ENDPOINT: &str = "ddp-leader-0-0.ddp";
+
+    fn condition(type_: &str, status: &str, reason: &str) -> serde_json::Value {
+        json!({"type": type_, "status": status, "reason": reason, "message": "",
+               "lastTransitionTime": "2026-01-01T00:00:00Z"})
+    }
+
+    fn controlled_by(kind: &str, uid: &str) -> serde_json::Value {
+        json!([{"apiVersion": "batch.muster.dev/v1alpha1", "kind": kind, "name": "owner", "uid": uid, "controller": true}])
+    }
+
+    fn template() -> serde_json::Value {
+        json!({"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}})
+    }
+
+    fn child(name: &str, pods: i32) -> serde_json::Value {
+        json!({"metadata": {"name": name, "namespace": "default", "uid": format!("{name}-uid"),
+                            "labels": {COORDINATOR_LABEL: ENDPOINT}, "ownerReferences": controlled_by("MusterJobSet", "ddp-uid")},
+               "spec": {"parallelism": pods, "completions": pods, "completionMode": "Indexed", "template": template()},
+               "status": {"succeeded": pods, "conditions": [condition("Complete", "True", "CompletionsReached")]}})
+    }
+
+    fn set_pod(child: &str, index: i32) -> serde_json::Value {
+        json!({"metadata": {"name": format!("{child}-{index}-x"), "namespace": "default",
+                            "labels": {COORDINATOR_LABEL: ENDPOINT, "batch.muster.dev/jobset-name": "ddp"},
+                            "ownerReferences": controlled_by("MusterJob", &format!("{child}-uid"))},
+               "spec": {"hostname": format!("{child}-{index}"), "subdomain": "ddp", "containers": []},
+               "status": {"phase": "Succeeded"}})
+    }
+
+    fn finished() -> Finished {
+        let train = json!({"metadata": {"name": "train", "namespace": "default", "uid": "train-uid"},
+            "spec": {"parallelism": 4, "completions": 4, "completionMode": "Indexed", "template": template()},
+            "status": {"succeeded": 4, "conditions": [condition("SuccessCriteriaMet", "True", "CompletionsReached"),
+                                                        condition("Complete", "True", "CompletionsReached")]}});
+        let set = json!({"metadata": {"name": "ddp", "namespace": "default", "uid": "ddp-uid"},
+            "spec": {"network": {"enableDNSHostnames": true}, "coordinator": {"replicatedJob": "leader"},
+                     "replicatedJobs": [{"name": "leader", "template": {"spec": {"template": template()}}},
+                                        {"name": "workers", "template": {"spec": {"parallelism": 2, "template": template()}}}]},
+            "status": {"terminalState": "Completed", "conditions": [condition("Completed", "True", "AllJobsCompleted")]}});
+        let service = json!({"metadata": {"name": "ddp", "namespace": "default", "ownerReferences": controlled_by("MusterJobSet", "ddp-uid")},
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": true, "selector": {"batch.muster.dev/jobset-name": "ddp"}}});
+        let stranger = json!({"metadata": {"name": "other-0", "namespace": "default", "ownerReferences": controlled_by("MusterJob", "other-uid")},
+            "spec": {"containers": []}});
+        Finished {
+            jobs: vec![train, child("ddp-leader-0", 1), child("ddp-workers-0", 2)],
+            sets: vec![set],
+            services: vec![service],
+            pods: vec![set_pod("ddp-leader-0", 0), set_pod("ddp-workers-0", 0), set_pod("ddp-workers-0", 1), stranger],
+        }
+    }
+
+    /// What fails when the demo expects `train` Complete and `ddp` Completed.
+    fn failing(world: &Finished) -> Vec<String> {
+        fn all<T: serde::de::DeserializeOwned>(values: &[serde_json::Value]) -> Vec<T> {
+            values.iter().map(|v| serde_json::from_value(v.clone()).expect("fixture")).collect()
+        }
+        let expect =
+            Expectations { complete: vec!["train".into()], completed_sets: vec!["ddp".into()], ..Default::default() };
+        let (jobs, sets, services, pods) = (all(&world.jobs), all(&world.sets), all(&world.services), all(&world.pods));
+        check_finished(&expect, &jobs, &sets, &services, &pods).into_iter().filter(|f| !f.ok).map(|f| f.what).collect()
+    }
+
+    #[test]
+    fn finished_job_and_set_hold_when_batch_and_jobset_would_say_so() {
+        let expect =
+            Expectations { complete: vec!["train".into()], completed_sets: vec!["ddp".into()], ..Default::default() };
+        let world = finished();
+        assert_eq!(failing(&world), Vec::<String>::new());
+        let jobs: Vec<MusterJob> = world.jobs.iter().map(|v| serde_json::from_value(v.clone()).unwrap()).collect();
+        let sets: Vec<MusterJobSet> = world.sets.iter().map(|v| serde_json::from_value(v.clone()).unwrap()).collect();
+        let services: Vec<Service> =
+            world.services.iter().map(|v| serde_json::from_value(v.clone()).unwrap()).collect();
+        let pods: Vec<Pod> = world.pods.iter().map(|v| serde_json::from_value(v.clone()).unwrap()).collect();
+        let whats: Vec<String> =
+            check_finished(&expect, &jobs, &sets, &services, &pods).into_iter().map(|f| f.what).collect();
+        assert_eq!(
+            whats,
+            [
+                "MusterJob train Complete (SuccessCriteriaMet=True CompletionsReached, Complete=True CompletionsReached; succeeded 4/4, failed 0)",
+                "MusterJobSet ddp Completed (Completed=True AllJobsCompleted; terminalState Completed; restarts 0)",
+                "MusterJobSet ddp headless Service ddp selects its 3 pods",
+                "MusterJobSet ddp coordinator ddp-leader-0-0.ddp: label on its 2 children and 3 pods, the pod answering to it exists",
+            ]
+        );
+    }
+
+    #[test]
+    fn each_broken_promise_of_a_finished_job_or_set_fails_its_finding_alone() {
+        type Break = fn(&mut Finished);
+        let cases: [(&str, Break, &str); 16] = [
+            (
+                "no Complete yet",
+                |w| w.jobs[0]["status"]["conditions"].as_array_mut().unwrap().truncate(1),
+                "MusterJob train Complete (SuccessCriteriaMet=True",
+            ),
+            (
+                "Complete short of completions",
+                |w| w.jobs[0]["status"]["succeeded"] = json!(3),
+                "MusterJob train Complete",
+            ),
+            (
+                "Failed too",
+                |w| {
+                    w.jobs[0]["status"]["conditions"].as_array_mut().unwrap().push(condition(
+                        "Failed",
+                        "True",
+                        "PodFailurePolicy",
+                    ))
+                },
+                "MusterJob train",
+            ),
+            (
+                "a pod counted failed",
+                |w| w.jobs[0]["status"]["failed"] = json!(1),
+                "MusterJob train Complete (SuccessCriteriaMet=True CompletionsReached, Complete=True CompletionsReached; succeeded 4/4, failed 1)",
+            ),
+            (
+                "a restart",
+                |w| w.sets[0]["status"]["restarts"] = json!(1),
+                "MusterJobSet ddp Completed (Completed=True AllJobsCompleted; terminalState Completed; restarts 1)",
+            ),
+            (
+                "job missing",
+                |w| w.jobs[0]["metadata"]["name"] = json!("renamed"),
+                "MusterJob train Complete (not found)",
+            ),
+            (
+                "set not Completed",
+                |w| w.sets[0]["status"]["conditions"] = json!([]),
+                "MusterJobSet ddp Completed (no conditions",
+            ),
+            (
+                "no terminalState",
+                |w| w.sets[0]["status"]["terminalState"] = json!(null),
+                "MusterJobSet ddp Completed (Completed=True AllJobsCompleted; terminalState <none>",
+            ),
+            ("set missing", |w| w.sets.clear(), "MusterJobSet ddp Completed (not found)"),
+            (
+                "no Service",
+                |w| w.services.clear(),
+                "MusterJobSet ddp headless Service ddp selects its 3 pods (missing)",
+            ),
+            (
+                "Service not headless",
+                |w| w.services[0]["spec"]["clusterIP"] = json!("10.0.0.7"),
+                "MusterJobSet ddp headless Service ddp selects its 3 pods (clusterIP Some(\"10.0.0.7\"))",
+            ),
+            (
+                "Service of another owner",
+                |w| w.services[0]["metadata"]["ownerReferences"] = controlled_by("MusterJobSet", "x"),
+                "MusterJobSet ddp headless Service ddp selects its 3 pods (not controlled by the set)",
+            ),
+            (
+                "selector misses a worker",
+                |w| w.pods[2]["metadata"]["labels"]["batch.muster.dev/jobset-name"] = json!("x"),
+                "MusterJobSet ddp headless Service ddp selects its 3 pods (selector",
+            ),
+            (
+                "a pod without the coordinator",
+                |w| w.pods[1]["metadata"]["labels"][COORDINATOR_LABEL] = json!("ddp-workers-0-0.ddp"),
+                "MusterJobSet ddp coordinator ddp-leader-0-0.ddp: label on its 2 children and 3 pods, the pod answering to it exists (1 of 3 pods lack it)",
+            ),
+            (
+                "a child without the coordinator",
+                |w| w.jobs[2]["metadata"]["labels"] = json!({}),
+                "MusterJobSet ddp coordinator ddp-leader-0-0.ddp: label on its 2 children and 3 pods, the pod answering to it exists (child ddp-workers-0 has None)",
+            ),
+            (
+                "no pod answers to the coordinator",
+                |w| w.pods[0]["spec"]["hostname"] = json!("ddp-leader-0-1"),
+                "MusterJobSet ddp coordinator ddp-leader-0-0.ddp: label on its 2 children and 3 pods, the pod answering to it exists (no pod of the set is ddp-leader-0-0.ddp)",
+            ),
+        ];
+        for (name, broken, want) in cases {
+            let mut world = finished();
+            broken(&mut world);
+            let failed = failing(&world);
+            assert_eq!(failed.len(), 1, "{name}: {failed:?}");
+            assert!(failed[0].starts_with(want), "{name}: want {want:?}, got {failed:?}");
+        }
+    }
+
+    #[test]
+    fn a_set_without_dns_hostnames_or_coordinator_is_only_checked_for_completion() {
+        let mut world = finished();
+        world.sets[0]["spec"]["network"]["enableDNSHostnames"] = json!(false);
+        world.sets[0]["spec"]["coordinator"] = json!(null);
+        world.services.clear();
+        let expect = Expectations { completed_sets: vec!["ddp".into()], ..Default::default() };
+        let sets: Vec<MusterJobSet> = world.sets.iter().map(|v| serde_json::from_value(v.clone()).unwrap()).collect();
+        let findings = check_finished(&expect, &[], &sets, &[], &[]);
+        assert_eq!(findings.len(), 1, "{findings:?}");
+        assert!(findings[0].ok, "{findings:?}");
     }
 }

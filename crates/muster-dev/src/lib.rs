@@ -331,19 +331,7 @@ pub async fn add_nodes(client: &Client, spec: &FakeGpuNodes) -> Result<Vec<Strin
 }
 
 async fn demo_check(args: &DemoCheckArgs) -> Result<Vec<demo::Finding>, Error> {
-    let client = client(args.kubeconfig.as_deref()).await?;
-    let ns = &args.expect.namespace;
-    let lp = kube::api::ListParams::default();
-    let pods = Api::<k8s_openapi::api::core::v1::Pod>::all(client.clone()).list(&lp).await?.items;
-    if args.expect.api == "upstream" {
-        use k8s_openapi::api::scheduling::{v1alpha3, v1beta1};
-        let pgs = Api::<v1beta1::PodGroup>::namespaced(client.clone(), ns).list(&lp).await?.items;
-        let cpgs = Api::<v1alpha3::CompositePodGroup>::namespaced(client, ns).list(&lp).await?.items;
-        return Ok(demo::check_native(&args.expect, &pgs, &cpgs, &pods));
-    }
-    let pgs = Api::<muster_api::PodGroup>::namespaced(client.clone(), ns).list(&lp).await?.items;
-    let cpgs = Api::<muster_api::CompositePodGroup>::namespaced(client, ns).list(&lp).await?.items;
-    Ok(demo::check(&args.expect, &pgs, &cpgs, &pods))
+    demo::observe(args.kubeconfig.as_deref(), &args.expect).await
 }
 
 async fn run_demo_check(args: DemoCheckArgs) -> ExitCode {
