@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BIN_DIR = $(shell bash tools/k8s/bindir.sh)
 
-.PHONY: plugin all build release host-deps host-deps-demo test unit e2e e2e-placement e2e-compat chaos e2e-rbac e2e-service chart-lint chart-test crds crds-check fmt clippy bench bench-e2e controlplane cluster-up cluster-down run demo demo-down demo-check
+.PHONY: plugin all build release host-deps host-deps-demo test unit e2e e2e-jobs e2e-placement e2e-compat chaos e2e-rbac e2e-service chart-lint chart-test crds crds-check fmt clippy bench bench-e2e controlplane cluster-up cluster-down run demo demo-down demo-check
 
 all: build
 
@@ -54,8 +54,18 @@ plugin:
 ## The placement differential against kube-scheduler (tests/e2e/placement_diff.rs) runs a
 ## short, representative set here; `make e2e-placement` runs all of its scenarios.
 PD_SHORT = anti-affinity-one-per-node,anti-affinity-one-per-rack-too-many,affinity-together-in-rack,spread-min-domains,symmetric-anti-affinity,host-port-too-many,pv-node-affinity,wffc-shared,missing-claim,sidecar-over
+## The Job differential (tests/e2e/job_semantics.rs: batch/v1 Job vs MusterJob, all 44
+## scenarios, about 90 s) and the JobSet scenarios run in full here; `make e2e-jobs` runs only
+## them, and `MUSTER_JOB_DIFF=name,...` a subset of the differential.
 e2e: controlplane plugin
 	MUSTER_PD_SCENARIOS=$${MUSTER_PD_SCENARIOS:-$(PD_SHORT)} MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test -p muster --test e2e -- --test-threads=4; rc=$$?; \
+	for d in target/e2e-cluster-*; do \
+	  [ -d "$$d" ] && [ ! -e "/proc/$${d##*-}" ] && MUSTER_CLUSTER_DIR="$$d" bash hack/cluster-down.sh > /dev/null 2>&1; \
+	done; exit $$rc
+
+## Only the Job differential and the JobSet scenarios (about 3 min).
+e2e-jobs: controlplane
+	MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test -p muster --test e2e -- --test-threads=4 job_semantics:: jobset_semantics::; rc=$$?; \
 	for d in target/e2e-cluster-*; do \
 	  [ -d "$$d" ] && [ ! -e "/proc/$${d##*-}" ] && MUSTER_CLUSTER_DIR="$$d" bash hack/cluster-down.sh > /dev/null 2>&1; \
 	done; exit $$rc
