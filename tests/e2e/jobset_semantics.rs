@@ -574,8 +574,8 @@ failurePolicy:
 
 /// With a gang `spec.scheduling` the set's CompositePodGroup admits all its children together,
 /// so an ordered start (`InOrder`, `dependsOn`) could never begin: the webhook refuses the set
-/// at the field (a set that got past it is Invalid, `OrderedStartWithGang`, with no child). With
-/// a `basic` composite policy the order works.
+/// at the field (a set that got past it is Invalid, reason `InvalidSpec`, with no child: the set
+/// controller runs the same validation). With a `basic` composite policy the order works.
 #[tokio::test]
 async fn an_ordered_start_under_a_composite_gang_is_refused() {
     let _muster = muster().await;

@@ -30,6 +30,10 @@ pub use k8s_openapi::api::batch::v1::{
 pub const JOB_CONTROLLER_NAME: &str = "batch.muster.dev/job-controller";
 /// The `managedBy` value of a MusterJobSet muster's set controller reconciles.
 pub const JOBSET_CONTROLLER_NAME: &str = "batch.muster.dev/jobset-controller";
+/// A `managedBy` value: a domain-prefixed path (an RFC 1123 subdomain, `/`, RFC 3986 path
+/// characters), as batch/v1 and JobSet require it.
+const MANAGED_BY_PATTERN: &str =
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$";
 /// `backoffLimit` when unset: 6, or the largest int32 when `backoffLimitPerIndex` is set (as
 /// batch/v1 defaults it).
 pub const DEFAULT_BACKOFF_LIMIT: i32 = 6;
@@ -147,12 +151,7 @@ pub struct MusterJobSpec {
     /// The controller that reconciles the job: unset or `batch.muster.dev/job-controller` for
     /// muster; any other value leaves the job to that controller. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(
-        length(max = 63),
-        regex(
-            pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$"
-        )
-    )]
+    #[schemars(length(max = 63), regex(pattern = MANAGED_BY_PATTERN))]
     pub managed_by: Option<String>,
     /// The pods' selector, as batch/v1 allows it: generated unless `manualSelector` is true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -590,12 +589,7 @@ pub struct MusterJobSetSpec {
     /// The controller that reconciles the set: unset or `batch.muster.dev/jobset-controller`
     /// for muster. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(
-        length(max = 63),
-        regex(
-            pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$"
-        )
-    )]
+    #[schemars(length(max = 63), regex(pattern = MANAGED_BY_PATTERN))]
     pub managed_by: Option<String>,
     /// Seconds after the set finishes before it is deleted.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -116,14 +116,7 @@ pub(super) async fn sync_pods(
         )
         .await;
     }
-    // A set's child: the set wrote its pods' subdomain (its network's Service, none with DNS
-    // hostnames off) into the template. A job of its own: its Indexed pods are named through
-    // the job's Service.
-    let subdomain = if plan::owning_set(job).is_some() {
-        job.spec.template.spec.as_ref().and_then(|s| s.subdomain.clone())
-    } else {
-        job.spec.indexed().then(|| name.clone())
-    };
+    let subdomain = plan::pod_subdomain(job);
     let attempt = if decision.create.is_empty() { 0 } else { admission_attempt(ctx, &ns, groups).await? };
     let new_pods: Vec<Pod> = decision
         .create

@@ -105,10 +105,6 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>
         let message = crate::workloadbuilder::field::joined(&errors);
         return set_invalid(set, &ctx, "PodLimitExceeded", &message, now).await;
     }
-    // An ordered start under a composite gang would never start: refused, named.
-    if let Some(message) = plan::ordered_start_refusal(&set.spec) {
-        return set_invalid(set, &ctx, "OrderedStartWithGang", &message, now).await;
-    }
     let ns = set.namespace().unwrap_or_default();
     let name = set.name_any();
     let owner = super::controller_ref(set).ok_or_else(|| Error::Missing("the MusterJobSet has no uid yet".into()))?;

@@ -982,6 +982,17 @@ fn index_counts(judged: &[Judged], i: i32) -> (i32, i32) {
         .unwrap_or((0, 0))
 }
 
+/// The subdomain of `job`'s new pods ([`new_pod`]'s `subdomain`). A set's child: the one the set
+/// wrote into its pod template (its network's Service; none with DNS hostnames off). A job of
+/// its own: its Indexed pods are named through the job's own headless Service.
+pub fn pod_subdomain(job: &MusterJob) -> Option<String> {
+    if owning_set(job).is_some() {
+        job.spec.template.spec.as_ref().and_then(|s| s.subdomain.clone())
+    } else {
+        job.spec.indexed().then(|| job.metadata.name.clone().unwrap_or_default())
+    }
+}
+
 /// The pod to create for `job`: the template plus muster's labels, gate, index and GPU env.
 /// `subdomain` is the headless Service giving pods stable DNS names; `admission_attempt` is the
 /// rollbacks of the pod's root gang so far (`scheduling.muster.dev/gang-attempt`).

@@ -274,27 +274,6 @@ pub struct SetPlan {
     pub status: MusterJobSetStatus,
 }
 
-/// Why a set must not run: `startupPolicy: InOrder` or `dependsOn` together with a gang
-/// `spec.scheduling`. The set's CompositePodGroup admits its child groups together, counting
-/// every child of every replicatedJob, so the first replicatedJob's pods would wait for
-/// children that are created only once those pods are ready: the set would never start.
-/// (With a `basic` composite policy the children are admitted independently, and the order
-/// works.)
-pub fn ordered_start_refusal(spec: &MusterJobSetSpec) -> Option<String> {
-    let gang = spec.scheduling.as_ref().and_then(|s| s.scheduling_policy.as_ref()).is_some_and(|p| p.gang.is_some());
-    if !gang {
-        return None;
-    }
-    let in_order = in_order(spec);
-    let depends = spec.replicated_jobs.iter().find(|r| !r.depends_on.is_empty());
-    let what = match (in_order, depends) {
-        (true, _) => "spec.startupPolicy.startupPolicyOrder: InOrder".to_string(),
-        (false, Some(r)) => format!("spec.replicatedJobs[{}].dependsOn", r.name),
-        (false, None) => return None,
-    };
-    Some(format!("{what} {}", crate::workloadbuilder::job::jobset::ORDERED_START_WITH_GANG))
-}
-
 fn in_order(spec: &MusterJobSetSpec) -> bool {
     spec.startup_policy.as_ref().is_some_and(|s| s.startup_policy_order == StartupPolicyOrder::InOrder)
 }

@@ -18,6 +18,8 @@ use super::{BuildOptions, Builder};
 
 pub mod batchv1;
 pub mod jobset;
+#[cfg(test)]
+mod test_support;
 
 /// Template name of a plain MusterJob's single PodGroupTemplate.
 pub const JOB_TEMPLATE_NAME: &str = "main";

@@ -989,35 +989,6 @@ fn a_suspended_set_makes_suspended_children_whatever_the_template_says() {
 }
 
 #[test]
-fn an_ordered_start_with_a_composite_gang_is_refused() {
-    let with = |gang: bool, order: bool, depends: bool| {
-        let mut s = set(gang, &[("a", 1), ("b", 1)]);
-        if order {
-            s.spec.startup_policy = Some(StartupPolicy { startup_policy_order: StartupPolicyOrder::InOrder });
-        }
-        if depends {
-            s.spec.replicated_jobs[1].depends_on =
-                vec![DependsOn { name: "a".into(), status: DependsOnStatus::Complete }];
-        }
-        ordered_start_refusal(&s.spec)
-    };
-    assert!(with(false, true, true).is_none(), "no gang: any order");
-    assert!(with(true, false, false).is_none(), "a gang, no order");
-    let msg = with(true, true, false).expect("refused");
-    assert!(msg.starts_with("spec.startupPolicy.startupPolicyOrder: InOrder may not be combined"), "{msg}");
-    let msg = with(true, false, true).expect("refused");
-    assert!(msg.starts_with("spec.replicatedJobs[b].dependsOn may not"), "{msg}");
-    // A basic composite policy: the children are admitted one by one.
-    let mut s = set(false, &[("a", 1)]);
-    s.spec.scheduling = Some(muster_api::blocks::CompositePodGroupScheduling {
-        scheduling_policy: Some(muster_api::blocks::CompositePodGroupSchedulingPolicy::basic()),
-        ..Default::default()
-    });
-    s.spec.startup_policy = Some(StartupPolicy { startup_policy_order: StartupPolicyOrder::InOrder });
-    assert!(ordered_start_refusal(&s.spec).is_none());
-}
-
-#[test]
 fn completions_follow_parallelism_only_where_the_template_leaves_both_unset() {
     let mut s = set(false, &[("elastic", 1), ("fixed", 1), ("plain", 1)]);
     for r in &mut s.spec.replicated_jobs {

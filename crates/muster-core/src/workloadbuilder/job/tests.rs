@@ -4,6 +4,7 @@
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
+use super::test_support::merge;
 use super::*;
 use muster_api::{MusterJob, MusterJobSet};
 
@@ -17,17 +18,6 @@ fn job(spec: Value) -> MusterJob {
         "metadata": {"name": "j"}, "spec": spec_json,
     }))
     .expect("job fixture")
-}
-
-fn merge(into: &mut Value, from: Value) {
-    match (into, from) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, v) in b {
-                merge(a.entry(k).or_insert(Value::Null), v);
-            }
-        }
-        (slot, v) => *slot = v,
-    }
 }
 
 /// A set of replicatedJobs `(replicas, parallelism)`, with `spec.scheduling` when `scheduled`.

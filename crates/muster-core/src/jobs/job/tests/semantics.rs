@@ -458,6 +458,26 @@ fn new_pods_carry_the_tracking_finalizer_index_counts_and_the_sets_keys() {
 }
 
 #[test]
+fn a_pods_subdomain_is_its_own_jobs_or_the_one_its_set_wrote() {
+    let mut job = MusterJob::new("w", per_index(2, 2, 1));
+    assert_eq!(pod_subdomain(&job).as_deref(), Some("w"), "an Indexed job of its own: its Service");
+    job.spec.completion_mode = Some(muster_api::batch::CompletionMode::NonIndexed);
+    assert_eq!(pod_subdomain(&job), None, "NonIndexed pods have no hostname to name");
+    job.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "batch.muster.dev/v1alpha1".into(),
+        kind: "MusterJobSet".into(),
+        name: "ddp".into(),
+        uid: "set".into(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }]);
+    job.spec.completion_mode = None;
+    assert_eq!(pod_subdomain(&job), None, "a set's child without DNS hostnames: none");
+    job.spec.template.spec.get_or_insert_with(Default::default).subdomain = Some("net".into());
+    assert_eq!(pod_subdomain(&job).as_deref(), Some("net"), "a set's child: its set's network");
+}
+
+#[test]
 fn observed_pods_keep_exit_codes_conditions_and_tracking_bounded() {
     let mut statuses: Vec<serde_json::Value> = (0..20)
         .map(|i| {
