@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Stops the cluster hack/cluster-up.sh started in MUSTER_CLUSTER_DIR (default target/cluster):
 # every process named in its pid files, then any component process still running from that
-# folder, then the test host (hack/testhost.sh) made for it, if any. Keeps logs/, pki/ and the
-# kubeconfig; removes the etcd data. Fails if a process or the test host survives.
+# folder, then the test host (hack/testhost.sh) made for it, if any. A real node
+# (hack/real-node.sh) started for it goes first: its kubelet is a client too. Keeps logs/,
+# pki/ and the kubeconfig; removes the etcd data. Fails if a process or the test host survives.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -49,6 +50,10 @@ stop() { # pid...: SIGTERM, wait up to 15 s, then SIGKILL
     sleep 0.2
   done
 }
+
+if [ -d "$dir/node" ]; then
+  MUSTER_CLUSTER_DIR=$dir bash "$root/hack/real-node.sh" down || { log "ERROR: the real node of $dir did not stop"; exit 1; }
+fi
 
 stopped=0
 for c in "${components[@]}"; do

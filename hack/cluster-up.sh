@@ -16,6 +16,9 @@
 #                         off); the ones the binaries refuse are dropped and reported
 #   MUSTER_RUNTIME_CONFIG extra API versions to serve (default below; empty serves only the defaults;
 #                         `resource.k8s.io/v1=false` turns one off)
+#   MUSTER_EXTRA_CONTROLLERS  more kube-controller-manager controllers, comma separated (the real
+#                         node's lane adds endpoints-controller,endpointslice-controller: Services
+#                         with pods behind them)
 #   MUSTER_CLUSTER_CRDS   CRD manifests (file or folder) installed before kube-controller-manager
 #                         starts, so its garbage collector knows them at once (default crds/; "" = none)
 #
@@ -288,6 +291,7 @@ controllers+=,resourceclaim-controller
 # disruptionsAllowed from the disruption controller (without it every budget refuses).
 controllers+=,disruption-controller
 controllers+=,podgroup-protection-controller
+[ -z "${MUSTER_EXTRA_CONTROLLERS:-}" ] || controllers+=,$MUSTER_EXTRA_CONTROLLERS
 # Older control planes lack some of these (podgroup-protection-controller is 1.37's; before
 # 1.34 the DRA claim controller is `resource-claim-controller`, behind its gate): only those the
 # binary lists are asked for, the others reported.

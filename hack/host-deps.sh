@@ -6,12 +6,19 @@
 #                            network namespace)
 #   hack/host-deps.sh demo   what `make demo` needs: cargo and go (the control plane is built
 #                            from the Go module proxy, see tools/k8s)
+#   hack/host-deps.sh real   what `make e2e-real` needs besides: runc (Debian's; containerd,
+#                            kubelet and the CNI plugins are built by tools/k8s/build-node.sh),
+#                            iptables and conntrack (kube-proxy), busybox-static (the job pods'
+#                            image, hack/image.sh busybox) and iproute2
 # Missing Debian packages are installed when that is possible (root and apt-get present);
 # otherwise it stops at once, exit 1, with the exact command to run. Toolchains are not
 # installed here (rustup's cargo and the Go release are not Debian packages); a missing one is
 # named with what to install.
 set -euo pipefail
 what=${1:-test}
+# The make target that asked.
+target=$what
+[ "$what" != real ] || target=e2e-real
 log() { echo "host-deps: $*" >&2; }
 
 # command -> Debian package that provides it
@@ -19,7 +26,8 @@ declare -A package
 case "$what" in
   demo) ;;
   test) package=([prometheus]=prometheus [ip]=iproute2) ;;
-  *) log "usage: hack/host-deps.sh test|demo"; exit 2 ;;
+  real) package=([runc]=runc [iptables]=iptables [conntrack]=conntrack [busybox]=busybox-static [ip]=iproute2) ;;
+  *) log "usage: hack/host-deps.sh test|demo|real"; exit 2 ;;
 esac
 
 for tool in cargo go; do
@@ -39,9 +47,9 @@ mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
 install="apt-get update && apt-get install -y --no-install-recommends ${missing[*]}"
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get > /dev/null; then
   [ "$(id -u)" -eq 0 ] || install="sudo sh -c '$install'"
-  log "missing Debian packages: ${missing[*]} (make $what needs them)"
+  log "missing Debian packages: ${missing[*]} (make $target needs them)"
   log "run: $install"
-  log "then run make $what again"
+  log "then run make $target again"
   exit 1
 fi
 
@@ -50,7 +58,7 @@ apt_log=$(mktemp -t muster-host-deps.XXXXXX)
 if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"; } > "$apt_log" 2>&1; then
   log "apt-get failed; last lines of $apt_log:"
   tail -n 20 "$apt_log" >&2
-  log "fix that, or run '$install' yourself, then run make $what again"
+  log "fix that, or run '$install' yourself, then run make $target again"
   exit 1
 fi
 rm -f "$apt_log"
