@@ -10,6 +10,15 @@
 # NVIDIA driver) with dlopen, which a static musl binary cannot do. No shell, no package manager,
 # nothing but the binary, its loader and libraries, and the CA bundle (for an https
 # --prometheus-url).
+#
+# Building the image without Docker: hack/image.sh writes the same image (same files, user,
+# entrypoint) as a reproducible OCI archive from the release binary, which containerd imports:
+#
+#   cargo build --release --locked --bin muster
+#   hack/image.sh muster                      # target/images/muster.tar, localhost/muster:<version>
+#   ctr -n k8s.io images import target/images/muster.tar
+#
+# (`--tag` names it otherwise; skopeo or crane can push the archive to a registry.)
 
 FROM rust:1.95-slim-trixie AS build
 WORKDIR /src
