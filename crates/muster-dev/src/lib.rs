@@ -7,6 +7,7 @@
 mod bench;
 pub mod dcgm;
 pub mod demo;
+pub mod device_plugin;
 pub mod dra;
 pub mod kubelet;
 pub mod topology;
@@ -84,6 +85,9 @@ enum DevCommand {
     /// Scale benchmark (`make bench-e2e`): the same gangs as plain Jobs, upstream gang Jobs and
     /// MusterJobs on kwok GPU nodes, with pods bound per second, admission latency and muster's cost.
     Bench(bench::Args),
+    /// Register fake nvidia.com/gpu devices (the GPUs of a recorded probe) with a real kubelet
+    /// over the device-plugin API, answering as NVIDIA's device plugin does.
+    DevicePlugin(device_plugin::Args),
 }
 
 /// Arguments of `muster dev demo-check`.
@@ -368,6 +372,7 @@ pub fn run(args: Args, shutdown: impl Future<Output = ()> + Send + 'static) -> E
         DevCommand::DemoCheck(args) => return block_on(run_demo_check(args)),
         DevCommand::FakeDcgmExporter(args) => return dcgm::run(args, shutdown),
         DevCommand::DraSlices(args) => return block_on(run_dra_slices(args)),
+        DevCommand::DevicePlugin(args) => return device_plugin::run(args, shutdown),
     };
     block_on(run_add_nodes(args))
 }
