@@ -195,6 +195,39 @@ fn node_agent_values_switch_flags_mounts_and_privilege() {
 }
 
 #[test]
+fn node_agent_extra_args_and_volumes_come_after_the_charts() {
+    // As `make e2e-real` installs it on a node without GPUs: the agent replays a recorded probe.
+    let docs = agent_render(&[
+        "--set-json",
+        r#"nodeAgent.extraArgs=["--probe-file=/probe/probe.json"]"#,
+        "--set-json",
+        r#"nodeAgent.extraVolumes=[{"name":"probe-file","configMap":{"name":"muster-probe"}}]"#,
+        "--set-json",
+        r#"nodeAgent.extraVolumeMounts=[{"name":"probe-file","mountPath":"/probe","readOnly":true}]"#,
+    ]);
+    let ds = one(&docs, "DaemonSet");
+    let args = container_args(ds);
+    assert_eq!(args.last().map(String::as_str), Some("--probe-file=/probe/probe.json"), "{args:?}");
+    assert!(args.iter().any(|a| a.starts_with("--pod-resources-socket=")), "the chart's flags stay: {args:?}");
+    let mounts: Vec<&str> =
+        container(ds)["volumeMounts"].as_array().into_iter().flatten().filter_map(|m| m["name"].as_str()).collect();
+    assert_eq!(mounts, ["driver-root", "pod-resources", "probe-file"]);
+    let spec = &ds["spec"]["template"]["spec"];
+    assert_eq!(named(&spec["volumes"], "probe-file")["configMap"]["name"], "muster-probe");
+    // The schema refuses an argument that is not a flag.
+    let refused = crate::support::helm(&[
+        "template",
+        "muster",
+        crate::support::path_str(&crate::support::chart_dir()),
+        "--set",
+        "nodeAgent.enabled=true",
+        "--set-json",
+        r#"nodeAgent.extraArgs=["probe-file"]"#,
+    ]);
+    assert!(refused.is_err_and(|e| e.contains("extraArgs")), "a non-flag extraArgs item must be refused");
+}
+
+#[test]
 fn nothing_of_the_controller_manager_selects_the_agents_pods() {
     // The Deployment, its PodDisruptionBudget, Services, NetworkPolicy and anti-affinity all
     // select the manager's pods; none may count or route to the agent's.
