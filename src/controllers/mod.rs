@@ -11,6 +11,7 @@ pub mod install;
 pub mod job;
 pub mod jobset;
 pub mod metrics;
+pub mod owner;
 pub mod secure_metrics;
 
 use std::collections::BTreeMap;
@@ -514,6 +515,9 @@ async fn run_leader(
         return Ok(());
     }
 
+    if let Some(owner) = owner::install_owner() {
+        owner::own_lease(&client, &config.namespace, LEASE_NAME, owner).await;
+    }
     let manager = kube_lease_manager::LeaseManagerBuilder::new(client, LEASE_NAME)
         .with_namespace(config.namespace.clone())
         .with_identity(config.identity.clone())

@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, PostParams};
+use muster_core::owners::with_owner;
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
@@ -226,13 +227,16 @@ pub fn to_secret(bundle: &CertBundle, mut secret: Secret) -> Secret {
     secret
 }
 
-/// Returns the current bundle from Secret `name`, creating or renewing it when needed.
+/// Returns the current bundle from Secret `name`, creating or renewing it when needed. With an
+/// `owner` (the ServiceAccount muster runs as: `controllers::owner`), the Secret is owned by it,
+/// so it goes with the install; an existing Secret without it gets it at the next write.
 pub async fn ensure(
     client: &Client,
     namespace: &str,
     name: &str,
     sans: &[String],
     life: &Lifetimes,
+    owner: Option<&OwnerReference>,
 ) -> Result<CertBundle, CertError> {
     let api = Api::<Secret>::namespaced(client.clone(), namespace);
     for _ in 0..5 {
@@ -246,6 +250,7 @@ pub async fn ensure(
                         metadata: ObjectMeta {
                             name: Some(name.into()),
                             namespace: Some(namespace.into()),
+                            owner_references: owner.map(|o| vec![o.clone()]),
                             ..Default::default()
                         },
                         ..Default::default()
@@ -269,8 +274,11 @@ pub async fn ensure(
                     }
                     None => (generate(sans, now, life)?, Renewal::Everything),
                 };
+                let owners = owner.and_then(|o| with_owner(&secret.metadata, o));
                 match what {
-                    Renewal::Keep => return Ok(bundle),
+                    Renewal::Keep if owners.is_none() => return Ok(bundle),
+                    // Only the owner is missing: written below with the same certificate.
+                    Renewal::Keep => {}
                     Renewal::Serving => renew_serving(&mut bundle, sans, now, life)?,
                     Renewal::Everything => {
                         let old_ca = bundle.ca_pem.clone();
@@ -286,7 +294,10 @@ pub async fn ensure(
                 }
                 // replace() carries the resourceVersion: a concurrent writer makes this fail
                 // with 409 and we read its result instead.
-                let updated = to_secret(&bundle, secret);
+                let mut updated = to_secret(&bundle, secret);
+                if let Some(refs) = owners {
+                    updated.metadata.owner_references = Some(refs);
+                }
                 match api.replace(name, &PostParams::default(), &updated).await {
                     Ok(_) => {
                         tracing::info!(secret = name, renewal = ?what, not_after = %bundle.cert_not_after, "renewed the webhook certificate");

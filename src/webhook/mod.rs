@@ -197,7 +197,8 @@ fn router(state: AppState) -> Router {
 async fn load(client: &Client, opts: &WebhookOptions) -> anyhow::Result<(Option<String>, String, String)> {
     match &opts.certs {
         CertSource::SelfManaged { secret, lifetimes } => {
-            let b = certs::ensure(client, &opts.namespace, secret, &opts.sans(), lifetimes).await?;
+            let owner = crate::controllers::owner::install_owner();
+            let b = certs::ensure(client, &opts.namespace, secret, &opts.sans(), lifetimes, owner).await?;
             Ok((Some(b.ca_pem), b.cert_pem, b.key_pem))
         }
         CertSource::Files(dir) => {
