@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BIN_DIR = $(shell bash tools/k8s/bindir.sh)
 
-.PHONY: plugin all build release host-deps host-deps-demo test unit e2e e2e-jobs e2e-placement e2e-compat chaos e2e-rbac e2e-service chart-lint chart-test crds crds-check fmt clippy bench bench-e2e controlplane cluster-up cluster-down run demo demo-down demo-check
+.PHONY: plugin all build release host-deps host-deps-demo host-deps-real test unit e2e e2e-real e2e-jobs e2e-placement e2e-compat chaos e2e-rbac e2e-service chart-lint chart-test crds crds-check fmt clippy bench bench-e2e controlplane cluster-up cluster-down run demo demo-down demo-check
 
 all: build
 
@@ -20,6 +20,9 @@ host-deps:
 
 host-deps-demo:
 	@bash hack/host-deps.sh demo
+
+host-deps-real:
+	@bash hack/host-deps.sh real
 
 ## Every test: formatting, lints, CRD drift, the chart's lint, unit and property tests, then the
 ## real control plane (the e2e suite, its controller tests again with muster as the chart's
@@ -66,6 +69,23 @@ e2e: controlplane plugin
 ## Only the Job differential and the JobSet scenarios (about 3 min).
 e2e-jobs: controlplane
 	MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test -p muster --test e2e -- --test-threads=4 job_semantics:: jobset_semantics::; rc=$$?; \
+	for d in target/e2e-cluster-*; do \
+	  [ -d "$$d" ] && [ ! -e "/proc/$${d##*-}" ] && MUSTER_CLUSTER_DIR="$$d" bash hack/cluster-down.sh > /dev/null 2>&1; \
+	done; exit $$rc
+
+## The real-node lane (tests/real, hack/real-node.sh; as root): a control plane with one real
+## node (containerd, Debian's runc, kubelet and kube-proxy built at the control plane's version,
+## a CNI bridge) beside kwok nodes; muster's image built from the release binary by
+## hack/image.sh and imported into containerd; `helm install` of the chart; the test device
+## plugin; gangs of real containers; the examples that fit; the leader killed mid-admission;
+## `helm upgrade` to a rebuilt image; `helm uninstall`. Report in target/e2e-real/report.md.
+## REAL_PROFILE=debug builds the image from the debug binary `make test` already built (.ci/run
+## does, to stay within CI's time); the default is the release binary, as a release ships.
+REAL_PROFILE ?= release
+e2e-real: host-deps-real controlplane
+	@bash tools/k8s/build-node.sh > /dev/null
+	$(CARGO) build --locked --bin muster $(if $(filter release,$(REAL_PROFILE)),--release)
+	MUSTER_REAL_BINARY=$(CURDIR)/target/$(REAL_PROFILE)/muster MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test -p muster --test real -- --nocapture; rc=$$?; \
 	for d in target/e2e-cluster-*; do \
 	  [ -d "$$d" ] && [ ! -e "/proc/$${d##*-}" ] && MUSTER_CLUSTER_DIR="$$d" bash hack/cluster-down.sh > /dev/null 2>&1; \
 	done; exit $$rc
