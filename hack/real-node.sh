@@ -97,8 +97,20 @@ down() {
     [ -d "$h/kubepods" ] || continue
     find "$h/kubepods" -depth -type d -exec rmdir {} + 2> /dev/null || true
   done
-  # kube-proxy's rules, the bridge and its leases.
+  # kube-proxy's rules (its --cleanup), then kubelet's own chains (KUBE-FIREWALL drops
+  # non-loopback traffic to 127.0.0.0/8), the bridge and its leases.
   [ ! -x "$kbin/kube-proxy" ] || "$kbin/kube-proxy" --cleanup > /dev/null 2>&1 || true
+  for ipt in iptables ip6tables; do
+    command -v "$ipt" > /dev/null || continue
+    for table in filter nat mangle; do
+      for hook in INPUT OUTPUT; do
+        while "$ipt" -w -t "$table" -D "$hook" -j KUBE-FIREWALL 2> /dev/null; do :; done
+      done
+      for chain in KUBE-FIREWALL KUBE-KUBELET-CANARY KUBE-PROXY-CANARY KUBE-IPTABLES-HINT; do
+        "$ipt" -w -t "$table" -F "$chain" 2> /dev/null && "$ipt" -w -t "$table" -X "$chain" 2> /dev/null || true
+      done
+    done
+  done
   ip link del "$bridge" 2> /dev/null || true
   rm -rf /var/lib/cni/networks/muster "$kubelet_root"
   if [ "${MUSTER_NODE_KEEP_ADDRESS:-}" != 1 ]; then
