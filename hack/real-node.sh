@@ -163,14 +163,7 @@ if [ "$(findmnt -no PROPAGATION /)" != shared ]; then
 fi
 export PATH=$rbin:$PATH
 
-free_ports() {
-  python3 -c '
-import socket, sys
-socks = [socket.socket() for _ in range(int(sys.argv[1]))]
-for s in socks: s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in socks))' "$1"
-}
-read -r kubelet_port kubelet_healthz proxy_healthz proxy_metrics <<< "$(free_ports 4)"
+read -r kubelet_port kubelet_healthz proxy_healthz proxy_metrics <<< "$(bash "$root/hack/free-ports.sh" 4)"
 
 start() {
   local name=$1; shift

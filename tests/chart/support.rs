@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::harness::{cluster, k8s_bin};
+use crate::harness::{cluster, k8s_bin, run_command};
 
 /// Release name every cluster test installs (so the names match the defaults of `muster run`).
 pub const RELEASE: &str = "muster";
@@ -43,26 +43,6 @@ pub fn exclusive() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn run(mut cmd: Command, input: Option<&str>) -> Result<String, String> {
-    use std::io::Write;
-    let shown = format!("{cmd:?}");
-    let mut child = cmd
-        .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("{shown}: {e}"))?;
-    if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
-        stdin.write_all(text.as_bytes()).map_err(|e| format!("{shown}: stdin: {e}"))?;
-    }
-    let out = child.wait_with_output().map_err(|e| format!("{shown}: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).to_string())
-    } else {
-        Err(format!("{shown}: {}\n{}", out.status, String::from_utf8_lossy(&out.stderr).trim()))
-    }
-}
-
 /// Runs helm without a cluster (lint, template, package).
 pub fn helm(args: &[&str]) -> Result<String, String> {
     let bin = k8s_bin()?.join("helm");
@@ -71,7 +51,7 @@ pub fn helm(args: &[&str]) -> Result<String, String> {
         .env("HELM_CACHE_HOME", helm_home().join("cache"))
         .env("HELM_CONFIG_HOME", helm_home().join("config"));
     cmd.env("HELM_DATA_HOME", helm_home().join("data"));
-    run(cmd, None)
+    run_command(&mut cmd, None)
 }
 
 /// Runs helm against the chart tests' cluster.
@@ -89,14 +69,14 @@ fn helm_home() -> PathBuf {
 pub fn kubectl_as(kubeconfig: &Path, args: &[&str]) -> Result<String, String> {
     let mut cmd = Command::new(cluster().bin.join("kubectl"));
     cmd.arg("--kubeconfig").arg(kubeconfig).args(args);
-    run(cmd, None)
+    run_command(&mut cmd, None)
 }
 
 /// Like [`kubectl_as`], with `input` on stdin.
 pub fn kubectl_as_stdin(kubeconfig: &Path, args: &[&str], input: &str) -> Result<String, String> {
     let mut cmd = Command::new(cluster().bin.join("kubectl"));
     cmd.arg("--kubeconfig").arg(kubeconfig).args(args);
-    run(cmd, Some(input))
+    run_command(&mut cmd, Some(input))
 }
 
 /// kubectl (admin) with `input` on stdin.

@@ -97,6 +97,31 @@ pub fn k8s_bin() -> Result<PathBuf, String> {
     Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
+/// Runs a command (with `input` on stdin); its stdout on success, else the command, its status,
+/// and what it printed (stdout, when any, then stderr). For the test binaries that drive helm
+/// and scripts (tests/chart, tests/real).
+#[allow(dead_code)] // tests/e2e and tests/service run their commands otherwise
+pub fn run_command(cmd: &mut Command, input: Option<&str>) -> Result<String, String> {
+    use std::io::Write;
+    let shown = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("{shown}: {e}"))?;
+    if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+        stdin.write_all(text.as_bytes()).map_err(|e| format!("{shown}: stdin: {e}"))?;
+    }
+    let out = child.wait_with_output().map_err(|e| format!("{shown}: {e}"))?;
+    if out.status.success() {
+        return Ok(String::from_utf8_lossy(&out.stdout).to_string());
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = if stdout.trim().is_empty() { String::new() } else { format!("{}\n", stdout.trim()) };
+    Err(format!("{shown}: {}\n{stdout}{}", out.status, String::from_utf8_lossy(&out.stderr).trim()))
+}
+
 fn start() -> Result<Cluster, String> {
     let began = Instant::now();
     let bin = k8s_bin()?;

@@ -4,7 +4,7 @@
 //! from muster's own image) runs as a DaemonSet pod on the real node, as NVIDIA's plugin does.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -38,31 +38,7 @@ pub fn out_dir() -> PathBuf {
     repo().join("target/e2e-real")
 }
 
-/// Runs a command; stdout on success, the status and stderr otherwise.
-pub fn run(cmd: &mut Command, input: Option<&str>) -> Result<String, String> {
-    use std::io::Write;
-    let shown = format!("{cmd:?}");
-    let mut child = cmd
-        .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("{shown}: {e}"))?;
-    if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
-        stdin.write_all(text.as_bytes()).map_err(|e| format!("{shown}: stdin: {e}"))?;
-    }
-    let out = child.wait_with_output().map_err(|e| format!("{shown}: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).to_string())
-    } else {
-        Err(format!(
-            "{shown}: {}\n{}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout).trim(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
+pub use crate::harness::run_command as run;
 
 /// Polls `check` every 500 ms until it gives `Ok(Some(_))`; an `Err` stops at once. After
 /// `timeout`, the error names `what` and the last state `check` described.

@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use muster::scheduler::{parse_milli_value, parse_value};
 use serde_json::{Value, json};
 
 use crate::node::{
@@ -413,24 +414,11 @@ fn requests(containers: &Value) -> (i64, i64, i64) {
     total
 }
 
-/// A Kubernetes quantity: cpu in millicores, memory in bytes (the suffixes the examples use).
+/// A Kubernetes quantity: cpu in millicores, memory in bytes (muster's own parser; 0 when it
+/// does not parse).
 fn quantity(q: &str, cpu: bool) -> i64 {
-    let split = q.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(q.len());
-    let (n, unit) = q.split_at(split);
-    let n: f64 = n.parse().unwrap_or(0.0);
-    let factor = match (cpu, unit) {
-        (true, "m") => 1.0,
-        (true, _) => 1000.0,
-        (false, "Ki") => 1024.0,
-        (false, "Mi") => 1024.0 * 1024.0,
-        (false, "Gi") => 1024.0 * 1024.0 * 1024.0,
-        (false, "Ti") => 1024.0_f64.powi(4),
-        (false, "k") => 1e3,
-        (false, "M") => 1e6,
-        (false, "G") => 1e9,
-        _ => 1.0,
-    };
-    (n * factor) as i64
+    let parsed = if cpu { parse_milli_value(q) } else { parse_value(q) };
+    parsed.unwrap_or(0)
 }
 
 /// The pod specs of an example (path in the object, pods of that spec).
