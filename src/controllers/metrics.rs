@@ -204,6 +204,9 @@ pub struct Metrics {
     pub preemption_victims: Counter,
     /// Gang attempts rolled back after a failed pin (every pod deleted, recreated gated).
     pub gang_rollbacks: Counter,
+    /// Of those, attempts rolled back because a device of their DRA claims was also allocated
+    /// to another claim (muster and kube-scheduler wrote it at the same moment).
+    pub dra_devices_lost: Counter,
     /// Errors met on one object (a refused pod patch, a failed status write), by kind and reason.
     pub object_errors: Family<ObjectErrorLabels, Counter>,
     /// GPU index conflicts seen (two live pods claiming one GPU).
@@ -293,6 +296,7 @@ impl Default for Metrics {
             preemptions: Counter::default(),
             preemption_victims: Counter::default(),
             gang_rollbacks: Counter::default(),
+            dra_devices_lost: Counter::default(),
             object_errors: Family::default(),
             gpu_conflicts: Counter::default(),
             gpu_index_corrections: Counter::default(),
@@ -411,6 +415,13 @@ impl Default for Metrics {
             "gang_rollbacks",
             "Gang attempts rolled back (every pod deleted and recreated gated) after a pin failed",
             m.gang_rollbacks.clone(),
+        );
+        register(
+            &mut registry,
+            &mut families,
+            "dra_devices_lost",
+            "Gang attempts rolled back because a device of their DRA claims was also allocated to another claim at the same moment",
+            m.dra_devices_lost.clone(),
         );
         register(
             &mut registry,

@@ -116,10 +116,21 @@ fn template_warnings(req: &AdmissionRequest<DynamicObject>) -> Vec<String> {
     let mut out = Vec::new();
     match (req.kind.group.as_str(), req.kind.kind.as_str()) {
         ("batch.muster.dev", "MusterJob") => {
-            if let Ok(job) = decode::<MusterJob>(obj)
-                && let Some(spec) = &job.spec.template.spec
-            {
-                out.extend(unmodelled(spec).iter().map(|u| format!("spec.template.spec.{u}")));
+            if let Ok(job) = decode::<MusterJob>(obj) {
+                if let Some(spec) = &job.spec.template.spec {
+                    out.extend(unmodelled(spec).iter().map(|u| format!("spec.template.spec.{u}")));
+                }
+                let api = job.metadata.annotations.as_ref().and_then(|a| a.get(crate::crds::SCHEDULING_API_ANNOTATION));
+                if api.map(String::as_str) != Some("upstream") {
+                    let group =
+                        job.spec.scheduling.as_ref().and_then(|s| s.resource_claims.as_deref()).unwrap_or_default();
+                    let shared = crate::scheduler::shared_claim_warnings(
+                        job.spec.template.spec.as_ref(),
+                        group,
+                        job.spec.parallelism,
+                    );
+                    out.extend(shared.into_iter().map(|w| format!("spec.{w}")));
+                }
             }
         }
         ("batch.muster.dev", "MusterJobSet") => {

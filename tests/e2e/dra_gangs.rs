@@ -24,10 +24,11 @@ use crate::dra::{allocated, claim_spec, reserved_for};
 use crate::gangs::{
     LONG, TestNodes, all_bound, apply, condition, gang, gated, group_until, indices_of, job_pods, merge, node_of,
 };
-use crate::harness::dra::DraSlices;
+use crate::harness::dra::{DraSlices, PublishOptions};
 use crate::harness::extra::extra_muster;
 use crate::harness::manager::muster;
 use crate::harness::{client, namespace, wait_for};
+use muster_dev::dra::Shape;
 
 /// A MusterJob of `pods` pods whose GPUs come from their own claim, made from template
 /// `template`, and whose pod spec also has `extra` merged in.
@@ -84,10 +85,22 @@ pub(crate) async fn check_pod_claim(claims: &Api<ResourceClaim>, pod: &Pod, entr
 
 #[tokio::test]
 async fn a_gang_with_gpu_claims_binds_where_muster_allocated_and_frees_them_when_deleted() {
+    gang_with_gpu_claims("dra-gang", Shape::Current).await;
+}
+
+/// The same on the driver's old shape (int `index` and `minor` attributes).
+#[tokio::test]
+async fn a_gang_with_gpu_claims_binds_where_muster_allocated_on_the_legacy_driver_shape() {
+    gang_with_gpu_claims("dra-gang-legacy", Shape::Legacy).await;
+}
+
+/// A plain pod's claim (kube-scheduler's) and a gang's claims (muster's) on two nodes of 4 GPUs
+/// published in `shape`: every device once, and free again when the job is deleted.
+async fn gang_with_gpu_claims(prefix: &str, shape: Shape) {
     let _muster = muster().await;
-    let ns = namespace("dra-gang");
+    let ns = namespace(prefix);
     let nodes = TestNodes::add(&ns.name, 2, 4, 1).await;
-    let _slices = DraSlices::publish(&nodes.names).await;
+    let _slices = DraSlices::publish_with(&nodes.names, &PublishOptions { shape, ..PublishOptions::default() }).await;
     template(&ns.name, "two-gpus", 2).await;
     let client = client().await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
@@ -227,6 +240,72 @@ async fn a_named_claim_that_does_not_exist_keeps_the_gang_waiting_with_that_reas
     assert!(job_pods(&pods, "lost").await.iter().all(gated), "the gang stays gated");
 }
 
+/// MIG devices and ComputeDomain channels published beside the GPUs (today's shape; GPUs 0 and
+/// 1 in MIG mode, so published only as MIG devices) are never given out as GPUs: a gang whose
+/// pods ask for a MIG device or a ComputeDomain channel waits, every pod gated, with the reason
+/// naming them and upstream mode; a gang of GPU claims gets the two whole GPUs left, by device
+/// minor, and never a MIG device; the node's topology annotation (4 GPUs) disagrees with the 2
+/// whole GPUs published, which is reported on the node.
+#[tokio::test]
+async fn mig_devices_and_compute_domain_channels_are_never_given_out_as_gpus() {
+    let _muster = muster().await;
+    let ns = namespace("dra-mig");
+    let nodes = TestNodes::add(&ns.name, 1, 4, 1).await;
+    let node = nodes.names[0].clone();
+    let options = PublishOptions { mig_parents: vec![0, 1], compute_domain: true, ..PublishOptions::default() };
+    let _slices = DraSlices::publish_with(&nodes.names, &options).await;
+    let client = client().await;
+    let templates: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), &ns.name);
+    for (name, class) in [("mig-one", "mig.nvidia.com"), ("channel", "compute-domain-default-channel.nvidia.com")] {
+        let t: ResourceClaimTemplate = serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"spec": {
+            "devices": {"requests": [{"name": "gpus", "exactly": {"deviceClassName": class, "count": 1}}]}}}}))
+        .unwrap();
+        templates.create(&PostParams::default(), &t).await.expect("create the template");
+    }
+    template(&ns.name, "one-gpu", 1).await;
+    apply(&ns.name, &claim_job("mig", 2, "mig-one", &nodes, json!({})));
+    apply(&ns.name, &claim_job("channel", 2, "channel", &nodes, json!({})));
+    apply(&ns.name, &claim_job("whole", 2, "one-gpu", &nodes, json!({})));
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), &ns.name);
+    let bound = all_bound(&pods, "whole", 2).await;
+    let mut devices = BTreeSet::new();
+    for pod in &bound {
+        for (_, d) in check_pod_claim(&claims, pod, "gpus").await {
+            assert!(devices.insert(d.clone()), "{d} twice");
+        }
+    }
+    assert_eq!(devices, BTreeSet::from(["gpu-2".to_string(), "gpu-3".to_string()]), "the whole GPUs left");
+
+    let groups: Api<PodGroup> = Api::namespaced(client.clone(), &ns.name);
+    for (job, what) in [("mig", "MIG devices"), ("channel", "ComputeDomain devices")] {
+        let g = group_until(&groups, job, "Admitted=False naming what muster does not allocate", |g| {
+            condition(g, "Admitted").is_some_and(|c| c.status == "False" && c.message.contains(what))
+        })
+        .await;
+        let message = &condition(&g, "Admitted").unwrap().message;
+        assert!(message.contains("muster allocates whole GPUs only") && message.contains("upstream"), "{message}");
+        assert!(job_pods(&pods, job).await.iter().all(gated), "gang {job} stays gated");
+    }
+    // No claim of the namespace holds a MIG device or a channel.
+    for claim in claims.list(&Default::default()).await.unwrap().items {
+        for (_, d) in allocated(&claim) {
+            assert!(d.starts_with("gpu-") && !d.contains("mig"), "claim {} holds {d}", claim.name_any());
+        }
+    }
+    // The annotation's 4 GPUs against 2 whole GPUs published: reported on the node.
+    let note = wait_for("a GPUProblems event naming the mismatch", LONG, || async {
+        let events = crate::gangs::events_of("default", &node).await;
+        events
+            .into_iter()
+            .find(|(t, r, m)| t == "Warning" && r == "GPUProblems" && m.contains("publishes 2 whole GPUs"))
+            .map(|e| e.2)
+    })
+    .await;
+    assert!(note.contains("named by device minor"), "{note}");
+}
+
 /// `spec.gpuClaims`: the job's `nvidia.com/gpu` limit becomes a claim, which muster allocates
 /// with its topology chooser; the pods' indices are what the claims hold.
 #[tokio::test]
@@ -357,7 +436,10 @@ async fn a_dra_only_node_gets_topology_aware_gpus_through_claims() {
         s.topology = muster_dev::TopologyKind::Pcie;
     })
     .await;
-    let _slices = DraSlices::publish(&nodes.names).await;
+    let slices = DraSlices::publish(&nodes.names).await;
+    // Today's driver publishes no index: GPU 0 is named by its uuid.
+    let gpu0 = slices.of(&nodes.names[0]).spec.devices.iter().flatten().find(|d| d.name == "gpu-0").unwrap();
+    let uuid0 = gpu0.attributes.as_ref().unwrap()["uuid"].string.clone().unwrap();
     let client = client().await;
     let node = kube::Api::<k8s_openapi::api::core::v1::Node>::all(client.clone()).get(&nodes.names[0]).await.unwrap();
     let allocatable = node.status.and_then(|s| s.allocatable).unwrap_or_default();
@@ -368,7 +450,7 @@ async fn a_dra_only_node_gets_topology_aware_gpus_through_claims() {
         "metadata": {"name": "gpu-zero"},
         "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
             "deviceClassName": "gpu.nvidia.com", "count": 1,
-            "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].index == 0"}}]}}]}}},
+            "selectors": [{"cel": {"expression": format!("device.attributes['gpu.nvidia.com'].uuid == '{uuid0}'")}}]}}]}}},
     }))
     .unwrap();
     templates.create(&PostParams::default(), &first).await.unwrap();

@@ -10,7 +10,8 @@
 //! Measured: the admission decision (`decide`, topology chooser with a warm cache, as
 //! admission uses it) for a 3-pod gang of 4 GPUs each on (a) and on (b); and for (b) the DRA
 //! state admission builds once per cycle from the object lists (`Inventory::new`,
-//! `Dra::new`, `Snapshot::set_dra`).
+//! `Dra::new`, `Snapshot::set_dra`), the whole GPUs each node publishes (`published_gpus`) and
+//! one node's locality model without the node agent (`PublishedGpus::topology`).
 //! `cargo bench --bench dra_admission` prints the times.
 
 mod common;
@@ -26,7 +27,7 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTe
 use muster_api::{ADMISSION_GATE, GPU_RESOURCE, GPU_TOPOLOGY_ANNOTATION, HOSTNAME_LABEL, POD_GROUP_LABEL};
 use muster_core::devices::chooser::{NodeGpus, TopologyChooser, node_gpus};
 use muster_core::devices::dra::fixtures::{nvidia_device_class, nvidia_slice};
-use muster_core::devices::dra::{Inventory, NVIDIA_GPU_DRIVER};
+use muster_core::devices::dra::{Inventory, NVIDIA_GPU_DRIVER, published_gpus};
 use muster_core::devices::{GpuSet, HealthThresholds, MetricsCache, SelectOptions, fixtures};
 use muster_core::scheduler::{
     Admission, CPU, Decision, Dra, GroupTree, LeafGroup, LeafPolicy, MEMORY, PODS, PlaceOptions, PodShape, Resources,
@@ -273,6 +274,17 @@ fn bench(c: &mut Criterion) {
             },
             BatchSize::LargeInput,
         )
+    });
+    // What the GPU model reads of the slices each cycle: the whole GPUs each node publishes
+    // (today's driver shape: slots from the device names, pcieRoot, numaNode), and the model of
+    // a node without the node agent built from them.
+    c.bench_function("published_gpus: the whole GPUs of 1,000 slices, by node (once per cycle)", |b| {
+        b.iter(|| black_box(published_gpus(black_box(&cluster.slices), NVIDIA_GPU_DRIVER)))
+    });
+    let published = published_gpus(&cluster.slices, NVIDIA_GPU_DRIVER);
+    let one = published.values().next().cloned().unwrap_or_default();
+    c.bench_function("PublishedGpus::topology: one node's locality model without the agent (interned)", |b| {
+        b.iter(|| black_box(black_box(&one).topology()))
     });
 }
 

@@ -76,8 +76,9 @@ enum DevCommand {
     AddNodes(AddNodesArgs),
     /// Serve DCGM exporter metrics (temperature, memory, utilization) for fake GPU nodes.
     FakeDcgmExporter(dcgm::Args),
-    /// Publish (or with --delete remove) fake NVIDIA DRA ResourceSlices (driver gpu.nvidia.com)
-    /// for kwok GPU nodes, and the DeviceClass gpu.nvidia.com.
+    /// Publish (or with --delete remove) fake NVIDIA DRA ResourceSlices (driver gpu.nvidia.com,
+    /// today's shape unless --shape legacy; MIG devices with --mig, ComputeDomain slices with
+    /// --compute-domain) for kwok GPU nodes, and their DeviceClasses.
     DraSlices(DraSlicesArgs),
     /// Check what `make demo` promises (gangs admitted, the oversize one explained, GPU
     /// indices disjoint); exit 0 only when all of it holds.
@@ -112,13 +113,34 @@ struct DraSlicesArgs {
     /// The kwok GPU nodes.
     #[arg(long, num_args = 1.., required_unless_present = "all_gpu_nodes", conflicts_with = "all_gpu_nodes")]
     nodes: Vec<String>,
-    /// Every kwok node with GPUs (with --delete: every slice this command published, and the
-    /// DeviceClass it made).
+    /// Every kwok node with GPUs (with --delete: every slice of either driver this command
+    /// published, and the DeviceClasses it made).
     #[arg(long)]
     all_gpu_nodes: bool,
-    /// Remove the slices instead of publishing them.
+    /// Remove the slices instead of publishing them (those of both drivers this command made;
+    /// with --all-gpu-nodes also the DeviceClasses it made).
     #[arg(long)]
     delete: bool,
+    /// Shape of the whole-GPU devices. `current`: as NVIDIA's driver publishes them today,
+    /// device gpu-<minor> with type, uuid, productName, brand, architecture,
+    /// cudaComputeCapability, driverVersion, cudaDriverVersion, resource.kubernetes.io/pciBusID,
+    /// resource.kubernetes.io/pcieRoot, addressingMode, resource.kubernetes.io/numaNode (when the
+    /// node's topology annotation gives a NUMA node) and a memory capacity: no index or minor
+    /// attribute. `legacy`: as it published them until 2025, with index and minor int
+    /// attributes and an unqualified pcieBusID.
+    #[arg(long, default_value_t = dra::Shape::Current, conflicts_with = "delete")]
+    shape: dra::Shape,
+    /// Comma-separated GPU indices that also get one MIG device each, published beside the
+    /// whole GPU in the same slice: profile 1g.10gb at memory slice 0, named
+    /// gpu-<minor>-mig-1g10gb-19-0, type mig, parentUUID the GPU's uuid; also applies the
+    /// DeviceClass mig.nvidia.com. Every node must have these GPUs.
+    #[arg(long, value_name = "INDICES", value_delimiter = ',', conflicts_with = "delete")]
+    mig: Vec<u32>,
+    /// Also publish, per node, the ComputeDomain kubelet plugin's slice (driver
+    /// compute-domain.nvidia.com: device channel-0, an IMEX channel, and device daemon) and the
+    /// DeviceClass compute-domain-default-channel.nvidia.com.
+    #[arg(long, conflicts_with = "delete")]
+    compute_domain: bool,
 }
 
 /// Arguments of `muster dev add-nodes`.
@@ -408,15 +430,22 @@ async fn run_dra_slices(args: DraSlicesArgs) -> ExitCode {
                 .into_iter()
                 .map(|n| format!("resourceslice/{n} deleted"))
                 .collect();
-            if args.all_gpu_nodes && dra::delete_device_class(&client).await? {
-                lines.push(format!("deviceclass/{} deleted", dra::DEVICE_CLASS));
+            if args.all_gpu_nodes {
+                lines.extend(
+                    dra::delete_device_class(&client).await?.into_iter().map(|c| format!("deviceclass/{c} deleted")),
+                );
             }
             Ok::<_, Error>(lines)
         } else {
-            let mut lines = vec![format!("deviceclass/{} applied", dra::DEVICE_CLASS)];
-            lines
-                .extend(dra::publish(&client, &nodes).await?.into_iter().map(|n| format!("resourceslice/{n} applied")));
-            Ok(lines)
+            let opts = dra::PublishOptions {
+                shape: args.shape,
+                mig_parents: args.mig.clone(),
+                compute_domain: args.compute_domain,
+            };
+            let published = dra::publish_with(&client, &nodes, &opts).await?;
+            let classes = published.classes.into_iter().map(|c| format!("deviceclass/{c} applied"));
+            let slices = published.slices.into_iter().map(|n| format!("resourceslice/{n} applied"));
+            Ok(classes.chain(slices).collect())
         }
     }
     .await;

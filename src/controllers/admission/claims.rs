@@ -29,9 +29,12 @@ fn consumers(pods: &[(String, String)]) -> Vec<serde_json::Value> {
 }
 
 impl Admitter {
-    /// The cluster's DRA state for this cycle, from the caches. GPU nodes known only from their
-    /// slices (no `nvidia.com/gpu`, no topology annotation) get an unknown topology of as many
-    /// GPUs as their highest device index says, with health from the metrics.
+    /// The cluster's DRA state for this cycle, from the caches. A device is joined to its GPU
+    /// by `uuid` where the node's model is its topology annotation (the node agent's), else by
+    /// its slot (the driver's index, else its device minor; the model is then the driver's
+    /// locality, see `devices::dra::PublishedGpus`). A node whose model has fewer GPUs than its
+    /// devices name (the slices changed since the models were built) gets an unknown topology
+    /// of as many GPUs until the next cycle, with health from the metrics.
     pub(super) fn dra_state(&mut self, nodes: &[(String, Arc<GpuNode>)]) -> Arc<Dra> {
         let Some(caches) = &self.caches.dra else { return Arc::default() };
         // Only nodes that publish devices are joined by UUID: building (and comparing) the

@@ -15,6 +15,7 @@ use super::{
     SelectionKey, TopologyProblem, fit, healthy_mask,
 };
 use crate::devices::TopologyError;
+use crate::devices::dra::{Published, PublishedGpus};
 use crate::scheduler::{GpuChoice, GpuChooser, NodeInfo};
 use muster_api::{GPU_ASSIGNED_ANNOTATION, GPU_HEALTH_ANNOTATION, GPU_RESOURCE, GPU_TOPOLOGY_ANNOTATION};
 
@@ -124,7 +125,7 @@ pub fn node_gpus<N: Borrow<Node>>(
     thresholds: &HealthThresholds,
     now: SystemTime,
 ) -> HashMap<String, NodeGpus> {
-    node_gpus_with(nodes, &HashMap::new(), metrics, thresholds, now)
+    node_gpus_with(nodes, &Published::new(), metrics, thresholds, now)
 }
 
 /// [`node_gpus`], counting as a node's GPUs the larger of its `nvidia.com/gpu` allocatable and
@@ -132,7 +133,7 @@ pub fn node_gpus<N: Borrow<Node>>(
 /// `nvidia.com/gpu`, and its topology annotation is checked against the devices instead).
 pub fn node_gpus_with<N: Borrow<Node>>(
     nodes: &[N],
-    published: &HashMap<String, u64>,
+    published: &Published,
     metrics: &MetricsCache,
     thresholds: &HealthThresholds,
     now: SystemTime,
@@ -150,37 +151,47 @@ pub fn node_gpus_with<N: Borrow<Node>>(
 /// the metrics and the clock).
 pub fn node_gpus_of<'a>(
     nodes: impl IntoIterator<Item = (&'a str, &'a GpuNode)>,
-    published: &HashMap<String, u64>,
+    published: &Published,
     metrics: &MetricsCache,
     thresholds: &HealthThresholds,
     now: SystemTime,
 ) -> HashMap<String, NodeGpus> {
     let mut out = HashMap::new();
     for (name, node) in nodes {
-        let count = node.gpus_with(published.get(name).copied().unwrap_or(0));
         let samples = node.samples(metrics.node(name));
-        if let Some((model, _)) = node_model(node, count, samples.as_ref(), thresholds, now) {
+        if let Some((model, _)) = node_model(node, published.get(name).map(|p| &**p), samples.as_ref(), thresholds, now)
+        {
             out.insert(name.to_string(), model);
         }
     }
     out
 }
 
-/// PURE: one node's GPU model from the node as kept, its GPU count ([`GpuNode::gpus_with`])
-/// and its health samples ([`GpuNode::samples`]), with when a sample it read goes stale
-/// (`None`: the model holds until an input changes). `None` for a node without GPUs and
+/// PURE: one node's GPU model from the node as kept, the whole GPUs its DRA driver publishes
+/// (if any) and its health samples ([`GpuNode::samples`]), with when a sample it read goes
+/// stale (`None`: the model holds until an input changes). `None` for a node without GPUs and
 /// without a topology annotation.
+///
+/// A node whose driver publishes GPUs is modelled from them ([`PublishedGpus::checked`]): its
+/// topology annotation when it names exactly the published GPUs, else the driver's pcieRoot /
+/// numaNode locality (a disagreeing annotation is the node's problem, reported with the
+/// others). Any other node: its annotation checked against its `nvidia.com/gpu` allocatable.
 pub fn node_model(
     node: &GpuNode,
-    count: u64,
+    published: Option<&PublishedGpus>,
     samples: Option<&NodeMetrics>,
     thresholds: &HealthThresholds,
     now: SystemTime,
 ) -> Option<(NodeGpus, Option<SystemTime>)> {
+    let published = published.filter(|p| !p.is_empty());
+    let count = node.gpus_with(published.map_or(0, PublishedGpus::slots));
     if count == 0 && node.topology.is_none() {
         return None;
     }
-    let (topology, topology_problem) = GpuTopology::checked(node.topology.as_ref(), count);
+    let (topology, topology_problem) = match published {
+        Some(p) => p.checked(node.topology.as_ref()),
+        None => GpuTopology::checked(node.topology.as_ref(), count),
+    };
     let health = healthy_mask(&topology, samples, thresholds, now);
     let valid_until = samples.and_then(|s| super::health::fresh_until(&topology, s, thresholds, now));
     let model = NodeGpus {
@@ -389,11 +400,12 @@ impl GpuChooser for TopologyChooser {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::devices::{GpuMetrics, NodeMetrics, fixtures};
     use crate::scheduler::Resources;
     use serde_json::json;
+    use std::collections::BTreeMap;
 
     fn node(name: &str, annotation: Option<&str>, gpus: u32) -> Node {
         let mut n: Node = serde_json::from_value(json!({
@@ -405,6 +417,14 @@ mod tests {
             n.metadata.annotations = Some([(GPU_TOPOLOGY_ANNOTATION.to_string(), a.to_string())].into());
         }
         n
+    }
+
+    /// What a driver publishing `n` whole GPUs `GPU-<i>` (no locality attributes) gives.
+    pub(crate) fn published_of(n: usize) -> Arc<crate::devices::dra::PublishedGpus> {
+        let gpus = (0..n)
+            .map(|i| (i, crate::devices::dra::PublishedGpu { uuid: Some(format!("GPU-{i}")), ..Default::default() }))
+            .collect();
+        Arc::new(crate::devices::dra::PublishedGpus { gpus })
     }
 
     fn pcie() -> String {
@@ -425,7 +445,8 @@ mod tests {
                     .collect()
             })
             .collect();
-        let gpus: Vec<serde_json::Value> = (0..8).map(|i| json!({"index": i, "numa": i / 4})).collect();
+        let gpus: Vec<serde_json::Value> =
+            (0..8).map(|i| json!({"index": i, "numa": i / 4, "uuid": format!("GPU-{i}")})).collect();
         json!({"version": 1, "gpus": gpus, "links": links}).to_string()
     }
 
@@ -517,17 +538,66 @@ mod tests {
         let old = fixtures::nvidia_slice("dra", &gpus[..4], 1);
         let slices = [old, fixtures::nvidia_slice("dra", &gpus, 2), fixtures::nvidia_slice("stale", &gpus[..4], 1)];
         let published = published_gpus(&slices, NVIDIA_GPU_DRIVER);
-        assert_eq!(
-            published,
-            HashMap::from([("dra".to_string(), 8), ("stale".to_string(), 4)]),
-            "newest generation only"
-        );
+        let counts: BTreeMap<&str, usize> = published.iter().map(|(n, p)| (n.as_str(), p.len())).collect();
+        assert_eq!(counts, BTreeMap::from([("dra", 8), ("stale", 4)]), "newest generation only");
         let map = node_gpus_with(&nodes, &published, &MetricsCache::default(), &HealthThresholds::default(), now);
         assert!(map["dra"].topology.is_known() && map["dra"].topology_problem.is_none());
         assert_eq!(map["dra"].topology.len(), 8);
-        assert!(!map["stale"].topology.is_known(), "8 annotated, 4 published: not trusted");
+        assert_eq!(map["dra"].topology.link(0, 1), crate::devices::topology::Link::Pix, "the annotation's links");
+        // 8 annotated, 4 published: the annotation is not trusted; the driver's 4 GPUs are the
+        // model (each behind a root of its own, GPUs 0-3 on NUMA node 0), and the node says so.
+        let stale = &map["stale"];
+        assert_eq!(stale.topology.len(), 4);
+        assert_eq!(stale.topology.link(0, 1), crate::devices::topology::Link::Node);
+        let problem = stale.topology_problem.as_ref().map(TopologyProblem::problem).expect("a problem");
+        assert_eq!(problem.kind, GpuProblemKind::TopologyMismatch);
+        assert!(problem.message.contains("publishes 4 whole GPUs"), "{}", problem.message);
         let without = node_gpus(&nodes, &MetricsCache::default(), &HealthThresholds::default(), now);
         assert!(!without["dra"].topology.is_known(), "counted by nvidia.com/gpu alone the annotation looks stale");
+    }
+
+    #[test]
+    fn a_dra_node_without_the_node_agent_is_modelled_from_its_devices_locality() {
+        use crate::devices::dra::{NVIDIA_GPU_DRIVER, fixtures, published_gpus};
+        use crate::devices::topology::Link;
+        let now = SystemTime::UNIX_EPOCH;
+        let uuids: Vec<String> = (0..8).map(|i| format!("GPU-{i}")).collect();
+        let gpus: Vec<(usize, &str)> = uuids.iter().enumerate().map(|(i, u)| (i, u.as_str())).collect();
+        let other: Vec<String> = (0..8).map(|i| format!("GPU-other-{i}")).collect();
+        let others: Vec<(usize, &str)> = other.iter().enumerate().map(|(i, u)| (i, u.as_str())).collect();
+        for shape in fixtures::Shape::ALL {
+            // No annotation (no node agent), and an annotation naming other GPUs (a stale one).
+            let nodes = [node("bare", None, 0), node("swapped", Some(&pcie()), 0)];
+            let slices = [
+                fixtures::nvidia_slice_shaped("bare", &gpus, 1, shape),
+                fixtures::nvidia_slice_shaped("swapped", &others, 1, shape),
+            ];
+            let published = published_gpus(&slices, NVIDIA_GPU_DRIVER);
+            let map = node_gpus_with(&nodes, &published, &MetricsCache::default(), &HealthThresholds::default(), now);
+            let bare = &map["bare"];
+            assert_eq!(bare.topology.len(), 8, "{shape}");
+            assert!(bare.topology_problem.is_none(), "{shape}: no node agent is no problem");
+            let swapped = &map["swapped"];
+            let problem = swapped.topology_problem.as_ref().map(TopologyProblem::problem).expect("a problem");
+            assert_eq!(problem.kind, GpuProblemKind::TopologyMismatch, "{shape}");
+            assert!(problem.message.contains("GPU-other-0"), "{shape}: {}", problem.message);
+            match shape {
+                // Today's driver publishes numaNode: GPUs 0-3 share one, 4-7 the other.
+                fixtures::Shape::Current => {
+                    assert!(bare.topology.is_known());
+                    assert_eq!(bare.topology.link(0, 3), Link::Node);
+                    assert_eq!(bare.topology.link(3, 4), Link::Sys);
+                    assert_eq!(bare.topology.numa_groups().len(), 2);
+                }
+                // The old shape has a pcieRoot per GPU and no NUMA node: all SYS, still known.
+                fixtures::Shape::Legacy => {
+                    assert!(bare.topology.is_known());
+                    assert_eq!(bare.topology.link(0, 3), Link::Sys);
+                    assert!(bare.topology.numa_groups().is_empty());
+                }
+            }
+            assert_eq!(swapped.topology, bare.topology, "{shape}: the driver's locality, shared");
+        }
     }
 
     proptest::proptest! {
@@ -615,18 +685,27 @@ mod tests {
                     Some(n) => kept.insert(names[i], GpuNode::of(n)),
                     None => kept.remove(names[i]),
                 };
-                let published: HashMap<String, u64> = [("a".to_string(), [0, 4, 8][dra])].into();
+                let published: crate::devices::dra::Published =
+                    [("a".to_string(), published_of([0, 4, 8][dra]))].into();
                 let got = node_gpus_of(kept.iter().map(|(n, g)| (*n, g)), &published, &metrics, &thresholds, SystemTime::UNIX_EPOCH);
                 // Each node read afresh: its annotations parsed against the count it has now.
                 let mut want = HashMap::new();
                 for n in nodes.iter().flatten() {
                     let name = n.metadata.name.clone().unwrap_or_default();
-                    let gpus = allocatable_gpus(n).max(published.get(&name).copied().unwrap_or(0));
+                    let publishes = published.get(&name).filter(|p| !p.is_empty());
+                    let gpus = allocatable_gpus(n).max(publishes.map_or(0, |p| p.slots()));
                     let topology_annotation = node_annotation(n, GPU_TOPOLOGY_ANNOTATION);
                     if gpus == 0 && topology_annotation.is_none() {
                         continue;
                     }
-                    let (topology, topology_problem) = GpuTopology::from_node(topology_annotation, gpus);
+                    let (topology, topology_problem) = match publishes {
+                        Some(p) => {
+                            let parsed = topology_annotation.map(|j| GpuTopology::parse(j).map(Arc::new));
+                            let (t, problem) = p.checked(parsed.as_ref());
+                            (Arc::unwrap_or_clone(t), problem)
+                        }
+                        None => GpuTopology::from_node(topology_annotation, gpus),
+                    };
                     let mut report_problems = Vec::new();
                     let agent = node_annotation(n, GPU_HEALTH_ANNOTATION)
                         .and_then(|v| HealthAnnotation::parse(v).map_err(|e| report_problems.push(e.to_string())).ok());

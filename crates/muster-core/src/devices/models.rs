@@ -13,13 +13,14 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::chooser::{ChooserNodes, FitCache, GpuNode, NodeGpus, node_model};
+use super::dra::{Published, PublishedGpus};
 use super::{HealthThresholds, MetricsCache, NodeMetrics};
 
 /// What one node's kept model was built from.
 #[derive(Debug)]
 struct Inputs {
     node: Arc<GpuNode>,
-    published: u64,
+    published: Option<Arc<PublishedGpus>>,
     samples: Option<NodeMetrics>,
     thresholds: HealthThresholds,
     /// When a sample it was built from goes stale (`None`: never).
@@ -47,7 +48,7 @@ impl GpuModels {
     pub fn update<'a>(
         &mut self,
         nodes: impl IntoIterator<Item = (&'a str, &'a Arc<GpuNode>)>,
-        published: &HashMap<String, u64>,
+        published: &Published,
         metrics: &MetricsCache,
         thresholds: &HealthThresholds,
         now: SystemTime,
@@ -59,12 +60,12 @@ impl GpuModels {
         let seen = self.updates;
         let (mut changed, mut visited) = (false, 0);
         for (name, node) in nodes {
-            let count = node.gpus_with(published.get(name).copied().unwrap_or(0));
+            let publishes = published.get(name);
             let samples = node.samples(metrics.node(name));
             if let Some(i) = self.inputs.get_mut(name)
                 && !i.replaced
                 && Arc::ptr_eq(&i.node, node)
-                && i.published == count
+                && i.published.as_deref() == publishes.map(|p| &**p)
                 && i.samples == samples
                 && i.thresholds == *thresholds
                 && i.valid_until.is_none_or(|t| now < t)
@@ -73,7 +74,9 @@ impl GpuModels {
                 visited += 1;
                 continue;
             }
-            let Some((model, valid_until)) = node_model(node, count, samples.as_ref(), thresholds, now) else {
+            let Some((model, valid_until)) =
+                node_model(node, publishes.map(|p| &**p), samples.as_ref(), thresholds, now)
+            else {
                 changed |= models.remove(name).is_some();
                 self.inputs.remove(name);
                 continue;
@@ -87,7 +90,7 @@ impl GpuModels {
             let thresholds = *thresholds;
             let inputs = Inputs {
                 node: node.clone(),
-                published: count,
+                published: publishes.cloned(),
                 samples,
                 thresholds,
                 valid_until,
@@ -216,7 +219,8 @@ mod tests {
                 // A change is a new `Arc`, as a watch event makes one; an event that changes
                 // nothing the model reads is a new `Arc` too.
                 kept[step.node] = step.change.map(|(gpus, t, h)| Arc::new(GpuNode::of(&node(names[step.node], gpus, t, h))));
-                let published: HashMap<String, u64> = [("a".to_string(), step.published)].into();
+                let published: Published =
+                    [("a".to_string(), crate::devices::chooser::tests::published_of(step.published as usize))].into();
                 let source: crate::devices::ClusterMetrics = step.metrics.map(|s| ("b".to_string(), samples(s))).into_iter().collect();
                 metrics.store(Ok(source), at(now));
                 now += step.passing;

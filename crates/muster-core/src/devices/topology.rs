@@ -236,6 +236,21 @@ pub enum TopologyError {
         /// `links[col][row]`.
         b: Link,
     },
+    /// The annotation and the whole GPUs the node's DRA driver publishes disagree (count or
+    /// UUIDs).
+    #[error(
+        "annotation describes {annotated} GPUs but the DRA driver publishes {published} whole GPUs{}; \
+         GPUs are chosen by the driver's pcieRoot/numaNode attributes and named by device minor",
+        if unknown.is_empty() { String::new() } else { format!(" (not in the annotation: {})", unknown.join(", ")) }
+    )]
+    DevicesDisagree {
+        /// GPUs in the annotation.
+        annotated: usize,
+        /// Whole GPUs published.
+        published: usize,
+        /// Published UUIDs the annotation does not name (at most 3).
+        unknown: Vec<String>,
+    },
     /// The annotation and the node's allocatable GPUs disagree.
     #[error("annotation describes {annotated} GPUs but the node allocates {allocatable} nvidia.com/gpu")]
     CountMismatch {
@@ -261,7 +276,9 @@ impl TopologyProblem {
     pub fn problem(&self) -> GpuProblem {
         let kind = match self.error {
             None => GpuProblemKind::TopologyMissing,
-            Some(TopologyError::CountMismatch { .. }) => GpuProblemKind::TopologyMismatch,
+            Some(TopologyError::CountMismatch { .. } | TopologyError::DevicesDisagree { .. }) => {
+                GpuProblemKind::TopologyMismatch
+            }
             Some(_) => GpuProblemKind::TopologyMalformed,
         };
         GpuProblem { kind, message: format!("GPU topology: {self}") }
@@ -447,6 +464,24 @@ impl GpuTopology {
             Some(Ok(model)) => unknown(Some(TopologyError::CountMismatch { annotated: model.len(), allocatable })),
             Some(Err(e)) => unknown(Some(e.clone())),
         }
+    }
+
+    /// A topology of `gpus` linked as `link(i, j)` says (asked for `i < j` only; the matrix is
+    /// made symmetric with `X` on the diagonal), at most [`MAX_GPUS`] (the rest are dropped).
+    /// `known`: whether the links come from something that knows them (not all assumed).
+    pub fn from_links(mut gpus: Vec<Gpu>, link: impl Fn(usize, usize) -> Link, known: bool) -> Self {
+        gpus.truncate(MAX_GPUS);
+        let n = gpus.len();
+        let mut links = vec![Link::SelfLink; n * n];
+        for i in 0..n {
+            for j in i + 1..n {
+                let l = link(i, j);
+                let l = if l == Link::SelfLink { Link::Sys } else { l };
+                links[i * n + j] = l;
+                links[j * n + i] = l;
+            }
+        }
+        Self::assemble(gpus, links, known)
     }
 
     fn assemble(gpus: Vec<Gpu>, links: Vec<Link>, known: bool) -> Self {

@@ -211,6 +211,12 @@ impl Dra {
                         .request_of(spec)
                         .map_err(|e| format!("ResourceClaimTemplate {ns}/{t} named by {field}: {e}"))?;
                     if !inventory.is_gpu_request(&req) {
+                        if let Some(part) = inventory.partition_asked(&req) {
+                            return Err(format!(
+                                "ResourceClaimTemplate {ns}/{t} named by {field} asks for {part} (class {:?}): {LEFT_TO_KUBE_SCHEDULER}",
+                                req.class()
+                            ));
+                        }
                         return Err(format!(
                             "ResourceClaimTemplate {ns}/{t} named by {field} asks for devices of class {:?}, which are not \
                              GPUs muster allocates; muster allocates a pod's own claims only for GPUs (shared claims may be of any class)",
@@ -234,18 +240,39 @@ impl Dra {
                         return Err(format!("ResourceClaim {ns}/{name} named by {field} does not exist"));
                     };
                     let choice = match &claim.allocation {
-                        Some(a) => SharedChoice {
-                            claim: key.clone(),
-                            devices: allocated_devices(a),
-                            reach: SharedReach::of_allocation(a)
-                                .map_err(|e| format!("ResourceClaim {ns}/{name} named by {field}: allocation {e}"))?,
-                            allocate: false,
-                        },
+                        Some(a) => {
+                            let devices = allocated_devices(a);
+                            if let Some((device, other)) =
+                                devices.iter().find_map(|d| inventory.rivals(d, &key).next().map(|o| (d, o)))
+                            {
+                                return Err(format!(
+                                    "ResourceClaim {ns}/{name} named by {field}: its device {device} is also allocated to \
+                                     ResourceClaim {other} (two allocators wrote it at once); waiting until one of them is freed"
+                                ));
+                            }
+                            SharedChoice {
+                                claim: key.clone(),
+                                devices,
+                                reach: SharedReach::of_allocation(a).map_err(|e| {
+                                    format!("ResourceClaim {ns}/{name} named by {field}: allocation {e}")
+                                })?,
+                                allocate: false,
+                            }
+                        }
                         None => {
                             let req = inventory
                                 .request_of(&claim.spec)
                                 .map_err(|e| format!("ResourceClaim {ns}/{name} named by {field}: {e}"))?;
-                            let Some((devices, reach)) = inventory.choose_shared(&req, taken) else {
+                            let chosen = inventory.choose_shared(&req, taken);
+                            if chosen.is_none()
+                                && let Some(part) = inventory.partition_asked(&req)
+                            {
+                                return Err(format!(
+                                    "ResourceClaim {ns}/{name} named by {field} asks for {part} (class {:?}): {LEFT_TO_KUBE_SCHEDULER}",
+                                    req.class()
+                                ));
+                            }
+                            let Some((devices, reach)) = chosen else {
                                 return Err(format!(
                                     "ResourceClaim {ns}/{name} named by {field}: no {} free device(s) of class {:?} match it",
                                     req.total(),
@@ -484,6 +511,68 @@ pub fn shared_writes(
 
 /// The most consumers one claim may list in `status.reservedFor` (the API's limit).
 pub const MAX_RESERVED_FOR: usize = 256;
+
+/// Why muster does not allocate a claim for parts of GPUs or ComputeDomain channels.
+const LEFT_TO_KUBE_SCHEDULER: &str = "muster allocates whole GPUs only and never hands out a part of a GPU or a \
+     ComputeDomain channel, which need their driver's own placement rules; kube-scheduler allocates such a claim: run the \
+     job in upstream mode (annotation batch.muster.dev/scheduling-api: upstream) or as pods muster does not gang";
+
+/// A device of a plan's claim that another claim holds too: the plan lost it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceLoss {
+    /// The plan's claim.
+    pub claim: ClaimKey,
+    /// The device both claims name.
+    pub device: DeviceId,
+    /// The other claim.
+    pub other: ClaimKey,
+}
+
+impl std::fmt::Display for DeviceLoss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "device {} of ResourceClaim {} is also allocated to ResourceClaim {} (another allocator wrote it at the same moment); this attempt lost it",
+            self.device, self.claim, self.other
+        )
+    }
+}
+
+impl Dra {
+    /// The first device of the claims `names` (in `ns`, a plan's own and shared claims) that a
+    /// claim outside them is allocated too, if any: muster and kube-scheduler wrote the same
+    /// device into two claims at the same moment, and the plan is the side that lost.
+    pub fn lost_device<'a>(&self, ns: &str, names: impl IntoIterator<Item = &'a String>) -> Option<DeviceLoss> {
+        let inventory = self.inventory.as_ref().filter(|i| i.any_contested())?;
+        let names: Vec<&String> = names.into_iter().collect();
+        let ours = |c: &ClaimKey| c.namespace == ns && names.iter().any(|n| **n == c.name);
+        names.iter().find_map(|name| {
+            let claim = ClaimKey { namespace: ns.to_string(), name: (*name).clone() };
+            let allocation = self.claim(ns, name)?.allocation.as_ref()?;
+            allocated_devices(allocation).into_iter().find_map(|device| {
+                let other = inventory.rivals(&device, &claim).find(|o| !ours(o))?.clone();
+                Some(DeviceLoss { claim: claim.clone(), device, other })
+            })
+        })
+    }
+
+    /// Why a named claim cannot also serve `new_pods` more pods in muster's own mode, if it
+    /// cannot: every pod is listed in `status.reservedFor`, which holds at most
+    /// [`MAX_RESERVED_FOR`] consumers, and kube-scheduler and kubelet accept a reservation for
+    /// a whole PodGroup only from a `scheduling.k8s.io` PodGroup the pods name (upstream mode).
+    pub fn reservation_problem(&self, ns: &str, name: &str, new_pods: usize) -> Option<String> {
+        let reserved = self.claim(ns, name).map_or(0, |c| c.reserved_for.len());
+        (reserved + new_pods > MAX_RESERVED_FOR).then(|| {
+            format!(
+                "ResourceClaim {ns}/{name} would serve {} pods ({new_pods} of this gang, {reserved} reserved already), \
+                 more than the {MAX_RESERVED_FOR} consumers status.reservedFor may list; in muster's own mode each pod is \
+                 reserved on its own. Run the job in upstream mode (annotation batch.muster.dev/scheduling-api: upstream), \
+                 where kube-scheduler reserves the claim for the PodGroup, or split the claim",
+                reserved + new_pods
+            )
+        })
+    }
+}
 
 #[cfg(test)]
 mod tests {

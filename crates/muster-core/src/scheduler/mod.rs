@@ -45,8 +45,8 @@ pub use commit::{
     remaining_fits,
 };
 pub use dra::{
-    ClaimInfo, ClaimSource, ClaimWrite, Dra, MAX_RESERVED_FOR, PodClaim, ShapeClaims, SharedChoice, own_claim_names,
-    own_claims, own_writes, pod_claims, shared_writes,
+    ClaimInfo, ClaimSource, ClaimWrite, DeviceLoss, Dra, MAX_RESERVED_FOR, PodClaim, ShapeClaims, SharedChoice,
+    own_claim_names, own_claims, own_writes, pod_claims, shared_writes,
 };
 pub use explain::{
     ChildrenUnplaced, DomainConflict, Explanation, ExplanationKind, FilterReason, PodsUnplaced, ReasonCount,
@@ -75,5 +75,5 @@ pub use tree::{
     CompositeGroup, CompositePolicy, Forest, Group, GroupPod, GroupTree, LeafGroup, LeafPolicy, PodState, Unresolved,
     UnresolvedReason, build_forest, sort_for_admission,
 };
-pub use unmodelled::{DEFAULT_SCHEDULER, Unmodelled, unmodelled};
+pub use unmodelled::{DEFAULT_SCHEDULER, Unmodelled, shared_claim_warnings, unmodelled};
 pub use volumes::{ClaimState, VolumeConflict, VolumeNodes, Volumes};

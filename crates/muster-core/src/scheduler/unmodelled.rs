@@ -53,6 +53,37 @@ pub fn unmodelled(spec: &PodSpec) -> Vec<Unmodelled> {
     out
 }
 
+/// A job's claims shared by more pods than muster's own mode can reserve them for, as
+/// admission warnings naming the field (relative to the job's `spec`): in muster's own mode
+/// every pod is listed in a shared claim's `status.reservedFor`, which holds at most
+/// [`super::MAX_RESERVED_FOR`] consumers, so such a gang waits (upstream mode reserves the
+/// claim for the PodGroup instead). `group_claims`: `spec.scheduling.resourceClaims`; `pod`:
+/// the pod template's spec; `pods`: how many pods the job runs at once.
+pub fn shared_claim_warnings(
+    pod: Option<&PodSpec>,
+    group_claims: &[muster_api::blocks::PodGroupResourceClaim],
+    pods: i32,
+) -> Vec<String> {
+    let limit = super::MAX_RESERVED_FOR;
+    if usize::try_from(pods).unwrap_or(0) <= limit {
+        return Vec::new();
+    }
+    let why = format!(
+        "shared by {pods} pods, more than the {limit} consumers a claim's status.reservedFor lists in muster's own mode: \
+         the gang will wait; in upstream mode (batch.muster.dev/scheduling-api: upstream) kube-scheduler reserves the claim \
+         for the PodGroup"
+    );
+    let group = (0..group_claims.len()).map(|i| format!("scheduling.resourceClaims[{i}]: {why}"));
+    let named = pod
+        .and_then(|p| p.resource_claims.as_ref())
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .filter(|(_, c)| c.resource_claim_name.is_some())
+        .map(|(i, _)| format!("template.spec.resourceClaims[{i}]: {why}"));
+    group.chain(named).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,5 +114,32 @@ mod tests {
         }
         let spec: PodSpec = serde_json::from_value(json!({"containers": [], "schedulerName": "volcano"})).unwrap();
         assert!(unmodelled(&spec)[0].to_string().starts_with("schedulerName: \"volcano\" is not"));
+    }
+}
+
+#[cfg(test)]
+mod shared_claim_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn claims_shared_by_more_pods_than_reservedfor_holds_are_warned_about() {
+        let pod: PodSpec = serde_json::from_value(json!({"containers": [], "resourceClaims": [
+            {"name": "own", "resourceClaimTemplateName": "t"},
+            {"name": "data", "resourceClaimName": "dataset"}]}))
+        .expect("pod spec");
+        let group: Vec<muster_api::blocks::PodGroupResourceClaim> =
+            serde_json::from_value(json!([{"name": "g", "resourceClaimTemplateName": "g"}])).expect("claims");
+        for (pods, want) in [(256, 0), (257, 2), (300, 2)] {
+            let got = shared_claim_warnings(Some(&pod), &group, pods);
+            assert_eq!(got.len(), want, "{pods} pods: {got:?}");
+            if want > 0 {
+                assert!(got[0].starts_with("scheduling.resourceClaims[0]: shared by"), "{got:?}");
+                // The template entry is each pod's own claim: only the named one is shared.
+                assert!(got[1].starts_with("template.spec.resourceClaims[1]: "), "{got:?}");
+                assert!(got.iter().all(|w| w.contains("256") && w.contains("upstream")), "{got:?}");
+            }
+        }
+        assert!(shared_claim_warnings(None, &[], 1000).is_empty(), "nothing shared, nothing to say");
     }
 }

@@ -13,9 +13,14 @@ use crate::crds::scheduling::{AdmissionPlan, PlanState};
 use crate::devices::parse_indices;
 use crate::pods::PodClass;
 use crate::scheduler::{
-    self, CommitInput, Dra, GatedPin, GroupCount, PinState, PlannedPodNow, RemainingFits, Snapshot, StartRequirement,
-    Step,
+    self, CommitInput, Dra, FailureCause, GatedPin, GroupCount, PinState, PlannedPodNow, RemainingFits, Snapshot,
+    StartRequirement, Step,
 };
+
+/// How long a plan that allocated DRA claims is followed after its creation, every pod bound
+/// or not: another allocator's write of one of its devices lands within this (see
+/// `CommitInput::claim_settle`).
+const CLAIM_SETTLE: Duration = Duration::from_secs(5);
 
 /// Each planned pod as it is now, for the commit state machine.
 fn pods_now(plan: &AdmissionPlan, root: &str, world: &World<'_>) -> Vec<PlannedPodNow> {
@@ -123,6 +128,8 @@ impl Admitter {
         };
         let refused = self.roots.get(key).and_then(|m| m.refused.as_ref()).filter(|(id, _)| *id == plan.id);
         let refused = refused.map(|(_, r)| r.clone());
+        let claims = plan.pods.iter().flat_map(|p| p.claims.iter()).chain(plan.shared_claims.iter());
+        let lost = snapshot.dra().lost_device(ns, claims);
         let input = CommitInput {
             plan,
             pods: &pods,
@@ -132,6 +139,8 @@ impl Admitter {
             disruption: group.disruption(),
             remaining_fits,
             refused: refused.as_ref(),
+            lost: lost.as_ref(),
+            claim_settle: CLAIM_SETTLE,
         };
         let version = self.writer.unseen().fence(key, group.version());
         match scheduler::next_step(&input) {
@@ -161,7 +170,14 @@ impl Admitter {
                 done.push((key.clone(), version));
                 Ok(None)
             }
-            Step::RollBack(rollback) => Ok(Some(self.roll_back(key, group, plan, rollback, world).await?)),
+            Step::RollBack(rollback) => {
+                if matches!(rollback.failure.cause, FailureCause::DeviceTaken(_)) {
+                    tracing::warn!(namespace = %ns, root = %root, loss = %lost.as_ref().map(ToString::to_string).unwrap_or_default(),
+                        "a device of the plan's claims is also allocated to another claim; rolling the attempt back");
+                    self.ctx.metrics.dra_devices_lost.inc();
+                }
+                Ok(Some(self.roll_back(key, group, plan, rollback, world).await?))
+            }
             Step::GangFailed { delete, failure } => {
                 self.gang_failed(key, version, &delete, &failure, world).await?;
                 Ok(Some(Instant::now()))

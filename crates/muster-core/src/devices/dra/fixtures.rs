@@ -7,6 +7,8 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+pub use super::nvidia::Shape;
+
 /// The selector of NVIDIA's `gpu.nvidia.com` DeviceClass: whole GPUs of the driver.
 pub const NVIDIA_GPU_SELECTOR: &str = super::nvidia::DEVICE_CLASS_SELECTOR;
 
@@ -28,13 +30,45 @@ fn fake_gpu(index: usize, uuid: &str) -> super::nvidia::NvidiaGpu {
         memory_mib: 81_559,
         pcie_bus_id: format!("0000:{:02x}:00.0", 0x18 + index),
         pcie_root: format!("pci0000:{index:02x}"),
+        numa_node: Some(i64::try_from(index / 4).unwrap_or(0)),
     }
 }
 
-/// The driver's slice for `node`: pool `node`, one slice, the given `(index, uuid)` GPUs.
+/// The driver's slice for `node` as today's driver publishes it: pool `node`, one slice, the
+/// given `(minor, uuid)` GPUs (each on a PCIe root of its own, GPUs 0-3 on NUMA node 0, 4-7 on 1).
 pub fn nvidia_slice(node: &str, gpus: &[(usize, &str)], pool_generation: i64) -> ResourceSlice {
+    nvidia_slice_shaped(node, gpus, pool_generation, Shape::Current)
+}
+
+/// [`nvidia_slice`] in either shape of the driver.
+pub fn nvidia_slice_shaped(node: &str, gpus: &[(usize, &str)], pool_generation: i64, shape: Shape) -> ResourceSlice {
     let gpus: Vec<_> = gpus.iter().map(|(i, uuid)| fake_gpu(*i, uuid)).collect();
-    super::nvidia::nvidia_gpu_slice(node, &h100(), &gpus, pool_generation)
+    super::nvidia::nvidia_gpu_slice_shaped(node, &h100(), &gpus, pool_generation, shape)
+}
+
+/// [`nvidia_slice_shaped`] with each GPU of `mig_parents` in static MIG mode: published as one
+/// `1g.10gb` MIG device (placement 0) instead of a whole GPU, after the whole GPUs (a GPU in
+/// MIG mode is published only as its MIG devices).
+pub fn nvidia_slice_with_mig(
+    node: &str,
+    gpus: &[(usize, &str)],
+    mig_parents: &[usize],
+    pool_generation: i64,
+    shape: Shape,
+) -> ResourceSlice {
+    let whole: Vec<(usize, &str)> = gpus.iter().filter(|(i, _)| !mig_parents.contains(i)).copied().collect();
+    let mut slice = nvidia_slice_shaped(node, &whole, pool_generation, shape);
+    let profile = super::nvidia::MigProfile::h100_1g_10gb();
+    let migs = gpus.iter().filter(|(i, _)| mig_parents.contains(i)).map(|(i, uuid)| {
+        super::nvidia::nvidia_mig_device(&h100(), &fake_gpu(*i, uuid), &profile, 0, &format!("MIG-{uuid}"))
+    });
+    slice.spec.devices.get_or_insert_default().extend(migs);
+    slice
+}
+
+/// The ComputeDomain plugin's slice for `node`: `channel-0` and the daemon.
+pub fn compute_domain_slice(node: &str) -> ResourceSlice {
+    super::nvidia::compute_domain_slice(node, 1, 1)
 }
 
 /// A DeviceClass with one CEL selector.

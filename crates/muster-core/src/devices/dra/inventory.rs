@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use k8s_openapi::api::core::v1::NodeSelector as K8sNodeSelector;
 use k8s_openapi::api::resource::v1::{
-    AllocationResult, Device, DeviceAllocationConfiguration, DeviceAllocationResult, DeviceAttribute, DeviceClass,
+    AllocationResult, Device, DeviceAllocationConfiguration, DeviceAllocationResult, DeviceClass,
     DeviceClassConfiguration, DeviceRequestAllocationResult, DeviceSelector, ResourceClaim, ResourceClaimSpec,
     ResourceSlice,
 };
@@ -15,8 +15,8 @@ use k8s_openapi::api::resource::v1::{
 use super::cel::{CelDevice, SelectorCache};
 use super::request::{ClaimError, DeviceRequestSet, parse_spec};
 use super::{
-    CONFIG_SOURCE_CLAIM, CONFIG_SOURCE_CLASS, ClaimKey, DeviceId, Reach, SharedReach, node_name_selector,
-    terms_from_k8s,
+    CONFIG_SOURCE_CLAIM, CONFIG_SOURCE_CLASS, ClaimKey, DeviceId, Reach, SharedReach, attribute, device_slot,
+    is_whole_gpu, node_name_selector, terms_from_k8s,
 };
 use crate::devices::{GpuSet, MAX_GPUS};
 
@@ -50,6 +50,29 @@ struct Entry {
     blocked: Option<String>,
     /// `(node, GPU index)` for a GPU of the GPU driver local to one node.
     gpu: Option<(String, usize)>,
+    /// What the device is, when it is a part of a GPU or a ComputeDomain device (never
+    /// offered as a GPU, never allocated by muster).
+    partition: Option<Partition>,
+}
+
+/// A device published beside the GPUs that muster never allocates: a part of a GPU (a MIG
+/// device, any GPU-driver device whose `type` is not `gpu`) or a ComputeDomain device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Partition {
+    /// A GPU-driver device of this `type` (e.g. `mig`, `vfio`).
+    GpuPart(String),
+    /// A device of NVIDIA's ComputeDomain driver (an IMEX channel or the daemon).
+    ComputeDomain,
+}
+
+impl fmt::Display for Partition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Partition::GpuPart(kind) if kind == "mig" => f.write_str("MIG devices"),
+            Partition::GpuPart(kind) => write!(f, "GPU devices of type {kind:?}"),
+            Partition::ComputeDomain => f.write_str("ComputeDomain devices (IMEX channels)"),
+        }
+    }
 }
 
 /// Everything DRA that one admission decision reads.
@@ -70,6 +93,8 @@ pub struct Inventory {
     /// Nodes with GPU-driver devices local to them.
     dra_nodes: HashSet<String>,
     holders: HashMap<DeviceId, ClaimKey>,
+    /// Devices allocated to more than one claim (two allocators raced), with every claim.
+    contested: HashMap<DeviceId, Vec<ClaimKey>>,
     classes: HashMap<String, (Vec<DeviceSelector>, Vec<DeviceClassConfiguration>)>,
     problems: Vec<DraProblem>,
     cache: SelectorCache,
@@ -85,12 +110,6 @@ type Results = Arc<[OnceLock<Result<bool, String>>]>;
 
 fn problem(object: impl Into<String>, why: impl Into<String>) -> DraProblem {
     DraProblem { object: object.into(), why: why.into() }
-}
-
-/// The attribute `name` of a device of `driver`, unqualified or qualified with the driver.
-fn attribute<'d>(device: &'d Device, driver: &str, name: &str) -> Option<&'d DeviceAttribute> {
-    let attrs = device.attributes.as_ref()?;
-    attrs.get(name).or_else(|| attrs.get(&format!("{driver}/{name}")))
 }
 
 /// Why the allocator would never hand out this device to a request like muster's.
@@ -147,6 +166,7 @@ impl Inventory {
             gpus: HashMap::new(),
             dra_nodes: HashSet::new(),
             holders: HashMap::new(),
+            contested: HashMap::new(),
             classes: HashMap::new(),
             problems: Vec::new(),
             cache: SelectorCache::default(),
@@ -266,6 +286,14 @@ impl Inventory {
                 }
                 _ => None,
             };
+            let partition = if spec.driver == self.gpu_driver && !is_whole_gpu(device, &self.gpu_driver) {
+                let kind = attribute(device, &self.gpu_driver, "type").and_then(|a| a.string.clone());
+                Some(Partition::GpuPart(kind.unwrap_or_default()))
+            } else if spec.driver == super::nvidia::COMPUTE_DOMAIN_DRIVER {
+                Some(Partition::ComputeDomain)
+            } else {
+                None
+            };
             let at = self.entries.len();
             if let Some((node, index)) = &gpu {
                 let on_node = self.gpus.entry(node.clone()).or_default();
@@ -278,7 +306,7 @@ impl Inventory {
                 on_node.insert(*index, at);
             }
             self.by_id.insert(id.clone(), at);
-            self.entries.push(Entry { id, reach, selector, cel, blocked, gpu });
+            self.entries.push(Entry { id, reach, selector, cel, blocked, gpu, partition });
         }
     }
 
@@ -291,15 +319,12 @@ impl Inventory {
         label: &str,
     ) -> Option<usize> {
         let driver = self.gpu_driver.clone();
-        if let Some(kind) = attribute(device, &driver, "type").and_then(|a| a.string.as_deref())
-            && kind != "gpu"
-        {
+        if !is_whole_gpu(device, &driver) {
             return None;
         }
         let uuid = attribute(device, &driver, "uuid").and_then(|a| a.string.as_deref());
         let by_uuid = uuid.and_then(|u| uuid_index.get(node).and_then(|m| m.get(u)).copied());
-        let index = by_uuid
-            .or_else(|| attribute(device, &driver, "index").and_then(|a| a.int).and_then(|i| usize::try_from(i).ok()));
+        let index = by_uuid.or_else(|| device_slot(device, &driver));
         match index {
             Some(i) if i < MAX_GPUS => Some(i),
             Some(i) => {
@@ -310,7 +335,7 @@ impl Inventory {
                 self.problems.push(problem(
                     label,
                     format!(
-                        "GPU has neither a uuid in node {node}'s topology annotation ({}) nor an int `index` attribute; not offered",
+                        "GPU has neither a uuid in node {node}'s topology model ({}) nor an `index`/`minor` attribute nor a `gpu-<minor>` name; not offered",
                         uuid.unwrap_or("no uuid attribute")
                     ),
                 ));
@@ -339,10 +364,16 @@ impl Inventory {
                     device: result.device.clone(),
                 };
                 match self.holders.get(&id) {
-                    Some(other) if other != &key => self.problems.push(problem(
-                        format!("ResourceClaim {key}"),
-                        format!("device {id} is also allocated to ResourceClaim {other}"),
-                    )),
+                    Some(other) if other != &key => {
+                        self.problems.push(problem(
+                            format!("ResourceClaim {key}"),
+                            format!("device {id} is also allocated to ResourceClaim {other}"),
+                        ));
+                        let all = self.contested.entry(id.clone()).or_insert_with(|| vec![other.clone()]);
+                        if !all.contains(&key) {
+                            all.push(key.clone());
+                        }
+                    }
                     Some(_) => {}
                     None => {
                         self.holders.insert(id, key.clone());
@@ -350,6 +381,28 @@ impl Inventory {
                 }
             }
         }
+    }
+
+    /// The claims other than `claim` a device is also allocated to (two allocators raced:
+    /// kube-scheduler and muster each wrote an allocation naming it), in the order read.
+    pub fn rivals<'a>(&'a self, id: &DeviceId, claim: &'a ClaimKey) -> impl Iterator<Item = &'a ClaimKey> + 'a {
+        self.contested.get(id).into_iter().flatten().filter(move |c| *c != claim)
+    }
+
+    /// Whether some device is allocated to more than one claim.
+    pub fn any_contested(&self) -> bool {
+        !self.contested.is_empty()
+    }
+
+    /// What muster never allocates that `req` asks for: the first device its selectors match
+    /// that is a part of a GPU (MIG) or a ComputeDomain device (a runtime error on a device
+    /// counts as no match).
+    pub fn partition_asked(&self, req: &DeviceRequestSet) -> Option<&Partition> {
+        let results = self.results(req);
+        self.entries.iter().enumerate().find_map(|(at, e)| {
+            let p = e.partition.as_ref()?;
+            matches!(self.device_matches(req, &results, at), Ok(true)).then_some(p)
+        })
     }
 
     /// Each bad slice, device, pool or claim and why.
@@ -557,7 +610,11 @@ impl Inventory {
         let mut candidates = Vec::new();
         let results = self.results(req);
         for (at, e) in self.entries.iter().enumerate() {
-            if self.free(at) && !taken.contains(&e.id) && self.device_matches(req, &results, at)? {
+            if self.free(at)
+                && e.partition.is_none()
+                && !taken.contains(&e.id)
+                && self.device_matches(req, &results, at)?
+            {
                 candidates.push(at);
             }
         }

@@ -13,6 +13,9 @@ pub enum FailureCause {
     NoLongerFits(String),
     /// The API server refused the pod's patch.
     PatchRefused(String),
+    /// A device of one of the attempt's claims is also allocated to another claim
+    /// ([`crate::scheduler::DeviceLoss`], as said).
+    DeviceTaken(String),
 }
 
 /// A failed pin: which pod, where, why, and kube-scheduler's word on it.
@@ -43,6 +46,7 @@ impl PinFailure {
             FailureCause::PatchRefused(m) => {
                 format!("could not be pinned to node {}: the API server refused: {m}", self.node)
             }
+            FailureCause::DeviceTaken(m) => format!("cannot keep its devices on node {}: {m}", self.node),
         };
         let quote = self.scheduler_message.as_deref().or(fallback).map(|m| format!(": {m}")).unwrap_or_default();
         format!("pod {} {why}{quote}; {} of {} planned pod(s) unbound", self.pod, self.unbound, self.planned)

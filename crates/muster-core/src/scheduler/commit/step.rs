@@ -10,6 +10,7 @@ use super::failure::{FailureCause, PinFailure};
 use super::pins::{PinState, PlannedPodNow, StartRequirement};
 use super::plus;
 use super::remaining::RemainingFits;
+use crate::scheduler::DeviceLoss;
 use muster_api::blocks::DisruptionModeKind;
 use muster_api::scheduling::{AdmissionPlan, PlanState};
 
@@ -42,6 +43,14 @@ pub struct CommitInput<'a> {
     pub remaining_fits: RemainingFits,
     /// A patch of the plan the API server refused (read for `Planned`/`Committing` only).
     pub refused: Option<&'a PatchRefused>,
+    /// A device of the plan's claims that another claim holds too ([`crate::scheduler::Dra::lost_device`]):
+    /// muster and another allocator wrote it at the same moment; the plan lost it.
+    pub lost: Option<&'a DeviceLoss>,
+    /// How long after its creation a plan that allocated DRA claims is followed at least,
+    /// every pod bound or not: another allocator's write of one of its devices may land just
+    /// after the binds (kube-scheduler binds a plain pod it decided on before it saw muster's
+    /// allocation), and only a followed plan can still be rolled back.
+    pub claim_settle: Duration,
 }
 
 /// A failed attempt to undo.
@@ -83,6 +92,14 @@ pub enum Step {
 /// The next step of the commit protocol for one recorded plan.
 pub fn next_step(input: &CommitInput<'_>) -> Step {
     let live: Vec<&PlannedPodNow> = input.pods.iter().filter(|p| p.exists()).collect();
+    // A device two claims hold: whatever state the plan is in, its attempt lost it. Every pod
+    // of the attempt goes (recreated gated), so its claims are freed and no device stays in
+    // two claims; the next plan sees the device held by the other claim.
+    if let Some(loss) = input.lost
+        && let Some(first) = live.iter().copied().find(|p| p.state != PinState::Finished)
+    {
+        return Step::RollBack(roll_back(&live, first, BTreeSet::new(), FailureCause::DeviceTaken(loss.to_string())));
+    }
     match input.plan.state {
         // A commit that ungated every live pod went through whole: it is not recorded
         // `Admitted` (one write less per gang), its binds are watched from the plan's creation.
@@ -126,10 +143,15 @@ fn resume(input: &CommitInput<'_>, live: &[&PlannedPodNow]) -> Step {
 /// `Admitted`: wait for binds; a pin that fails rolls the attempt back or fails the gang.
 fn watch_binds(input: &CommitInput<'_>, live: &[&PlannedPodNow]) -> Step {
     let unbound: Vec<&PlannedPodNow> = live.iter().copied().filter(|p| p.unbound()).collect();
-    if unbound.is_empty() {
-        return Step::Done;
-    }
     let plan = input.plan;
+    if unbound.is_empty() {
+        let claims = !plan.shared_claims.is_empty() || plan.pods.iter().any(|p| !p.claims.is_empty());
+        let created = plan.created_at.as_ref().map(|t| t.0);
+        return match created.map(|c| plus(c, input.claim_settle)) {
+            Some(settled) if claims && !input.claim_settle.is_zero() && input.now < settled => Step::WaitUntil(settled),
+            _ => Step::Done,
+        };
+    }
     let since = plan.admitted_at.as_ref().or(plan.created_at.as_ref()).map_or(input.now, |t| t.0);
     let deadline = plus(since, input.bind_timeout);
     let timed_out = input.now >= deadline;

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use super::{Candidate, Engine, ReasonKey, Scan, by_score};
 use crate::devices::GpuSet;
 use crate::devices::dra::{ClaimKey, DeviceId};
-use crate::scheduler::dra::{ShapeClaims, SharedChoice};
+use crate::scheduler::dra::{ClaimSource, ShapeClaims, SharedChoice};
 use crate::scheduler::interpod::{PodRules, PodTerm, SpreadConstraint};
 use crate::scheduler::shape::PodShape;
 use crate::scheduler::snapshot::{NodeInfo, NodePod, Snapshot};
@@ -87,10 +87,34 @@ impl<'a> Facts<'a> {
         let mut by_shape = HashMap::new();
         let mut per_pod = false;
         let (mut shared_claims, mut taken) = (BTreeMap::new(), HashSet::new());
+        // How many gated pods of the root use each named claim: a claim serves at most
+        // MAX_RESERVED_FOR pods in muster's own mode.
+        let mut users: BTreeMap<&str, usize> = BTreeMap::new();
+        for leaf in &leaves {
+            for pod in &leaf.pods {
+                let PodState::Gated { shape } = pod.state else { continue };
+                for c in leaf.shapes.get(shape).into_iter().flat_map(|s| s.resource_claims.iter()) {
+                    if let ClaimSource::Claim(name) = &c.source {
+                        *users.entry(name.as_str()).or_default() += 1;
+                    }
+                }
+            }
+        }
+        let over: BTreeMap<&str, String> = users
+            .iter()
+            .filter_map(|(name, n)| snapshot.dra().reservation_problem(ns, name, *n).map(|why| (*name, why)))
+            .collect();
         for shape in leaves.iter().flat_map(|l| l.shapes.iter()) {
             per_pod |= !shape.is_independent();
             let mut facts = ShapeFacts::new(snapshot, ns, shape);
-            facts.resource_claims = snapshot.dra().resolve(ns, &shape.resource_claims, &mut shared_claims, &mut taken);
+            let too_many = shape.resource_claims.iter().find_map(|c| match &c.source {
+                ClaimSource::Claim(name) => over.get(name.as_str()),
+                ClaimSource::Template(_) => None,
+            });
+            facts.resource_claims = match too_many {
+                Some(why) => Err(why.clone()),
+                None => snapshot.dra().resolve(ns, &shape.resource_claims, &mut shared_claims, &mut taken),
+            };
             by_shape.insert(key(shape), facts);
         }
         if !per_pod {

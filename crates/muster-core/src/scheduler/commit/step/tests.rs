@@ -110,6 +110,8 @@ fn run(cases: Vec<Case>) {
             disruption: case.disruption,
             remaining_fits: case.fits.clone(),
             refused: case.refused.as_ref(),
+            lost: None,
+            claim_settle: Duration::ZERO,
         };
         assert_eq!(next_step(&input), case.want, "case: {}", case.name);
     }
@@ -443,6 +445,88 @@ fn a_plan_without_times_counts_the_timeout_from_now() {
         disruption: DisruptionModeKind::Single,
         remaining_fits: RemainingFits::Yes,
         refused: None,
+        lost: None,
+        claim_settle: Duration::ZERO,
     };
     assert_eq!(next_step(&input), Step::WaitUntil(at(560)));
+}
+
+/// A device of one of the plan's claims held by another claim too.
+fn loss() -> DeviceLoss {
+    use crate::devices::dra::{ClaimKey, DeviceId};
+    DeviceLoss {
+        claim: ClaimKey { namespace: "ns".into(), name: "a-gpu".into() },
+        device: DeviceId { driver: "gpu.nvidia.com".into(), pool: "n1".into(), device: "gpu-3".into() },
+        other: ClaimKey { namespace: "ns".into(), name: "plain".into() },
+    }
+}
+
+#[test]
+fn a_device_another_claim_holds_too_rolls_the_attempt_back_in_every_state() {
+    let lost = loss();
+    let cause = FailureCause::DeviceTaken(lost.to_string());
+    let cases: Vec<(PlanState, Vec<PlannedPodNow>, Vec<&str>)> = vec![
+        // Cut short: one pod ungated, one still gated.
+        (PlanState::Committing, vec![unbound("a"), gated("b")], vec!["a", "b"]),
+        // Every pod bound, the gang started whole: it still goes, devices and all.
+        (PlanState::Admitted, vec![bound("a"), bound("b")], vec!["a", "b"]),
+        // A finished pod of the attempt is left alone.
+        (PlanState::Admitted, vec![pod("a", "g", "n1", PinState::Finished), bound("b")], vec!["b"]),
+    ];
+    for (state, pods, deleted) in cases {
+        let plan = plan(state);
+        let requirement = StartRequirement::leaf("g", 2);
+        let input = CommitInput {
+            plan: &plan,
+            pods: &pods,
+            now: at(1),
+            bind_timeout: TIMEOUT,
+            requirement: &requirement,
+            disruption: DisruptionModeKind::Single,
+            remaining_fits: RemainingFits::Yes,
+            refused: None,
+            lost: Some(&lost),
+            claim_settle: Duration::ZERO,
+        };
+        let Step::RollBack(rollback) = next_step(&input) else { panic!("{state:?}: a rollback") };
+        assert_eq!(rollback.delete, uids(&deleted), "{state:?}");
+        assert_eq!(rollback.failure.cause, cause, "{state:?}");
+        assert!(rollback.avoid_nodes.is_empty(), "the node is fine, the device is taken");
+        let message = rollback.failure.message(None);
+        assert!(message.contains("also allocated to ResourceClaim ns/plain"), "{message}");
+        assert!(message.contains("device gpu.nvidia.com/n1/gpu-3 of ResourceClaim ns/a-gpu"), "{message}");
+    }
+}
+
+#[test]
+fn a_plan_with_claims_is_followed_until_it_settles_after_every_bind() {
+    let with_claims = |state| {
+        let mut p = plan(state);
+        p.shared_claims = vec!["shared".into()];
+        p
+    };
+    let requirement = StartRequirement::leaf("g", 2);
+    let pods = [bound("a"), bound("b")];
+    let settle = Duration::from_secs(5);
+    for (plan, now, want) in [
+        (with_claims(PlanState::Admitted), 2, Step::WaitUntil(at(5))),
+        (with_claims(PlanState::Admitted), 5, Step::Done),
+        (with_claims(PlanState::Committing), 1, Step::WaitUntil(at(5))),
+        // No claims: done at the last bind.
+        (plan(PlanState::Admitted), 2, Step::Done),
+    ] {
+        let input = CommitInput {
+            plan: &plan,
+            pods: &pods,
+            now: at(now),
+            bind_timeout: TIMEOUT,
+            requirement: &requirement,
+            disruption: DisruptionModeKind::Single,
+            remaining_fits: RemainingFits::Yes,
+            refused: None,
+            lost: None,
+            claim_settle: settle,
+        };
+        assert_eq!(next_step(&input), want, "{:?} at {now}", plan.shared_claims);
+    }
 }
