@@ -12,6 +12,8 @@ mod controlplane;
 mod differential;
 mod dra;
 mod dra_gangs;
+mod dra_race;
+mod dra_shapes;
 mod gangs;
 mod gpus;
 mod harness;
