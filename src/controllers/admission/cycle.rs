@@ -584,9 +584,24 @@ impl Admitter {
             tracing::warn!(error = %e, "GPU metrics unavailable; scheduling on topology alone");
         }
         // A DRA node's GPUs are the devices its slices publish (it advertises no nvidia.com/gpu).
-        let published = self.caches.dra.as_ref().map_or_else(HashMap::new, |d| {
-            crate::devices::dra::published_gpus(&state(&d.slices), crate::devices::dra::NVIDIA_GPU_DRIVER)
-        });
+        let published = match &self.caches.dra {
+            None => Arc::default(),
+            Some(d) => {
+                // Read before the store: a slice event after this reads them again next cycle.
+                let seen = d.slice_changes.load(Ordering::Relaxed);
+                match &self.published {
+                    Some((at, p)) if *at == seen => p.clone(),
+                    _ => {
+                        let p = Arc::new(crate::devices::dra::published_gpus(
+                            &state(&d.slices),
+                            crate::devices::dra::NVIDIA_GPU_DRIVER,
+                        ));
+                        self.published = Some((seen, p.clone()));
+                        p
+                    }
+                }
+            }
+        };
         let thresholds = self.thresholds();
         let kept = nodes.iter().map(|(name, g)| (name.as_str(), g));
         if !self.gpu_models.update(kept, &published, &self.gpu_metrics, &thresholds, now, &self.fits) {

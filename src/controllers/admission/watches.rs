@@ -397,6 +397,9 @@ fn counted<K>(changes: &Arc<AtomicU64>) -> impl FnMut(&Event<K>) -> Wake + Send 
 fn watch_dra(client: &Client, notify: &Arc<Signal>, capacity: &Arc<AtomicU64>) -> DraCaches {
     let cfg = || watcher::Config::default().any_semantic();
     let changes = Arc::new(AtomicU64::new(0));
+    let slice_changes = Arc::new(AtomicU64::new(0));
+    let mut slice_event = counted::<ResourceSlice>(&changes);
+    let slices_seen = slice_changes.clone();
     DraCaches {
         slices: spawn_watch(
             Api::<ResourceSlice>::all(client.clone()),
@@ -404,7 +407,10 @@ fn watch_dra(client: &Client, notify: &Arc<Signal>, capacity: &Arc<AtomicU64>) -
             trim::managed_fields::<ResourceSlice>,
             notify.clone(),
             capacity.clone(),
-            counted::<ResourceSlice>(&changes),
+            move |ev| {
+                slices_seen.fetch_add(1, Ordering::Relaxed);
+                slice_event(ev)
+            },
         ),
         device_classes: spawn_watch(
             Api::<DeviceClass>::all(client.clone()),
@@ -431,6 +437,7 @@ fn watch_dra(client: &Client, notify: &Arc<Signal>, capacity: &Arc<AtomicU64>) -
             counted::<ResourceClaimTemplate>(&changes),
         ),
         changes,
+        slice_changes,
     }
 }
 
