@@ -577,7 +577,8 @@ impl Dra {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devices::dra::{NVIDIA_GPU_DRIVER, fixtures};
+    use crate::devices::dra::fixtures::Shape;
+    use crate::devices::dra::{NVIDIA_GPU_DRIVER, fixtures, nvidia};
     use serde_json::json;
 
     fn claim(name: &str, devices: &[&str], reserved: &[&str]) -> ResourceClaim {
@@ -642,5 +643,173 @@ mod tests {
         // Gone: the plan cannot go on.
         let err = own_writes("ns", &planned("gone", "1,3"), &fresh).unwrap_err();
         assert!(err.contains("ResourceClaim ns/gone"), "{err}");
+    }
+
+    // === MIG, ComputeDomain, contested devices, reservedFor limit (both driver shapes) ===
+
+    /// A claim `name` of `class`, allocated the `devices` of pool `n1` when any.
+    fn class_claim(name: &str, class: &str, devices: &[&str]) -> ResourceClaim {
+        let results: Vec<serde_json::Value> = devices
+            .iter()
+            .map(|d| json!({"request": "r", "driver": NVIDIA_GPU_DRIVER, "pool": "n1", "device": d}))
+            .collect();
+        let mut c = json!({
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": class, "count": 1}}]}},
+        });
+        if !devices.is_empty() {
+            c["status"] = json!({"allocation": {"devices": {"results": results}}});
+        }
+        serde_json::from_value(c).unwrap()
+    }
+
+    fn class_template(name: &str, class: &str) -> ResourceClaimTemplate {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": class, "count": 1}}]}}},
+        }))
+        .unwrap()
+    }
+
+    /// Node n1 in `shape`: GPUs 0-3, GPU 1 in MIG mode (one `1g.10gb` device), and the
+    /// ComputeDomain plugin's slice; the GPU, MIG and ComputeDomain channel classes.
+    fn partitioned(shape: Shape, templates: &[ResourceClaimTemplate], claims: &[ResourceClaim]) -> Dra {
+        let gpus: Vec<(usize, String)> = (0..4).map(|i| (i, format!("GPU-{i}"))).collect();
+        let gpus: Vec<(usize, &str)> = gpus.iter().map(|(i, u)| (*i, u.as_str())).collect();
+        let slices =
+            [fixtures::nvidia_slice_with_mig("n1", &gpus, &[1], 1, shape), fixtures::compute_domain_slice("n1")];
+        let classes =
+            [fixtures::nvidia_device_class(), nvidia::mig_device_class(), nvidia::compute_domain_channel_class()];
+        let inventory = Inventory::new(&slices, &classes, claims, NVIDIA_GPU_DRIVER, &HashMap::new());
+        Dra::new(inventory, templates, claims)
+    }
+
+    fn resolve_one(dra: &Dra, source: ClaimSource) -> Result<ShapeClaims, String> {
+        let claims = [PodClaim { name: "c".into(), source }];
+        dra.resolve("ns", &claims, &mut BTreeMap::new(), &mut HashSet::new())
+    }
+
+    #[test]
+    fn claims_for_mig_or_compute_domain_devices_are_refused_with_a_reason() {
+        let table: &[(&str, &str)] =
+            &[(nvidia::MIG_DEVICE_CLASS, "MIG devices"), (nvidia::COMPUTE_DOMAIN_CHANNEL_CLASS, "ComputeDomain")];
+        for shape in Shape::ALL {
+            for (class, what) in table {
+                let dra = partitioned(shape, &[class_template("t", class)], &[class_claim("shared", class, &[])]);
+                for (source, object) in [
+                    (ClaimSource::Template("t".into()), "ResourceClaimTemplate ns/t"),
+                    (ClaimSource::Claim("shared".into()), "ResourceClaim ns/shared"),
+                ] {
+                    let why = match resolve_one(&dra, source.clone()) {
+                        Err(why) => why,
+                        Ok(c) => panic!("{shape}: {class} {source:?} resolved: {:?} {:?}", c.gpu, c.shared),
+                    };
+                    assert!(why.starts_with(object), "{shape}: {class}: {why}");
+                    assert!(why.contains(&format!("asks for {what}")), "{shape}: {class}: {why}");
+                    assert!(why.contains(&format!("(class {class:?})")), "{shape}: {class}: {why}");
+                    assert!(why.contains("whole GPUs only") && why.contains("upstream mode"), "{shape}: {why}");
+                }
+            }
+            // The GPU class on the same node still resolves, to whole GPUs only.
+            let dra = partitioned(shape, &[class_template("t", NVIDIA_GPU_DRIVER)], &[]);
+            let claims = resolve_one(&dra, ClaimSource::Template("t".into()))
+                .unwrap_or_else(|e| panic!("{shape}: GPU template refused: {e}"));
+            let offered = dra.offered(&claims, "n1", &HashSet::new());
+            assert_eq!(offered.iter().collect::<Vec<_>>(), vec![0, 2, 3], "{shape}: the MIG parent is not a GPU");
+        }
+    }
+
+    #[test]
+    fn an_allocated_shared_claim_with_a_contested_device_waits() {
+        for shape in Shape::ALL {
+            let ours = class_claim("shared", NVIDIA_GPU_DRIVER, &["gpu-2"]);
+            let theirs = class_claim("theirs", NVIDIA_GPU_DRIVER, &["gpu-2"]);
+            let dra = partitioned(shape, &[], &[ours.clone(), theirs]);
+            let why = resolve_one(&dra, ClaimSource::Claim("shared".into()))
+                .err()
+                .unwrap_or_else(|| panic!("{shape}: a contested claim resolved"));
+            assert!(
+                why.contains("gpu.nvidia.com/n1/gpu-2 is also allocated to ResourceClaim ns/theirs"),
+                "{shape}: {why}"
+            );
+            assert!(why.contains("waiting"), "{shape}: {why}");
+            // Alone, the same claim resolves to its allocation.
+            let dra = partitioned(shape, &[], &[ours]);
+            let claims = resolve_one(&dra, ClaimSource::Claim("shared".into()))
+                .unwrap_or_else(|e| panic!("{shape}: uncontested claim refused: {e}"));
+            assert_eq!(claims.shared.len(), 1, "{shape}");
+            assert!(!claims.shared[0].allocate, "{shape}: allocated already");
+        }
+    }
+
+    #[test]
+    fn lost_device_names_the_other_claim_only_outside_the_plan() {
+        for shape in Shape::ALL {
+            let a = class_claim("a", NVIDIA_GPU_DRIVER, &["gpu-0", "gpu-2"]);
+            let b = class_claim("b", NVIDIA_GPU_DRIVER, &["gpu-2"]);
+            let c = class_claim("c", NVIDIA_GPU_DRIVER, &["gpu-3"]);
+            let dra = partitioned(shape, &[], &[a, b, c]);
+            let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<String>>();
+            let key = |n: &str| ClaimKey { namespace: "ns".into(), name: n.into() };
+            let gpu2 = DeviceId { driver: NVIDIA_GPU_DRIVER.into(), pool: "n1".into(), device: "gpu-2".into() };
+            // (rule, the plan's claims, the loss).
+            let table: Vec<(&str, Vec<String>, Option<DeviceLoss>)> = vec![
+                (
+                    "the plan holds a: b took gpu-2 too",
+                    names(&["a"]),
+                    Some(DeviceLoss { claim: key("a"), device: gpu2.clone(), other: key("b") }),
+                ),
+                (
+                    "the plan holds b: a took gpu-2 too",
+                    names(&["c", "b"]),
+                    Some(DeviceLoss { claim: key("b"), device: gpu2.clone(), other: key("a") }),
+                ),
+                ("both claims are the plan's: nothing lost to another allocator", names(&["a", "b"]), None),
+                ("an uncontested claim", names(&["c"]), None),
+                ("a claim that does not exist", names(&["gone"]), None),
+            ];
+            for (rule, plan, want) in table {
+                let got = dra.lost_device("ns", plan.iter());
+                assert_eq!(got, want, "{shape}: {rule}");
+                if let Some(loss) = got {
+                    let text = loss.to_string();
+                    assert!(text.contains("also allocated to ResourceClaim ns/") && text.contains("lost"), "{text}");
+                }
+            }
+            assert_eq!(dra.lost_device("other", names(&["a"]).iter()), None, "{shape}: another namespace");
+            // Nothing contested anywhere: never a loss.
+            let quiet = partitioned(shape, &[], &[class_claim("a", NVIDIA_GPU_DRIVER, &["gpu-0"])]);
+            assert_eq!(quiet.lost_device("ns", names(&["a"]).iter()), None, "{shape}");
+        }
+    }
+
+    #[test]
+    fn reservation_problem_at_the_256_boundaries() {
+        let reserved: Vec<String> = (0..200).map(|i| format!("u{i}")).collect();
+        let reserved: Vec<&str> = reserved.iter().map(String::as_str).collect();
+        // (rule, reserved already, new pods, refused).
+        let table: &[(&str, usize, usize, bool)] = &[
+            ("256 new, none reserved", 0, 256, false),
+            ("257 new, none reserved", 0, 257, true),
+            ("255 new + 1 reserved", 1, 255, false),
+            ("256 new + 1 reserved", 1, 256, true),
+            ("56 new + 200 reserved", 200, 56, false),
+            ("57 new + 200 reserved", 200, 57, true),
+            ("300 new", 0, 300, true),
+        ];
+        for (rule, held, new_pods, refused) in table {
+            let dra = dra(&[claim("c", &["gpu-0"], &reserved[..*held])]);
+            let got = dra.reservation_problem("ns", "c", *new_pods);
+            assert_eq!(got.is_some(), *refused, "{rule}: {got:?}");
+            if let Some(why) = got {
+                let serve =
+                    format!("would serve {} pods ({new_pods} of this gang, {held} reserved already)", new_pods + held);
+                assert!(why.starts_with("ResourceClaim ns/c ") && why.contains(&serve), "{rule}: {why}");
+                assert!(why.contains("256") && why.contains("upstream mode"), "{rule}: {why}");
+            }
+        }
+        // A claim that does not exist has nobody reserved yet.
+        assert_eq!(dra(&[]).reservation_problem("ns", "nope", 256), None);
+        assert!(dra(&[]).reservation_problem("ns", "nope", 257).is_some());
     }
 }

@@ -20,6 +20,9 @@ pub mod fixtures;
 #[cfg(test)]
 mod tests;
 
+#[cfg(test)]
+mod quality_tests;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
