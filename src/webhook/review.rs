@@ -121,16 +121,15 @@ fn template_warnings(req: &AdmissionRequest<DynamicObject>) -> Vec<String> {
                     out.extend(unmodelled(spec).iter().map(|u| format!("spec.template.spec.{u}")));
                 }
                 let api = job.metadata.annotations.as_ref().and_then(|a| a.get(crate::crds::SCHEDULING_API_ANNOTATION));
-                if api.map(String::as_str) != Some("upstream") {
-                    let group =
-                        job.spec.scheduling.as_ref().and_then(|s| s.resource_claims.as_deref()).unwrap_or_default();
-                    let shared = crate::scheduler::shared_claim_warnings(
-                        job.spec.template.spec.as_ref(),
-                        group,
-                        job.spec.parallelism,
-                    );
-                    out.extend(shared.into_iter().map(|w| format!("spec.{w}")));
-                }
+                let group = job.spec.scheduling.as_ref().and_then(|s| s.resource_claims.as_deref()).unwrap_or_default();
+                let pods = job.spec.parallelism;
+                let shared = crate::scheduler::shared_claim_warnings(
+                    job.spec.template.spec.as_ref(),
+                    group,
+                    pods,
+                    api.map(String::as_str),
+                );
+                out.extend(shared.into_iter().map(|w| format!("spec.{w}")));
             }
         }
         ("batch.muster.dev", "MusterJobSet") => {

@@ -191,96 +191,88 @@ impl Watch {
     }
 }
 
-/// Every message naming a lost device that any version of the namespace's PodGroups carried,
-/// from a watch: a rollback's message lasts only until the next admission, often less than a
-/// sample apart.
-struct LostMessages {
-    seen: Arc<Mutex<BTreeSet<String>>>,
+/// What a watch of one kind in a namespace has folded up so far, in the background (every
+/// version, including those that last less than a sample apart).
+struct Folded<T> {
+    seen: Arc<Mutex<T>>,
     task: tokio::task::JoinHandle<()>,
 }
 
-impl LostMessages {
-    async fn watch(ns: &str) -> Self {
-        let seen = Arc::new(Mutex::new(BTreeSet::new()));
-        let groups: Api<PodGroup> = Api::namespaced(client().await, ns);
+impl<T: Clone + Default + Send + 'static> Folded<T> {
+    async fn watch<K>(ns: &str, mut fold: impl FnMut(&mut T, K) + Send + 'static) -> Self
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + std::fmt::Debug
+            + serde::de::DeserializeOwned
+            + Send
+            + 'static,
+    {
+        let seen = Arc::new(Mutex::new(T::default()));
+        let api: Api<K> = Api::namespaced(client().await, ns);
         let into = seen.clone();
         let task = tokio::spawn(async move {
-            let mut versions = std::pin::pin!(watcher(groups, watcher::Config::default()).applied_objects());
-            while let Some(group) = versions.next().await {
-                let Some(status) = group.ok().and_then(|g| g.status) else { continue };
-                let messages = status.conditions.iter().map(|c| c.message.clone()).chain(status.message);
-                let lost: Vec<String> = messages.filter(|m| m.contains(LOST_WORDS)).collect();
+            let mut versions = std::pin::pin!(watcher(api, watcher::Config::default()).applied_objects());
+            while let Some(object) = versions.next().await {
+                let Ok(object) = object else { continue };
                 if let Ok(mut seen) = into.lock() {
-                    seen.extend(lost);
+                    fold(&mut seen, object);
                 }
             }
         });
         Self { seen, task }
     }
 
-    fn seen(&self) -> BTreeSet<String> {
+    fn seen(&self) -> T {
         self.seen.lock().map(|s| s.clone()).unwrap_or_default()
     }
 }
 
-impl Drop for LostMessages {
+impl<T> Drop for Folded<T> {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// Every message naming a lost device that any version of the namespace's PodGroups carried: a
+/// rollback's message lasts only until the next admission, often less than a sample apart.
+async fn lost_messages(ns: &str) -> Folded<BTreeSet<String>> {
+    Folded::watch(ns, |seen: &mut BTreeSet<String>, group: PodGroup| {
+        let Some(status) = group.status else { return };
+        let messages = status.conditions.iter().map(|c| c.message.clone()).chain(status.message);
+        seen.extend(messages.filter(|m| m.contains(LOST_WORDS)));
+    })
+    .await
 }
 
 /// Per claim owner: when its claim was first seen, and first seen allocated.
 type Seen = BTreeMap<String, (Instant, Option<Instant>)>;
 
-/// When each claim of a namespace was first seen and first seen allocated (from a watch), by
-/// the pod owning it: how close the two sides of a race came.
-struct ClaimTimes {
-    seen: Arc<Mutex<Seen>>,
-    task: tokio::task::JoinHandle<()>,
+/// When each claim of a namespace was first seen and first seen allocated, by the pod owning
+/// it: how close the two sides of a race came.
+async fn claim_times(ns: &str) -> Folded<Seen> {
+    Folded::watch(ns, |seen: &mut Seen, c: ResourceClaim| {
+        let now = Instant::now();
+        let owner = c.owner_references().first().map_or_else(|| c.name_any(), |o| o.name.clone());
+        let entry = seen.entry(owner).or_insert((now, None));
+        if !allocated(&c).is_empty() && entry.1.is_none() {
+            entry.1 = Some(now);
+        }
+    })
+    .await
 }
 
-impl ClaimTimes {
-    async fn watch(ns: &str) -> Self {
-        let seen = Arc::new(Mutex::new(BTreeMap::new()));
-        let claims: Api<ResourceClaim> = Api::namespaced(client().await, ns);
-        let into = seen.clone();
-        let task = tokio::spawn(async move {
-            let mut versions = std::pin::pin!(watcher(claims, watcher::Config::default()).applied_objects());
-            while let Some(claim) = versions.next().await {
-                let Ok(c) = claim else { continue };
-                let now = Instant::now();
-                let owner = c.owner_references().first().map_or_else(|| c.name_any(), |o| o.name.clone());
-                let allocated = !allocated(&c).is_empty();
-                if let Ok(mut seen) = into.lock() {
-                    let entry = seen.entry(owner).or_insert((now, None));
-                    if allocated && entry.1.is_none() {
-                        entry.1 = Some(now);
-                    }
-                }
-            }
-        });
-        Self { seen, task }
-    }
-
-    /// `owner: +made/+allocated ms` of each claim, relative to `began`.
-    fn report(&self, began: Instant) -> String {
-        let seen = self.seen.lock().map(|s| s.clone()).unwrap_or_default();
-        let ms = |t: Instant| t.saturating_duration_since(began).as_millis();
-        let parts: Vec<String> = seen
-            .iter()
-            .map(|(owner, (made, alloc))| match alloc {
-                Some(a) => format!("{owner} +{}/+{} ms", ms(*made), ms(*a)),
-                None => format!("{owner} +{}/- ms", ms(*made)),
-            })
-            .collect();
-        parts.join(", ")
-    }
-}
-
-impl Drop for ClaimTimes {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+/// `owner: +made/+allocated ms` of each claim, relative to `began`.
+fn claim_report(seen: &Seen, began: Instant) -> String {
+    let ms = |t: Instant| t.saturating_duration_since(began).as_millis();
+    let parts: Vec<String> = seen
+        .iter()
+        .map(|(owner, (made, alloc))| match alloc {
+            Some(a) => format!("{owner} +{}/+{} ms", ms(*made), ms(*a)),
+            None => format!("{owner} +{}/- ms", ms(*made)),
+        })
+        .collect();
+    parts.join(", ")
 }
 
 /// Typed APIs of one namespace.
@@ -359,7 +351,7 @@ async fn a_claim_allocated_twice_rolls_the_gang_back_and_every_device_ends_in_on
         serde_json::from_value(json!({"metadata": {"name": "thief"}, "spec": claim_spec(2)})).expect("claim");
     a.claims.create(&PostParams::default(), &thief).await.expect("create the thief's claim");
     let lost_before = metric(&muster.metrics().await, LOST_METRIC, &[]);
-    let messages = LostMessages::watch(&ns.name).await;
+    let messages = lost_messages(&ns.name).await;
 
     let began = Instant::now();
     apply(&ns.name, &claim_job(JOB, PODS as u32, "two-gpus", &nodes, json!({})));
@@ -628,7 +620,7 @@ async fn race_round(round: u64, delay: Duration) -> Round {
         serde_json::from_value(claim_job(JOB, PODS as u32, "two-gpus", &nodes, json!({}))).expect("the job");
     let plain = plain_pod(&nodes);
     let params = PostParams::default();
-    let times = ClaimTimes::watch(&ns.name).await;
+    let times = claim_times(&ns.name).await;
     let began = Instant::now();
     let (made_job, made_pod) = tokio::join!(a.jobs.create(&params, &job), async {
         tokio::time::sleep(delay).await;
@@ -673,7 +665,7 @@ async fn race_round(round: u64, delay: Duration) -> Round {
         tokio::time::sleep(TICK).await;
     };
     let settled_after = began.elapsed();
-    let raced = times.report(began);
+    let raced = claim_report(&times.seen(), began);
 
     // The plain pod goes; its claim with it; the gang must end admitted whole on all 4 GPUs.
     a.pods.delete("plain", &DeleteParams::default()).await.expect("delete the plain pod");

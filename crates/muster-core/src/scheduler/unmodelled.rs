@@ -58,14 +58,19 @@ pub fn unmodelled(spec: &PodSpec) -> Vec<Unmodelled> {
 /// every pod is listed in a shared claim's `status.reservedFor`, which holds at most
 /// [`super::MAX_RESERVED_FOR`] consumers, so such a gang waits (upstream mode reserves the
 /// claim for the PodGroup instead). `group_claims`: `spec.scheduling.resourceClaims`; `pod`:
-/// the pod template's spec; `pods`: how many pods the job runs at once.
+/// the pod template's spec; `pods`: how many pods the job runs at once; `api`: the job's
+/// recorded scheduling API (its annotation; nothing to say for `upstream`).
 pub fn shared_claim_warnings(
     pod: Option<&PodSpec>,
     group_claims: &[muster_api::blocks::PodGroupResourceClaim],
     pods: i32,
+    api: Option<&str>,
 ) -> Vec<String> {
+    use crate::workloadbuilder::native::SchedulingApi;
     let limit = super::MAX_RESERVED_FOR;
-    if usize::try_from(pods).unwrap_or(0) <= limit {
+    if usize::try_from(pods).unwrap_or(0) <= limit
+        || api.and_then(SchedulingApi::parse) == Some(SchedulingApi::Upstream)
+    {
         return Vec::new();
     }
     let why = format!(
@@ -131,7 +136,9 @@ mod shared_claim_tests {
         let group: Vec<muster_api::blocks::PodGroupResourceClaim> =
             serde_json::from_value(json!([{"name": "g", "resourceClaimTemplateName": "g"}])).expect("claims");
         for (pods, want) in [(256, 0), (257, 2), (300, 2)] {
-            let got = shared_claim_warnings(Some(&pod), &group, pods);
+            let got = shared_claim_warnings(Some(&pod), &group, pods, None);
+            assert_eq!(got, shared_claim_warnings(Some(&pod), &group, pods, Some("muster")));
+            assert!(shared_claim_warnings(Some(&pod), &group, pods, Some("upstream")).is_empty(), "upstream");
             assert_eq!(got.len(), want, "{pods} pods: {got:?}");
             if want > 0 {
                 assert!(got[0].starts_with("scheduling.resourceClaims[0]: shared by"), "{got:?}");
@@ -140,6 +147,6 @@ mod shared_claim_tests {
                 assert!(got.iter().all(|w| w.contains("256") && w.contains("upstream")), "{got:?}");
             }
         }
-        assert!(shared_claim_warnings(None, &[], 1000).is_empty(), "nothing shared, nothing to say");
+        assert!(shared_claim_warnings(None, &[], 1000, None).is_empty(), "nothing shared, nothing to say");
     }
 }

@@ -88,3 +88,43 @@ pub fn device_class(name: &str, expression: &str) -> DeviceClass {
 pub fn nvidia_device_class() -> DeviceClass {
     super::nvidia::device_class()
 }
+
+/// Tests that run once per driver shape: the shape the running test's fixtures publish.
+#[cfg(test)]
+pub(crate) mod each_shape {
+    use super::Shape;
+
+    thread_local! {
+        /// The driver shape the running test's fixtures publish ([`on_each_shape`]).
+        static SHAPE: std::cell::Cell<Shape> = const { std::cell::Cell::new(Shape::Current) };
+    }
+
+    /// The shape the running test's fixtures publish.
+    pub(crate) fn shape() -> Shape {
+        SHAPE.with(std::cell::Cell::get)
+    }
+
+    /// Sets the shape the running test's fixtures publish (for property tests, whose bodies
+    /// return their failures instead of panicking: they loop over [`Shape::ALL`] themselves).
+    pub(crate) fn set_shape(shape: Shape) {
+        SHAPE.with(|s| s.set(shape));
+    }
+
+    /// Runs `body` once per driver shape ([`Shape::ALL`]), with [`shape`] giving it; a failure
+    /// names the shape it failed on.
+    pub(crate) fn on_each_shape(body: impl Fn()) {
+        for shape in Shape::ALL {
+            set_shape(shape);
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&body));
+            set_shape(Shape::Current);
+            if let Err(e) = result {
+                let why = e
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                panic!("driver shape {shape}: {why}");
+            }
+        }
+    }
+}

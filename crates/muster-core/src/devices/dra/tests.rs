@@ -6,6 +6,7 @@ use k8s_openapi::api::resource::v1::{
 use proptest::prelude::*;
 use serde_json::json;
 
+use super::fixtures::each_shape::{on_each_shape, set_shape, shape};
 use super::fixtures::{
     NVIDIA_GPU_SELECTOR, Shape, device_class, nvidia_device_class, nvidia_slice, nvidia_slice_shaped,
 };
@@ -23,38 +24,6 @@ const UUIDS: [&str; 8] = [
     "GPU-66666666-6666-6666-6666-666666666666",
     "GPU-77777777-7777-7777-7777-777777777777",
 ];
-
-thread_local! {
-    /// The driver shape the fixtures of the running test publish ([`on_each_shape`]).
-    static SHAPE: std::cell::Cell<Shape> = const { std::cell::Cell::new(Shape::Current) };
-}
-
-/// The shape the running test's fixtures publish.
-fn shape() -> Shape {
-    SHAPE.with(std::cell::Cell::get)
-}
-
-fn set_shape(shape: Shape) {
-    SHAPE.with(|s| s.set(shape));
-}
-
-/// Runs `body` once per driver shape, with the fixtures publishing that shape; a failure names
-/// the shape it failed on.
-fn on_each_shape(body: impl Fn()) {
-    for shape in Shape::ALL {
-        set_shape(shape);
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&body));
-        set_shape(Shape::Current);
-        if let Err(e) = result {
-            let why = e
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            panic!("driver shape {shape}: {why}");
-        }
-    }
-}
 
 /// The driver's slice for `node` in the running test's shape.
 fn shaped(node: &str, gpus: &[(usize, &str)], generation: i64) -> ResourceSlice {

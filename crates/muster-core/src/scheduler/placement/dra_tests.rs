@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::devices::chooser::{NodeGpus, TopologyChooser, node_gpus};
+use crate::devices::dra::fixtures::each_shape::{on_each_shape, set_shape, shape};
 use crate::devices::dra::fixtures::{Shape, nvidia_device_class, nvidia_slice_shaped};
 use crate::devices::dra::{DeviceId, Inventory, NVIDIA_GPU_DRIVER};
 use crate::devices::{GpuSet, HealthThresholds, MetricsCache, SelectOptions, set_cost};
@@ -44,36 +45,6 @@ fn count_node(name: &str, gpus: i64) -> NodeInfo {
         name,
         Resources::new().with(CPU, 64_000).with(MEMORY, 512 * GIB).with(PODS, 110).with(GPU_RESOURCE, gpus),
     )
-}
-
-thread_local! {
-    /// The driver shape the running test's slices publish ([`on_each_shape`]).
-    static SHAPE: std::cell::Cell<Shape> = const { std::cell::Cell::new(Shape::Current) };
-}
-
-fn shape() -> Shape {
-    SHAPE.with(std::cell::Cell::get)
-}
-
-fn set_shape(shape: Shape) {
-    SHAPE.with(|s| s.set(shape));
-}
-
-/// Runs `body` once per driver shape ([`Shape::ALL`]); a failure names the shape.
-fn on_each_shape(body: impl Fn()) {
-    for shape in Shape::ALL {
-        set_shape(shape);
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&body));
-        set_shape(Shape::Current);
-        if let Err(e) = result {
-            let why = e
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            panic!("driver shape {shape}: {why}");
-        }
-    }
 }
 
 /// The NVIDIA driver's slice for `node` in the running test's shape: GPUs `gpu-0..gpu-<gpus>`.

@@ -79,6 +79,11 @@ struct Case {
     disruption: DisruptionModeKind,
     fits: RemainingFits,
     refused: Option<PatchRefused>,
+    /// A device of the plan's claims another claim holds too.
+    lost: Option<DeviceLoss>,
+    /// The plan allocated a (shared) claim.
+    claims: bool,
+    claim_settle: Duration,
     want: Step,
 }
 
@@ -93,6 +98,9 @@ impl Default for Case {
             disruption: DisruptionModeKind::Single,
             fits: RemainingFits::Yes,
             refused: None,
+            lost: None,
+            claims: false,
+            claim_settle: Duration::ZERO,
             want: Step::Done,
         }
     }
@@ -100,7 +108,10 @@ impl Default for Case {
 
 fn run(cases: Vec<Case>) {
     for case in cases {
-        let plan = plan(case.state);
+        let mut plan = plan(case.state);
+        if case.claims {
+            plan.shared_claims = vec!["shared".into()];
+        }
         let input = CommitInput {
             plan: &plan,
             pods: &case.pods,
@@ -110,8 +121,8 @@ fn run(cases: Vec<Case>) {
             disruption: case.disruption,
             remaining_fits: case.fits.clone(),
             refused: case.refused.as_ref(),
-            lost: None,
-            claim_settle: Duration::ZERO,
+            lost: case.lost.as_ref(),
+            claim_settle: case.claim_settle,
         };
         assert_eq!(next_step(&input), case.want, "case: {}", case.name);
     }
@@ -463,70 +474,62 @@ fn loss() -> DeviceLoss {
 
 #[test]
 fn a_device_another_claim_holds_too_rolls_the_attempt_back_in_every_state() {
-    let lost = loss();
-    let cause = FailureCause::DeviceTaken(lost.to_string());
-    let cases: Vec<(PlanState, Vec<PlannedPodNow>, Vec<&str>)> = vec![
-        // Cut short: one pod ungated, one still gated.
-        (PlanState::Committing, vec![unbound("a"), gated("b")], vec!["a", "b"]),
-        // Every pod bound, the gang started whole: it still goes, devices and all.
-        (PlanState::Admitted, vec![bound("a"), bound("b")], vec!["a", "b"]),
-        // A finished pod of the attempt is left alone.
-        (PlanState::Admitted, vec![pod("a", "g", "n1", PinState::Finished), bound("b")], vec!["b"]),
-    ];
-    for (state, pods, deleted) in cases {
-        let plan = plan(state);
-        let requirement = StartRequirement::leaf("g", 2);
-        let input = CommitInput {
-            plan: &plan,
-            pods: &pods,
-            now: at(1),
-            bind_timeout: TIMEOUT,
-            requirement: &requirement,
-            disruption: DisruptionModeKind::Single,
-            remaining_fits: RemainingFits::Yes,
-            refused: None,
-            lost: Some(&lost),
-            claim_settle: Duration::ZERO,
-        };
-        let Step::RollBack(rollback) = next_step(&input) else { panic!("{state:?}: a rollback") };
-        assert_eq!(rollback.delete, uids(&deleted), "{state:?}");
-        assert_eq!(rollback.failure.cause, cause, "{state:?}");
-        assert!(rollback.avoid_nodes.is_empty(), "the node is fine, the device is taken");
-        let message = rollback.failure.message(None);
-        assert!(message.contains("also allocated to ResourceClaim ns/plain"), "{message}");
-        assert!(message.contains("device gpu.nvidia.com/n1/gpu-3 of ResourceClaim ns/a-gpu"), "{message}");
-    }
+    let cause = FailureCause::DeviceTaken(loss().to_string());
+    let rollback = |first: &str, unbound, planned, deleted: &[&str]| {
+        Step::RollBack(RollBack {
+            delete: uids(deleted),
+            avoid_nodes: BTreeSet::new(),
+            failure: failure(first, "n1", cause.clone(), unbound, planned),
+        })
+    };
+    run(vec![
+        Case {
+            name: "cut short: one pod ungated, one still gated",
+            state: PlanState::Committing,
+            pods: vec![unbound("a"), gated("b")],
+            now: 1,
+            lost: Some(loss()),
+            want: rollback("a", 2, 2, &["a", "b"]),
+            ..Case::default()
+        },
+        Case {
+            name: "every pod bound, the gang started whole: it still goes, devices and all",
+            pods: vec![bound("a"), bound("b")],
+            now: 1,
+            lost: Some(loss()),
+            want: rollback("a", 0, 2, &["a", "b"]),
+            ..Case::default()
+        },
+        Case {
+            name: "a finished pod of the attempt is left alone",
+            pods: vec![pod("a", "g", "n1", PinState::Finished), bound("b")],
+            now: 1,
+            lost: Some(loss()),
+            want: rollback("b", 0, 2, &["b"]),
+            ..Case::default()
+        },
+    ]);
+    let message = failure("a", "n1", cause.clone(), 1, 2).message(None);
+    assert!(message.contains("also allocated to ResourceClaim ns/plain"), "{message}");
+    assert!(message.contains("device gpu.nvidia.com/n1/gpu-3 of ResourceClaim ns/a-gpu"), "{message}");
 }
 
 #[test]
 fn a_plan_with_claims_is_followed_until_it_settles_after_every_bind() {
-    let with_claims = |state| {
-        let mut p = plan(state);
-        p.shared_claims = vec!["shared".into()];
-        p
+    let settled = |name, state, now, claims, want| Case {
+        name,
+        state,
+        pods: vec![bound("a"), bound("b")],
+        now,
+        claims,
+        claim_settle: Duration::from_secs(5),
+        want,
+        ..Case::default()
     };
-    let requirement = StartRequirement::leaf("g", 2);
-    let pods = [bound("a"), bound("b")];
-    let settle = Duration::from_secs(5);
-    for (plan, now, want) in [
-        (with_claims(PlanState::Admitted), 2, Step::WaitUntil(at(5))),
-        (with_claims(PlanState::Admitted), 5, Step::Done),
-        (with_claims(PlanState::Committing), 1, Step::WaitUntil(at(5))),
-        // No claims: done at the last bind.
-        (plan(PlanState::Admitted), 2, Step::Done),
-    ] {
-        let input = CommitInput {
-            plan: &plan,
-            pods: &pods,
-            now: at(now),
-            bind_timeout: TIMEOUT,
-            requirement: &requirement,
-            disruption: DisruptionModeKind::Single,
-            remaining_fits: RemainingFits::Yes,
-            refused: None,
-            lost: None,
-            claim_settle: settle,
-        };
-        assert_eq!(next_step(&input), want, "{:?} at {now}", plan.shared_claims);
-    }
+    run(vec![
+        settled("claims, 2 s after the plan", PlanState::Admitted, 2, true, Step::WaitUntil(at(5))),
+        settled("claims, 5 s after the plan", PlanState::Admitted, 5, true, Step::Done),
+        settled("claims, committing, 1 s after", PlanState::Committing, 1, true, Step::WaitUntil(at(5))),
+        settled("no claims: done at the last bind", PlanState::Admitted, 2, false, Step::Done),
+    ]);
 }
