@@ -1,18 +1,24 @@
-//! `muster node-agent`: runs on a GPU node (the chart's DaemonSet) and publishes, as
-//! annotations on its own Node, what only the node knows:
+//! `muster node-agent`: runs on a GPU node (the chart's DaemonSet) and publishes what only the
+//! node knows: the static topology as an annotation on its own Node, and what changes (health,
+//! assignments) in the node's NodeGPUReport (`gpu.muster.dev/v1alpha1`, named after the node
+//! and owned by it), which only muster reads: a Node write goes to every Node watcher of the
+//! cluster, and health is written at least every `--health-refresh`.
 //!
-//! - `gpu.muster.dev/topology`: the GPUs and their links, from NVML (the host driver's
-//!   `libnvidia-ml.so.1` under `--driver-root`) or, without it, from nvidia-smi's text;
-//! - `gpu.muster.dev/assigned`: per pod (`namespace/name`, as kubelet names it), the
+//! - `gpu.muster.dev/topology` (Node annotation): the GPUs and their links, from NVML (the host
+//!   driver's `libnvidia-ml.so.1` under `--driver-root`) or, without it, from nvidia-smi's text;
+//! - `spec.assigned` (report; once the annotation `gpu.muster.dev/assigned`): per pod (`namespace/name`, as kubelet names it), the
 //!   `nvidia.com/gpu` devices kubelet really gave it, from kubelet's PodResources API (muster
 //!   maps the names to its pods and corrects its ledger and the pod's `gpu.muster.dev/indices`
 //!   to them). The agent reads no pod of the API, so its ServiceAccount has no grant on pods;
-//! - `gpu.muster.dev/health`: per GPU temperature, free memory and utilization, from NVML, so
-//!   health rules work without a DCGM exporter and Prometheus.
+//! - `spec.health` (report; once the annotation `gpu.muster.dev/health`): per GPU temperature,
+//!   free memory and utilization, from NVML, so health rules work without a DCGM exporter and
+//!   Prometheus.
 //!
 //! Each round builds the values (pure: `devices::nvidia_smi`, `devices::probe`,
-//! `devices::report`) and writes the ones that changed in one merge patch. A source that fails
-//! costs only its own annotation that round; the others are still published.
+//! `devices::report`) and writes what changed: the topology by a merge patch of the Node, the
+//! report by server-side apply. A source that fails costs only its own value that round; the
+//! others are still published. The first round removes the two old annotations from the Node
+//! when an agent from before left them.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -28,7 +34,9 @@ use kube::api::{Api, Patch, PatchParams};
 use super::run::{LogFormat, init_tracing};
 use crate::agent::kubelet::{POD_RESOURCES_SOCKET, PodResourcesClient};
 use crate::agent::nvml::{NvmlProbe, find_nvidia_smi};
-use crate::crds::{GPU_ASSIGNED_ANNOTATION, GPU_HEALTH_ANNOTATION, GPU_RESOURCE, GPU_TOPOLOGY_ANNOTATION};
+use crate::crds::{
+    GPU_ASSIGNED_ANNOTATION, GPU_HEALTH_ANNOTATION, GPU_RESOURCE, GPU_TOPOLOGY_ANNOTATION, NodeGPUReport,
+};
 use crate::devices::nvidia_smi::{build_annotation, parse_query, parse_topo};
 use crate::devices::probe::{GpuProbe, Probe, ProbeError, node_metrics, topology_annotation};
 use crate::devices::report::{AssignedAnnotation, HealthAnnotation, kubelet_indices};
@@ -333,10 +341,19 @@ async fn nvidia_smi(bin: &Path, libs: Option<&Path>, args: &[&str]) -> anyhow::R
 struct Agent {
     node: String,
     nodes: Api<Node>,
+    reports: Api<NodeGPUReport>,
+    /// The Node's uid (the report's owner), read once.
+    node_uid: Option<String>,
     gpus: Gpus,
     kubelet: Option<PodResourcesClient>,
-    written: BTreeMap<&'static str, String>,
+    /// The topology annotation last written.
+    topology: Option<String>,
+    /// The report's spec last applied.
+    report: Option<serde_json::Value>,
+    /// The health last published (in the report), and when.
     health: Option<(HealthAnnotation, SystemTime)>,
+    /// The assignments last read.
+    assigned: Option<AssignedAnnotation>,
 }
 
 impl Agent {
@@ -345,13 +362,53 @@ impl Agent {
         if let Some(why) = &gpus.nvml_missing {
             tracing::info!(reason = %why, "GPUs are read with nvidia-smi; no health is published");
         }
-        Agent { node, nodes: Api::all(client), gpus, kubelet: None, written: BTreeMap::new(), health: None }
+        Agent {
+            node,
+            nodes: Api::all(client.clone()),
+            reports: Api::all(client),
+            node_uid: None,
+            gpus,
+            kubelet: None,
+            topology: None,
+            report: None,
+            health: None,
+            assigned: None,
+        }
+    }
+
+    /// The Node's uid, read once; the first read also removes the annotations an agent from
+    /// before wrote (`gpu.muster.dev/{health,assigned}`, now in the report), so an upgrade
+    /// leaves no stale values on the Node.
+    async fn node_uid(&mut self) -> anyhow::Result<String> {
+        if let Some(uid) = &self.node_uid {
+            return Ok(uid.clone());
+        }
+        let node = tokio::time::timeout(CALL_TIMEOUT, self.nodes.get(&self.node))
+            .await
+            .with_context(|| format!("reading node {} timed out", self.node))?
+            .with_context(|| format!("cannot read node {}", self.node))?;
+        let Some(uid) = node.metadata.uid.clone() else { bail!("node {} has no uid", self.node) };
+        let annotations = node.metadata.annotations.unwrap_or_default();
+        let stale: BTreeMap<&str, Option<String>> = [GPU_HEALTH_ANNOTATION, GPU_ASSIGNED_ANNOTATION]
+            .into_iter()
+            .filter(|k| annotations.contains_key(*k))
+            .map(|k| (k, None))
+            .collect();
+        if !stale.is_empty() {
+            self.patch_node(&stale).await?;
+            tracing::info!(node = %self.node, annotations = ?stale.keys().collect::<Vec<_>>(), "old annotations removed (now in the NodeGPUReport)");
+        }
+        if let Some(topology) = annotations.get(GPU_TOPOLOGY_ANNOTATION) {
+            self.topology = Some(topology.clone());
+        }
+        self.node_uid = Some(uid.clone());
+        Ok(uid)
     }
 
     /// One round: read every source, write what changed. Fails when nothing could be read or
     /// the write failed; a source that failed alone is logged and skipped.
     async fn round(&mut self, args: &Args) -> anyhow::Result<()> {
-        let mut values: BTreeMap<&'static str, String> = BTreeMap::new();
+        let uid = self.node_uid().await?;
         let mut failures = Vec::new();
         let gpus = match self.gpus.read(args).await {
             Ok(read) => Some(read),
@@ -360,14 +417,15 @@ impl Agent {
                 None
             }
         };
-        if let Some(read) = &gpus {
-            values.insert(GPU_TOPOLOGY_ANNOTATION, read.topology.clone());
+        if let Some(read) = gpus.as_ref().filter(|r| self.topology.as_ref() != Some(&r.topology)) {
+            let values = [(GPU_TOPOLOGY_ANNOTATION, Some(read.topology.clone()))].into();
+            self.patch_node(&values).await?;
+            tracing::info!(node = %self.node, "topology annotated");
+            self.topology = Some(read.topology.clone());
         }
         if !args.no_pod_resources {
             match self.assigned(args, gpus.as_ref().map(|g| &g.model)).await {
-                Ok(value) => {
-                    values.insert(GPU_ASSIGNED_ANNOTATION, value);
-                }
+                Ok(value) => self.assigned = Some(value),
                 Err(e) => failures.push(format!("PodResources: {e:#}")),
             }
         }
@@ -379,17 +437,16 @@ impl Agent {
             }
             _ => None,
         };
-        if let Some(h) = &health {
-            values.insert(GPU_HEALTH_ANNOTATION, h.to_json());
+        // The report holds the last health published unless this one is worth writing.
+        let published = health.as_ref().or(self.health.as_ref().map(|(h, _)| h));
+        let spec = report_spec(published, self.assigned.as_ref());
+        if (published.is_some() || self.assigned.is_some()) && self.report.as_ref() != Some(&spec) {
+            self.apply_report(&uid, &spec).await?;
+            tracing::debug!(node = %self.node, health = health.is_some(), "GPU report written");
+            self.report = Some(spec);
         }
-        values.retain(|k, v| self.written.get(k) != Some(v));
-        if !values.is_empty() {
-            self.patch(&values).await?;
-            tracing::info!(node = %self.node, annotations = ?values.keys().collect::<Vec<_>>(), "node annotated");
-            if let Some(h) = health {
-                self.health = Some((h, now));
-            }
-            self.written.extend(values);
+        if let Some(h) = health {
+            self.health = Some((h, now));
         }
         match (failures.is_empty(), gpus.is_some()) {
             (true, _) => Ok(()),
@@ -404,7 +461,7 @@ impl Agent {
     /// The `gpu.muster.dev/assigned` value: what kubelet says the pods here hold, keyed by
     /// `namespace/name` (muster joins them to its pods). A broken connection is dropped and made
     /// again next round.
-    async fn assigned(&mut self, args: &Args, model: Option<&GpuTopology>) -> anyhow::Result<String> {
+    async fn assigned(&mut self, args: &Args, model: Option<&GpuTopology>) -> anyhow::Result<AssignedAnnotation> {
         if self.kubelet.is_none() {
             let mut client = PodResourcesClient::connect(&args.pod_resources_socket, CALL_TIMEOUT).await?;
             check_allocatable(&mut client, model).await;
@@ -418,10 +475,22 @@ impl Agent {
                 return Err(e.into());
             }
         };
-        Ok(AssignedAnnotation::from_pods(&listed, GPU_RESOURCE).to_json())
+        Ok(AssignedAnnotation::from_pods(&listed, GPU_RESOURCE))
     }
 
-    async fn patch(&self, values: &BTreeMap<&'static str, String>) -> anyhow::Result<()> {
+    /// Server-side applies the node's report: all of `spec`, owned by the Node (garbage
+    /// collection deletes it with the node).
+    async fn apply_report(&self, uid: &str, spec: &serde_json::Value) -> anyhow::Result<()> {
+        let body = report_object(&self.node, uid, spec);
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        tokio::time::timeout(CALL_TIMEOUT, self.reports.patch(&self.node, &params, &Patch::Apply(&body)))
+            .await
+            .with_context(|| format!("writing the NodeGPUReport of {} timed out", self.node))?
+            .with_context(|| format!("cannot write the NodeGPUReport of {}", self.node))?;
+        Ok(())
+    }
+
+    async fn patch_node(&self, values: &BTreeMap<&str, Option<String>>) -> anyhow::Result<()> {
         let body = serde_json::json!({ "metadata": { "annotations": values } });
         let params = PatchParams { field_manager: Some(FIELD_MANAGER.to_string()), ..PatchParams::default() };
         tokio::time::timeout(CALL_TIMEOUT, self.nodes.patch(&self.node, &params, &Patch::Merge(&body)))
@@ -430,6 +499,34 @@ impl Agent {
             .with_context(|| format!("cannot annotate node {}", self.node))?;
         Ok(())
     }
+}
+
+/// The spec of a node's NodeGPUReport: the health and assignments as the annotations held
+/// them, and their counts for `kubectl get`.
+fn report_spec(health: Option<&HealthAnnotation>, assigned: Option<&AssignedAnnotation>) -> serde_json::Value {
+    let mut spec = serde_json::Map::new();
+    if let Some(h) = health {
+        spec.insert("gpus".into(), h.gpus.len().into());
+        spec.insert("health".into(), h.to_value());
+    }
+    if let Some(a) = assigned {
+        spec.insert("pods".into(), a.pods.len().into());
+        spec.insert("assigned".into(), a.to_value());
+    }
+    serde_json::Value::Object(spec)
+}
+
+/// The whole report as the agent applies it.
+fn report_object(node: &str, uid: &str, spec: &serde_json::Value) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "gpu.muster.dev/v1alpha1",
+        "kind": "NodeGPUReport",
+        "metadata": {
+            "name": node,
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}],
+        },
+        "spec": spec,
+    })
 }
 
 /// Warns when the device plugin's device IDs are not GPUs of the topology model: then muster
@@ -590,6 +687,33 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         let err = block_on(Gpus::new(&a).read(&a)).err().map(|e| format!("{e:#}"));
         assert!(err.as_deref().is_some_and(|e| e.starts_with("NVML: ")), "{err:?}");
+    }
+
+    #[test]
+    fn the_report_holds_the_annotations_shapes_owned_by_the_node() {
+        let health = HealthAnnotation {
+            version: 1,
+            observed_at: "2026-01-01T00:00:00Z".into(),
+            gpus: vec![crate::devices::report::HealthSample {
+                index: 0,
+                temperature_c: 40.0,
+                memory_free_fraction: 0.5,
+                utilization: 0.0,
+            }],
+        };
+        let assigned = AssignedAnnotation::from_pods(&[], GPU_RESOURCE);
+        let spec = report_spec(Some(&health), Some(&assigned));
+        assert_eq!(spec["gpus"], 1);
+        assert_eq!(spec["pods"], 0);
+        let metrics = HealthAnnotation::parse_value(&spec["health"], "spec.health").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(metrics.gpus.len(), 1);
+        assert_eq!(AssignedAnnotation::parse_value(&spec["assigned"], "spec.assigned"), Ok(assigned));
+        assert_eq!(report_spec(None, None), serde_json::json!({}));
+        let object = report_object("n1", "uid-1", &spec);
+        let report: NodeGPUReport = serde_json::from_value(object).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(report.metadata.name.as_deref(), Some("n1"));
+        let owner = &report.metadata.owner_references.unwrap_or_default()[0];
+        assert_eq!((owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()), ("Node", "n1", "uid-1"));
     }
 
     #[test]

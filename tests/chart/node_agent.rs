@@ -46,6 +46,13 @@ fn agent_policies<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
     of_kind(docs, kind).into_iter().filter(|d| d["metadata"]["name"] == AGENT).collect()
 }
 
+/// The NodeGPUReport write policy's name.
+const REPORT_POLICY: &str = "muster-node-agent-report";
+
+fn report_policies<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    of_kind(docs, kind).into_iter().filter(|d| d["metadata"]["name"] == REPORT_POLICY).collect()
+}
+
 fn one_of(found: Vec<&Value>) -> &Value {
     match found.as_slice() {
         [one] => one,
@@ -266,6 +273,7 @@ fn node_agent_rbac_and_admission_policy() {
         role["rules"],
         json!([
             {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+            {"apiGroups": ["gpu.muster.dev"], "resources": ["nodegpureports"], "verbs": ["get", "create", "patch"]},
         ]),
         "its Node only: no pods, so a stolen agent token reads no pod of the cluster"
     );
@@ -285,15 +293,15 @@ fn node_agent_rbac_and_admission_policy() {
         policy["spec"]["matchConditions"][0]["expression"],
         format!("request.userInfo.username == 'system:serviceaccount:{NS}:{AGENT}'")
     );
-    // The annotations it lets through are the ones muster reads.
-    let allowed = named(&policy["spec"]["variables"], "allowed")["expression"].as_str().expect("allowed");
-    let quoted: BTreeSet<String> = [GPU_TOPOLOGY_ANNOTATION, GPU_ASSIGNED_ANNOTATION, GPU_HEALTH_ANNOTATION]
-        .iter()
-        .map(|a| format!("'{a}'"))
-        .collect();
-    let listed: BTreeSet<String> =
-        allowed.trim_matches(|c| c == '[' || c == ']').split(", ").map(str::to_string).collect();
-    assert_eq!(listed, quoted);
+    // The annotation it lets through is the one muster reads on Nodes; the two an older agent
+    // wrote (now in the NodeGPUReport) it may only remove.
+    let listed = |name: &str| -> BTreeSet<String> {
+        let expr = named(&policy["spec"]["variables"], name)["expression"].as_str().expect("expression");
+        expr.trim_matches(|c| c == '[' || c == ']').split(", ").map(str::to_string).collect()
+    };
+    let quoted = |keys: &[&str]| -> BTreeSet<String> { keys.iter().map(|a| format!("'{a}'")).collect() };
+    assert_eq!(listed("allowed"), quoted(&[GPU_TOPOLOGY_ANNOTATION]));
+    assert_eq!(listed("removable"), quoted(&[GPU_ASSIGNED_ANNOTATION, GPU_HEALTH_ANNOTATION]));
     // Node binding, spec, labels, other annotations, finalizers and owner references (what each
     // refuses is checked on the cluster below); every refusal a 403 with its own message.
     let validations = policy["spec"]["validations"].as_array().expect("validations");
@@ -301,14 +309,28 @@ fn node_agent_rbac_and_admission_policy() {
     assert!(validations.iter().all(|v| v["reason"] == "Forbidden" && v["messageExpression"].is_string()));
     let vap_binding = one_of(agent_policies(&docs, "ValidatingAdmissionPolicyBinding"));
     assert_eq!(vap_binding["spec"], json!({"policyName": AGENT, "validationActions": ["Deny"]}));
+    // The report's policy: its own node's report, owned by that Node.
+    let report_policy = one_of(report_policies(&docs, "ValidatingAdmissionPolicy"));
+    assert_eq!(
+        report_policy["spec"]["matchConstraints"]["resourceRules"],
+        json!([{"apiGroups": ["gpu.muster.dev"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
+            "resources": ["nodegpureports"]}])
+    );
+    assert_eq!(report_policy["spec"]["matchConditions"], policy["spec"]["matchConditions"]);
+    let validations = report_policy["spec"]["validations"].as_array().expect("validations");
+    assert_eq!(validations.len(), 2, "{validations:?}");
+    let report_binding = one_of(report_policies(&docs, "ValidatingAdmissionPolicyBinding"));
+    assert_eq!(report_binding["spec"], json!({"policyName": REPORT_POLICY, "validationActions": ["Deny"]}));
 
     // Off: no policy. rbac.create=false: no ClusterRole, but still the policy.
     let off = agent_render(&["--set", "nodeAgent.admissionPolicy.enabled=false"]);
     assert!(agent_policies(&off, "ValidatingAdmissionPolicy").is_empty());
     assert!(agent_policies(&off, "ValidatingAdmissionPolicyBinding").is_empty());
+    assert!(report_policies(&off, "ValidatingAdmissionPolicy").is_empty());
     let no_rbac = agent_render(&["--set", "rbac.create=false"]);
     assert!(of_kind(&no_rbac, "ClusterRole").is_empty());
     assert_eq!(agent_policies(&no_rbac, "ValidatingAdmissionPolicy").len(), 1);
+    assert_eq!(report_policies(&no_rbac, "ValidatingAdmissionPolicy").len(), 1);
 }
 
 /// Every rendering of the DaemonSet's arguments parses with `muster node-agent`'s command line.
@@ -467,13 +489,22 @@ fn node_agent_runs_on_gpu_nodes_and_may_change_only_its_own_node() {
             assert!(err.contains(e), "{what}: {e:?} not in:\n{err}");
         }
     };
-    // Its own Node: the three annotations, set and removed.
-    merge(own, json!({"metadata": {"annotations": {GPU_ASSIGNED_ANNOTATION: "{\"v\":1}"}}}))
-        .unwrap_or_else(|e| panic!("patching its own node's {GPU_ASSIGNED_ANNOTATION}: {e}"));
-    assert_eq!(annotation(own, GPU_ASSIGNED_ANNOTATION).as_deref(), Some("{\"v\":1}"));
-    merge(own, json!({"metadata": {"annotations": {GPU_HEALTH_ANNOTATION: "{}", GPU_ASSIGNED_ANNOTATION: null}}}))
-        .unwrap_or_else(|e| panic!("{e}"));
+    // Its own Node: the topology annotation; the two an older agent wrote it may remove.
+    merge(own, json!({"metadata": {"annotations": {GPU_TOPOLOGY_ANNOTATION: "{\"v\":1}"}}}))
+        .unwrap_or_else(|e| panic!("patching its own node's {GPU_TOPOLOGY_ANNOTATION}: {e}"));
+    assert_eq!(annotation(own, GPU_TOPOLOGY_ANNOTATION).as_deref(), Some("{\"v\":1}"));
+    kubectl(&[
+        "annotate",
+        "node",
+        own,
+        &format!("{GPU_HEALTH_ANNOTATION}={{}}"),
+        &format!("{GPU_ASSIGNED_ANNOTATION}={{}}"),
+        "--overwrite",
+    ]);
+    merge(own, json!({"metadata": {"annotations": {GPU_HEALTH_ANNOTATION: null, GPU_ASSIGNED_ANNOTATION: null}}}))
+        .unwrap_or_else(|e| panic!("removing the old annotations from its own node: {e}"));
     assert_eq!(annotation(own, GPU_ASSIGNED_ANNOTATION), None);
+    assert_eq!(annotation(own, GPU_HEALTH_ANNOTATION), None);
 
     // The admission policy: another Node; labels, other annotations, spec of its own. The API
     // server starts enforcing a new policy binding a moment after the policy type-checks (its
@@ -510,6 +541,11 @@ fn node_agent_runs_on_gpu_nodes_and_may_change_only_its_own_node() {
         as_agent(&["annotate", "node", own, "kwok.x-k8s.io/node-"]),
         &[&policy, "annotations kwok.x-k8s.io/node"],
     );
+    refused(
+        "writing an old annotation",
+        merge(own, json!({"metadata": {"annotations": {GPU_HEALTH_ANNOTATION: "{}"}}})),
+        &[&policy, &format!("may not change the annotations {GPU_HEALTH_ANNOTATION}")],
+    );
     refused("cordoning", merge(own, json!({"spec": {"unschedulable": true}})), &[&policy, "the spec of Node"]);
     refused("removing the taint", as_agent(&["taint", "node", own, "nvidia.com/gpu-"]), &[&policy, "the spec of Node"]);
     refused(
@@ -517,6 +553,52 @@ fn node_agent_runs_on_gpu_nodes_and_may_change_only_its_own_node() {
         merge(own, json!({"metadata": {"finalizers": ["example.com/keep"]}})),
         &[&policy, "finalizers"],
     );
+    // Its NodeGPUReport: its own node's, owned by that Node; not another node's, not one
+    // without its owner.
+    let report_policy = format!("ValidatingAdmissionPolicy '{REPORT_POLICY}'");
+    let uid_of = |node: &str| kubectl(&["get", "node", node, "-o", "jsonpath={.metadata.uid}"]);
+    let report = |node: &str, owner: Option<&str>| {
+        let owners: Vec<Value> = owner
+            .map(|o| json!({"apiVersion": "v1", "kind": "Node", "name": o, "uid": uid_of(o).trim()}))
+            .into_iter()
+            .collect();
+        json!({"apiVersion": "gpu.muster.dev/v1alpha1", "kind": "NodeGPUReport",
+            "metadata": {"name": node, "ownerReferences": owners},
+            "spec": {"assigned": {"version": 2, "resource": "nvidia.com/gpu", "pods": {}}}})
+        .to_string()
+    };
+    let apply = |body: String| {
+        kubectl_as_stdin(
+            &kubeconfig,
+            &["apply", "--server-side", "--field-manager=muster-node-agent", "-f", "-"],
+            &body,
+        )
+    };
+    let first = eventually(
+        "the report policy in force",
+        TIMEOUT,
+        || apply(report(other, Some(other))).err(),
+        || format!("{AGENT} could still write the NodeGPUReport of {other}"),
+    );
+    refused(
+        "another node's report",
+        Err(first),
+        &[&report_policy, &format!("may not write NodeGPUReport {other}"), &format!("bound to a pod on node {own}")],
+    );
+    refused(
+        "its report without the owner",
+        apply(report(own, None)),
+        &[&report_policy, &format!("must be owned by Node {own}")],
+    );
+    refused(
+        "its report owned by another node",
+        apply(report(own, Some(other))),
+        &[&report_policy, &format!("must be owned by Node {own}")],
+    );
+    apply(report(own, Some(own))).unwrap_or_else(|e| panic!("writing its own node's report: {e}"));
+    apply(report(own, Some(own))).unwrap_or_else(|e| panic!("writing its own node's report again: {e}"));
+    refused("deleting its report", as_agent(&["delete", "nodegpureport", own, "--dry-run=server"]), &["Forbidden"]);
+
     // A token of the same ServiceAccount that is not bound to a pod may change no Node.
     let unbound = token_kubeconfig(
         &format!("{ns}-unbound"),
@@ -619,8 +701,12 @@ fn node_agent_runs_on_gpu_nodes_and_may_change_only_its_own_node() {
     assert_eq!(kubelet.calls().list, 1, "the agent asked kubelet once");
     drop(kubelet);
     assert_eq!(annotation(own, GPU_TOPOLOGY_ANNOTATION).as_deref(), Some(expected.trim()));
-    let assigned = annotation(own, GPU_ASSIGNED_ANNOTATION).unwrap_or_else(|| panic!("no report on {own}"));
-    let report = AssignedAnnotation::parse(&assigned).unwrap_or_else(|e| panic!("{e}: {assigned}"));
+    assert_eq!(annotation(own, GPU_ASSIGNED_ANNOTATION), None, "assignments go to the NodeGPUReport");
+    let written = json_of(kubectl(&["get", "nodegpureport", own, "-o", "json"]));
+    assert_eq!(written["metadata"]["ownerReferences"][0]["uid"].as_str(), Some(uid_of(own).trim()));
+    let assigned = written["spec"]["assigned"].clone();
+    let report =
+        AssignedAnnotation::parse_value(&assigned, "spec.assigned").unwrap_or_else(|e| panic!("{e}: {assigned}"));
     let key = pod_key(ns, pod_name);
     assert_eq!(report.pods.keys().collect::<Vec<_>>(), [&key], "{assigned}");
     assert_eq!(report.pods[&key].devices, gpu.ids, "{assigned}");

@@ -18,12 +18,13 @@ pub const RELEASE: &str = "muster";
 /// The ServiceAccount the chart makes for release [`RELEASE`].
 pub const SERVICE_ACCOUNT: &str = "muster";
 /// The five CRDs muster serves.
-pub const CRD_NAMES: [&str; 5] = [
+pub const CRD_NAMES: [&str; 6] = [
     "musterjobs.batch.muster.dev",
     "musterjobsets.batch.muster.dev",
     "workloads.scheduling.muster.dev",
     "podgroups.scheduling.muster.dev",
     "compositepodgroups.scheduling.muster.dev",
+    "nodegpureports.gpu.muster.dev",
 ];
 
 /// The repository root.

@@ -1,6 +1,7 @@
 //! The node agent end to end: `muster node-agent` (the real binary) reads a fake kubelet that
-//! serves the real PodResources gRPC service on a unix socket and annotates its kwok Node with
-//! what kubelet gave each pod, by `namespace/name`; muster reads the annotation back, joins the
+//! serves the real PodResources gRPC service on a unix socket and publishes in its node's
+//! NodeGPUReport (the Node keeps only the topology annotation) what kubelet gave each pod, by
+//! `namespace/name`; muster reads the report back, joins the
 //! names to its pods bound to that node, corrects a pod's `gpu.muster.dev/indices` and its ledger
 //! to what kubelet gave it (event, metric), and plans the next gang around those GPUs; and
 //! health the agent measures (NVML answers replayed) keeps hot GPUs off offer without Prometheus.
@@ -11,7 +12,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 use kube::api::Api;
-use muster::crds::{GPU_ASSIGNED_ANNOTATION, GPU_HEALTH_ANNOTATION, GPU_TOPOLOGY_ANNOTATION};
+use muster::crds::{GPU_ASSIGNED_ANNOTATION, GPU_HEALTH_ANNOTATION, GPU_TOPOLOGY_ANNOTATION, NodeGPUReport};
 use muster::devices::report::{AssignedAnnotation, ContainerDevices, PodDevices, ResourceDevices, pod_key};
 use muster_dev::kubelet::FakeKubelet;
 use serde_json::json;
@@ -149,6 +150,41 @@ impl AgentNode {
         })
         .await
     }
+
+    /// The node's NodeGPUReport field `spec.<field>`, parsed by `parse`, once `ready` holds for
+    /// it; the report is owned by the Node.
+    async fn report<T>(
+        &self,
+        what: &str,
+        field: &str,
+        parse: impl Fn(&serde_json::Value) -> Option<T>,
+        ready: impl Fn(&T) -> bool,
+    ) -> T {
+        let reports: Api<NodeGPUReport> = Api::all(client().await);
+        let uid = self.api.get(&self.name).await.ok().and_then(|n| n.metadata.uid);
+        wait_for(what, LONG, || async {
+            let report = reports.get(&self.name).await.ok()?;
+            let owner = report.metadata.owner_references.iter().flatten().find(|o| o.kind == "Node")?;
+            assert_eq!(Some(&owner.uid), uid.as_ref(), "the report is owned by its Node");
+            let value = serde_json::to_value(&report.spec).ok()?;
+            parse(value.get(field)?).filter(|v| ready(v))
+        })
+        .await
+    }
+
+    /// The node keeps only the topology annotation of the agent's: health and assignments are
+    /// in the report.
+    async fn only_topology_on_the_node(&self) {
+        let node = self.api.get(&self.name).await.unwrap_or_else(|e| panic!("{e}"));
+        for key in [GPU_HEALTH_ANNOTATION, GPU_ASSIGNED_ANNOTATION] {
+            assert!(!node.annotations().contains_key(key), "{key} on Node {}", self.name);
+        }
+        assert!(node.annotations().contains_key(GPU_TOPOLOGY_ANNOTATION));
+    }
+}
+
+fn assigned(v: &serde_json::Value) -> Option<AssignedAnnotation> {
+    AssignedAnnotation::parse_value(v, "spec.assigned").ok()
 }
 
 #[tokio::test]
@@ -177,14 +213,12 @@ async fn indices_follow_what_kubelet_gave_and_the_next_gang_avoids_those_gpus() 
     let given_ids: Vec<&str> = other.iter().map(|&i| uuids[i].as_str()).collect();
     kubelet.set_pods(vec![gpu_pod(&first, &given_ids)]);
 
-    // The agent reports it on the Node, keyed by the pod's namespace/name (as kubelet names it).
+    // The agent reports it in the node's NodeGPUReport, keyed by the pod's namespace/name (as
+    // kubelet names it); nothing on the Node but the topology.
     let key = pod_key(ns, &first.name_any());
-    let parse = |v: &str| AssignedAnnotation::parse(v).ok();
-    let report = node
-        .annotation("the agent to report what kubelet gave", GPU_ASSIGNED_ANNOTATION, parse, |r| {
-            r.pods.contains_key(&key)
-        })
-        .await;
+    let report =
+        node.report("the agent to report what kubelet gave", "assigned", assigned, |r| r.pods.contains_key(&key)).await;
+    node.only_topology_on_the_node().await;
     let mut want_ids: Vec<String> = given_ids.iter().map(|s| (*s).to_string()).collect();
     want_ids.sort();
     assert_eq!(report.version, 2, "the agent writes the namespace/name version");
@@ -215,10 +249,7 @@ async fn indices_follow_what_kubelet_gave_and_the_next_gang_avoids_those_gpus() 
     let free_ids: Vec<&str> = free.split(',').map(|i| uuids[i.parse::<usize>().unwrap_or(0)].as_str()).collect();
     kubelet.set_pods(vec![gpu_pod(&first, &given_ids), gpu_pod(&second, &free_ids)]);
     let second_key = pod_key(ns, &second.name_any());
-    node.annotation("the agent to report the second pod", GPU_ASSIGNED_ANNOTATION, parse, |r| {
-        r.pods.contains_key(&second_key)
-    })
-    .await;
+    node.report("the agent to report the second pod", "assigned", assigned, |r| r.pods.contains_key(&second_key)).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let second_events = events_of(ns, &second.name_any()).await;
     assert!(!second_events.iter().any(|(_, r, _)| r == "GPUIndicesCorrected"), "{second_events:?}");
@@ -270,11 +301,12 @@ async fn the_agent_keeps_publishing_the_topology_while_kubelet_is_down() {
     node.annotation("the topology from the agent", GPU_TOPOLOGY_ANNOTATION, topology, |v| v.contains(&other[0])).await;
     let now = node.api.get(&node.name).await.unwrap_or_else(|e| panic!("{e}"));
     assert!(!now.annotations().contains_key(GPU_ASSIGNED_ANNOTATION), "nothing from a kubelet that is not there");
+    let reports: Api<NodeGPUReport> = Api::all(client().await);
+    assert!(reports.get_opt(&node.name).await.ok().flatten().is_none(), "no report from a kubelet that is not there");
     // kubelet comes up: the agent connects on a later round.
     let _kubelet = FakeKubelet::start(&socket).await.unwrap_or_else(|e| panic!("fake kubelet: {e:#}"));
-    let parse = |v: &str| AssignedAnnotation::parse(v).ok();
-    node.annotation("an (empty) report once kubelet answers", GPU_ASSIGNED_ANNOTATION, parse, |r| r.pods.is_empty())
-        .await;
+    node.report("an (empty) report once kubelet answers", "assigned", assigned, |r| r.pods.is_empty()).await;
+    node.only_topology_on_the_node().await;
 }
 
 /// NVML's answers for a node's GPUs, as `muster node-agent --probe-file` replays them: all on
@@ -303,10 +335,17 @@ async fn health_from_the_node_agent_keeps_hot_gpus_off_offer_without_prometheus(
     let (ns, nodes, node_name) = (&node.ns.name, &node.nodes, &node.name);
     let write = |readings: &[(f64, u64)]| node.write("probe.json", &recorded_probe(&node.uuids, readings));
     write(&[(40.0, 80000), (90.0, 80000), (40.0, 2000), (40.0, 80000)]);
+    // An agent from before left health on the Node (every GPU cool): the new agent removes it,
+    // and its report (GPU 1 hot) is what muster reads.
+    let old = json!({"version": 1, "observedAt": "2020-01-01T00:00:00Z", "gpus": []}).to_string();
+    let patch = json!({"metadata": {"annotations": {GPU_HEALTH_ANNOTATION: old, GPU_ASSIGNED_ANNOTATION: "{}"}}});
+    let params = kube::api::PatchParams::default();
+    node.api.patch(node_name, &params, &kube::api::Patch::Merge(&patch)).await.unwrap_or_else(|e| panic!("{e}"));
     let probe = ["--probe-file".to_string(), node.dir.path().join("probe.json").display().to_string()];
     let _agent = start_agent(node_name, node.dir.path(), &probe, &["--no-pod-resources"]);
-    let sampled = |v: &str| Some(v.to_string());
-    node.annotation("the agent's health annotation", GPU_HEALTH_ANNOTATION, sampled, |_| true).await;
+    let sampled = |v: &serde_json::Value| muster::devices::report::HealthAnnotation::parse_value(v, "spec.health").ok();
+    node.report("the agent's health in its report", "health", sampled, |m| m.gpus.len() == 4).await;
+    node.only_topology_on_the_node().await;
     // Operators hear why: on the Node (cluster-scoped objects' events live in `default`), as a
     // new event although the node had a GPUProblems event already (its topology arrived before
     // its allocatable), and in muster_gpu_node_problems.

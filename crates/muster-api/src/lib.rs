@@ -6,10 +6,12 @@
 
 pub mod batch;
 pub mod blocks;
+pub mod gpu;
 pub mod scheduling;
 
 pub use batch::{MusterJob, MusterJobSet, MusterJobSetSpec, MusterJobSpec};
 pub use blocks::*;
+pub use gpu::{NodeGPUReport, NodeGPUReportSpec};
 pub use scheduling::{
     CompositePodGroup, CompositePodGroupSpec, CompositePodGroupTemplate, PodGroup, PodGroupSpec, PodGroupTemplate,
     Workload, WorkloadSpec,
@@ -74,8 +76,14 @@ pub const CRD_VERSION_ANNOTATION: &str = "muster.dev/version";
 
 /// Every CRD muster serves, in a stable order, annotated with this muster's version.
 pub fn all() -> Vec<CustomResourceDefinition> {
-    let mut crds =
-        vec![MusterJob::crd(), MusterJobSet::crd(), Workload::crd(), PodGroup::crd(), CompositePodGroup::crd()];
+    let mut crds = vec![
+        MusterJob::crd(),
+        MusterJobSet::crd(),
+        Workload::crd(),
+        PodGroup::crd(),
+        CompositePodGroup::crd(),
+        NodeGPUReport::crd(),
+    ];
     for crd in &mut crds {
         crd.metadata
             .annotations

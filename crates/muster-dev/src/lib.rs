@@ -4,6 +4,7 @@
 //! talks to the cluster. `muster dev fake-dcgm-exporter` ([`dcgm`]) reports their GPU health;
 //! `muster dev dra-slices` ([`dra`]) publishes their GPUs as NVIDIA DRA ResourceSlices.
 
+pub mod agent_load;
 mod bench;
 pub mod dcgm;
 pub mod demo;
@@ -89,6 +90,8 @@ enum DevCommand {
     /// Register fake nvidia.com/gpu devices (the GPUs of a recorded probe) with a real kubelet
     /// over the device-plugin API, answering as NVIDIA's device plugin does.
     DevicePlugin(device_plugin::Args),
+    /// Node watch traffic of N node agents writing GPU health: on the Node (old) or in NodeGPUReports.
+    AgentLoad(agent_load::Args),
 }
 
 /// Arguments of `muster dev demo-check`.
@@ -395,6 +398,7 @@ pub fn run(args: Args, shutdown: impl Future<Output = ()> + Send + 'static) -> E
         DevCommand::FakeDcgmExporter(args) => return dcgm::run(args, shutdown),
         DevCommand::DraSlices(args) => return block_on(run_dra_slices(args)),
         DevCommand::DevicePlugin(args) => return device_plugin::run(args, shutdown),
+        DevCommand::AgentLoad(args) => return agent_load::run(args),
     };
     block_on(run_add_nodes(args))
 }

@@ -26,6 +26,7 @@ use tokio::sync::Notify;
 
 use super::{Admitter, Caches, DraCaches, GroupRef, RootKey, Unseen, is_gated, trim};
 use crate::controllers::context::Context;
+use crate::crds::NodeGPUReport;
 use crate::crds::scheduling::{CompositePodGroup, PlanState, PlannedPod, PodGroup};
 use crate::scheduler::{Change, ClusterState};
 
@@ -281,6 +282,14 @@ fn feed<K: 'static>(
     }
 }
 
+/// A hash of what a NodeGPUReport says kubelet gave (its `spec.assigned`).
+fn assigned_hash(report: &NodeGPUReport) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    report.spec.assigned.as_ref().map(ToString::to_string).hash(&mut h);
+    h.finish()
+}
+
 /// A namespace, claim, volume or class added, changed or removed can change what fits (a
 /// claim created or bound, a label a namespace selector reads).
 fn changed<K>(ev: &Event<K>) -> Wake {
@@ -453,6 +462,42 @@ pub(super) fn watch_caches(
 ) -> Caches {
     let cfg = || watcher::Config::default().any_semantic();
     let cluster = Arc::new(Mutex::new(ClusterState::default()));
+    // The node agents' NodeGPUReports (GPU health, what kubelet gave each pod), read once per
+    // event into the cluster state, where each overrides its node's annotations of the same;
+    // no store is kept, and no cycle waits for them (a node without a report is read from its
+    // annotations, as with an older agent). A change of what kubelet gave wakes a cycle as one
+    // that may free GPUs; health alone wakes nothing, as on the Node (`trim::NodeFingerprints`
+    // leaves it out): the next cycle reads it (at 5,000 nodes, a refresh every 30 s each is
+    // 170 events a second).
+    let _reports = spawn_watch_keeping(
+        Api::<NodeGPUReport>::all(client.clone()),
+        cfg(),
+        trim::managed_fields::<NodeGPUReport>,
+        |_| false,
+        None,
+        notify.clone(),
+        capacity.clone(),
+        {
+            let mut feed = feed(cluster.clone(), ClusterState::report_changed);
+            let mut assigned: HashMap<String, u64> = HashMap::new();
+            move |ev: &Event<NodeGPUReport>| {
+                let changed = feed(ev);
+                let moved = match ev {
+                    Event::Apply(r) | Event::InitApply(r) => {
+                        let h = assigned_hash(r);
+                        assigned.insert(r.name_any(), h) != Some(h)
+                    }
+                    Event::Delete(r) => assigned.remove(&r.name_any()).is_some(),
+                    Event::Init => {
+                        assigned.clear();
+                        false
+                    }
+                    Event::InitDone => true,
+                };
+                if changed && moved { Wake::Frees } else { Wake::No }
+            }
+        },
+    );
     Caches {
         cluster: cluster.clone(),
         judges: Judges::watch(client, notify, capacity, mutating_policies),

@@ -243,6 +243,23 @@ impl GpuNode {
         &self.uid
     }
 
+    /// The node with the agent's health and assignments taken from its NodeGPUReport instead
+    /// of its annotations (an agent that writes the report writes no annotation; one from
+    /// before writes only those), when `report` is the report of this very node: owned by a
+    /// Node of its uid (a report left by a deleted node of the same name is not). Otherwise the
+    /// node as it is.
+    pub fn with_report(self: &Arc<Self>, report: Option<&GpuReport>) -> Arc<Self> {
+        match report {
+            Some(r) if r.owner_uid == self.uid => Arc::new(GpuNode {
+                agent: r.agent.clone(),
+                assigned: r.assigned.clone(),
+                report_problems: r.report_problems.clone(),
+                ..GpuNode::clone(self)
+            }),
+            _ => self.clone(),
+        }
+    }
+
     /// Its GPU count: the larger of its `nvidia.com/gpu` allocatable and the GPUs its DRA
     /// driver publishes (a DRA node advertises no `nvidia.com/gpu`).
     pub fn gpus_with(&self, published: u64) -> u64 {
@@ -253,6 +270,46 @@ impl GpuNode {
     /// GPU).
     pub fn samples(&self, metrics: Option<&NodeMetrics>) -> Option<NodeMetrics> {
         report::newest(self.agent.as_ref(), metrics)
+    }
+}
+
+/// What a malformed `spec.health` of a NodeGPUReport is reported as.
+pub const REPORT_HEALTH: &str = "NodeGPUReport spec.health";
+/// What a malformed `spec.assigned` of a NodeGPUReport is reported as.
+pub const REPORT_ASSIGNED: &str = "NodeGPUReport spec.assigned";
+
+/// PURE: what the GPU model reads of a node's NodeGPUReport (the node agent's health samples
+/// and kubelet's assignments), parsed once, when its watch event arrives, with the same parser
+/// as the annotations it replaces. Joined to its node by [`GpuNode::with_report`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuReport {
+    /// The uid of the Node its ownerReference names (empty without one).
+    owner_uid: String,
+    agent: Option<NodeMetrics>,
+    assigned: Option<Arc<AssignedAnnotation>>,
+    report_problems: Vec<String>,
+}
+
+impl GpuReport {
+    /// What the GPU model reads of `report`; a field that does not parse is the node's problem
+    /// (as a malformed annotation is), the other field still read.
+    pub fn of(report: &muster_api::NodeGPUReport) -> Self {
+        let mut problems = Vec::new();
+        let agent = report.spec.health.as_ref().and_then(|v| {
+            HealthAnnotation::parse_value(v, REPORT_HEALTH).map_err(|e| problems.push(e.to_string())).ok()
+        });
+        let assigned = report.spec.assigned.as_ref().and_then(|v| {
+            AssignedAnnotation::parse_value(v, REPORT_ASSIGNED).map_err(|e| problems.push(e.to_string())).ok()
+        });
+        let owner_uid = report
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.kind == "Node" && o.api_version == "v1")
+            .map(|o| o.uid.clone())
+            .unwrap_or_default();
+        GpuReport { owner_uid, agent, assigned: assigned.map(Arc::new), report_problems: problems }
     }
 }
 
@@ -641,6 +698,222 @@ pub(crate) mod tests {
                 }
             }
             proptest::prop_assert!(!cache.is_empty());
+        }
+    }
+
+    /// A NodeGPUReport for `node` (owned by a Node of `owner_uid`, none when empty).
+    fn report(
+        node: &str,
+        owner_uid: &str,
+        health: Option<serde_json::Value>,
+        assigned: Option<serde_json::Value>,
+    ) -> muster_api::NodeGPUReport {
+        let mut r = muster_api::NodeGPUReport::new(
+            node,
+            muster_api::NodeGPUReportSpec { gpus: None, pods: None, health, assigned },
+        );
+        if !owner_uid.is_empty() {
+            r.metadata.owner_references = Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "v1".into(),
+                kind: "Node".into(),
+                name: node.into(),
+                uid: owner_uid.into(),
+                ..Default::default()
+            }]);
+        }
+        r
+    }
+
+    /// The GPUs of node `name` as the cluster state's joined nodes give them.
+    fn joined(state: &crate::scheduler::ClusterState, name: &str, now: SystemTime) -> Option<NodeGpus> {
+        let kept = state.gpu_nodes();
+        let mut map = node_gpus_of(
+            kept.iter().map(|(n, g)| (n.as_str(), &**g)),
+            &Published::new(),
+            &MetricsCache::default(),
+            &HealthThresholds::default(),
+            now,
+        );
+        map.remove(name)
+    }
+
+    #[test]
+    fn a_nodes_gpu_report_overrides_its_annotations_and_a_deleted_one_falls_back() {
+        use crate::devices::report::HealthAnnotation;
+        use crate::scheduler::{Change, ClusterState};
+        let now = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000);
+        let hot = |hot: &[u32]| NodeMetrics {
+            gpus: (0..8)
+                .map(|i| {
+                    let t = if hot.contains(&i) { 95.0 } else { 40.0 };
+                    (i, GpuMetrics { temperature_c: t, memory_free_fraction: 0.9, utilization: 0.0, observed_at: now })
+                })
+                .collect(),
+        };
+        // The node's (older agent's) annotation says GPU 0 is hot; the report says GPU 3.
+        let mut n = node("n1", Some(&pcie()), 8);
+        n.metadata.uid = Some("uid-1".into());
+        n.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(GPU_HEALTH_ANNOTATION.into(), HealthAnnotation::from_metrics(&hot(&[0])).to_json());
+        let assigned = json!({"version": 2, "resource": "nvidia.com/gpu", "pods": {"ns/a": {"devices": ["GPU-5"]}}});
+        let ours = report("n1", "uid-1", Some(HealthAnnotation::from_metrics(&hot(&[3])).to_value()), Some(assigned));
+        let mut state = ClusterState::default();
+        state.apply_node(&n);
+        let unhealthy = |s: &ClusterState| joined(s, "n1", now).map(|g| g.unhealthy());
+        assert_eq!(unhealthy(&state), Some(GpuSet::from_bits(0b1)), "the annotation, without a report");
+        assert!(state.report_changed(Change::Applied(&ours)));
+        assert_eq!(unhealthy(&state), Some(GpuSet::from_bits(0b1000)), "the report overrides the annotation");
+        let g = joined(&state, "n1", now).expect("n1");
+        assert_eq!(g.assigned.map(|a| a.pods["ns/a"].devices.clone()), Some(vec!["GPU-5".to_string()]));
+        assert!(!state.report_changed(Change::Applied(&ours)), "the same report again changes nothing");
+        // A node event keeps the report joined.
+        state.apply_node(&n);
+        assert_eq!(unhealthy(&state), Some(GpuSet::from_bits(0b1000)));
+        // Deleted: back to the annotation.
+        assert!(state.report_changed(Change::Deleted(&ours)));
+        assert_eq!(unhealthy(&state), Some(GpuSet::from_bits(0b1)), "a deleted report falls back");
+        // A relist that no longer lists it drops it too.
+        state.report_changed(Change::Applied(&ours));
+        state.report_changed(Change::RelistStarted);
+        assert!(state.report_changed(Change::RelistDone));
+        assert_eq!(unhealthy(&state), Some(GpuSet::from_bits(0b1)));
+    }
+
+    #[test]
+    fn a_report_of_an_unknown_node_or_of_another_owner_does_nothing() {
+        use crate::devices::report::HealthAnnotation;
+        use crate::scheduler::{Change, ClusterState};
+        let now = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000);
+        let all_hot = NodeMetrics {
+            gpus: (0..8)
+                .map(|i| {
+                    (
+                        i,
+                        GpuMetrics {
+                            temperature_c: 99.0,
+                            memory_free_fraction: 0.9,
+                            utilization: 0.0,
+                            observed_at: now,
+                        },
+                    )
+                })
+                .collect(),
+        };
+        let health = Some(HealthAnnotation::from_metrics(&all_hot).to_value());
+        let mut state = ClusterState::default();
+        // No node n2: nothing to join, no node appears.
+        assert!(!state.report_changed(Change::Applied(&report("n2", "uid-2", health.clone(), None))));
+        assert!(state.gpu_nodes().is_empty());
+        // The node comes: then its report counts.
+        let mut n2 = node("n2", Some(&pcie()), 8);
+        n2.metadata.uid = Some("uid-2".into());
+        state.apply_node(&n2);
+        assert_eq!(joined(&state, "n2", now).map(|g| g.unhealthy().len()), Some(8));
+        // A report owned by another Node of the name (one deleted before), or by none, is not
+        // this node's.
+        let mut n1 = node("n1", Some(&pcie()), 8);
+        n1.metadata.uid = Some("uid-1".into());
+        state.apply_node(&n1);
+        for stale in [report("n1", "uid-old", health.clone(), None), report("n1", "", health.clone(), None)] {
+            assert!(!state.report_changed(Change::Applied(&stale)));
+            let g = joined(&state, "n1", now).expect("n1");
+            assert!(g.unhealthy().is_empty() && !g.agent_health);
+        }
+    }
+
+    #[test]
+    fn a_malformed_report_is_the_nodes_problem_and_its_sound_field_is_still_read() {
+        use crate::scheduler::{Change, ClusterState};
+        let now = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000);
+        let mut n = node("n1", Some(&pcie()), 8);
+        n.metadata.uid = Some("uid-1".into());
+        let mut state = ClusterState::default();
+        state.apply_node(&n);
+        let assigned = json!({"version": 2, "resource": "nvidia.com/gpu", "pods": {}});
+        let bad = report("n1", "uid-1", Some(json!({"version": 9})), Some(assigned));
+        state.report_changed(Change::Applied(&bad));
+        let g = joined(&state, "n1", now).expect("n1");
+        assert_eq!(g.report_problems, ["NodeGPUReport spec.health has version 9; this muster reads version 1"]);
+        assert!(g.assigned.is_some(), "the sound field is read");
+        let kinds: Vec<GpuProblemKind> = g.problems(false).iter().map(|p| p.kind).collect();
+        assert!(kinds.contains(&GpuProblemKind::AgentReportInvalid), "{kinds:?}");
+        let broken = report("n1", "uid-1", None, Some(json!({"version": 2, "pods": []})));
+        state.report_changed(Change::Applied(&broken));
+        let g = joined(&state, "n1", now).expect("n1");
+        assert!(
+            g.report_problems.len() == 1
+                && g.report_problems[0].starts_with("NodeGPUReport spec.assigned is not valid")
+        );
+    }
+
+    proptest::proptest! {
+        /// Joining each node to its report as events come equals joining the last node and
+        /// report seen of each name afresh, whatever the order of node and report events
+        /// (applied, deleted, relisted), owners right or stale, reports good or malformed.
+        #[test]
+        fn nodes_joined_as_events_come_equal_a_fresh_join(
+            steps in proptest::collection::vec((0usize..3, 0usize..6, 0usize..4), 1..40),
+        ) {
+            use crate::scheduler::{Change, ClusterState};
+            let names = ["a", "b", "c"];
+            let hot = json!({"version": 1, "observedAt": "2026-01-01T00:00:00Z",
+                "gpus": [{"index": 0, "temperatureC": 99.0, "memoryFreeFraction": 0.9, "utilization": 0.0}]});
+            let mut state = ClusterState::default();
+            let mut nodes: [Option<Node>; 3] = [None, None, None];
+            let mut reports: [Option<muster_api::NodeGPUReport>; 3] = [None, None, None];
+            for (i, what, variant) in steps {
+                let name = names[i];
+                match what {
+                    0 => {
+                        let mut n = node(name, Some(&pcie()), 8);
+                        n.metadata.uid = Some(format!("uid-{name}-{}", variant % 2));
+                        state.node_changed(Change::Applied(&n));
+                        nodes[i] = Some(n);
+                    }
+                    1 => {
+                        if let Some(n) = nodes[i].take() {
+                            state.node_changed(Change::Deleted(&n));
+                        }
+                    }
+                    2 | 3 => {
+                        let health = [Some(hot.clone()), Some(json!({"version": 7})), None, Some(hot.clone())][variant].clone();
+                        let r = report(name, &format!("uid-{name}-{}", what % 2), health, None);
+                        state.report_changed(Change::Applied(&r));
+                        reports[i] = Some(r);
+                    }
+                    4 => {
+                        if let Some(r) = reports[i].take() {
+                            state.report_changed(Change::Deleted(&r));
+                        }
+                    }
+                    _ => {
+                        // A relist of the reports that lists all but this one.
+                        state.report_changed(Change::RelistStarted);
+                        for (j, r) in reports.iter().enumerate() {
+                            if let Some(r) = r.as_ref().filter(|_| j != i) {
+                                state.report_changed(Change::Relisted(r));
+                            }
+                        }
+                        state.report_changed(Change::RelistDone);
+                        reports[i] = None;
+                    }
+                }
+                let got: Vec<(String, GpuNode)> =
+                    state.gpu_nodes().into_iter().map(|(n, g)| (n, GpuNode::clone(&g))).collect();
+                let want: Vec<(String, GpuNode)> = nodes
+                    .iter()
+                    .zip(&reports)
+                    .filter_map(|(n, r)| {
+                        let n = n.as_ref()?;
+                        let g = Arc::new(GpuNode::of(n));
+                        let joined = g.with_report(r.as_ref().map(GpuReport::of).as_ref());
+                        Some((n.metadata.name.clone().unwrap_or_default(), GpuNode::clone(&joined)))
+                    })
+                    .collect();
+                proptest::prop_assert_eq!(got, want);
+            }
         }
     }
 

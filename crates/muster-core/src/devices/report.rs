@@ -204,11 +204,22 @@ impl AssignedAnnotation {
         serde_json::to_string(self).unwrap_or_default()
     }
 
+    /// The value as JSON (a NodeGPUReport's `spec.assigned`).
+    pub fn to_value(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or_default()
+    }
+
     /// Parses an annotation value of version [`ASSIGNED_VERSION`] or
     /// [`ASSIGNED_BY_UID_VERSION`] (both have the same fields; the version says what keys the
     /// pods).
     pub fn parse(value: &str) -> Result<Self, ReportError> {
         versioned(value, muster_api::GPU_ASSIGNED_ANNOTATION, ASSIGNED_VERSIONS)
+    }
+
+    /// [`Self::parse`] of the same shape held as JSON in a NodeGPUReport (`spec.assigned`);
+    /// errors name `place`.
+    pub fn parse_value(value: &serde_json::Value, place: &'static str) -> Result<Self, ReportError> {
+        versioned_value(value.clone(), place, ASSIGNED_VERSIONS)
     }
 }
 
@@ -221,6 +232,16 @@ fn versioned<T: serde::de::DeserializeOwned>(
 ) -> Result<T, ReportError> {
     let malformed = |reason: String| ReportError::Malformed { annotation, reason };
     let v: serde_json::Value = serde_json::from_str(value).map_err(|e| malformed(e.to_string()))?;
+    versioned_value(v, annotation, reads)
+}
+
+/// [`versioned`] of a value already read as JSON (a NodeGPUReport's field).
+fn versioned_value<T: serde::de::DeserializeOwned>(
+    v: serde_json::Value,
+    annotation: &'static str,
+    reads: &'static [u32],
+) -> Result<T, ReportError> {
+    let malformed = |reason: String| ReportError::Malformed { annotation, reason };
     match v.get("version").and_then(serde_json::Value::as_u64) {
         Some(found) if reads.iter().any(|&r| u64::from(r) == found) => {}
         Some(found) => {
@@ -310,8 +331,22 @@ impl HealthAnnotation {
     /// Parses an annotation value into the metrics it carries.
     pub fn parse(value: &str) -> Result<NodeMetrics, ReportError> {
         let annotation = muster_api::GPU_HEALTH_ANNOTATION;
+        Self::metrics(versioned(value, annotation, &[HEALTH_VERSION])?, annotation)
+    }
+
+    /// [`Self::parse`] of the same shape held as JSON in a NodeGPUReport (`spec.health`);
+    /// errors name `place`.
+    pub fn parse_value(value: &serde_json::Value, place: &'static str) -> Result<NodeMetrics, ReportError> {
+        Self::metrics(versioned_value(value.clone(), place, &[HEALTH_VERSION])?, place)
+    }
+
+    /// The value as JSON (a NodeGPUReport's `spec.health`).
+    pub fn to_value(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or_default()
+    }
+
+    fn metrics(v: Self, annotation: &'static str) -> Result<NodeMetrics, ReportError> {
         let malformed = |reason: String| ReportError::Malformed { annotation, reason };
-        let v: Self = versioned(value, annotation, &[HEALTH_VERSION])?;
         let at: Timestamp =
             v.observed_at.parse().map_err(|e| malformed(format!("observedAt {:?}: {e}", v.observed_at)))?;
         let observed_at = SystemTime::from(at);

@@ -11,8 +11,9 @@ use std::time::Instant;
 use k8s_openapi::api::core::v1::{Node, Pod};
 
 use super::snapshot::{NodeInfo, PodUsage, Snapshot, SnapshotError};
-use crate::devices::chooser::GpuNode;
+use crate::devices::chooser::{GpuNode, GpuReport};
 use crate::pods::GpuPod;
+use muster_api::NodeGPUReport;
 
 /// One watch event, as the kept state reads it: an object added or changed, or deleted, and a
 /// relist (its start, each object it lists, its end, which drops what it did not list).
@@ -99,6 +100,11 @@ pub struct ClusterState {
     /// By node name: what the GPU model reads of the node ([`GpuNode`]): admission keeps no
     /// copy of the nodes.
     gpu_nodes: Kept<Arc<GpuNode>>,
+    /// By node name: what the GPU model reads of the node's NodeGPUReport ([`GpuReport`]).
+    gpu_reports: Kept<Arc<GpuReport>>,
+    /// By node name: each kept node with its report's health and assignments when it has one
+    /// ([`GpuNode::with_report`]), joined when either changes: what [`Self::gpu_nodes`] gives.
+    gpu_joined: BTreeMap<String, Arc<GpuNode>>,
     /// By namespace/name: what each pod that uses something uses.
     pods: Kept<PodUsage>,
     /// By namespace/name: what the GPU pass reads of each pod it has to do with
@@ -114,6 +120,10 @@ pub struct ClusterState {
 
 fn node_key(node: &Node) -> String {
     node.metadata.name.clone().unwrap_or_default()
+}
+
+fn report_key(report: &NodeGPUReport) -> String {
+    report.metadata.name.clone().unwrap_or_default()
 }
 
 fn pod_key(pod: &Pod) -> String {
@@ -140,12 +150,47 @@ impl ClusterState {
     /// A node watch event; returns whether what a snapshot holds changed.
     pub fn node_changed(&mut self, change: Change<'_, Node>) -> bool {
         self.gpu_nodes.change(change, node_key, |n| Some(Arc::new(GpuNode::of(n))));
+        self.join(change, node_key);
         let changed = self.nodes.change(change, node_key, |n| Some(NodeInfo::from_node(n)));
         self.generation += u64::from(changed);
         if changed {
             self.nodes_only = std::sync::OnceLock::new();
         }
         changed
+    }
+
+    /// A NodeGPUReport watch event (the node agent's health and assignments, which override
+    /// the node's annotations of them); returns whether what the GPU model reads of its node
+    /// changed. A report of a node not kept changes nothing until that node comes.
+    pub fn report_changed(&mut self, change: Change<'_, NodeGPUReport>) -> bool {
+        self.gpu_reports.change(change, report_key, |r| Some(Arc::new(GpuReport::of(r))));
+        self.join(change, report_key)
+    }
+
+    /// Joins node and report again where `change` may have changed either; returns whether a
+    /// joined node changed.
+    fn join<K>(&mut self, change: Change<'_, K>, key: fn(&K) -> String) -> bool {
+        match change {
+            Change::Applied(o) | Change::Deleted(o) | Change::Relisted(o) => self.join_one(key(o)),
+            Change::RelistStarted => false,
+            Change::RelistDone => {
+                let names: Vec<String> = self.gpu_nodes.by_key.keys().chain(self.gpu_joined.keys()).cloned().collect();
+                names.into_iter().fold(false, |changed, name| self.join_one(name) | changed)
+            }
+        }
+    }
+
+    fn join_one(&mut self, name: String) -> bool {
+        let joined =
+            self.gpu_nodes.by_key.get(&name).map(|g| g.with_report(self.gpu_reports.by_key.get(&name).map(|r| &**r)));
+        match joined {
+            Some(j) if self.gpu_joined.get(&name).is_some_and(|o| Arc::ptr_eq(o, &j) || **o == *j) => false,
+            Some(j) => {
+                self.gpu_joined.insert(name, j);
+                true
+            }
+            None => self.gpu_joined.remove(&name).is_some(),
+        }
     }
 
     /// A pod watch event; returns whether what the pods use changed (what the GPU pass reads
@@ -180,7 +225,7 @@ impl ClusterState {
 
     /// What the GPU model reads of each node, by name, in name order.
     pub fn gpu_nodes(&self) -> Vec<(String, Arc<GpuNode>)> {
-        self.gpu_nodes.by_key.iter().map(|(name, g)| (name.clone(), g.clone())).collect()
+        self.gpu_joined.iter().map(|(name, g)| (name.clone(), g.clone())).collect()
     }
 
     /// What the GPU pass reads of the pods it has to do with, in key order.
