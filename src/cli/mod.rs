@@ -1,5 +1,6 @@
 //! Subcommands of the `muster` binary. Each is a thin wrapper over the library.
 
+mod api_limit;
 mod node_agent;
 mod run;
 mod validate;

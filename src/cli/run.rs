@@ -139,7 +139,16 @@ pub struct Args {
     #[arg(long, default_value_t = crate::workloadbuilder::job::MAX_JOB_PODS,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::workloadbuilder::job::MAX_JOB_PODS)))]
     max_job_pods: u32,
+    /// The most API requests muster has in flight at once, watches aside (0: no bound). The rest
+    /// wait their turn in muster, so a burst of gangs does not queue every other client of the
+    /// API server behind muster's requests.
+    #[arg(long, env = "MUSTER_KUBE_API_IN_FLIGHT", default_value_t = DEFAULT_API_IN_FLIGHT)]
+    kube_api_in_flight: usize,
 }
+
+/// `--kube-api-in-flight`'s default: enough for admission's commits and the job reconcilers to
+/// keep the API server busy, far fewer than they would send at once in a burst.
+pub const DEFAULT_API_IN_FLIGHT: usize = 24;
 
 /// `--scheduling-api`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -181,8 +190,9 @@ pub(super) fn init_tracing(level: &str, format: LogFormat) {
 }
 
 /// The client, and one that does not retry a 429 (evictions: a PodDisruptionBudget's refusal
-/// is an answer, not a transient failure; the default client would retry it for minutes).
-async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<(Client, Client)> {
+/// is an answer, not a transient failure; the default client would retry it for minutes). Both
+/// share one bound of `in_flight` requests at once (none when 0).
+async fn client(kubeconfig: Option<&PathBuf>, in_flight: usize) -> anyhow::Result<(Client, Client)> {
     let config = match kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
@@ -192,7 +202,14 @@ async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<(Client, Client)
     };
     let mut no_retry = config.clone();
     no_retry.default_retry = false;
-    Ok((Client::try_from(config)?, Client::try_from(no_retry)?))
+    if in_flight == 0 {
+        return Ok((Client::try_from(config)?, Client::try_from(no_retry)?));
+    }
+    let limit = super::api_limit::InFlightLimit::<kube::client::Body>::new(in_flight);
+    let build = |config: kube::Config| -> anyhow::Result<Client> {
+        Ok(kube::client::ClientBuilder::try_from(config)?.with_layer(&limit).build())
+    };
+    Ok((build(config)?, build(no_retry)?))
 }
 
 impl Args {
@@ -287,7 +304,8 @@ pub fn run(args: Args) -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
-        let (client, evictions) = client(args.kubeconfig.as_ref()).await.context("connecting to the cluster")?;
+        let (client, evictions) =
+            client(args.kubeconfig.as_ref(), args.kube_api_in_flight).await.context("connecting to the cluster")?;
         let opts = ManagerOptions {
             secure_metrics: args.metrics_secure_bind_address.map(|addr| controllers::secure_metrics::SecureMetrics {
                 addr,

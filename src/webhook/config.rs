@@ -5,8 +5,8 @@
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference, ValidatingWebhook,
-    ValidatingWebhookConfiguration, WebhookClientConfig,
+    MatchCondition, MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
+    ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta};
 
@@ -90,6 +90,24 @@ pub fn namespace_selector(own_namespace: &str) -> LabelSelector {
     }
 }
 
+/// Name of the match condition that keeps muster's own requests away from its webhooks.
+pub const NOT_MUSTER: &str = "not-muster-itself";
+
+/// PURE: the match conditions that let muster's own writes (the pods, groups and child jobs it
+/// builds and has checked already) skip its webhooks, when muster runs as the ServiceAccount
+/// `user`: the API server then makes no review for them (in a burst, 5 of every 7 reviews), and
+/// muster's pod creates do not wait on its own webhook server. Only a ServiceAccount
+/// (`system:serviceaccount:...`) is ever exempted: a person's or an admin's identity may be
+/// shared with tenants, so muster running as one gets no such condition.
+pub fn own_requests_skipped(user: Option<&str>) -> Option<Vec<MatchCondition>> {
+    let user = user.filter(|u| u.starts_with("system:serviceaccount:") && u.len() <= 512)?;
+    let quoted = user.replace('\\', "\\\\").replace('\'', "\\'");
+    Some(vec![MatchCondition {
+        name: NOT_MUSTER.into(),
+        expression: format!("request.userInfo.username != '{quoted}'"),
+    }])
+}
+
 fn rule(group: &str, resources: &[&str], operations: &[&str]) -> RuleWithOperations {
     RuleWithOperations {
         api_groups: Some(vec![group.into()]),
@@ -106,8 +124,10 @@ fn validating(
     endpoint: &Endpoint,
     ca: Option<&str>,
     own_namespace: &str,
+    own_user: Option<&str>,
 ) -> ValidatingWebhook {
     ValidatingWebhook {
+        match_conditions: own_requests_skipped(own_user),
         name: name.into(),
         admission_review_versions: vec!["v1".into()],
         client_config: client_config(endpoint, "/validate", ca),
@@ -128,6 +148,7 @@ pub fn validating_configuration(
     endpoint: &Endpoint,
     ca: Option<&str>,
     own_namespace: &str,
+    own_user: Option<&str>,
 ) -> ValidatingWebhookConfiguration {
     ValidatingWebhookConfiguration {
         metadata: ObjectMeta { name: Some(VALIDATING_NAME.into()), ..Default::default() },
@@ -138,6 +159,7 @@ pub fn validating_configuration(
                 endpoint,
                 ca,
                 own_namespace,
+                own_user,
             ),
             validating(
                 VALIDATE_SCHEDULING,
@@ -149,6 +171,7 @@ pub fn validating_configuration(
                 endpoint,
                 ca,
                 own_namespace,
+                own_user,
             ),
         ]),
     }
@@ -159,6 +182,7 @@ pub fn mutating_configuration(
     endpoint: &Endpoint,
     ca: Option<&str>,
     own_namespace: &str,
+    own_user: Option<&str>,
 ) -> MutatingWebhookConfiguration {
     MutatingWebhookConfiguration {
         metadata: ObjectMeta { name: Some(MUTATING_NAME.into()), ..Default::default() },
@@ -166,6 +190,7 @@ pub fn mutating_configuration(
             name: MUTATE_PODS.into(),
             admission_review_versions: vec!["v1".into()],
             client_config: client_config(endpoint, "/mutate", ca),
+            match_conditions: own_requests_skipped(own_user),
             // The objectSelector limits this to pods that opted in; letting them through
             // ungated while muster is down would start half gangs.
             failure_policy: Some("Fail".into()),
@@ -183,7 +208,6 @@ pub fn mutating_configuration(
             rules: Some(vec![rule("", &["pods"], &["CREATE"])]),
             side_effects: "None".into(),
             timeout_seconds: Some(TIMEOUT_SECONDS),
-            ..Default::default()
         }]),
     }
 }
@@ -195,7 +219,7 @@ mod tests {
     #[test]
     fn scope_and_safety() {
         let ep = Endpoint::Service { namespace: "muster-system".into(), name: "muster-webhook".into(), port: 443 };
-        let v = validating_configuration(&ep, Some("CA"), "muster-system");
+        let v = validating_configuration(&ep, Some("CA"), "muster-system", None);
         for w in v.webhooks.iter().flatten() {
             assert_eq!(w.failure_policy.as_deref(), Some("Fail"));
             assert_eq!(w.side_effects, "None");
@@ -211,11 +235,41 @@ mod tests {
             assert!(groups.iter().all(|g| g.ends_with("muster.dev")), "{groups:?}");
             assert_eq!(w.client_config.service.as_ref().and_then(|s| s.path.as_deref()), Some("/validate"));
         }
-        let m = mutating_configuration(&Endpoint::Url("https://127.0.0.1:9443/".into()), None, "muster-system");
+        let m = mutating_configuration(&Endpoint::Url("https://127.0.0.1:9443/".into()), None, "muster-system", None);
         let w = &m.webhooks.expect("webhooks")[0];
         assert_eq!(w.client_config.url.as_deref(), Some("https://127.0.0.1:9443/mutate"));
         let obj = w.object_selector.as_ref().and_then(|s| s.match_expressions.as_ref()).expect("object selector");
         assert_eq!((obj[0].key.as_str(), obj[0].operator.as_str()), (POD_GROUP_LABEL, "Exists"));
         assert_eq!(w.rules.as_ref().map(|r| r[0].operations.clone()), Some(Some(vec!["CREATE".to_string()])));
+        assert_eq!(w.match_conditions, None, "no identity known: every request is reviewed");
+    }
+
+    #[test]
+    fn only_a_service_account_identity_of_muster_skips_its_webhooks() {
+        let ep = Endpoint::Url("https://127.0.0.1:9443".into());
+        let sa = "system:serviceaccount:muster-system:muster";
+        let conditions = |user: Option<&str>| {
+            let v = validating_configuration(&ep, None, "muster-system", user);
+            let m = mutating_configuration(&ep, None, "muster-system", user);
+            let mut all: Vec<Option<Vec<MatchCondition>>> =
+                v.webhooks.into_iter().flatten().map(|w| w.match_conditions).collect();
+            all.extend(m.webhooks.into_iter().flatten().map(|w| w.match_conditions));
+            all
+        };
+        let with_sa = conditions(Some(sa));
+        assert_eq!(with_sa.len(), 3, "two validating webhooks and the pod gate");
+        for c in &with_sa {
+            let c = c.as_deref().unwrap_or_else(|| panic!("a condition on every webhook"));
+            assert_eq!(c.len(), 1);
+            assert_eq!(c[0].name, NOT_MUSTER);
+            assert_eq!(c[0].expression, format!("request.userInfo.username != '{sa}'"));
+        }
+        // An admin's or a person's identity, or none: every request is reviewed.
+        for user in [None, Some("muster-admin"), Some("kubernetes-admin"), Some("system:serviceaccount-x:a:b")] {
+            assert!(conditions(user).iter().all(Option::is_none), "{user:?}");
+        }
+        let odd = own_requests_skipped(Some("system:serviceaccount:ns:it's")).unwrap_or_default();
+        assert_eq!(odd[0].expression, r"request.userInfo.username != 'system:serviceaccount:ns:it\'s'");
+        assert_eq!(own_requests_skipped(Some(&format!("system:serviceaccount:{}", "a".repeat(600)))), None);
     }
 }

@@ -214,14 +214,34 @@ async fn load(client: &Client, opts: &WebhookOptions) -> anyhow::Result<(Option<
     }
 }
 
+/// muster's own user name, as the API server authenticates it (a SelfSubjectReview, which every
+/// authenticated identity may create); `None`, logged, when it cannot be learnt: then every
+/// request of muster's is reviewed, as any other.
+async fn whoami(client: &Client) -> Option<String> {
+    use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+    let api = Api::<SelfSubjectReview>::all(client.clone());
+    match api.create(&kube::api::PostParams::default(), &SelfSubjectReview::default()).await {
+        Ok(review) => review.status.and_then(|s| s.user_info).and_then(|u| u.username),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot learn muster's own identity; its own writes go through its webhooks too");
+            None
+        }
+    }
+}
+
 /// Makes the webhook configurations point at us with `ca`: the whole objects when muster
 /// manages them, otherwise only each webhook's `clientConfig.caBundle`.
-async fn register(client: &Client, opts: &WebhookOptions, ca: Option<&str>) -> anyhow::Result<()> {
+async fn register(
+    client: &Client,
+    opts: &WebhookOptions,
+    ca: Option<&str>,
+    own_user: Option<&str>,
+) -> anyhow::Result<()> {
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let vapi = Api::<ValidatingWebhookConfiguration>::all(client.clone());
     let mapi = Api::<MutatingWebhookConfiguration>::all(client.clone());
-    let validating = config::validating_configuration(&opts.endpoint, ca, &opts.namespace);
-    let mutating = config::mutating_configuration(&opts.endpoint, ca, &opts.namespace);
+    let validating = config::validating_configuration(&opts.endpoint, ca, &opts.namespace, own_user);
+    let mutating = config::mutating_configuration(&opts.endpoint, ca, &opts.namespace, own_user);
     let with_kind = |mut v: serde_json::Value, kind: &str| {
         v["apiVersion"] = json!("admissionregistration.k8s.io/v1");
         v["kind"] = json!(kind);
@@ -290,7 +310,9 @@ pub async fn serve(
     let tls = RustlsConfig::from_pem(cert.clone().into_bytes(), key.clone().into_bytes())
         .await
         .context("loading the webhook certificate")?;
-    register(&client, &opts, ca.as_deref()).await.context("registering the webhooks")?;
+    // Only configurations muster applies whole carry it; the chart's name the ServiceAccount.
+    let own_user = if opts.manage_configurations { whoami(&client).await } else { None };
+    register(&client, &opts, ca.as_deref(), own_user.as_deref()).await.context("registering the webhooks")?;
     let handle = axum_server::Handle::new();
     let server = axum_server::from_tcp_rustls(listener, tls.clone())
         .with_context(|| format!("serving on {}", opts.bind))?
@@ -324,7 +346,7 @@ pub async fn serve(
                     }
                     // Re-applied each round: a chart upgrade may have reset the CA bundle.
                     ca = new_ca;
-                    if let Err(e) = register(&client, &opts, ca.as_deref()).await {
+                    if let Err(e) = register(&client, &opts, ca.as_deref(), own_user.as_deref()).await {
                         tracing::warn!(error = %e, "could not update the webhook configurations");
                     }
                 }

@@ -102,6 +102,13 @@ fn schema_rejects_typos_and_wrong_types() {
     assert!(err.contains("needs leaderElection.enabled"), "{err}");
 }
 
+/// muster's user name in a rendered chart: its Deployment's ServiceAccount.
+fn controller_user(docs: &[Value]) -> String {
+    let sa =
+        one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"].as_str().expect("serviceAccountName");
+    format!("system:serviceaccount:{NS}:{sa}")
+}
+
 /// The webhooks of a rendered configuration, as muster's own types.
 fn rendered_webhooks(docs: &[Value]) -> (ValidatingWebhookConfiguration, MutatingWebhookConfiguration) {
     let v: ValidatingWebhookConfiguration =
@@ -116,9 +123,12 @@ fn webhook_configurations_are_the_ones_muster_applies() {
     let service = Endpoint::Service { namespace: NS.into(), name: "muster-webhook".into(), port: 443 };
     let url = Endpoint::Url("https://127.0.0.1:9443".into());
     for (endpoint, extra) in [(service, vec![]), (url, vec!["--set", "webhook.url=https://127.0.0.1:9443/"])] {
-        let (v, m) = rendered_webhooks(&render(NS, &extra));
-        let want_v = webhooks::validating_configuration(&endpoint, None, NS);
-        let want_m = webhooks::mutating_configuration(&endpoint, None, NS);
+        let docs = render(NS, &extra);
+        let user = controller_user(&docs);
+        let (v, m) = rendered_webhooks(&docs);
+        let want_v = webhooks::validating_configuration(&endpoint, None, NS, Some(&user));
+        let want_m = webhooks::mutating_configuration(&endpoint, None, NS, Some(&user));
+        assert!(want_m.webhooks.iter().flatten().all(|w| w.match_conditions.is_some()), "muster's own pods skip");
         assert_eq!(v.metadata.name, want_v.metadata.name);
         assert_eq!(m.metadata.name, want_m.metadata.name);
         assert_eq!(v.webhooks, want_v.webhooks, "ValidatingWebhookConfiguration differs from src/webhook/config.rs");
@@ -126,6 +136,7 @@ fn webhook_configurations_are_the_ones_muster_applies() {
     }
     // cert-manager: same webhooks, CA injected by cert-manager from the chart's Certificate.
     let docs = render(NS, &["-f", &full_values()]);
+    let user = controller_user(&docs);
     let (v, m) = rendered_webhooks(&docs);
     let cert = one(&docs, "Certificate");
     let inject = format!("{NS}/{}", cert["metadata"]["name"].as_str().expect("certificate name"));
@@ -136,6 +147,7 @@ fn webhook_configurations_are_the_ones_muster_applies() {
         &Endpoint::Service { namespace: NS.into(), name: "muster-full-webhook".into(), port: 8443 },
         None,
         NS,
+        Some(&user),
     );
     // Same, but for the selector extensions of ci/full-values.yaml (knobs.rs checks them):
     // muster's own exclusion comes first and stays.

@@ -89,6 +89,17 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "muster.nodeAgentName" .) }}
 {{- end }}
 
+{{- /* muster's own user name: its writes skip its webhooks (src/webhook/config.rs, own_requests_skipped). */}}
+{{- define "muster.controllerUser" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "muster.serviceAccountName" .) }}
+{{- end }}
+
+{{- define "muster.matchConditions" -}}
+matchConditions:
+  - name: not-muster-itself
+    expression: {{ printf "request.userInfo.username != '%s'" (include "muster.controllerUser" .) | quote }}
+{{- end }}
+
 {{- define "muster.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "muster.fullname" .) .Values.serviceAccount.name }}
@@ -142,6 +153,7 @@ tests check them against the code and crds/.
 - workloads.scheduling.muster.dev
 - podgroups.scheduling.muster.dev
 - compositepodgroups.scheduling.muster.dev
+- nodegpureports.gpu.muster.dev
 {{- end }}
 
 {{/* cert-manager's Certificate, as `<namespace>/<name>` for cert-manager.io/inject-ca-from. */}}
@@ -234,6 +246,7 @@ extraArgs replaces).
 - {{ printf "--gpu-min-free-memory=%v" .Values.controller.gpu.minFreeMemory | quote }}
 - {{ printf "--gpu-metrics-ttl=%d" (int64 .Values.controller.gpu.metricsTTLSeconds) | quote }}
 - {{ printf "--dra-gpu-device-class=%s" .Values.controller.gpu.draDeviceClass | quote }}
+- {{ printf "--kube-api-in-flight=%d" (int64 .Values.controller.kubeApiInFlight) | quote }}
 {{- with .Values.controller.prometheusUrl }}
 - {{ printf "--prometheus-url=%s" . | quote }}
 {{- end }}

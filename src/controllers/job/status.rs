@@ -22,7 +22,8 @@ const STATUS_PACE: Duration = Duration::from_secs(1);
 
 /// Writes the job's status when it changed. A change of the live counts alone
 /// ([`plan::status_may_wait`]) waits up to [`STATUS_PACE`] from when it was first seen, so
-/// several fold into one write; returns when to look again for such a change.
+/// several fold into one write; returns when to look again for such a change (or for a write
+/// the cache does not show yet).
 pub(super) async fn write_status(
     job: &MusterJob,
     jc: &JobContext,
@@ -34,6 +35,11 @@ pub(super) async fn write_status(
         lock().remove(&uid);
         return Ok(None);
     }
+    if jc.written.already_sent(&uid, status, job.metadata.resource_version.as_deref(), std::time::Instant::now()) {
+        // Written by an earlier pass whose own event has not reached the cache yet: that event
+        // syncs the job again (told as a wait, so nothing is told twice).
+        return Ok(Some(STATUS_PACE));
+    }
     if plan::status_may_wait(job.status.as_ref(), status) {
         let now = std::time::Instant::now();
         let since = *lock().entry(uid.clone()).or_insert(now);
@@ -42,16 +48,29 @@ pub(super) async fn write_status(
             return Ok(Some(due - now));
         }
     }
-    write_status_now(job, &jc.ctx, status).await?;
+    let version = write_status_now(job, &jc.ctx, status).await?;
+    jc.written.wrote(&uid, status, version.as_deref(), std::time::Instant::now());
     lock().remove(&uid);
     Ok(None)
 }
 
-async fn write_status_now(job: &MusterJob, ctx: &Context, status: &MusterJobStatus) -> Result<()> {
+/// Writes the status; returns the job's resourceVersion after the write.
+async fn write_status_now(job: &MusterJob, ctx: &Context, status: &MusterJobStatus) -> Result<Option<String>> {
+    tracing::debug!(
+        job = %job.name_any(),
+        first = job.status.is_none(),
+        from = ?job.status.as_ref().and_then(|s| s.phase),
+        to = ?status.phase,
+        active = status.active,
+        ready = status.ready,
+        conditions = status.conditions.len(),
+        "job status written"
+    );
     let api = Api::<MusterJob>::namespaced(ctx.client.clone(), &job.namespace().unwrap_or_default());
     let body = json!({"apiVersion": "batch.muster.dev/v1alpha1", "kind": "MusterJob", "status": status});
-    api.patch_status(&job.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await?;
-    Ok(())
+    let written =
+        api.patch_status(&job.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await?;
+    Ok(written.metadata.resource_version)
 }
 
 /// Marks the job Invalid. `retry`: look again after that long (the cause is outside the job,

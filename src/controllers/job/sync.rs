@@ -170,10 +170,9 @@ pub(super) async fn sync_pods(
         ctx.event(&reference, false, reason, "Suspend", note).await;
     }
     let claims_pending = report_claims(job, ctx, pod_claims, &mut decision.status, now).await;
+    // A status written is recorded (`Written`): the counts for the cache to show before the
+    // next pass counts, the whole status so a pass that runs before it shows is no second write.
     let paced = write_status(job, jc, &decision.status).await?;
-    if paced.is_none() && job.status.as_ref() != Some(&decision.status) {
-        jc.written.wrote(&uid, &decision.status, std::time::Instant::now());
-    }
     // The status counts them now (or counted them before, when only the live counts wait).
     // Recorded from now on (never counted again, whatever the cache shows), then released; a
     // release that failed is tried again on the next pass.

@@ -95,14 +95,43 @@ impl Counts {
     }
 }
 
-/// Per job UID: the counts last written and when.
+/// Per job UID: the counts last written and when, and the whole status last written with the
+/// version the write made.
 #[derive(Debug, Default)]
-pub struct Written(Mutex<HashMap<String, (Counts, Instant)>>);
+pub struct Written(Mutex<HashMap<String, (Counts, Instant)>>, Mutex<HashMap<String, Sent>>);
+
+/// A status written, until the cache shows the version its write made (or a later one).
+#[derive(Debug)]
+struct Sent {
+    status: MusterJobStatus,
+    version: Option<u64>,
+    at: Instant,
+}
 
 impl Written {
-    /// Records the counts just written for a job.
-    pub fn wrote(&self, job: &str, status: &MusterJobStatus, now: Instant) {
+    /// Records a status just written for a job; `version`: the job's resourceVersion after it.
+    pub fn wrote(&self, job: &str, status: &MusterJobStatus, version: Option<&str>, now: Instant) {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).insert(job.to_string(), (Counts::of(status), now));
+        let sent = Sent { status: status.clone(), version: version.and_then(|v| v.parse().ok()), at: now };
+        self.1.lock().unwrap_or_else(PoisonError::into_inner).insert(job.to_string(), sent);
+    }
+
+    /// Whether `status` is what this controller last wrote for the job while the cache still
+    /// shows a version older than that write made (`cached`): writing it again would change
+    /// nothing (a pass run by another event before the write's own event arrived). Versions
+    /// are compared as the numbers the API server makes them; one that is not a number, a cache
+    /// at or past the write, or [`EXPECTATION_TIMEOUT`] forgets the record: the cache is the
+    /// truth again (another writer may have changed the status since).
+    pub fn already_sent(&self, job: &str, status: &MusterJobStatus, cached: Option<&str>, now: Instant) -> bool {
+        let mut map = self.1.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(sent) = map.get(job) else { return false };
+        let cached = cached.and_then(|v| v.parse::<u64>().ok());
+        let lags = matches!((cached, sent.version), (Some(c), Some(w)) if c < w);
+        if !lags || now.duration_since(sent.at) >= EXPECTATION_TIMEOUT {
+            map.remove(job);
+            return false;
+        }
+        sent.status == *status
     }
 
     /// Whether the job's status as read (`status`) shows what was last written (or that was
@@ -120,6 +149,7 @@ impl Written {
     /// Forgets a job (deleted).
     pub fn forget(&self, job: &str) {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).remove(job);
+        self.1.lock().unwrap_or_else(PoisonError::into_inner).remove(job);
     }
 }
 
@@ -213,6 +243,7 @@ pub async fn sweep(jc: Arc<JobContext>, jobs: Store<DeserializeGuard<MusterJob>>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::crds::batch::JobPhase;
 
     #[test]
     fn a_released_pod_stays_counted_until_the_cache_shows_its_release() {
@@ -242,13 +273,49 @@ mod tests {
         let old = MusterJobStatus { failed: 1, ..Default::default() };
         let new = MusterJobStatus { failed: 3, terminating: Some(2), ..Default::default() };
         assert!(written.caught_up("j", &old, t0), "nothing written");
-        written.wrote("j", &new, t0);
+        written.wrote("j", &new, Some("8"), t0);
         assert!(!written.caught_up("j", &old, t0));
         assert!(written.caught_up("other", &old, t0));
         // The live counts are no part of it.
         assert!(written.caught_up("j", &MusterJobStatus { terminating: Some(0), ..new.clone() }, t0));
         assert!(written.caught_up("j", &old, t0), "forgotten once seen");
-        written.wrote("j", &new, t0);
+        written.wrote("j", &new, Some("8"), t0);
         assert!(written.caught_up("j", &old, t0 + EXPECTATION_TIMEOUT), "not waited for forever");
+    }
+
+    #[test]
+    fn a_status_written_is_not_written_again_while_the_cache_shows_an_older_version() {
+        let t0 = Instant::now();
+        let written = Written::default();
+        let pending = MusterJobStatus { phase: Some(JobPhase::Pending), active: 3, ..Default::default() };
+        let running = MusterJobStatus { phase: Some(JobPhase::Running), ready: 3, ..pending.clone() };
+        assert!(!written.already_sent("j", &running, Some("7"), t0), "nothing written");
+        written.wrote("j", &running, Some("12"), t0);
+        // The counts are the same: the counts' record is satisfied, the whole status is not.
+        assert!(written.caught_up("j", &pending, t0));
+        for older in ["7", "9", "11"] {
+            assert!(written.already_sent("j", &running, Some(older), t0), "the cache at {older} lags");
+        }
+        assert!(!written.already_sent("other", &running, Some("7"), t0));
+        let ready_2 = MusterJobStatus { ready: 2, ..running.clone() };
+        assert!(!written.already_sent("j", &ready_2, Some("7"), t0), "another status is written");
+        assert!(written.already_sent("j", &running, Some("7"), t0 + EXPECTATION_TIMEOUT / 2));
+        assert!(!written.already_sent("j", &running, Some("7"), t0 + EXPECTATION_TIMEOUT), "not trusted forever");
+        // At or past the write's version the cache is the truth again; so without numbers.
+        for (cached, made) in [
+            (Some("12"), Some("12")),
+            (Some("13"), Some("12")),
+            (Some("x"), Some("12")),
+            (None, Some("12")),
+            (Some("7"), None),
+            (Some("7"), Some("v2")),
+        ] {
+            written.wrote("j", &running, made, t0);
+            assert!(!written.already_sent("j", &running, cached, t0), "{cached:?} after {made:?}");
+            assert!(!written.already_sent("j", &running, Some("1"), t0), "forgotten");
+        }
+        written.wrote("j", &running, Some("12"), t0);
+        written.forget("j");
+        assert!(!written.already_sent("j", &running, Some("7"), t0));
     }
 }

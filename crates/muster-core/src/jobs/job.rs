@@ -274,17 +274,25 @@ impl JobPod {
 }
 
 /// PURE: whether a new status may wait for the next paced write: only `active`, `ready`,
-/// `terminating` and the conditions mirrored from a native PodGroup ([`MIRRORED_CONDITIONS`],
-/// upstream mode) moved. All are read afresh on every pass (the counts from the live pods, the
-/// conditions from the group), so nothing is lost by writing them a moment later, and
-/// kube-scheduler's quick flips of a group's condition go out as one write; a phase, a job's
-/// own condition, a completion or a failure is written at once (the count must be recorded
-/// before its pod is released).
+/// `terminating`, the phase between `Pending` and `Running` (it follows the pods) and the
+/// conditions mirrored from a native PodGroup ([`MIRRORED_CONDITIONS`], upstream mode) moved.
+/// All are read afresh on every pass (the counts from the live pods, the conditions from the
+/// group), so nothing is lost by writing them a moment later, and a gang's pods starting, or
+/// kube-scheduler's quick flips of a group's condition, go out as one write; any other phase, a
+/// job's own condition, a completion or a failure is written at once (the count must be
+/// recorded before its pod is released).
 pub fn status_may_wait(old: Option<&MusterJobStatus>, new: &MusterJobStatus) -> bool {
     let mirrored = |c: &&Condition| MIRRORED_CONDITIONS.contains(&c.type_.as_str());
+    let live = |p: Option<JobPhase>| matches!(p, Some(JobPhase::Pending | JobPhase::Running));
     old.is_some_and(|old| {
-        let mut moved =
-            MusterJobStatus { active: new.active, ready: new.ready, terminating: new.terminating, ..old.clone() };
+        let phase = if live(old.phase) && live(new.phase) { new.phase } else { old.phase };
+        let mut moved = MusterJobStatus {
+            active: new.active,
+            ready: new.ready,
+            terminating: new.terminating,
+            phase,
+            ..old.clone()
+        };
         moved.conditions.retain(|c| !mirrored(&c));
         moved.conditions.extend(new.conditions.iter().filter(mirrored).cloned());
         old != new && moved == *new

@@ -645,6 +645,20 @@ fn only_active_and_ready_counts_wait_for_the_status_pace() {
     assert!(!status_may_wait(Some(&old), &with(&|s| s.failed = 1)), "a failure is recorded at once");
     assert!(!status_may_wait(Some(&old), &with(&|s| s.succeeded = 1)));
     assert!(!status_may_wait(Some(&old), &with(&|s| s.phase = Some(JobPhase::Complete))));
+    // Pending and Running follow the pods: a gang starting goes out as one write.
+    let pending = with(&|s| {
+        s.phase = Some(JobPhase::Pending);
+        s.ready = 0;
+    });
+    assert!(status_may_wait(Some(&pending), &old), "Pending to Running, ready with it");
+    assert!(status_may_wait(Some(&old), &pending), "and back");
+    for phase in [JobPhase::Failed, JobPhase::Suspended, JobPhase::Invalid, JobPhase::Complete] {
+        assert!(!status_may_wait(Some(&pending), &with(&|s| s.phase = Some(phase))), "{phase:?}");
+        let from = with(&|s| s.phase = Some(phase));
+        assert!(!status_may_wait(Some(&from), &old), "from {phase:?}");
+    }
+    let unset = with(&|s| s.phase = None);
+    assert!(!status_may_wait(Some(&unset), &old), "a first phase is written at once");
     assert!(!status_may_wait(
         Some(&old),
         &with(&|s| {
