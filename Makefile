@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BIN_DIR = $(shell bash tools/k8s/bindir.sh)
 
-.PHONY: plugin all build release host-deps host-deps-demo host-deps-real test unit e2e e2e-real e2e-jobs e2e-placement e2e-compat chaos e2e-rbac e2e-service chart-lint chart-test crds crds-check fmt clippy bench bench-e2e controlplane cluster-up cluster-down run demo demo-down demo-check
+.PHONY: plugin all build release host-deps host-deps-demo host-deps-real test unit e2e e2e-real e2e-jobs e2e-placement e2e-compat chaos e2e-rbac e2e-service chart-lint chart-test crds crds-check fmt clippy bench bench-e2e bench-agents controlplane cluster-up cluster-down run demo demo-down demo-check
 
 all: build
 
@@ -179,9 +179,21 @@ BENCH_GANGS ?= 200
 BENCH_SIZE ?= 3
 BENCH_PATHS ?= plain,gang,muster,muster-upstream
 BENCH_OUT ?= target/bench-e2e.json
+BENCH_APF ?= chart
 bench-e2e: controlplane
 	BENCH_NODES=$(BENCH_NODES) BENCH_GANGS=$(BENCH_GANGS) BENCH_SIZE=$(BENCH_SIZE) BENCH_PATHS=$(BENCH_PATHS) \
-	  BENCH_OUT=$(BENCH_OUT) MUSTER_K8S_BIN=$(BIN_DIR) bash hack/bench-e2e.sh
+	  BENCH_OUT=$(BENCH_OUT) BENCH_APF=$(BENCH_APF) MUSTER_K8S_BIN=$(BIN_DIR) bash hack/bench-e2e.sh
+
+## GPU health's watch traffic (hack/bench-agents.sh; not part of `make test`): a control plane of
+## its own, AGENTS_NODES kwok GPU nodes and as many simulated node agents writing health every
+## AGENTS_PERIOD s for AGENTS_DURATION s, on the Node (old) and in NodeGPUReports (new); prints
+## the API server's watch events and bytes per second for nodes and nodegpureports.
+AGENTS_NODES ?= 1000
+AGENTS_PERIOD ?= 30
+AGENTS_DURATION ?= 60
+bench-agents: controlplane
+	AGENTS_NODES=$(AGENTS_NODES) AGENTS_PERIOD=$(AGENTS_PERIOD) AGENTS_DURATION=$(AGENTS_DURATION) \
+	  MUSTER_K8S_BIN=$(BIN_DIR) bash hack/bench-agents.sh
 
 ## Build the control plane binaries into the cache (does nothing when present).
 controlplane:

@@ -16,6 +16,16 @@
 #   50,000,000 Indexed pods is created in namespace bench-hostile: muster must run the paths
 #   beside it with its memory bounded (the job is Invalid, no pod of it is made); its status and
 #   the pods of that namespace are printed at the end
+#   BENCH_APF=chart|none (chart): muster runs as the chart's ServiceAccount (`helm template` of
+#   charts/muster, release muster in muster-system: its ServiceAccount, ClusterRoles, Roles,
+#   bindings and ValidatingAdmissionPolicies applied as admin, not its Deployment, Services or
+#   webhook configurations), with a TokenRequest token, so API Priority and Fairness applies as
+#   in production (admin is exempt). chart: the chart's FlowSchema too; none: without it (muster
+#   falls to the built-in service-accounts FlowSchema, workload-low). muster manages its own
+#   webhook configurations as before; the one right that needs beyond the chart's RBAC is the
+#   bench-only ClusterRole muster-bench-webhook-configurations (get/create/patch of the two).
+#   An ordinary user, ServiceAccount bench-user with ConfigMap rights in namespace bench-user, creates a
+#   ConfigMap every second during each path (muster dev bench --user-kubeconfig).
 #   MUSTER_CLUSTER_DIR (target/bench-cluster)  MUSTER_K8S_BIN (tools/k8s/bindir.sh)
 set -euo pipefail
 
@@ -34,6 +44,8 @@ timeout=${BENCH_TIMEOUT:-600}
 concurrency=${BENCH_CONCURRENCY:-16}
 rate=${BENCH_RATE:-0}
 muster=${CARGO_TARGET_DIR:-$root/target}/release/muster
+apf=${BENCH_APF:-chart}
+case "$apf" in chart | none) ;; *) echo "bench-e2e: BENCH_APF must be chart or none" >&2; exit 2 ;; esac
 
 log() { echo "bench-e2e: $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -68,7 +80,11 @@ trap 'exit 130' INT TERM
 # A fresh cluster every time: the bench refuses namespaces that hold pods of an earlier run.
 MUSTER_CLUSTER_DIR=$dir bash "$root/hack/cluster-down.sh" > /dev/null 2>&1 || true
 log "control plane in $dir"
-MUSTER_CLUSTER_DIR=$dir MUSTER_K8S_BIN=$bin bash "$root/hack/cluster-up.sh" > "$dir.cluster-up.log" 2>&1 \
+# API Priority and Fairness on, with kube-apiserver's default seats (hack/cluster-up.sh turns it
+# off for the tests; the last of a repeated flag wins).
+apf_args="--enable-priority-and-fairness=true --max-requests-inflight=400 --max-mutating-requests-inflight=200"
+MUSTER_APISERVER_EXTRA_ARGS="$apf_args ${MUSTER_APISERVER_EXTRA_ARGS:-}" \
+  MUSTER_CLUSTER_DIR=$dir MUSTER_K8S_BIN=$bin bash "$root/hack/cluster-up.sh" > "$dir.cluster-up.log" 2>&1 \
   || { cat "$dir.cluster-up.log" >&2; die "cluster-up failed"; }
 grep -E "^feature-gates|^dropped|ready in" "$dir.cluster-up.log" >&2 || true
 for g in GenericWorkload WorkloadWithJob; do
@@ -97,8 +113,110 @@ fi
 read -r metrics_port webhook_port <<< "$(bash "$root/hack/free-ports.sh" 2)"
 kc create namespace muster-system --dry-run=client -o yaml | kc apply -f - > /dev/null
 mkdir -p "$dir/logs" "$dir/pids"
+
+# A kubeconfig NAME in $dir that authenticates with a TokenRequest token of ServiceAccount SA in NS.
+token_kubeconfig() {
+  local name=$1 ns=$2 sa=$3 token server ca
+  token=$(kc -n "$ns" create token "$sa" --duration=12h) || die "no token for $ns/$sa"
+  server=$(kc config view --raw --minify -o jsonpath='{.clusters[0].cluster.server}')
+  ca=$(kc config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}')
+  cat > "$dir/$name" <<KUBECONFIG
+apiVersion: v1
+kind: Config
+clusters: [{name: bench, cluster: {server: "$server", certificate-authority-data: "$ca"}}]
+users: [{name: $sa, user: {token: "$token"}}]
+contexts: [{name: $sa, context: {cluster: bench, user: $sa}}]
+current-context: $sa
+KUBECONFIG
+  chmod 600 "$dir/$name"
+}
+
+# The FlowSchema and priority level the API server classifies a request of KUBECONFIG under (the
+# response headers X-Kubernetes-PF-*-UID, by name; "exempt" without them).
+apf_of() {
+  local token server headers fs pl
+  token=$("$bin/kubectl" --kubeconfig "$1" config view --raw --minify -o jsonpath='{.users[0].user.token}')
+  server=$(kc config view --raw --minify -o jsonpath='{.clusters[0].cluster.server}')
+  headers=$(curl -sk -o /dev/null -D - -H "Authorization: Bearer $token" "$server/version" | tr -d '\r')
+  fs=$(sed -n 's/^[Xx]-[Kk]ubernetes-[Pp][Ff]-[Ff]low[Ss]chema-[Uu][Ii][Dd]: *//p' <<< "$headers")
+  pl=$(sed -n 's/^[Xx]-[Kk]ubernetes-[Pp][Ff]-[Pp]riority[Ll]evel-[Uu][Ii][Dd]: *//p' <<< "$headers")
+  [ -n "$fs" ] || { echo "exempt (no X-Kubernetes-PF-FlowSchema-UID)"; return; }
+  fs=$(kc get flowschemas -o jsonpath="{range .items[?(@.metadata.uid==\"$fs\")]}{.metadata.name}{end}")
+  pl=$(kc get prioritylevelconfigurations -o jsonpath="{range .items[?(@.metadata.uid==\"$pl\")]}{.metadata.name}{end}")
+  echo "FlowSchema $fs, priority level $pl"
+}
+
+# The chart's objects muster's pod would run with, as admin: not its Deployment, Services or
+# webhook configurations (muster on this machine manages its own, as before).
+apf_set=(--set apf.enabled=true)
+[ "$apf" = none ] && apf_set=(--set apf.enabled=false)
+mkdir -p "$dir/helm"
+HELM_CACHE_HOME=$dir/helm/cache HELM_CONFIG_HOME=$dir/helm/config HELM_DATA_HOME=$dir/helm/data \
+  "$bin/helm" template muster "$root/charts/muster" --namespace muster-system --set replicaCount=0 "${apf_set[@]}" \
+  > "$dir/chart.yaml" || die "helm template failed"
+python3 - "$dir/chart.yaml" > "$dir/chart-applied.yaml" <<'PY' || die "filtering the chart's objects failed"
+import re, sys
+kinds = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "FlowSchema",
+         "PriorityLevelConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+docs = re.split(r"^---\s*$", open(sys.argv[1]).read(), flags=re.M)
+kept = [d for d in docs if (m := re.search(r"^kind: *(\S+)", d, flags=re.M)) and m.group(1) in kinds]
+print("\n---\n".join(kept))
+PY
+kc apply --server-side --field-manager=muster-bench-chart -f "$dir/chart-applied.yaml" > "$dir/chart-applied.log" \
+  || { cat "$dir/chart-applied.log" >&2; die "applying the chart's objects failed"; }
+log "applied from the chart (BENCH_APF=$apf): $(cut -d/ -f1 "$dir/chart-applied.log" | sort | uniq -c | tr -s ' ' | tr '\n' ',')"
+# Bench only: muster on this machine keeps its own webhook configurations
+# (--webhook-manage-configurations); the chart's RBAC only lets it patch the chart's caBundle.
+kc apply --server-side --field-manager=muster-bench -f - > /dev/null <<'YAML' || die "the bench-only ClusterRole failed"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: muster-bench-webhook-configurations}
+rules:
+  - apiGroups: [admissionregistration.k8s.io]
+    resources: [validatingwebhookconfigurations]
+    resourceNames: [muster-validating]
+    verbs: [get, create, patch]
+  - apiGroups: [admissionregistration.k8s.io]
+    resources: [mutatingwebhookconfigurations]
+    resourceNames: [muster-mutating]
+    verbs: [get, create, patch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: muster-bench-webhook-configurations}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: muster-bench-webhook-configurations}
+subjects: [{kind: ServiceAccount, name: muster, namespace: muster-system}]
+YAML
+token_kubeconfig muster.kubeconfig muster-system muster
+# The ordinary user: a ServiceAccount with ConfigMap rights in its own namespace.
+kc apply --server-side --field-manager=muster-bench -f - > /dev/null <<'YAML' || die "the bench user failed"
+apiVersion: v1
+kind: Namespace
+metadata: {name: bench-user}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: bench-user, namespace: bench-user}
+---
+# What `edit` grants on ConfigMaps (the built-in `edit` is aggregated, and this control plane
+# runs no clusterrole-aggregation controller: it is empty here).
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: bench-user-configmaps, namespace: bench-user}
+rules: [{apiGroups: [""], resources: [configmaps], verbs: [get, list, watch, create, update, patch, delete, deletecollection]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: bench-user-configmaps, namespace: bench-user}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: bench-user-configmaps}
+subjects: [{kind: ServiceAccount, name: bench-user, namespace: bench-user}]
+YAML
+token_kubeconfig bench-user.kubeconfig bench-user bench-user
+log "muster runs as $("$bin/kubectl" --kubeconfig "$dir/muster.kubeconfig" auth whoami -o jsonpath='{.status.userInfo.username}'): $(apf_of "$dir/muster.kubeconfig")"
+log "the ordinary user is $("$bin/kubectl" --kubeconfig "$dir/bench-user.kubeconfig" auth whoami -o jsonpath='{.status.userInfo.username}'): $(apf_of "$dir/bench-user.kubeconfig")"
+
 # MUSTER_CLUSTER_DIR in its environment marks it as this cluster's for cluster-down.
-MUSTER_CLUSTER_DIR=$dir setsid "$muster" run --kubeconfig "$dir/kubeconfig" --namespace muster-system \
+MUSTER_CLUSTER_DIR=$dir setsid "$muster" run --kubeconfig "$dir/muster.kubeconfig" --namespace muster-system \
   --metrics-bind-address "127.0.0.1:$metrics_port" --webhook-bind-address "127.0.0.1:$webhook_port" \
   --webhook-url "https://127.0.0.1:$webhook_port" --webhook-manage-configurations=true \
   > "$dir/logs/muster.log" 2>&1 < /dev/null &
@@ -134,7 +252,18 @@ mkdir -p "$(dirname "$out")"
 rc=0
 "$muster" dev bench --kubeconfig "$dir/kubeconfig" --nodes "$nodes" --gangs "$gangs" --size "$size" \
   --paths "$paths" --muster-pid "$muster_pid" --muster-metrics-url "http://127.0.0.1:$metrics_port/metrics" \
-  --concurrency "$concurrency" --rate "$rate" --timeout "$timeout" --json-out "$out" || rc=$?
+  --concurrency "$concurrency" --rate "$rate" --timeout "$timeout" --json-out "$out" \
+  --user-kubeconfig "$dir/bench-user.kubeconfig" --user-namespace bench-user || rc=$?
+log "muster ran as the chart's ServiceAccount (BENCH_APF=$apf): $(apf_of "$dir/muster.kubeconfig")"
+# Requests the API server dispatched per FlowSchema and priority level over the whole run (not
+# the exempt ones: admin, the bench's own client): where APF put muster and the user.
+log "dispatched requests by FlowSchema / priority level (whole run, exempt left out):"
+kc get --raw /metrics 2> /dev/null | grep '^apiserver_flowcontrol_dispatched_requests_total' | grep -v 'priority_level="exempt"' \
+  | sed -E 's/.*flow_schema="([^"]*)".*priority_level="([^"]*)".*\} (.*)/  \1 \/ \2: \3/' | sort -t: -k2 -rn >&2 || true
+rejected=$(kc get --raw /metrics 2> /dev/null | grep '^apiserver_flowcontrol_rejected_requests_total' || true)
+[ -z "$rejected" ] || { log "requests APF rejected (429):"; echo "$rejected" >&2; }
+forbidden=$(grep -ci forbidden "$dir/logs/muster.log" || true)
+log "muster's log: $forbidden line(s) saying forbidden"
 kill -0 "$muster_pid" 2> /dev/null || { log "muster died during the bench:"; tail -n 20 "$dir/logs/muster.log" >&2; rc=1; }
 if [ "${BENCH_HOSTILE:-}" = 1 ]; then
   log "hostile job: $(kc -n bench-hostile get musterjob absurd -o jsonpath='{range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{"\n"}{end}' 2>&1)"

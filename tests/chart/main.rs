@@ -8,6 +8,7 @@
 #[path = "../e2e/harness.rs"]
 mod harness;
 
+mod apf;
 mod install;
 mod knobs;
 mod node_agent;

@@ -8,7 +8,8 @@
 //! - pure: [`stats`] (percentiles, admission latency, throughput), [`manifests`] (what a path
 //!   creates), [`report`] (every number) and [`table`] (its human summary);
 //! - measuring: [`watch`] (the pod watch), [`procfs`] (CPU and memory from /proc),
-//!   [`muster_metrics`] and [`apiserver`] (the /metrics of muster and of the API server);
+//!   [`muster_metrics`] and [`apiserver`] (the /metrics of muster and of the API server), [`user`]
+//!   (an ordinary user's ConfigMap create every second, timed: what the path costs other clients);
 //! - driving: [`setup`] (nodes and namespaces), [`path`] (one path) and [`command`] (the run).
 
 use std::path::PathBuf;
@@ -25,6 +26,7 @@ mod report;
 mod setup;
 mod stats;
 mod table;
+mod user;
 mod watch;
 
 pub use command::run;
@@ -66,6 +68,14 @@ pub struct Args {
     /// Write every number as JSON to this file.
     #[arg(long)]
     json_out: Option<PathBuf>,
+    /// Kubeconfig of an ordinary user (not exempt from API Priority and Fairness, not muster):
+    /// during each path it creates a ConfigMap every second in --user-namespace, and the
+    /// latency of those requests is reported per path.
+    #[arg(long)]
+    user_kubeconfig: Option<PathBuf>,
+    /// The namespace the user's ConfigMaps are created in (it may create there).
+    #[arg(long, default_value = "bench-user")]
+    user_namespace: String,
     /// Name prefix of the nodes the bench creates.
     #[arg(long, default_value = "bench-gpu-")]
     node_prefix: String,

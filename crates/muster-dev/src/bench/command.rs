@@ -12,6 +12,7 @@ use super::report::{PathReport, Report};
 use super::setup::{GPUS_PER_NODE, make_nodes, prepare_namespace};
 use super::stats::ratio;
 use super::table::{format_table, opt};
+use super::user::User;
 use super::{Args, BenchError, BenchPath};
 use crate::client;
 
@@ -31,6 +32,15 @@ async fn bench(args: &Args) -> Result<Report, BenchError> {
     for path in &args.paths {
         prepare_namespace(&client, &path.namespace()).await?;
     }
+    let user = match &args.user_kubeconfig {
+        Some(path) => {
+            let user = User { client: crate::client(Some(path)).await?, namespace: args.user_namespace.clone() };
+            let identity = whoami(&user.client).await;
+            eprintln!("bench: the ordinary user is {}", identity.as_deref().unwrap_or("?"));
+            Some((user, identity))
+        }
+        None => None,
+    };
     let (nodes_create_s, nodes_ready_s) = make_nodes(&client, args).await?;
     eprintln!("bench: all {} nodes Ready after {nodes_ready_s:.1} s", args.nodes);
 
@@ -43,10 +53,11 @@ async fn bench(args: &Args) -> Result<Report, BenchError> {
         timeout_s: args.timeout,
         nodes_create_s,
         nodes_ready_s,
+        user_identity: user.as_ref().and_then(|(_, id)| id.clone()),
         ..Report::default()
     };
     for &path in &args.paths {
-        let r = run_path(&client, args, path, &http).await?;
+        let r = run_path(&client, args, path, &http, user.as_ref().map(|(u, _)| u)).await?;
         eprintln!(
             "bench: {}: {}/{} bound, {} pods/s{}",
             path.name(),
@@ -58,13 +69,34 @@ async fn bench(args: &Args) -> Result<Report, BenchError> {
         report.paths.push(r);
     }
     let plain = report.paths.iter().find(|p| p.path == Some(BenchPath::Plain)).and_then(|p| p.throughput.bound_per_s);
+    let plain_user_p99 = report
+        .paths
+        .iter()
+        .find(|p| p.path == Some(BenchPath::Plain))
+        .and_then(|p| p.user.as_ref())
+        .and_then(|u| u.p99_s);
     for p in &mut report.paths {
         p.ratio_to_plain = ratio(p.throughput.bound_per_s, plain);
+        if let Some(u) = &mut p.user {
+            u.p99_vs_plain = ratio(u.p99_s, plain_user_p99);
+        }
     }
     let lp = ListParams::default();
     report.cluster_pods = Api::<Pod>::all(client.clone()).list_metadata(&lp).await.ok().map(|l| l.items.len());
     report.cluster_nodes = Api::<Node>::all(client).list_metadata(&lp).await.ok().map(|l| l.items.len());
     Ok(report)
+}
+
+/// Who `client` authenticates as (a SelfSubjectReview), None when the API server does not say.
+async fn whoami(client: &kube::Client) -> Option<String> {
+    let review = serde_json::json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"});
+    let body = serde_json::to_vec(&review).ok()?;
+    let request = axum::http::Request::post("/apis/authentication.k8s.io/v1/selfsubjectreviews")
+        .header("content-type", "application/json")
+        .body(body)
+        .ok()?;
+    let answer: serde_json::Value = client.request(request).await.ok()?;
+    answer["status"]["userInfo"]["username"].as_str().map(str::to_string)
 }
 
 /// Runs `muster dev bench`: exit 0 only when every path bound all its pods and measured what

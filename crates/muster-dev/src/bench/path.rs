@@ -19,8 +19,9 @@ use super::procfs::{
     CLOCK_TICKS_PER_S, cpu_by_command, mib, process_ticks, read_proc, sample_rss, stat_cpu_ticks, status_kib,
 };
 use super::report::{MusterNumbers, PathReport};
-use super::stats::{gang_admission_latencies, percentile, throughput};
+use super::stats::{gang_admission_latencies, percentile, throughput, user_latency};
 use super::table::opt;
+use super::user::{Probe, User, clean};
 use super::watch::{PodLog, lock, pod_times, since, watch_pods};
 use super::{Args, BenchError, BenchPath};
 
@@ -63,6 +64,7 @@ pub(super) async fn run_path(
     args: &Args,
     path: BenchPath,
     http: &reqwest::Client,
+    user: Option<&User>,
 ) -> Result<PathReport, BenchError> {
     let ns = path.namespace();
     let expected = (args.gangs * args.size) as usize;
@@ -86,6 +88,7 @@ pub(super) async fn run_path(
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = muster_pid.map(|pid| tokio::spawn(sample_rss(pid, stop.clone())));
 
+    let probe = user.map(|u| Probe::start(u, path.name()));
     eprintln!("bench: {}: creating {} gangs of {} in {ns}", path.name(), args.gangs, args.size);
     let t0 = Instant::now();
     let results: Vec<(Result<bool, BenchError>, Instant)> = futures::stream::iter(0..args.gangs)
@@ -151,6 +154,13 @@ pub(super) async fn run_path(
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     stop.store(true, Ordering::Relaxed);
+    let user_samples = match probe {
+        Some(p) => Some(p.finish().await),
+        None => None,
+    };
+    if let Some(u) = user {
+        clean(client, &u.namespace).await;
+    }
     let cpu_s_by_process = cpu_by_command(&processes_before, &process_ticks());
     let ticks_after = muster_pid.and_then(|pid| read_proc(pid, "stat")).and_then(|s| stat_cpu_ticks(&s));
     let hwm = muster_pid.and_then(|pid| read_proc(pid, "status")).and_then(|s| status_kib(&s, "VmHWM"));
@@ -210,5 +220,6 @@ pub(super) async fn run_path(
         api_conflicts,
         cpu_s_by_process,
         muster,
+        user: user_samples.as_deref().map(user_latency),
     })
 }

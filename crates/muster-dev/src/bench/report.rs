@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use super::BenchPath;
-use super::stats::Throughput;
+use super::stats::{Throughput, UserLatency};
 
 /// muster's own cost during a path.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -78,6 +78,8 @@ pub struct PathReport {
     pub cpu_s_by_process: Vec<(String, f64)>,
     /// muster path only.
     pub muster: Option<MusterNumbers>,
+    /// The ordinary user's ConfigMap creates during the path (None without `--user-kubeconfig`).
+    pub user: Option<UserLatency>,
 }
 
 impl PathReport {
@@ -118,4 +120,6 @@ pub struct Report {
     pub cluster_pods: Option<usize>,
     /// Nodes in the cluster at the end.
     pub cluster_nodes: Option<usize>,
+    /// Who the ordinary user was (`system:serviceaccount:<ns>:<name>`), when there was one.
+    pub user_identity: Option<String>,
 }

@@ -49,6 +49,43 @@ pub fn gang_admission_latencies(pods: &[PodTimes], size: usize) -> Vec<f64> {
         .collect()
 }
 
+/// One request of the ordinary user: its latency from request to response and whether it
+/// succeeded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct UserSample {
+    pub seconds: f64,
+    pub ok: bool,
+}
+
+/// The ordinary user's request latency during a path (every request, failed ones included:
+/// a request refused with 429 after a wait is a slow request).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct UserLatency {
+    /// Requests made.
+    pub count: usize,
+    /// Requests that failed (or timed out).
+    pub errors: usize,
+    /// Median, 99th percentile and largest latency, seconds.
+    pub p50_s: Option<f64>,
+    pub p99_s: Option<f64>,
+    pub max_s: Option<f64>,
+    /// p99_s / the plain path's p99_s.
+    pub p99_vs_plain: Option<f64>,
+}
+
+/// PURE: the latency numbers of `samples`.
+pub fn user_latency(samples: &[UserSample]) -> UserLatency {
+    let seconds: Vec<f64> = samples.iter().map(|s| s.seconds).collect();
+    UserLatency {
+        count: samples.len(),
+        errors: samples.iter().filter(|s| !s.ok).count(),
+        p50_s: percentile(&seconds, 50.0),
+        p99_s: percentile(&seconds, 99.0),
+        max_s: seconds.iter().copied().reduce(f64::max),
+        p99_vs_plain: None,
+    }
+}
+
 /// How fast a path's pods were bound.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Throughput {
@@ -169,5 +206,19 @@ mod tests {
         assert_eq!(ratio(Some(30.0), Some(20.0)), Some(1.5));
         assert_eq!(ratio(Some(30.0), None), None);
         assert_eq!(ratio(Some(30.0), Some(0.0)), None);
+    }
+
+    #[test]
+    fn user_latency_counts_every_request_and_its_tail() {
+        let mut samples: Vec<UserSample> =
+            (1..=100).map(|i| UserSample { seconds: f64::from(i) / 1000.0, ok: true }).collect();
+        samples[99].ok = false;
+        let l = user_latency(&samples);
+        assert_eq!((l.count, l.errors), (100, 1));
+        assert_eq!((l.p50_s, l.p99_s, l.max_s), (Some(0.05), Some(0.099), Some(0.1)));
+        assert_eq!(l.p99_vs_plain, None);
+        let none = user_latency(&[]);
+        assert_eq!((none.count, none.p50_s, none.p99_s, none.max_s), (0, None, None, None));
+        assert_eq!(ratio(Some(0.2), Some(0.1)), Some(2.0));
     }
 }

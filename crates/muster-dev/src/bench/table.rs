@@ -35,8 +35,16 @@ pub fn format_table(report: &Report) -> String {
         report.nodes, GPUS_PER_NODE, report.nodes_create_s, report.nodes_ready_s, report.gangs, report.size
     );
     out.push_str(&format!(
-        "{:<8} {:>11} {:>10} {:>9} {:>22} {:>16}  {}\n",
-        "path", "pods bound", "bound/s", "vs plain", "last create->last bind", "schedulingGroup", "status"
+        "{:<8} {:>11} {:>10} {:>9} {:>22} {:>16} {:>15} {:>13}  {}\n",
+        "path",
+        "pods bound",
+        "bound/s",
+        "vs plain",
+        "last create->last bind",
+        "schedulingGroup",
+        "user p99 (ms)",
+        "user p99 vs",
+        "status"
     ));
     for p in &report.paths {
         let status = if p.ok() {
@@ -57,15 +65,45 @@ pub fn format_table(report: &Report) -> String {
             why.join(", ")
         };
         out.push_str(&format!(
-            "{:<8} {:>11} {:>10} {:>9} {:>22} {:>16}  {}\n",
+            "{:<8} {:>11} {:>10} {:>9} {:>22} {:>16} {:>15} {:>13}  {}\n",
             p.path.map_or("?", BenchPath::name),
             format!("{}/{}", p.throughput.pods_bound, p.pods_expected),
             opt(p.throughput.bound_per_s, 1),
             p.ratio_to_plain.map_or_else(|| "-".to_string(), |r| format!("{r:.2}x")),
             format!("{} s", opt(p.throughput.last_create_to_last_bind_s, 2)),
             format!("{}/{}", p.pods_with_scheduling_group, p.pods_seen),
+            opt(p.user.as_ref().and_then(|u| u.p99_s).map(|s| s * 1000.0), 1),
+            p.user.as_ref().and_then(|u| u.p99_vs_plain).map_or_else(|| "-".to_string(), |r| format!("{r:.2}x")),
             status
         ));
+    }
+    if report.paths.iter().any(|p| p.user.is_some()) {
+        let who = report.user_identity.as_deref().unwrap_or("?");
+        out.push_str(&format!(
+            "\nan ordinary user's requests during each path (a ConfigMap create every second, as {who}):\n"
+        ));
+        out.push_str(&format!(
+            "{:<16} {:>6} {:>7} {:>9} {:>9} {:>9} {:>12}\n",
+            "path", "count", "errors", "p50 ms", "p99 ms", "max ms", "p99 vs plain"
+        ));
+        for p in &report.paths {
+            let ms = |v: Option<f64>| opt(v.map(|s| s * 1000.0), 1);
+            let (count, errors, p50, p99, max, vs) = match &p.user {
+                Some(u) => (
+                    u.count.to_string(),
+                    u.errors.to_string(),
+                    ms(u.p50_s),
+                    ms(u.p99_s),
+                    ms(u.max_s),
+                    u.p99_vs_plain.map_or_else(|| "-".to_string(), |r| format!("{r:.2}x")),
+                ),
+                None => ("-".into(), "-".into(), "-".into(), "-".into(), "-".into(), "-".into()),
+            };
+            out.push_str(&format!(
+                "{:<16} {count:>6} {errors:>7} {p50:>9} {p99:>9} {max:>9} {vs:>12}\n",
+                p.path.map_or("?", BenchPath::name)
+            ));
+        }
     }
     top_lines(
         &mut out,
@@ -141,7 +179,7 @@ pub fn format_table(report: &Report) -> String {
 mod tests {
     use super::*;
     use crate::bench::report::MusterNumbers;
-    use crate::bench::stats::Throughput;
+    use crate::bench::stats::{Throughput, UserLatency};
 
     #[test]
     fn the_table_says_what_failed() {
@@ -198,5 +236,37 @@ mod tests {
         assert!(table.contains("20.0 MiB allocated") && table.contains("mean 3.5 ms"), "{table}");
         assert!(table.contains("15 pods, 100 nodes"), "{table}");
         assert!(report.paths[0].ok() && !report.paths[1].ok() && !report.paths[2].ok());
+        // Without a user, its columns say '-' and there is no user section.
+        assert!(line("plain ").split_whitespace().filter(|w| *w == "-").count() >= 2, "{table}");
+        assert!(!table.contains("an ordinary user's requests"), "{table}");
+
+        let mut with_user = report.clone();
+        with_user.user_identity = Some("system:serviceaccount:bench-user:bench-user".into());
+        with_user.paths[0].user = Some(UserLatency {
+            count: 20,
+            errors: 0,
+            p50_s: Some(0.004),
+            p99_s: Some(0.010),
+            max_s: Some(0.012),
+            p99_vs_plain: Some(1.0),
+        });
+        with_user.paths[2].user = Some(UserLatency {
+            count: 30,
+            errors: 2,
+            p50_s: Some(0.005),
+            p99_s: Some(0.025),
+            max_s: Some(0.030),
+            p99_vs_plain: Some(2.5),
+        });
+        let table = format_table(&with_user);
+        let line = |p: &str| table.lines().find(|l| l.starts_with(p)).unwrap_or_default().to_string();
+        assert!(line("plain ").contains("10.0") && line("plain ").contains("1.00x"), "{table}");
+        assert!(line("muster ").contains("25.0") && line("muster ").contains("2.50x"), "{table}");
+        assert!(table.contains("as system:serviceaccount:bench-user:bench-user"), "{table}");
+        let rows: Vec<&str> = table.lines().skip_while(|l| !l.contains("an ordinary user's")).collect();
+        let row = |p: &str| rows.iter().find(|l| l.starts_with(p)).map(|l| l.split_whitespace().collect::<Vec<_>>());
+        assert_eq!(row("plain "), Some(vec!["plain", "20", "0", "4.0", "10.0", "12.0", "1.00x"]), "{table}");
+        assert_eq!(row("gang "), Some(vec!["gang", "-", "-", "-", "-", "-", "-"]), "{table}");
+        assert_eq!(row("muster "), Some(vec!["muster", "30", "2", "5.0", "25.0", "30.0", "2.50x"]), "{table}");
     }
 }
