@@ -15,7 +15,9 @@ const RELEASE: &str = "muster";
 const LEASE: &str = "muster-controller-manager";
 const ADMISSION_GATE: &str = "scheduling.muster.dev/admission";
 const INDICES: &str = "gpu.muster.dev/indices";
-const ASSIGNED: &str = "gpu.muster.dev/assigned";
+/// The node agent's report of what kubelet gave each pod: `spec.assigned` of its node's
+/// NodeGPUReport (the Node's `gpu.muster.dev/assigned` annotation before).
+const ASSIGNED: &str = "NodeGPUReport spec.assigned";
 const TOPOLOGY: &str = "gpu.muster.dev/topology";
 /// Namespaces of the lane's jobs.
 const JOBS_NS: &str = "real-jobs";
@@ -315,9 +317,12 @@ pub fn gang_jobs(lane: &Lane) -> Result<String, String> {
             .unwrap_or_default()
     };
     wait("both jobs to finish", Duration::from_secs(180), || {
-        let node = lane.json(&["get", "node", NODE])?;
-        if let Some(text) = node["metadata"]["annotations"][ASSIGNED].as_str() {
-            let assigned: Value = serde_json::from_str(text).map_err(|e| format!("{ASSIGNED}: {e}"))?;
+        // The report appears with the agent's first round; until then there is nothing to read.
+        if let Ok(report) = lane.json(&["get", "nodegpureports.gpu.muster.dev", NODE]) {
+            let assigned = &report["spec"]["assigned"];
+            if !assigned.is_null() && !assigned.is_object() {
+                return Err(format!("{ASSIGNED} is not an object: {assigned}"));
+            }
             if let Some(pods) = assigned["pods"].as_object() {
                 for (key, entry) in pods {
                     if let Some(pod) = key.strip_prefix(&format!("{JOBS_NS}/")) {
@@ -785,10 +790,13 @@ pub fn uninstall(lane: &Lane) -> Result<String, String> {
         let cluster_kinds = lane.kubectl(&["api-resources", "--verbs=list", "--namespaced=false", "-o", "name"])?;
         for kind in cluster_kinds.lines().filter(|k| !k.is_empty()) {
             // The Node and its CSINode are the real node's; the APIServices of muster's groups
-            // are the CRDs' (the apiserver keeps one per served group version).
+            // are the CRDs' (the apiserver keeps one per served group version); the node's
+            // NodeGPUReport is the Node's (owned by it, like the topology annotation), reported
+            // below.
             if matches!(
                 kind,
                 "nodes"
+                    | "nodegpureports.gpu.muster.dev"
                     | "namespaces"
                     | "componentstatuses"
                     | "csinodes.storage.k8s.io"
@@ -826,11 +834,12 @@ pub fn uninstall(lane: &Lane) -> Result<String, String> {
         .as_object()
         .map(|a| a.keys().filter(|k| k.starts_with("gpu.muster.dev/")).cloned().collect())
         .unwrap_or_default();
-    if crds.len() != 5 {
+    if crds.len() != muster::crds::all().len() {
         return Err(format!("the CRDs should stay (helm keeps crds/): {crds:?}"));
     }
+    let reports: Vec<String> = items(&lane.json(&["get", "nodegpureports.gpu.muster.dev"])?).iter().map(name).collect();
     Ok(format!(
-        "helm uninstall --wait: {took:.1}s; nothing of the release left {gone_after:.1}s after it began but the {} CRDs; node annotations the agent wrote: {annotations:?}",
+        "helm uninstall --wait: {took:.1}s; nothing of the release left {gone_after:.1}s after it began but the {} CRDs; node annotations the agent wrote: {annotations:?}; NodeGPUReports left with their nodes: {reports:?}",
         crds.len()
     ))
 }

@@ -100,6 +100,9 @@ fn assigned_schema(_: &mut SchemaGenerator) -> Schema {
             "resource": {"type": "string", "maxLength": 253},
             "pods": {
                 "type": "object",
+                // Server-side apply of an empty map over one with entries leaves null
+                // (kube-apiserver 1.37.2): the agent's report of a node whose GPU pods all ended.
+                "nullable": true,
                 "maxProperties": MAX_PODS,
                 "additionalProperties": {
                     "type": "object",

@@ -102,7 +102,19 @@ pub struct AssignedAnnotation {
     /// The resource the devices are of.
     pub resource: String,
     /// Pods by `namespace/name` ([`pod_key`]); by uid in version [`ASSIGNED_BY_UID_VERSION`].
+    /// `null` reads as none: server-side apply of an empty map over one that had entries
+    /// leaves `null` in a NodeGPUReport (kube-apiserver 1.37.2).
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub pods: BTreeMap<String, AssignedPod>,
+}
+
+/// A map that may be `null`, read as empty.
+fn null_as_empty<'de, D, V>(d: D) -> Result<BTreeMap<String, V>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    V: Deserialize<'de>,
+{
+    Ok(Option::<BTreeMap<String, V>>::deserialize(d)?.unwrap_or_default())
 }
 
 /// The key of a pod in a version [`ASSIGNED_VERSION`] annotation: `namespace/name` (neither may
@@ -443,6 +455,21 @@ mod tests {
 
     fn at(secs: u64) -> SystemTime {
         SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn assigned_pods_that_are_null_or_absent_read_as_none() {
+        // What server-side apply leaves in a NodeGPUReport once every GPU pod of the node ended.
+        for value in [
+            serde_json::json!({"version": 2, "resource": "nvidia.com/gpu", "pods": null}),
+            serde_json::json!({"version": 2, "resource": "nvidia.com/gpu"}),
+            serde_json::json!({"version": 2, "resource": "nvidia.com/gpu", "pods": {}}),
+        ] {
+            let read = AssignedAnnotation::parse_value(&value, "NodeGPUReport spec.assigned");
+            assert_eq!(read.map(|a| a.pods.len()), Ok(0), "{value}");
+        }
+        let wrong = serde_json::json!({"version": 2, "resource": "nvidia.com/gpu", "pods": []});
+        assert!(AssignedAnnotation::parse_value(&wrong, "NodeGPUReport spec.assigned").is_err());
     }
 
     #[test]
