@@ -10,6 +10,7 @@
 pub mod agent;
 pub mod cli;
 pub mod controllers;
+pub mod docs;
 pub mod webhook;
 
 /// The API types (the `muster-api` crate).

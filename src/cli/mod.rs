@@ -29,8 +29,13 @@ enum Command {
     Run(Box<run::Args>),
     /// Development tools for the local test cluster (hack/cluster-up.sh).
     Dev(muster_dev::Args),
-    /// Describe this node's GPUs and links from nvidia-smi as the gpu.muster.dev/topology annotation.
+    /// On a GPU node: publish its GPU topology (NVML, else nvidia-smi) as the Node's
+    /// gpu.muster.dev/topology annotation, and the GPUs kubelet assigned and their health in the
+    /// node's NodeGPUReport.
     NodeAgent(node_agent::Args),
+    /// Generate the book's reference pages from the code (`make docs-ref`).
+    #[command(subcommand, hide = true)]
+    Docs(crate::docs::Command),
 }
 
 impl Cli {
@@ -51,6 +56,7 @@ impl Cli {
             Command::Run(args) => run::run(*args),
             Command::Dev(args) => muster_dev::run(args, crate::controllers::shutdown_signal()),
             Command::NodeAgent(args) => node_agent::run(args),
+            Command::Docs(command) => crate::docs::run(command),
         }
     }
 }

@@ -93,10 +93,10 @@ pub struct Args {
     /// kubelet's PodResources socket.
     #[arg(long, default_value = POD_RESOURCES_SOCKET)]
     pod_resources_socket: PathBuf,
-    /// Do not read kubelet's PodResources (no `gpu.muster.dev/assigned`).
+    /// Do not read kubelet's PodResources (no `spec.assigned` in the node's NodeGPUReport).
     #[arg(long)]
     no_pod_resources: bool,
-    /// Do not publish `gpu.muster.dev/health`.
+    /// Do not publish GPU health (no `spec.health` in the node's NodeGPUReport).
     #[arg(long)]
     no_health: bool,
     /// Write health again at least this often, changed or not (muster ignores samples older

@@ -64,7 +64,8 @@ pub struct Args {
     /// This replica's identity (pod name).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
-    /// Seconds a committed pod may stay unbound before its gang fails.
+    /// Seconds a committed pod may stay unbound: then a gang not yet started whole is rolled back
+    /// (its pods recreated gated), and a gang that had started whole fails with BindTimeout.
     #[arg(long, default_value_t = 60)]
     bind_timeout: u64,
     /// GPUs hotter than this (Celsius) are not offered.

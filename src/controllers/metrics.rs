@@ -198,6 +198,8 @@ pub struct Metrics {
     pub unschedulable_attempts: Family<ReasonLabels, Counter>,
     /// Pins not bound within the bind timeout (the attempt rolled back, or the gang failed).
     pub bind_timeouts: Counter,
+    /// Started gangs that lost pods and were restarted whole (disruption mode `all`).
+    pub gang_disruptions: Counter,
     /// Preemptions started for a gang (its victims evicted).
     pub preemptions: Counter,
     /// Pods evicted as preemption victims.
@@ -293,6 +295,7 @@ impl Default for Metrics {
             placement_duration: histogram_seconds(),
             unschedulable_attempts: Family::default(),
             bind_timeouts: Counter::default(),
+            gang_disruptions: Counter::default(),
             preemptions: Counter::default(),
             preemption_victims: Counter::default(),
             gang_rollbacks: Counter::default(),
@@ -394,6 +397,13 @@ impl Default for Metrics {
             "bind_timeouts",
             "Pins not bound within the bind timeout (the attempt rolled back, or a started gang failed)",
             m.bind_timeouts.clone(),
+        );
+        register(
+            &mut registry,
+            &mut families,
+            "gang_disruptions",
+            "Started gangs that lost pods and were restarted whole (disruption mode all; event GangDisrupted)",
+            m.gang_disruptions.clone(),
         );
         register(
             &mut registry,
@@ -501,6 +511,12 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Every family registered, as (name, type, help): `muster_reconciles`, `counter`,
+    /// `Reconciles run` (the reference of `muster docs reference` is made from it).
+    pub fn families(&self) -> impl Iterator<Item = (&str, &str, &str)> {
+        self.families.iter().map(|f| (f.name.as_str(), f.kind.as_str(), f.help.as_str()))
+    }
+
     /// The registry as OpenMetrics text. A labelled family with no series yet (no GPU node
     /// seen, no webhook request refused) is listed all the same, by its `# HELP` and `# TYPE`
     /// lines (OpenMetrics allows a family of no metrics), so dashboards and alert rules can be

@@ -6,6 +6,7 @@
 
 pub mod batch;
 pub mod blocks;
+pub mod catalog;
 pub mod gpu;
 pub mod scheduling;
 

@@ -209,7 +209,7 @@ impl Admitter {
                 ),
             };
             tracing::warn!(group = %key, %message, "gang disrupted");
-            self.ctx.metrics.bind_timeouts.inc();
+            self.ctx.metrics.gang_disruptions.inc();
             self.roots.entry(key.clone()).or_default().outcome = Some(Outcome::BindFailed(message.clone()));
             self.root_event(key, true, "GangDisrupted", &message).await;
         }
