@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BIN_DIR = $(shell bash tools/k8s/bindir.sh)
 
-.PHONY: plugin all build release host-deps host-deps-demo host-deps-real test unit e2e e2e-real e2e-jobs e2e-placement e2e-compat chaos e2e-rbac e2e-service chart-lint chart-test crds crds-check fmt clippy bench bench-e2e bench-agents controlplane cluster-up cluster-down run demo demo-down demo-check
+.PHONY: plugin all build release host-deps host-deps-demo host-deps-real test unit e2e e2e-real e2e-jobs e2e-placement e2e-compat chaos e2e-rbac e2e-service chart-lint chart-test crds crds-check fmt clippy bench bench-e2e bench-agents controlplane cluster-up cluster-down run demo demo-down demo-check docs docs-ref docs-check
 
 all: build
 
@@ -34,6 +34,7 @@ test: host-deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) test --lib --bins
+	$(MAKE) docs-check
 	$(MAKE) e2e
 	$(MAKE) e2e-rbac
 	$(MAKE) e2e-service
@@ -236,3 +237,32 @@ demo-down:
 DEMO_CHECK_DIR ?= $(CURDIR)/target/demo-check
 demo-check:
 	@MUSTER_DEMO_MODE=$(MODE) MUSTER_DEMO_DIR=$(DEMO_CHECK_DIR) bash hack/demo.sh --check
+
+## The documentation as a book (mdBook, docs/book.toml; pages in docs/src) into target/book.
+## hack/mdbook.sh installs the pinned mdBook once per machine (cargo install, about 2 min).
+docs:
+	@mdbook=$$(bash hack/mdbook.sh) && $$mdbook build docs && echo "The book: $(CURDIR)/target/book/index.html"
+
+## Regenerate the generated reference from the code (docs/src/reference: every CRD from its
+## schema, the flags of `muster run` and `muster node-agent` from clap, the metrics, labels,
+## annotations, events and conditions).
+docs-ref:
+	$(CARGO) run --quiet --bin muster -- docs reference --out docs/src/reference
+
+## The docs cannot rot: the book builds with no warning or error from mdBook (a missing page, a
+## broken include), then tests/docs checks README.md, charts/muster/README.md and docs/src:
+## relative links and anchors resolve, every page is in SUMMARY.md, every YAML block passes
+## `muster validate` (or is refused, when marked `yaml,invalid`), renders the chart
+## (`yaml,values`) or parses (`yaml,excerpt`); and the generated reference matches the code
+## (`muster docs reference --check`). All three run; any failing fails the target.
+docs-check: controlplane
+	@mdbook=$$(bash hack/mdbook.sh) || exit 1; \
+	echo "docs-check: $$mdbook build docs"; \
+	log=$$(set -o pipefail; NO_COLOR=1 $$mdbook build docs 2>&1 | sed 's/\x1b\[[0-9;]*m//g'); rc=$$?; \
+	printf '%s\n' "$$log"; \
+	if [ $$rc -ne 0 ] || printf '%s\n' "$$log" | grep -Eq '^ *(WARN|ERROR)'; then \
+	  echo "docs-check: mdbook build docs reported the problems above"; rc=1; fi; \
+	echo "docs-check: muster docs reference --check, then tests/docs"; \
+	$(CARGO) run --quiet --bin muster -- docs reference --out docs/src/reference --check || rc=1; \
+	MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test -p muster --test docs -- --nocapture || rc=1; \
+	exit $$rc
