@@ -426,3 +426,92 @@ fn readme_and_full_values_cover_every_value() {
         assert!(leaves.contains(&path), "values.yaml `{path}` is not in values.schema.json");
     }
 }
+
+/// How the Values table of charts/muster/README.md writes a default: YAML flow style, with
+/// strings bare unless YAML would read them as something else (`""`, `"1"`, `"true"`).
+fn table_default(v: &Value) -> String {
+    match v {
+        Value::String(s) => {
+            let plain = !s.is_empty()
+                && serde_saphyr::from_str::<Value>(s).ok().as_ref() == Some(v)
+                && !s.contains([',', '{', '}', '[', ']']);
+            if plain { s.clone() } else { format!("{s:?}") }
+        }
+        Value::Array(items) => format!("[{}]", items.iter().map(table_default).collect::<Vec<_>>().join(", ")),
+        Value::Object(map) => {
+            let entries: Vec<String> = map.iter().map(|(k, v)| format!("{k}: {}", table_default(v))).collect();
+            format!("{{{}}}", entries.join(", "))
+        }
+        other => other.to_string(),
+    }
+}
+
+/// The rows of the README's `## Values` table: (value path, default as written).
+fn values_table(readme: &str) -> Vec<(String, String)> {
+    let section = readme.split_once("\n## Values\n").map(|(_, rest)| rest).unwrap_or_default();
+    let section = section.split("\n## ").next().unwrap_or_default();
+    section
+        .lines()
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.strip_prefix("| `")?.splitn(3, " | ").collect();
+            let key = cells.first()?.strip_suffix('`')?;
+            let default = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+            Some((key.to_string(), default.to_string()))
+        })
+        .collect()
+}
+
+/// The chart README's Values table is checked against values.yaml and the schema: one row per
+/// value, no row for a value that does not exist, and each row's default as values.yaml has it.
+#[test]
+fn readme_values_table_matches_values_yaml() {
+    let dir = chart_dir();
+    let schema: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("values.schema.json")).expect("schema")).expect("json");
+    let defaults: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(dir.join("values.yaml")).expect("values")).expect("yaml");
+    let mut leaves = Vec::new();
+    schema_leaves(&schema, &defaults, "", &mut leaves);
+    let readme = std::fs::read_to_string(dir.join("README.md")).expect("charts/muster/README.md");
+    let rows = values_table(&readme);
+    let mut problems = Vec::new();
+    for (key, written) in &rows {
+        if !leaves.contains(key) {
+            problems.push(format!("row `{key}` names no value of values.schema.json"));
+            continue;
+        }
+        let Some(default) = value_at(&defaults, key) else {
+            problems.push(format!("row `{key}` has no default in values.yaml"));
+            continue;
+        };
+        let want = table_default(default);
+        if *written != want {
+            problems.push(format!("row `{key}` says the default is `{written}`, values.yaml has `{want}`"));
+        }
+    }
+    for leaf in &leaves {
+        match rows.iter().filter(|(k, _)| k == leaf).count() {
+            0 => problems.push(format!("the Values table has no row for `{leaf}`")),
+            1 => {}
+            n => problems.push(format!("the Values table has {n} rows for `{leaf}`")),
+        }
+    }
+    assert!(problems.is_empty(), "charts/muster/README.md, Values:\n  {}", problems.join("\n  "));
+}
+
+#[test]
+fn values_table_reader_finds_rows_and_a_wrong_default() {
+    let readme = "# x\n## Values\n\n| value | default | d |\n| --- | --- | --- |\n| `a.b` | `3` | the b |\n| `c` | `\"\"` | c |\n## Next\n| `z` | `1` | not in the section |\n";
+    let rows = values_table(readme);
+    assert_eq!(rows, vec![("a.b".to_string(), "3".to_string()), ("c".to_string(), "\"\"".to_string())]);
+    assert_eq!(table_default(&serde_json::json!(4)), "4");
+    assert_ne!(table_default(&serde_json::json!(4)), rows[0].1);
+    assert_eq!(table_default(&serde_json::json!("")), "\"\"");
+    assert_eq!(table_default(&serde_json::json!([])), "[]");
+    assert_eq!(table_default(&serde_json::json!("1")), "\"1\"");
+    assert_eq!(table_default(&serde_json::json!("30s")), "30s");
+    assert_eq!(
+        table_default(&serde_json::json!({"limits": {"memory": "64Mi"}, "drop": ["ALL"]})),
+        "{drop: [ALL], limits: {memory: 64Mi}}"
+    );
+}
