@@ -186,7 +186,7 @@ The cluster and muster keep running ($((SECONDS - began))s so far).
   export KUBECONFIG=$dir/kubeconfig PATH="$bin:\$PATH"
   kubectl get podgroups -w                       # where each gang stands, and why
   kubectl apply -f my-job.yaml                   # your own MusterJob / MusterJobSet (a Job or JobSet
-                                                 # with its kind changed: README, "Bring your Job or JobSet")
+                                                 # with its kind changed: docs/src/tasks/migrate.md)
   $muster validate -f my-job.yaml   # check a manifest offline first
   tail -f $dir/logs/muster.log
   make demo-down                                 # stop it all
