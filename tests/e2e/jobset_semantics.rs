@@ -25,6 +25,10 @@ const RUNS: &str = "{spec: {containers: [{name: main, image: registry.invalid/no
 const FAILS: &str = r#"{metadata: {annotations: {sim.muster.dev/fail-after: "1s"}}, spec: {containers: [{name: main, image: registry.invalid/none}]}}"#;
 /// A pod template whose pods succeed two seconds after starting.
 const SUCCEEDS: &str = r#"{metadata: {annotations: {sim.muster.dev/succeed-after: "2s"}}, spec: {containers: [{name: main, image: registry.invalid/none}]}}"#;
+/// A pod template whose pods succeed six seconds after starting: long enough for a test to see
+/// its job Running first (a job's Pending to Running is paced, and under a loaded control plane
+/// a 2 s pod can go from Pending to Complete between two polls).
+const SUCCEEDS_LATER: &str = r#"{metadata: {annotations: {sim.muster.dev/succeed-after: "6s"}}, spec: {containers: [{name: main, image: registry.invalid/none}]}}"#;
 /// A pod template no node matches: its pods stay gated, never ready.
 const NOWHERE: &str =
     "{spec: {nodeSelector: {muster.dev/e2e: nowhere}, containers: [{name: main, image: registry.invalid/none}]}}";
@@ -349,7 +353,7 @@ async fn depends_on_complete_creates_workers_after_the_leader_succeeded() {
         &manifest(
             "dep",
             "",
-            &[("leader", 1, "", SUCCEEDS), ("workers", 1, "dependsOn:[{name: leader, status: Complete}]", RUNS)],
+            &[("leader", 1, "", SUCCEEDS_LATER), ("workers", 1, "dependsOn:[{name: leader, status: Complete}]", RUNS)],
         ),
     );
     let leader = wait_for("the leader child running", SHORT, || async {

@@ -15,15 +15,11 @@ use crate::controllers::conditions;
 use crate::controllers::context::{Context, Result};
 use crate::crds::batch::{JobPhase, MusterJob, MusterJobStatus};
 
-/// How long a status change of `active`/`ready` alone may wait: the counts of a gang's pods
-/// starting one by one go out in one write (upstream's Job controller batches pod updates for
-/// 1 s too).
-const STATUS_PACE: Duration = Duration::from_secs(1);
+use self::plan::STATUS_PACE;
 
-/// Writes the job's status when it changed. A change of the live counts alone
-/// ([`plan::status_may_wait`]) waits up to [`STATUS_PACE`] from when it was first seen, so
-/// several fold into one write; returns when to look again for such a change (or for a write
-/// the cache does not show yet).
+/// Writes the job's status when it changed. A change of the live counts alone waits up to
+/// [`plan::status_pace`] from when it was first seen, so several fold into one write; returns
+/// when to look again for such a change (or for a write the cache does not show yet).
 pub(super) async fn write_status(
     job: &MusterJob,
     jc: &JobContext,
@@ -35,15 +31,16 @@ pub(super) async fn write_status(
         lock().remove(&uid);
         return Ok(None);
     }
-    if jc.written.already_sent(&uid, status, job.metadata.resource_version.as_deref(), std::time::Instant::now()) {
-        // Written by an earlier pass whose own event has not reached the cache yet: that event
-        // syncs the job again (told as a wait, so nothing is told twice).
+    if jc.written.behind_own_write(&uid, job.metadata.resource_version.as_deref(), std::time::Instant::now()) {
+        // The cache does not show this controller's last status write yet: a status computed
+        // from it would undo that write's times. That write's own event syncs the job again
+        // (told as a wait, so nothing is told twice).
         return Ok(Some(STATUS_PACE));
     }
-    if plan::status_may_wait(job.status.as_ref(), status) {
+    if let Some(pace) = plan::status_pace(job.status.as_ref(), status) {
         let now = std::time::Instant::now();
         let since = *lock().entry(uid.clone()).or_insert(now);
-        let due = since + STATUS_PACE;
+        let due = since + pace;
         if now < due {
             return Ok(Some(due - now));
         }

@@ -645,6 +645,36 @@ fn only_active_and_ready_counts_wait_for_the_status_pace() {
     assert!(!status_may_wait(Some(&old), &with(&|s| s.failed = 1)), "a failure is recorded at once");
     assert!(!status_may_wait(Some(&old), &with(&|s| s.succeeded = 1)));
     assert!(!status_may_wait(Some(&old), &with(&|s| s.phase = Some(JobPhase::Complete))));
+    // How long: kube-scheduler's condition alone on a job still Pending waits for the Running
+    // write; with anything else, or once Running, the short pace.
+    let scheduled =
+        |status: bool| condition_of(MIRRORED_CONDITIONS[0], if status { "True" } else { "False" }, "Scheduled", "");
+    let waiting = with(&|s| s.phase = Some(JobPhase::Pending));
+    let seen = with(&|s| {
+        s.phase = Some(JobPhase::Pending);
+        s.conditions.push(scheduled(true));
+    });
+    assert_eq!(status_pace(Some(&waiting), &seen), Some(SCHEDULED_PACE));
+    let flipped = with(&|s| {
+        s.phase = Some(JobPhase::Pending);
+        s.conditions.push(scheduled(false));
+    });
+    assert_eq!(status_pace(Some(&seen), &flipped), Some(SCHEDULED_PACE), "a flip of it too");
+    let seen_ready = with(&|s| {
+        s.phase = Some(JobPhase::Pending);
+        s.ready = 2;
+        s.conditions.push(scheduled(true));
+    });
+    assert_eq!(status_pace(Some(&waiting), &seen_ready), Some(STATUS_PACE), "with a count");
+    let running = with(&|s| s.phase = Some(JobPhase::Running));
+    let running_seen = with(&|s| {
+        s.phase = Some(JobPhase::Running);
+        s.conditions.push(scheduled(true));
+    });
+    assert_eq!(status_pace(Some(&running), &running_seen), Some(STATUS_PACE), "once Running");
+    assert_eq!(status_pace(Some(&waiting), &running_seen), Some(STATUS_PACE), "with the phase");
+    assert_eq!(status_pace(Some(&old), &with(&|s| s.failed = 1)), None, "a failure at once");
+    assert_eq!(status_pace(None, &old), None);
     // Pending and Running follow the pods: a gang starting goes out as one write.
     let pending = with(&|s| {
         s.phase = Some(JobPhase::Pending);
