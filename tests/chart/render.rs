@@ -388,8 +388,8 @@ fn value_at<'a>(values: &'a Value, path: &str) -> Option<&'a Value> {
     path.split('.').try_fold(values, |v, k| v.get(k))
 }
 
-#[test]
-fn readme_and_full_values_cover_every_value() {
+/// The chart's defaults (values.yaml), every value path the schema names, and its README.
+fn chart_values() -> (Value, Vec<String>, String) {
     let dir = chart_dir();
     let schema: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("values.schema.json")).expect("schema")).expect("json");
@@ -398,6 +398,13 @@ fn readme_and_full_values_cover_every_value() {
     let mut leaves = Vec::new();
     schema_leaves(&schema, &defaults, "", &mut leaves);
     let readme = std::fs::read_to_string(dir.join("README.md")).expect("charts/muster/README.md");
+    (defaults, leaves, readme)
+}
+
+#[test]
+fn readme_and_full_values_cover_every_value() {
+    let dir = chart_dir();
+    let (defaults, leaves, readme) = chart_values();
     let full: Value =
         serde_saphyr::from_str(&std::fs::read_to_string(dir.join("ci/full-values.yaml")).expect("full")).expect("yaml");
     for leaf in &leaves {
@@ -465,14 +472,7 @@ fn values_table(readme: &str) -> Vec<(String, String)> {
 /// value, no row for a value that does not exist, and each row's default as values.yaml has it.
 #[test]
 fn readme_values_table_matches_values_yaml() {
-    let dir = chart_dir();
-    let schema: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("values.schema.json")).expect("schema")).expect("json");
-    let defaults: Value =
-        serde_saphyr::from_str(&std::fs::read_to_string(dir.join("values.yaml")).expect("values")).expect("yaml");
-    let mut leaves = Vec::new();
-    schema_leaves(&schema, &defaults, "", &mut leaves);
-    let readme = std::fs::read_to_string(dir.join("README.md")).expect("charts/muster/README.md");
+    let (defaults, leaves, readme) = chart_values();
     let rows = values_table(&readme);
     let mut problems = Vec::new();
     for (key, written) in &rows {
