@@ -31,10 +31,10 @@ pub(super) async fn write_status(
         lock().remove(&uid);
         return Ok(None);
     }
-    if jc.written.behind_own_write(&uid, job.metadata.resource_version.as_deref(), std::time::Instant::now()) {
-        // The cache does not show this controller's last status write yet: a status computed
-        // from it would undo that write's times. That write's own event syncs the job again
-        // (told as a wait, so nothing is told twice).
+    if jc.written.behind_own_write(&uid, status, job.metadata.resource_version.as_deref(), std::time::Instant::now()) {
+        // The cache does not show this controller's last status write yet, and this status
+        // records no new count: computed from that older job, it would undo the write's times.
+        // That write's own event syncs the job again (told as a wait, so nothing is told twice).
         return Ok(Some(STATUS_PACE));
     }
     if let Some(pace) = plan::status_pace(job.status.as_ref(), status) {

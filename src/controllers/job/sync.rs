@@ -171,7 +171,8 @@ pub(super) async fn sync_pods(
     }
     let claims_pending = report_claims(job, ctx, pod_claims, &mut decision.status, now).await;
     // A status written is recorded (`Written`): the counts for the cache to show before the
-    // next pass counts, the whole status so a pass that runs before it shows is no second write.
+    // next pass counts, and the version it made, so a pass that runs before the cache shows it
+    // writes nothing unless it counts something new.
     let paced = write_status(job, jc, &decision.status).await?;
     // The status counts them now (or counted them before, when only the live counts wait).
     // Recorded from now on (never counted again, whatever the cache shows), then released; a

@@ -102,6 +102,7 @@ pub struct Written(Mutex<HashMap<String, (Counts, Instant)>>, Mutex<HashMap<Stri
 /// A status write, until the cache shows the version it made (or a later one).
 #[derive(Debug)]
 struct Sent {
+    counts: Counts,
     version: Option<u64>,
     at: Instant,
 }
@@ -110,18 +111,20 @@ impl Written {
     /// Records a status just written for a job; `version`: the job's resourceVersion after it.
     pub fn wrote(&self, job: &str, status: &MusterJobStatus, version: Option<&str>, now: Instant) {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).insert(job.to_string(), (Counts::of(status), now));
-        let sent = Sent { version: version.and_then(|v| v.parse().ok()), at: now };
+        let sent = Sent { counts: Counts::of(status), version: version.and_then(|v| v.parse().ok()), at: now };
         self.1.lock().unwrap_or_else(PoisonError::into_inner).insert(job.to_string(), sent);
     }
 
-    /// Whether the cache still shows the job at a version older than the one this controller's
-    /// last status write made (`cached`): a status computed from it would be computed from a job
-    /// older than that write (two passes each writing the first status, each stamping its own
-    /// `startTime` and condition times, were about half of all first writes at 1,000 gangs).
-    /// The write's own event syncs the job again. Versions are compared as the numbers the API
-    /// server makes them; one that is not a number, a cache at or past the write, or
+    /// Whether `status` may wait for the cache: the cache still shows the job at a version
+    /// older than the one this controller's last status write made (`cached`), and `status`
+    /// records no count that write did not (a finished pod counted now must be written before
+    /// it is released, so such a status never waits). A status computed from that older job
+    /// would undo the write's times (two passes each writing the first status, each stamping
+    /// its own `startTime` and condition times, were about half of all first writes at 1,000
+    /// gangs); the write's own event syncs the job again. Versions are compared as the numbers
+    /// the API server makes them; one that is not a number, a cache at or past the write, or
     /// [`EXPECTATION_TIMEOUT`] forgets the record: the cache is the truth again.
-    pub fn behind_own_write(&self, job: &str, cached: Option<&str>, now: Instant) -> bool {
+    pub fn behind_own_write(&self, job: &str, status: &MusterJobStatus, cached: Option<&str>, now: Instant) -> bool {
         let mut map = self.1.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(sent) = map.get(job) else { return false };
         let cached = cached.and_then(|v| v.parse::<u64>().ok());
@@ -130,7 +133,7 @@ impl Written {
             map.remove(job);
             return false;
         }
-        true
+        sent.counts == Counts::of(status)
     }
 
     /// Whether the job's status as read (`status`) shows what was last written (or that was
@@ -288,16 +291,22 @@ mod tests {
         let written = Written::default();
         let pending = MusterJobStatus { phase: Some(JobPhase::Pending), active: 3, ..Default::default() };
         let running = MusterJobStatus { phase: Some(JobPhase::Running), ready: 3, ..pending.clone() };
-        assert!(!written.behind_own_write("j", Some("7"), t0), "nothing written");
+        assert!(!written.behind_own_write("j", &running, Some("7"), t0), "nothing written");
         written.wrote("j", &running, Some("12"), t0);
         // The counts are the same: the counts' record is satisfied, the version's is not.
         assert!(written.caught_up("j", &pending, t0));
         for older in ["7", "9", "11"] {
-            assert!(written.behind_own_write("j", Some(older), t0), "the cache at {older} lags");
+            assert!(written.behind_own_write("j", &running, Some(older), t0), "the cache at {older} lags");
         }
-        assert!(!written.behind_own_write("other", Some("7"), t0));
-        assert!(written.behind_own_write("j", Some("7"), t0 + EXPECTATION_TIMEOUT / 2));
-        assert!(!written.behind_own_write("j", Some("7"), t0 + EXPECTATION_TIMEOUT), "not trusted forever");
+        assert!(!written.behind_own_write("other", &running, Some("7"), t0));
+        // Another live count waits too; a count the write did not record never does.
+        let ready_2 = MusterJobStatus { ready: 2, ..running.clone() };
+        assert!(written.behind_own_write("j", &ready_2, Some("7"), t0), "only the live counts moved");
+        let failed = MusterJobStatus { failed: 1, ..running.clone() };
+        assert!(!written.behind_own_write("j", &failed, Some("7"), t0), "a failure is written at once");
+        written.wrote("j", &running, Some("12"), t0);
+        assert!(written.behind_own_write("j", &running, Some("7"), t0 + EXPECTATION_TIMEOUT / 2));
+        assert!(!written.behind_own_write("j", &running, Some("7"), t0 + EXPECTATION_TIMEOUT), "not trusted forever");
         // At or past the write's version the cache is the truth again; so without numbers.
         for (cached, made) in [
             (Some("12"), Some("12")),
@@ -308,11 +317,11 @@ mod tests {
             (Some("7"), Some("v2")),
         ] {
             written.wrote("j", &running, made, t0);
-            assert!(!written.behind_own_write("j", cached, t0), "{cached:?} after {made:?}");
-            assert!(!written.behind_own_write("j", Some("1"), t0), "forgotten");
+            assert!(!written.behind_own_write("j", &running, cached, t0), "{cached:?} after {made:?}");
+            assert!(!written.behind_own_write("j", &running, Some("1"), t0), "forgotten");
         }
         written.wrote("j", &running, Some("12"), t0);
         written.forget("j");
-        assert!(!written.behind_own_write("j", Some("7"), t0));
+        assert!(!written.behind_own_write("j", &running, Some("7"), t0));
     }
 }
