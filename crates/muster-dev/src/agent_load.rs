@@ -82,27 +82,18 @@ pub struct Traffic {
 /// watch events the API server sent and their bytes, from its `/metrics` text.
 pub fn watch_traffic(text: &str) -> BTreeMap<String, Traffic> {
     let mut out: BTreeMap<String, Traffic> = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let (name, rest) = match line.split_once('{') {
-            Some(parts) => parts,
-            None => continue,
-        };
-        let events = match name {
+    for sample in crate::exposition::samples(text) {
+        let events = match sample.name {
             "apiserver_watch_events_total" => true,
             "apiserver_watch_events_sizes_sum" => false,
             _ => continue,
         };
-        let Some((labels, value)) = rest.split_once('}') else { continue };
-        let Some(value) = value.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()) else { continue };
-        let label = |name: &str| {
-            labels.split(',').find_map(|l| l.trim().strip_prefix(name)?.strip_prefix("=\"")?.strip_suffix('"'))
-        };
-        let Some(resource) = label("resource").or_else(|| label("kind")) else { continue };
+        let Some(resource) = sample.label("resource").or_else(|| sample.label("kind")) else { continue };
         let t = out.entry(resource.to_lowercase()).or_default();
         if events {
-            t.events += value;
+            t.events += sample.value;
         } else {
-            t.bytes += value;
+            t.bytes += sample.value;
         }
     }
     out

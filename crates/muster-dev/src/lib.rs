@@ -10,6 +10,7 @@ pub mod dcgm;
 pub mod demo;
 pub mod device_plugin;
 pub mod dra;
+mod exposition;
 pub mod kubelet;
 pub mod topology;
 

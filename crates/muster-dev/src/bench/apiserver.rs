@@ -27,13 +27,8 @@ pub fn request_seconds(text: &str) -> BTreeMap<String, f64> {
 /// The series `name` summed by request kind; with `code`, only the series answered with it.
 fn request_series(text: &str, name: &str, code: Option<&str>) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some(rest) = line.strip_prefix(name).and_then(|r| r.strip_prefix('{')) else { continue };
-        let Some((labels, value)) = rest.split_once('}') else { continue };
-        let Some(value) = value.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()) else { continue };
-        let label = |name: &str| {
-            labels.split(',').find_map(|l| l.trim().strip_prefix(name)?.strip_prefix("=\"")?.strip_suffix('"'))
-        };
+    for sample in crate::exposition::samples(text).filter(|s| s.name == name) {
+        let label = |name: &str| sample.label(name);
         if code.is_some_and(|c| label("code") != Some(c)) {
             continue;
         }
@@ -45,7 +40,7 @@ fn request_series(text: &str, name: &str, code: Option<&str>) -> BTreeMap<String
         if label("dry_run").is_some_and(|d| !d.is_empty()) {
             key.push_str(" (dry run)");
         }
-        *out.entry(key).or_insert(0.0) += value;
+        *out.entry(key).or_insert(0.0) += sample.value;
     }
     out
 }

@@ -9,12 +9,7 @@ const HEAP_METRIC: &str = "muster_heap_bytes";
 /// PURE: the value of the series `name{...}` whose labels include `label` in a Prometheus or
 /// OpenMetrics text exposition.
 pub fn counter_value(text: &str, name: &str, label: &str) -> Option<f64> {
-    text.lines().filter(|l| !l.starts_with('#')).find_map(|line| {
-        let labels_and_value = line.strip_prefix(name)?.strip_prefix('{')?;
-        let (labels, value) = labels_and_value.split_once('}')?;
-        labels.split(',').any(|l| l.trim() == label).then_some(())?;
-        value.split_whitespace().next()?.parse().ok()
-    })
+    crate::exposition::samples(text).find(|s| s.name == name && s.has(label)).map(|s| s.value)
 }
 
 pub(super) async fn fetch_metrics(http: &reqwest::Client, url: &str) -> Option<MusterMetrics> {
