@@ -13,35 +13,24 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-dir=${MUSTER_CLUSTER_DIR:-$root/target/agents-cluster}
-mkdir -p "$dir"
-dir=$(cd "$dir" && pwd)
-bin=${MUSTER_K8S_BIN:-$(bash "$root/tools/k8s/bindir.sh")}
+. "$root/hack/bench-lib.sh"
+bench_setup bench-agents "$root/target/agents-cluster"
 nodes=${AGENTS_NODES:-1000}
 period=${AGENTS_PERIOD:-30}
 duration=${AGENTS_DURATION:-60}
 targets=${AGENTS_TARGETS:-node,report}
-muster=${CARGO_TARGET_DIR:-$root/target}/release/muster
 
-log() { echo "bench-agents: $*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
-
-log "building muster (release)"
-cargo build --release --quiet -p muster || die "cargo build --release failed"
-[ -x "$muster" ] || die "$muster was not built"
+bench_build
 
 cleanup() {
   local rc=$?
-  MUSTER_CLUSTER_DIR=$dir bash "$root/hack/cluster-down.sh" > /dev/null 2>&1 || log "WARNING: cluster-down failed for $dir"
+  bench_cluster_down || log "WARNING: cluster-down failed for $dir"
   exit $rc
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-MUSTER_CLUSTER_DIR=$dir bash "$root/hack/cluster-down.sh" > /dev/null 2>&1 || true
-log "control plane in $dir"
-MUSTER_CLUSTER_DIR=$dir MUSTER_K8S_BIN=$bin bash "$root/hack/cluster-up.sh" > "$dir.cluster-up.log" 2>&1 \
-  || { cat "$dir.cluster-up.log" >&2; die "cluster-up failed"; }
+bench_cluster_up
 
 "$muster" dev agent-load --kubeconfig "$dir/kubeconfig" --nodes "$nodes" --period "$period" \
   --duration "$duration" --target "$targets"

@@ -31,10 +31,8 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-dir=${MUSTER_CLUSTER_DIR:-$root/target/bench-cluster}
-mkdir -p "$dir"
-dir=$(cd "$dir" && pwd)
-bin=${MUSTER_K8S_BIN:-$(bash "$root/tools/k8s/bindir.sh")}
+. "$root/hack/bench-lib.sh"
+bench_setup bench-e2e "$root/target/bench-cluster"
 nodes=${BENCH_NODES:-1000}
 gangs=${BENCH_GANGS:-200}
 size=${BENCH_SIZE:-3}
@@ -43,19 +41,14 @@ out=${BENCH_OUT:-$root/target/bench-e2e.json}
 timeout=${BENCH_TIMEOUT:-600}
 concurrency=${BENCH_CONCURRENCY:-16}
 rate=${BENCH_RATE:-0}
-muster=${CARGO_TARGET_DIR:-$root/target}/release/muster
 apf=${BENCH_APF:-chart}
 case "$apf" in chart | none) ;; *) echo "bench-e2e: BENCH_APF must be chart or none" >&2; exit 2 ;; esac
 
-log() { echo "bench-e2e: $*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
 kc() { "$bin/kubectl" --kubeconfig "$dir/kubeconfig" "$@"; }
 
 features=()
 [ "${BENCH_PROFILE:-}" = heaptrack ] && features=(--features system-allocator)
-log "building muster (release${features:+, ${features[*]}})"
-cargo build --release --quiet -p muster "${features[@]}" || die "cargo build --release failed"
-[ -x "$muster" ] || die "$muster was not built"
+bench_build "${features[@]}"
 
 # muster first, then the cluster (cluster-down also stops a muster marked with this folder).
 muster_pid=
@@ -71,21 +64,17 @@ cleanup() {
     for _ in $(seq 50); do kill -0 "$muster_pid" 2> /dev/null || break; sleep 0.1; done
     kill -KILL "$muster_pid" 2> /dev/null || true
   fi
-  MUSTER_CLUSTER_DIR=$dir bash "$root/hack/cluster-down.sh" > /dev/null 2>&1 || log "WARNING: cluster-down failed for $dir"
+  bench_cluster_down || log "WARNING: cluster-down failed for $dir"
   exit $rc
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # A fresh cluster every time: the bench refuses namespaces that hold pods of an earlier run.
-MUSTER_CLUSTER_DIR=$dir bash "$root/hack/cluster-down.sh" > /dev/null 2>&1 || true
-log "control plane in $dir"
 # API Priority and Fairness on, with kube-apiserver's default seats (hack/cluster-up.sh turns it
 # off for the tests; the last of a repeated flag wins).
 apf_args="--enable-priority-and-fairness=true --max-requests-inflight=400 --max-mutating-requests-inflight=200"
-MUSTER_APISERVER_EXTRA_ARGS="$apf_args ${MUSTER_APISERVER_EXTRA_ARGS:-}" \
-  MUSTER_CLUSTER_DIR=$dir MUSTER_K8S_BIN=$bin bash "$root/hack/cluster-up.sh" > "$dir.cluster-up.log" 2>&1 \
-  || { cat "$dir.cluster-up.log" >&2; die "cluster-up failed"; }
+MUSTER_APISERVER_EXTRA_ARGS="$apf_args ${MUSTER_APISERVER_EXTRA_ARGS:-}" bench_cluster_up
 grep -E "^feature-gates|^dropped|ready in" "$dir.cluster-up.log" >&2 || true
 for g in GenericWorkload WorkloadWithJob; do
   grep -q "^feature-gates.*$g=true" "$dir/features.txt" \
