@@ -144,9 +144,12 @@ chart-lint: controlplane
 	@diff -q crds/muster.yaml charts/muster/crds/muster.yaml > /dev/null || { echo "charts/muster/crds/ is stale: run 'make crds'"; exit 1; }
 
 ## The chart on a control plane of its own (tests/chart): server-side dry-run, install, muster
-## running with only the chart's RBAC, refusals outside it, upgrades with a changed CRD.
+## running with only the chart's RBAC, refusals outside it, upgrades with a changed CRD. Its
+## kube-apiserver runs API Priority and Fairness with the default seats (the test clusters
+## otherwise have it off), so the chart's FlowSchema is checked as production classifies.
+APF_ON = --enable-priority-and-fairness=true --max-requests-inflight=400 --max-mutating-requests-inflight=200
 chart-test: controlplane
-	MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test -p muster --test chart; rc=$$?; \
+	MUSTER_APISERVER_EXTRA_ARGS="$(APF_ON) $${MUSTER_APISERVER_EXTRA_ARGS:-}" MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test -p muster --test chart; rc=$$?; \
 	for d in target/e2e-cluster-*; do \
 	  [ -d "$$d" ] && [ ! -e "/proc/$${d##*-}" ] && MUSTER_CLUSTER_DIR="$$d" bash hack/cluster-down.sh > /dev/null 2>&1; \
 	done; exit $$rc

@@ -96,7 +96,13 @@ fn the_api_server_classifies_musters_requests_under_the_charts_flowschema() {
         cluster().kubectl(&["create", "token", sa, "-n", ns, "--duration=1h"]).unwrap_or_else(|e| panic!("{e}"))
     };
     let Some(classified) = flow_schema_of(&token(SERVICE_ACCOUNT), &uids) else {
-        // hack/cluster-up.sh starts kube-apiserver with --enable-priority-and-fairness=false.
+        // hack/cluster-up.sh starts kube-apiserver with --enable-priority-and-fairness=false;
+        // `make chart-test` turns it on, and then an answer without APF's headers is a failure.
+        let asked = std::env::var("MUSTER_APISERVER_EXTRA_ARGS").unwrap_or_default();
+        assert!(
+            !asked.contains("--enable-priority-and-fairness=true"),
+            "APF was turned on (MUSTER_APISERVER_EXTRA_ARGS={asked}) but the API server answered without its headers"
+        );
         eprintln!(
             "apf: API Priority and Fairness is off in this control plane: the FlowSchema was applied, its \
              classification not checked (MUSTER_APISERVER_EXTRA_ARGS='--enable-priority-and-fairness=true \
