@@ -285,10 +285,19 @@ pub const STATUS_PACE: std::time::Duration = std::time::Duration::from_secs(1);
 /// 1 s pace).
 pub const SCHEDULED_PACE: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// How long a change of the live counts may wait while some of the job's active pods are not
+/// ready yet ([`status_pace`]): a gang's pods start together, so the job going `Running` and its
+/// last pod ready go out as one write. At 5,000 nodes in upstream mode, the 1 s pace wrote a
+/// job's status 3.0 times before its last pod was bound, most of the third write a gang's pods
+/// turning ready more than 1 s apart.
+pub const STARTING_PACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// PURE: how long the change from `old` to `new` may wait before it is written: `None` when it
 /// is written at once ([`status_may_wait`] is false); [`SCHEDULED_PACE`] when the only change
-/// is the mirrored `PodGroupInitiallyScheduled` of a job that stays `Pending`; [`STATUS_PACE`]
-/// otherwise.
+/// is the mirrored `PodGroupInitiallyScheduled` of a job that stays `Pending`; [`STARTING_PACE`]
+/// while fewer pods are ready than active; [`STATUS_PACE`] otherwise. The wait counts from
+/// when the first change was seen, so the write that makes every pod ready goes at once when
+/// that first change is [`STATUS_PACE`] old.
 pub fn status_pace(old: Option<&MusterJobStatus>, new: &MusterJobStatus) -> Option<std::time::Duration> {
     if !status_may_wait(old, new) {
         return None;
@@ -300,7 +309,13 @@ pub fn status_pace(old: Option<&MusterJobStatus>, new: &MusterJobStatus) -> Opti
         s
     };
     let scheduled_only = old.is_some_and(|old| pending(old) && pending(new) && without(old) == without(new));
-    Some(if scheduled_only { SCHEDULED_PACE } else { STATUS_PACE })
+    Some(if scheduled_only {
+        SCHEDULED_PACE
+    } else if new.ready < new.active {
+        STARTING_PACE
+    } else {
+        STATUS_PACE
+    })
 }
 
 /// PURE: whether a new status may wait for the next paced write: only `active`, `ready`,

@@ -662,17 +662,27 @@ fn only_active_and_ready_counts_wait_for_the_status_pace() {
     assert_eq!(status_pace(Some(&seen), &flipped), Some(SCHEDULED_PACE), "a flip of it too");
     let seen_ready = with(&|s| {
         s.phase = Some(JobPhase::Pending);
-        s.ready = 2;
+        s.ready = 3;
         s.conditions.push(scheduled(true));
     });
     assert_eq!(status_pace(Some(&waiting), &seen_ready), Some(STATUS_PACE), "with a count");
-    let running = with(&|s| s.phase = Some(JobPhase::Running));
+    let running = with(&|s| {
+        s.phase = Some(JobPhase::Running);
+        s.ready = 3;
+    });
     let running_seen = with(&|s| {
         s.phase = Some(JobPhase::Running);
+        s.ready = 3;
         s.conditions.push(scheduled(true));
     });
     assert_eq!(status_pace(Some(&running), &running_seen), Some(STATUS_PACE), "once Running");
     assert_eq!(status_pace(Some(&waiting), &running_seen), Some(STATUS_PACE), "with the phase");
+    // While fewer pods are ready than active, a count waits longer: the gang's other pods are
+    // starting, and the write with all of them ready goes at the short pace.
+    assert_eq!(status_pace(Some(&old), &with(&|s| s.ready = 2)), Some(STARTING_PACE), "one more of 3 ready");
+    assert_eq!(status_pace(Some(&waiting), &old), Some(STARTING_PACE), "Running with 1 of 3 ready");
+    assert_eq!(status_pace(Some(&old), &with(&|s| s.ready = 3)), Some(STATUS_PACE), "all 3 ready");
+    assert_eq!(status_pace(Some(&old), &with(&|s| s.active = 1)), Some(STATUS_PACE), "as many ready as active");
     assert_eq!(status_pace(Some(&old), &with(&|s| s.failed = 1)), None, "a failure at once");
     assert_eq!(status_pace(None, &old), None);
     // Pending and Running follow the pods: a gang starting goes out as one write.
