@@ -117,23 +117,64 @@ pub async fn apply_if_changed<K>(
     api: &Api<K>,
     name: &str,
     params: &PatchParams,
-    mut desired: K,
+    desired: K,
     existing: Option<K>,
 ) -> context::Result<K>
 where
     K: kube::Resource + serde::Serialize + serde::de::DeserializeOwned + Clone + std::fmt::Debug,
 {
-    use sha2::Digest as _;
-    let body = serde_json::to_value(&desired)?;
-    let hash = hex::encode(sha2::Sha256::digest(body.to_string().as_bytes()))[..16].to_string();
+    let (desired, body, hash) = with_applied_hash(desired)?;
     if let Some(existing) = existing {
         let same = existing.meta().annotations.as_ref().and_then(|a| a.get(APPLIED_HASH_ANNOTATION)) == Some(&hash);
         if same && holds(&serde_json::to_value(&existing)?, &body) {
             return Ok(existing);
         }
     }
-    desired.meta_mut().annotations.get_or_insert_with(BTreeMap::new).insert(APPLIED_HASH_ANNOTATION.into(), hash);
     Ok(api.patch(name, params, &Patch::Apply(&desired)).await?)
+}
+
+/// `desired` carrying its [`APPLIED_HASH_ANNOTATION`], with the body the hash was taken of
+/// (`desired` before the annotation) and the hash.
+fn with_applied_hash<K>(mut desired: K) -> context::Result<(K, serde_json::Value, String)>
+where
+    K: kube::Resource + serde::Serialize,
+{
+    use sha2::Digest as _;
+    let body = serde_json::to_value(&desired)?;
+    let hash = hex::encode(sha2::Sha256::digest(body.to_string().as_bytes()))[..16].to_string();
+    desired.meta_mut().annotations.get_or_insert_with(BTreeMap::new).insert(APPLIED_HASH_ANNOTATION.into(), hash.clone());
+    Ok((desired, body, hash))
+}
+
+/// What [`create_if_absent`] found.
+#[derive(Debug)]
+pub enum Made<K> {
+    /// Created now: the API server's answer.
+    Created(K),
+    /// The name was taken: the object as the API server has it, whoever made it.
+    Exists(K),
+}
+
+/// Creates `desired` (with its [`APPLIED_HASH_ANNOTATION`], as [`apply_if_changed`] would
+/// apply it) for an object the cache does not show, or reads the one that holds its name. A
+/// job's first pass makes its groups this way: one create, where reading first (to learn that
+/// nothing is there) and then applying cost the API server two requests, the apply being
+/// dearer. What it created is applied over later by `field_manager` like any object it applied.
+pub async fn create_if_absent<K>(api: &Api<K>, name: &str, field_manager: &str, desired: K) -> context::Result<Made<K>>
+where
+    K: kube::Resource + serde::Serialize + serde::de::DeserializeOwned + Clone + std::fmt::Debug,
+{
+    let (desired, _, _) = with_applied_hash(desired)?;
+    let params = kube::api::PostParams { field_manager: Some(field_manager.into()), ..Default::default() };
+    match api.create(&params, &desired).await {
+        Ok(created) => Ok(Made::Created(created)),
+        Err(kube::Error::Api(e)) if e.code == 409 => match api.get_opt(name).await? {
+            Some(existing) => Ok(Made::Exists(existing)),
+            // Deleted between the create and the read: the next pass makes it.
+            None => Err(context::Error::Missing(format!("{name}: created by another writer and deleted since"))),
+        },
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// PURE: whether `object` holds every value `wanted` sets: objects field by field, lists

@@ -9,10 +9,10 @@ use kube::{Resource, ResourceExt};
 
 use super::frozen::{FROZEN_HASH_ANNOTATION, changed_frozen_parts, frozen_hashes};
 use super::reconcile::owner_ref;
-use super::watches::cached;
+use super::watches::{cached, in_cache};
 use super::{FIELD_MANAGER, JobContext, plan};
 use crate::controllers::context::{Error, Result};
-use crate::controllers::controller_uid;
+use crate::controllers::{Made, controller_uid, create_if_absent};
 use crate::crds::batch::MusterJob;
 use crate::crds::blocks::{DisruptionModeKind, PodGroupResourceClaim};
 use crate::crds::scheduling::{CompositePodGroup, PodGroup, PodGroupResourceClaimStatus, Workload};
@@ -79,28 +79,32 @@ pub(super) async fn ensure_groups(
     let uid = owner.uid.clone();
     let pgs = Api::<PodGroup>::namespaced(ctx.client.clone(), &ns);
     let hashes = frozen_hashes(job)?;
-    let existing = cached(&jc.groups, &pgs, &ns, &name).await?;
-    let existing_priority = existing.as_ref().map(|e| e.spec.priority);
-    if let Some(existing) = &existing {
+    // Why the job's PodGroup `existing` is not acted on, if it is not.
+    let refusal = |existing: &PodGroup| -> Option<(&'static str, String)> {
         if controller_uid(&existing.metadata) != Some(uid.as_str()) {
-            return Ok(Err((
+            return Some((
                 "NameConflict",
                 format!("PodGroup {name} already exists and is not controlled by this MusterJob"),
-            )));
+            ));
         }
-        if let Some(old) = existing.annotations().get(FROZEN_HASH_ANNOTATION) {
-            let changed = changed_frozen_parts(job, old, &hashes);
-            if !changed.is_empty() {
-                return Ok(Err((
-                    "FrozenFieldChanged",
-                    format!(
-                        "{} changed after creation; muster does not act on changes to frozen fields (only scheduling.schedulingPolicy.gang.minCount and parallelism may change)",
-                        changed.join(", ")
-                    ),
-                )));
-            }
-        }
+        let old = existing.annotations().get(FROZEN_HASH_ANNOTATION)?;
+        let changed = changed_frozen_parts(job, old, &hashes);
+        (!changed.is_empty()).then(|| {
+            (
+                "FrozenFieldChanged",
+                format!(
+                    "{} changed after creation; muster does not act on changes to frozen fields (only scheduling.schedulingPolicy.gang.minCount and parallelism may change)",
+                    changed.join(", ")
+                ),
+            )
+        })
+    };
+    // Not cached: made below with one create, which finds it if the cache only lags.
+    let existing = in_cache(&jc.groups, &ns, &name);
+    if let Some(refused) = existing.as_ref().and_then(refusal) {
+        return Ok(Err(refused));
     }
+    let existing_priority = existing.as_ref().map(|e| e.spec.priority);
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let (builder, workload_name, template, parent, workload_owner) = if is_child(job) {
         let a = job.annotations();
@@ -125,7 +129,13 @@ pub(super) async fn ensure_groups(
         let builder = Builder::new(item, build_options(&name, &ns, Some(owner.clone())));
         let workload = builder.build_workload()?.clone();
         let wls = Api::<Workload>::namespaced(ctx.client.clone(), &ns);
-        let existing_workload = cached(&jc.workloads, &wls, &ns, &name).await?;
+        let existing_workload = match in_cache(&jc.workloads, &ns, &name) {
+            Some(w) => Some(w),
+            None => match create_if_absent(&wls, &name, FIELD_MANAGER, workload.clone()).await? {
+                // Created now, it holds what was asked: the apply below writes nothing.
+                Made::Created(w) | Made::Exists(w) => Some(w),
+            },
+        };
         if let Some(existing) = &existing_workload
             && controller_uid(&existing.metadata) != Some(uid.as_str())
         {
@@ -146,14 +156,27 @@ pub(super) async fn ensure_groups(
     pg.spec.parent_composite_pod_group_name = parent.clone();
     // A root job's PodGroup is also owned by its Workload (as upstream's Job controller does).
     pg.metadata.owner_references.get_or_insert_with(Vec::new).extend(workload_owner);
-    pg.metadata.annotations = Some(BTreeMap::from([(FROZEN_HASH_ANNOTATION.to_string(), hashes)]));
+    pg.metadata.annotations = Some(BTreeMap::from([(FROZEN_HASH_ANNOTATION.to_string(), hashes.clone())]));
     let gang = match (pg.spec.scheduling_policy.gang.is_some(), pg.spec.disruption_mode.kind()) {
         (_, Some(DisruptionModeKind::All)) => plan::Gang::All,
         (true, _) => plan::Gang::Single,
         (false, _) => plan::Gang::None,
     };
-    let created = existing.is_none();
-    let applied = crate::controllers::apply_if_changed(&pgs, &name, &params, pg, existing).await?;
+    let (created, existing) = match existing {
+        Some(existing) => (false, existing),
+        None => match create_if_absent(&pgs, &name, FIELD_MANAGER, pg.clone()).await? {
+            Made::Created(g) => (true, g),
+            Made::Exists(g) => {
+                if let Some(refused) = refusal(&g) {
+                    return Ok(Err(refused));
+                }
+                // Its priority was resolved when it was made, and stays.
+                pg.spec.priority = g.spec.priority;
+                (false, g)
+            }
+        },
+    };
+    let applied = crate::controllers::apply_if_changed(&pgs, &name, &params, pg, Some(existing)).await?;
     let status = applied.status.clone().unwrap_or_default();
     Ok(Ok(Groups {
         workload: workload_name,

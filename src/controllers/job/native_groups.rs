@@ -7,10 +7,10 @@ use serde_json::json;
 
 use super::groups::{Groups, is_child, not_the_sets};
 use super::reconcile::owner_ref;
-use super::watches::cached;
+use super::watches::{cached, in_cache};
 use super::{FIELD_MANAGER, JobContext, plan};
 use crate::controllers::context::{Error, Result};
-use crate::controllers::controller_uid;
+use crate::controllers::{Made, controller_uid, create_if_absent};
 use crate::crds::batch::MusterJob;
 use crate::crds::{GROUP_TEMPLATE_ANNOTATION, PARENT_COMPOSITE_ANNOTATION};
 use crate::workloadbuilder::job::{JOB_TEMPLATE_NAME, build_options, job_item};
@@ -56,18 +56,25 @@ pub(super) async fn ensure_native_groups(
         let item = job_item(&job.spec, JOB_TEMPLATE_NAME, &FieldPath::new("spec"));
         let builder = Builder::new(item, build_options(&name, &ns, Some(owner.clone())));
         let desired = native::workload(builder.build_workload()?)?;
-        let workload = match cached(workloads, &wl_api, &ns, &name).await? {
-            Some(w) if controller_uid(&w.metadata) != Some(uid.as_str()) => return Ok(Err(not_ours("Workload"))),
+        // Not cached: made with one create, which finds it if the cache only lags.
+        let (found, fresh) = match in_cache(workloads, &ns, &name) {
+            Some(w) => (w, false),
+            None => match create_if_absent(&wl_api, &name, FIELD_MANAGER, desired.clone()).await? {
+                Made::Created(w) => (w, true),
+                Made::Exists(w) => (w, false),
+            },
+        };
+        let workload = match found {
+            w if controller_uid(&w.metadata) != Some(uid.as_str()) => return Ok(Err(not_ours("Workload"))),
             // The gang's minCount follows the job's, as the Job controller syncs it.
-            Some(w) if native::workload_min_counts_changed(&w, &desired) => {
+            w if !fresh && native::workload_min_counts_changed(&w, &desired) => {
                 wl_api.patch(&name, &params, &Patch::Apply(&desired)).await?
             }
-            Some(w) => w,
-            None => wl_api.patch(&name, &params, &Patch::Apply(&desired)).await?,
+            w => w,
         };
         Source::Standalone(Box::new((builder, workload)))
     };
-    let group = match cached(groups, &pg_api, &ns, &name).await? {
+    let group = match in_cache(groups, &ns, &name) {
         Some(g) if controller_uid(&g.metadata) != Some(uid.as_str()) => return Ok(Err(not_ours("PodGroup"))),
         Some(g) => {
             // The one field of a PodGroup that may change: the gang's minCount, as the job's
@@ -119,7 +126,15 @@ pub(super) async fn ensure_native_groups(
                     compiled
                 }
             };
-            pg_api.patch(&name, &params, &Patch::Apply(&native::pod_group(&compiled)?)).await?
+            match create_if_absent(&pg_api, &name, FIELD_MANAGER, native::pod_group(&compiled)?).await? {
+                Made::Created(g) => g,
+                // Made by an earlier pass the cache does not show yet (the next pass syncs its
+                // minCount), or by someone else.
+                Made::Exists(g) if controller_uid(&g.metadata) != Some(uid.as_str()) => {
+                    return Ok(Err(not_ours("PodGroup")));
+                }
+                Made::Exists(g) => g,
+            }
         }
     };
     let gang = if group.spec.disruption_mode.as_ref().is_some_and(|m| m.all.is_some()) {

@@ -70,6 +70,17 @@ where
     store
 }
 
+/// `name` in `ns` as `store` shows it, without asking the API server: for an object this
+/// controller makes when it is missing ([`create_if_absent`](crate::controllers::create_if_absent)
+/// tells a lagging cache from an object that is not there).
+pub(super) fn in_cache<K>(store: &Store<K>, ns: &str, name: &str) -> Option<K>
+where
+    K: Resource + Clone,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    store.get(&reflector::ObjectRef::new(name).within(ns)).map(|o| (*o).clone())
+}
+
 /// `name` in `ns` as `store` shows it, or as the API server has it when the cache does not
 /// show it (not listed yet, or just created): the cache may lag, but only behind writes that
 /// the next event reconciles again.
