@@ -142,7 +142,11 @@ where
     use sha2::Digest as _;
     let body = serde_json::to_value(&desired)?;
     let hash = hex::encode(sha2::Sha256::digest(body.to_string().as_bytes()))[..16].to_string();
-    desired.meta_mut().annotations.get_or_insert_with(BTreeMap::new).insert(APPLIED_HASH_ANNOTATION.into(), hash.clone());
+    desired
+        .meta_mut()
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(APPLIED_HASH_ANNOTATION.into(), hash.clone());
     Ok((desired, body, hash))
 }
 
