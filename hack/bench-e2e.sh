@@ -9,6 +9,10 @@
 #   BENCH_NODES (1000)  BENCH_GANGS (200)  BENCH_SIZE (3)  BENCH_PATHS (plain,gang,muster,muster-upstream)
 #   BENCH_OUT (target/bench-e2e.json)  BENCH_TIMEOUT (600 s per path)  BENCH_CONCURRENCY (16)
 #   BENCH_RATE (gangs created per second per path; 0, the default: as fast as creates go)
+#   BENCH_KWOK_HEARTBEAT (0,600): MIN,MAX seconds between a kwok node's condition refreshes
+#   (hack/cluster-up.sh's MUSTER_KWOK_HEARTBEAT; 300,360 is the test clusters' setting)
+#   BENCH_SETTLE (120): after a path's last bind, wait up to this many seconds for the API
+#   server's writes to quiet down before the next path (its tail reported apart); 0: no wait
 #   BENCH_PROFILE=perf|heaptrack: record muster's CPU samples (perf record) or its heap
 #   (heaptrack attached; muster is then built with the system allocator, which heaptrack sees)
 #   during the whole run, into $MUSTER_CLUSTER_DIR/profile/
@@ -41,6 +45,7 @@ out=${BENCH_OUT:-$root/target/bench-e2e.json}
 timeout=${BENCH_TIMEOUT:-600}
 concurrency=${BENCH_CONCURRENCY:-16}
 rate=${BENCH_RATE:-0}
+settle=${BENCH_SETTLE:-120}
 apf=${BENCH_APF:-chart}
 case "$apf" in chart | none) ;; *) echo "bench-e2e: BENCH_APF must be chart or none" >&2; exit 2 ;; esac
 
@@ -74,7 +79,12 @@ trap 'exit 130' INT TERM
 # API Priority and Fairness on, with kube-apiserver's default seats (hack/cluster-up.sh turns it
 # off for the tests; the last of a repeated flag wins).
 apf_args="--enable-priority-and-fairness=true --max-requests-inflight=400 --max-mutating-requests-inflight=200"
-MUSTER_APISERVER_EXTRA_ARGS="$apf_args ${MUSTER_APISERVER_EXTRA_ARGS:-}" bench_cluster_up
+# kwok refreshes each node's conditions (a Node status write) every 300 to 360 s by default:
+# the 5,000 nodes made at once would all refresh within one minute, landing on whichever path
+# runs then (up to 3,900 Node writes in one path). Spread over 0 to 600 s, every path sees the
+# same steady rate, as the kubelets of a real cluster, which started at different times, make it.
+MUSTER_KWOK_HEARTBEAT=${BENCH_KWOK_HEARTBEAT:-0,600} \
+  MUSTER_APISERVER_EXTRA_ARGS="$apf_args ${MUSTER_APISERVER_EXTRA_ARGS:-}" bench_cluster_up
 grep -E "^feature-gates|^dropped|ready in" "$dir.cluster-up.log" >&2 || true
 for g in GenericWorkload WorkloadWithJob; do
   grep -q "^feature-gates.*$g=true" "$dir/features.txt" \
@@ -241,7 +251,7 @@ mkdir -p "$(dirname "$out")"
 rc=0
 "$muster" dev bench --kubeconfig "$dir/kubeconfig" --nodes "$nodes" --gangs "$gangs" --size "$size" \
   --paths "$paths" --muster-pid "$muster_pid" --muster-metrics-url "http://127.0.0.1:$metrics_port/metrics" \
-  --concurrency "$concurrency" --rate "$rate" --timeout "$timeout" --json-out "$out" \
+  --concurrency "$concurrency" --rate "$rate" --timeout "$timeout" --settle-timeout "$settle" --json-out "$out" \
   --user-kubeconfig "$dir/bench-user.kubeconfig" --user-namespace bench-user || rc=$?
 log "muster ran as the chart's ServiceAccount (BENCH_APF=$apf): $(apf_of "$dir/muster.kubeconfig")"
 # Requests the API server dispatched per FlowSchema and priority level over the whole run (not

@@ -19,6 +19,9 @@
 #   MUSTER_EXTRA_CONTROLLERS  more kube-controller-manager controllers, comma separated (the real
 #                         node's lane adds endpoints-controller,endpointslice-controller: Services
 #                         with pods behind them)
+#   MUSTER_KWOK_HEARTBEAT  MIN,MAX seconds: each kwok node refreshes its conditions (Node status)
+#                       after a delay drawn from [MIN, MAX] (default 300,360, as hack/kwok/stages.yaml
+#                       says); `0,600` spreads the refreshes of nodes made at once evenly in time
 #   MUSTER_CLUSTER_CRDS   CRD manifests (file or folder) installed before kube-controller-manager
 #                         starts, so its garbage collector knows them at once (default crds/; "" = none)
 #
@@ -310,7 +313,20 @@ start kube-controller-manager "$bin/kube-controller-manager" --kubeconfig="$kube
   --controllers="$controllers" --leader-elect=false --secure-port="$cm_port" "${serving[@]}" \
   --service-account-private-key-file="$pki/sa.key" --root-ca-file="$pki/ca.crt" \
   --kube-api-qps=200 --kube-api-burst=400 --feature-gates="$gates"
-start kwok "$bin/kwok" --kubeconfig="$kubeconfig" --config="$root/hack/kwok/stages.yaml" \
+stages=$root/hack/kwok/stages.yaml
+if [ -n "${MUSTER_KWOK_HEARTBEAT:-}" ]; then
+  IFS=, read -r hb_min hb_max <<< "$MUSTER_KWOK_HEARTBEAT"
+  [[ "$hb_min" =~ ^[0-9]+$ && "$hb_max" =~ ^[0-9]+$ && "$hb_min" -le "$hb_max" ]] \
+    || die "MUSTER_KWOK_HEARTBEAT must be MIN,MAX seconds (MIN <= MAX), not '$MUSTER_KWOK_HEARTBEAT'"
+  # The heartbeat stage's delay: the only `durationMilliseconds: 300000` and jitter lines.
+  heartbeat='^    (jitterD|d)urationMilliseconds: (300000|360000)$'
+  [ "$(grep -cE "$heartbeat" "$stages")" = 2 ] || die "MUSTER_KWOK_HEARTBEAT: no heartbeat delay found in $stages"
+  sed -e "s/^    durationMilliseconds: 300000$/    durationMilliseconds: $((hb_min * 1000))/" \
+    -e "s/^    jitterDurationMilliseconds: 360000$/    jitterDurationMilliseconds: $((hb_max * 1000))/" \
+    "$stages" > "$dir/kwok-stages.yaml"
+  stages=$dir/kwok-stages.yaml
+fi
+start kwok "$bin/kwok" --kubeconfig="$kubeconfig" --config="$stages" \
   --manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
   --cidr=10.0.0.0/16 --node-ip=10.0.0.1 --node-lease-duration-seconds=40 \
   --server-address="127.0.0.1:$kwok_port"

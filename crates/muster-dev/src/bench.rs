@@ -65,6 +65,11 @@ pub struct Args {
     /// Seconds a path (and the wait for Ready nodes) may take before it counts as timed out.
     #[arg(long, default_value_t = 600)]
     timeout: u64,
+    /// After a path's last bind, wait up to this many seconds for the API server to be quiet
+    /// (the path's pods turning ready and the statuses that follow, written) before the next
+    /// path starts; those writes are reported as the path's tail. 0: start the next at once.
+    #[arg(long, default_value_t = 120)]
+    settle_timeout: u64,
     /// Write every number as JSON to this file.
     #[arg(long)]
     json_out: Option<PathBuf>,

@@ -86,6 +86,17 @@ pub fn request_time(
         .collect()
 }
 
+/// Write kinds a cluster at rest goes on making (node and leader-election leases, node status):
+/// left out when [`busy_writes`] judges whether a path's tail is over.
+pub const AT_REST: [&str; 3] = ["PUT leases", "PATCH leases", "PATCH nodes/status"];
+
+/// PURE: the writes in `delta` (a [`request_delta`]) other than those of a cluster at rest
+/// ([`AT_REST`]): what a path's controllers, kube-scheduler, kwok's pod updates and muster
+/// still write after the path's last bind.
+pub fn busy_writes(delta: &[(String, f64)]) -> f64 {
+    delta.iter().filter(|(k, _)| !AT_REST.contains(&k.as_str())).map(|(_, n)| n).sum()
+}
+
 /// The API server's request counts, seconds and conflicts by kind now, from its `/metrics`
 /// (`None` when it cannot be read).
 pub(super) async fn api_requests(client: &Client) -> Option<ApiRequests> {
@@ -133,6 +144,20 @@ mod tests {
             (&request_counts(&before), &request_counts(&after)),
         );
         assert_eq!(time, vec![("POST musterjobs".to_string(), 50.0, 0.5)], "no time spent: left out");
+    }
+
+    #[test]
+    fn a_cluster_at_rest_writes_only_leases_and_node_status() {
+        let delta = |rows: &[(&str, f64)]| rows.iter().map(|(k, n)| (k.to_string(), *n)).collect::<Vec<_>>();
+        assert_eq!(
+            busy_writes(&delta(&[("PUT leases", 900.0), ("PATCH nodes/status", 40.0), ("PATCH leases", 2.0)])),
+            0.0
+        );
+        assert_eq!(
+            busy_writes(&delta(&[("PUT leases", 900.0), ("APPLY musterjobs/status", 7.0), ("PATCH pods/status", 3.0)])),
+            10.0
+        );
+        assert_eq!(busy_writes(&[]), 0.0);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 use muster_api::MusterJob;
 
-use super::apiserver::{api_requests, request_delta, request_time};
+use super::apiserver::{api_requests, busy_writes, request_delta, request_time};
 use super::manifests::gang_manifest;
 use super::muster_metrics::fetch_metrics;
 use super::procfs::{
@@ -57,6 +57,31 @@ async fn create_gang(client: &Client, path: BenchPath, ns: &str, name: &str, siz
             }
         }
     }
+}
+
+/// The window over which the API server's writes are counted while a path's tail settles.
+const SETTLE_WINDOW: Duration = Duration::from_secs(3);
+/// The write rate (a cluster at rest's writes left out) under which a path's tail is over.
+const QUIET_WRITES_PER_S: f64 = 5.0;
+
+/// Waits after a path's last bind until the API server's writes, a cluster at rest's left out
+/// ([`busy_writes`]), stay under [`QUIET_WRITES_PER_S`] for one [`SETTLE_WINDOW`], or `limit`
+/// passed: returns the seconds that took and every write meanwhile (`None` and nothing when
+/// the API server's /metrics could not be read).
+async fn settle(client: &Client, limit: Duration) -> (Option<f64>, Vec<(String, f64)>) {
+    let t0 = Instant::now();
+    let Some(first) = api_requests(client).await else { return (None, Vec::new()) };
+    let mut last = first.counts.clone();
+    loop {
+        tokio::time::sleep(SETTLE_WINDOW).await;
+        let Some(now) = api_requests(client).await else { break };
+        let busy = busy_writes(&request_delta(&last, &now.counts));
+        last = now.counts;
+        if busy < QUIET_WRITES_PER_S * SETTLE_WINDOW.as_secs_f64() || t0.elapsed() >= limit {
+            break;
+        }
+    }
+    (Some(t0.elapsed().as_secs_f64()), request_delta(&first.counts, &last))
 }
 
 pub(super) async fn run_path(
@@ -181,6 +206,11 @@ pub(super) async fn run_path(
         None => None,
     };
     watch.abort();
+    let (settle_s, tail_writes) = if args.settle_timeout > 0 && !timed_out {
+        settle(client, Duration::from_secs(args.settle_timeout)).await
+    } else {
+        (None, Vec::new())
+    };
 
     let (pods, pods_with_scheduling_group) = pod_times(&log, t0);
     let muster = is_muster.then(|| {
@@ -219,6 +249,8 @@ pub(super) async fn run_path(
         api_time,
         api_conflicts,
         cpu_s_by_process,
+        settle_s,
+        tail_writes,
         muster,
         user: user_samples.as_deref().map(user_latency),
     })

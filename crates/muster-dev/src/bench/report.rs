@@ -76,6 +76,15 @@ pub struct PathReport {
     /// CPU went.
     #[serde(default)]
     pub cpu_s_by_process: Vec<(String, f64)>,
+    /// Seconds from the path's last bind until the API server was quiet (its writes, a cluster
+    /// at rest's left out, under `QUIET_WRITES_PER_S` over a window; at most `--settle-timeout`):
+    /// the next path starts then, so it does not pay for this one's tail. None: not waited for.
+    #[serde(default)]
+    pub settle_s: Option<f64>,
+    /// The writes the API server served in that time, by kind, largest first (pods turning
+    /// ready, the statuses that follow them): what the path costs after its last bind.
+    #[serde(default)]
+    pub tail_writes: Vec<(String, f64)>,
     /// muster path only.
     pub muster: Option<MusterNumbers>,
     /// The ordinary user's ConfigMap creates during the path (None without `--user-kubeconfig`).

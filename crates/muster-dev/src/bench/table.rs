@@ -116,6 +116,20 @@ pub fn format_table(report: &Report) -> String {
     top_lines(
         &mut out,
         report,
+        |p| &p.tail_writes,
+        |(_, n)| *n,
+        |p, (k, n)| format!("{k} {:.2}", n / p.pods_expected.max(1) as f64),
+        |p, total| {
+            format!(
+                "after its last bind, {total:.0} API writes ({:.2} per pod) in the {} s until the API server was quiet",
+                total / p.pods_expected.max(1) as f64,
+                opt(p.settle_s, 1)
+            )
+        },
+    );
+    top_lines(
+        &mut out,
+        report,
         |p| &p.api_conflicts,
         |(_, n)| *n,
         |_, (k, n)| format!("{k} {n:.0}"),
@@ -239,6 +253,19 @@ mod tests {
         // Without a user, its columns say '-' and there is no user section.
         assert!(line("plain ").split_whitespace().filter(|w| *w == "-").count() >= 2, "{table}");
         assert!(!table.contains("an ordinary user's requests"), "{table}");
+        assert!(!table.contains("after its last bind"), "no tail measured, none told: {table}");
+
+        let mut with_tail = report.clone();
+        with_tail.paths[0].settle_s = Some(7.5);
+        with_tail.paths[0].tail_writes = vec![("PUT jobs/status".into(), 3.0), ("PUT leases".into(), 9.0)];
+        let table = format_table(&with_tail);
+        assert!(
+            table.contains(
+                "plain path: after its last bind, 12 API writes (2.00 per pod) in the 7.5 s until the API server \
+                 was quiet: PUT jobs/status 0.50, PUT leases 1.50"
+            ),
+            "{table}"
+        );
 
         let mut with_user = report.clone();
         with_user.user_identity = Some("system:serviceaccount:bench-user:bench-user".into());
