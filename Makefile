@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BIN_DIR = $(shell bash tools/k8s/bindir.sh)
 
-.PHONY: plugin all build release host-deps host-deps-demo host-deps-real test unit e2e e2e-real e2e-jobs e2e-placement e2e-compat chaos e2e-rbac e2e-service chart-lint chart-test crds crds-check fmt clippy bench bench-e2e bench-agents controlplane cluster-up cluster-down run demo demo-down demo-check docs docs-ref docs-check
+.PHONY: plugin all build release host-deps host-deps-demo host-deps-real test test-rest unit e2e e2e-real e2e-jobs e2e-placement e2e-compat chaos e2e-rbac e2e-service chart-lint chart-test crds crds-check fmt clippy bench bench-e2e bench-agents controlplane cluster-up cluster-down run demo demo-down demo-check docs docs-ref docs-check
 
 all: build
 
@@ -28,19 +28,27 @@ host-deps-real:
 ## real control plane (the e2e suite, its controller tests again with muster as the chart's
 ## ServiceAccount, the webhooks through their Service, then the chart on a control plane of its
 ## own, then the demo in both modes). host-deps comes first, so a missing package stops it
-## before anything is built.
+## before anything is built. To stay within 15 minutes warm, it leaves out the e2e tests in
+## E2E_LONG and runs e2e-rbac's short set (E2E_RBAC_SHORT); `make test-rest` runs what it left
+## out, and CI (.ci/run) runs both.
 test: host-deps
 	$(MAKE) crds-check chart-lint
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) test --lib --bins
 	$(MAKE) docs-check
-	$(MAKE) e2e
-	$(MAKE) e2e-rbac
+	$(MAKE) e2e E2E_ARGS="$(addprefix --skip ,$(E2E_LONG))"
+	$(MAKE) e2e-rbac E2E_RBAC_SET="$(E2E_RBAC_SHORT)"
 	$(MAKE) e2e-service
 	$(MAKE) chart-test
 	MUSTER_DEMO_PROFILE=debug $(MAKE) demo-check
 	MUSTER_DEMO_PROFILE=debug $(MAKE) demo-check MODE=upstream
+
+## What `make test` leaves out for time: the e2e tests in E2E_LONG (each the second disruption
+## mode of a rollback cause whose other mode `make test` runs), then every e2e-rbac test.
+test-rest:
+	$(MAKE) e2e E2E_ARGS="$(E2E_LONG)"
+	$(MAKE) e2e-rbac
 
 unit:
 	$(CARGO) test --lib --bins
@@ -61,8 +69,13 @@ PD_SHORT = anti-affinity-one-per-node,anti-affinity-one-per-rack-too-many,affini
 ## The Job differential (tests/e2e/job_semantics.rs: batch/v1 Job vs MusterJob, all 44
 ## scenarios, about 90 s) and the JobSet scenarios run in full here; `make e2e-jobs` runs only
 ## them, and `MUSTER_JOB_DIFF=name,...` a subset of the differential.
+## E2E_ARGS: libtest arguments (test name filters, `--skip NAME`). E2E_LONG: the slowest tests
+## whose cause another test covers in the other disruption mode (about a minute of the suite's
+## wall time at 4 threads); `make test` skips them, `make test-rest` runs them.
+E2E_ARGS ?=
+E2E_LONG = rollback::unmodelled_volume_limit_rolls_back_and_waits_all rollback::node_deleted_after_pinning_rolls_back_all rollback::capacity_taken_before_binding_rolls_back_single
 e2e: controlplane plugin
-	MUSTER_PD_SCENARIOS=$${MUSTER_PD_SCENARIOS:-$(PD_SHORT)} MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test -p muster --test e2e -- --test-threads=4; rc=$$?; \
+	MUSTER_PD_SCENARIOS=$${MUSTER_PD_SCENARIOS:-$(PD_SHORT)} MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test -p muster --test e2e -- --test-threads=4 $(E2E_ARGS); rc=$$?; \
 	for d in target/e2e-cluster-*; do \
 	  [ -d "$$d" ] && [ ! -e "/proc/$${d##*-}" ] && MUSTER_CLUSTER_DIR="$$d" bash hack/cluster-down.sh > /dev/null 2>&1; \
 	done; exit $$rc
@@ -118,9 +131,31 @@ chaos: controlplane
 ## The controller and webhook e2e tests again, with muster running as the Helm chart's
 ## ServiceAccount against the chart's RBAC and webhook configurations (tests/e2e/harness/rbac.rs);
 ## then hack/e2e-rbac-check.sh fails if the apiserver refused muster anything.
+## E2E_RBAC_SHORT (what `make test` runs, about a quarter of the tests' time): per module the
+## tests that reach each kind of request muster makes (compile, gate, pin, roll back and
+## recreate, GPU indices, preempt, events, status, JobSet children, upstream objects, claims,
+## limits), leaving out the slow ones whose requests another test makes too.
 E2E_RBAC_TESTS = jobs:: webhook:: admission:: gpus:: differential:: upstream:: preemption:: hostile::
+E2E_RBAC_SHORT = \
+  admission::a_gang_that_fits_is_admitted_whole admission::a_composite_gang_is_admitted_only_when_every_child_fits \
+  admission::a_pinned_pod_that_cannot_bind_rolls_the_attempt_back admission::a_gang_too_big_binds_nothing_says_why \
+  gpus::gangs_admitted_together_get_disjoint_gpu_indices gpus::a_gpu_pod_bound_without_muster_still_gets_free_indices \
+  gpus::gpu_gauges_and_conflicts_are_on_metrics gpus::a_finished_pod_frees_its_gpus_for_the_next_pod \
+  preemption::a_high_priority_gang_preempts_lower_gangs_wholly preemption::a_pod_muster_does_not_manage_is_preempted \
+  preemption::the_room_a_preemption_frees_is_held \
+  upstream::upstream_claims_are_allocated_by_kube_scheduler upstream::an_upstream_musterjobset_is_admitted_by_kube_scheduler \
+  jobs::jobset_compiles_a_composite_tree_and_child_jobs jobs::min_count_and_parallelism_changes_reach \
+  jobs::metrics_count_reconciles_errors_and_durations jobs::a_failed_child_restarts_the_set \
+  jobs::forged_delegation_joins_no_set jobs::succeeded_pods_complete_the_job jobs::a_jobset_template_resize_reaches \
+  webhook::the_examples_are_admitted webhook::labelled_pods_are_gated webhook::pods_that_cannot_join_a_podgroup \
+  webhook::compiled_workloads_and_podgroups_refuse webhook::a_hand_made_pod_groups_priority \
+  webhook::with_muster_stopped_only_opted_in_objects_are_refused \
+  hostile::a_lowered_cluster_limit_refuses_new_jobs hostile::gpu_indices_on_a_pod_asking_for_no_gpu \
+  hostile::muster_keys_in_a_pod_template_are_refused hostile::a_tenant_cannot_remove_the_admission_gate \
+  differential::jobs_and_upstream_musterjobs_compile differential::jobs_and_musterjobs_compile_to_the_same_workload
+E2E_RBAC_SET ?= $(E2E_RBAC_TESTS)
 e2e-rbac: controlplane plugin
-	MUSTER_E2E_RBAC=chart MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test -p muster --test e2e -- --test-threads=4 $(E2E_RBAC_TESTS); rc=$$?; \
+	MUSTER_E2E_RBAC=chart MUSTER_K8S_BIN=$(BIN_DIR) $(CARGO) test -p muster --test e2e -- --test-threads=4 $(E2E_RBAC_SET); rc=$$?; \
 	bash hack/e2e-rbac-check.sh "$$(ls -td target/e2e-cluster-*/ | head -1)" || rc=1; \
 	for d in target/e2e-cluster-*; do \
 	  [ -d "$$d" ] && [ ! -e "/proc/$${d##*-}" ] && MUSTER_CLUSTER_DIR="$$d" bash hack/cluster-down.sh > /dev/null 2>&1; \
