@@ -340,8 +340,16 @@ pub fn gang_jobs(lane: &Lane) -> Result<String, String> {
     let mut truths = Vec::new();
     for p in &pods {
         let pod = name(p);
+        // gang-fail's failure deletes its other pod (below): one listed while being deleted
+        // may be gone before its log is read, and was stopped, not ended by its script.
+        let deleting = pod.starts_with("gang-fail") && !p["metadata"]["deletionTimestamp"].is_null();
         let exit = p["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"].as_i64().unwrap_or(-1);
-        let log = lane.kubectl(&["-n", JOBS_NS, "logs", &pod])?;
+        let log = match lane.kubectl(&["-n", JOBS_NS, "logs", &pod]) {
+            Ok(log) if !deleting => log,
+            Ok(_) => continue,
+            Err(e) if pod.starts_with("gang-fail") && e.contains("NotFound") => continue,
+            Err(e) => return Err(e),
+        };
         let value =
             |key: &str| log.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix('=')).unwrap_or("").to_string();
         let kubelet: BTreeSet<u32> = value("NVIDIA_VISIBLE_DEVICES")
