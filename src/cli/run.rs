@@ -250,6 +250,7 @@ impl Args {
             resync: Duration::from_secs(self.webhook_resync.max(1)),
             max_job_pods: self.max_job_pods,
             max_in_flight: crate::webhook::MAX_IN_FLIGHT,
+            scheduling_api: self.scheduling_api.requested(),
         }))
     }
 

@@ -22,6 +22,8 @@ pub const VALIDATE_BATCH: &str = "validate.batch.muster.dev";
 pub const VALIDATE_SCHEDULING: &str = "validate.scheduling.muster.dev";
 /// Webhook gating pods that join a PodGroup.
 pub const MUTATE_PODS: &str = "gate.pods.muster.dev";
+/// Webhook recording the scheduling API of a MusterJob or MusterJobSet.
+pub const RECORD_API: &str = "api.batch.muster.dev";
 /// Seconds the apiserver waits for muster.
 pub const TIMEOUT_SECONDS: i32 = 5;
 
@@ -177,7 +179,8 @@ pub fn validating_configuration(
     }
 }
 
-/// The MutatingWebhookConfiguration gating pods labelled with a PodGroup.
+/// The MutatingWebhookConfiguration: pods labelled with a PodGroup are gated, and a MusterJob
+/// or MusterJobSet gets the scheduling API it compiles to recorded at creation.
 pub fn mutating_configuration(
     endpoint: &Endpoint,
     ca: Option<&str>,
@@ -186,29 +189,47 @@ pub fn mutating_configuration(
 ) -> MutatingWebhookConfiguration {
     MutatingWebhookConfiguration {
         metadata: ObjectMeta { name: Some(MUTATING_NAME.into()), ..Default::default() },
-        webhooks: Some(vec![MutatingWebhook {
-            name: MUTATE_PODS.into(),
-            admission_review_versions: vec!["v1".into()],
-            client_config: client_config(endpoint, "/mutate", ca),
-            match_conditions: own_requests_skipped(own_user),
-            // The objectSelector limits this to pods that opted in; letting them through
-            // ungated while muster is down would start half gangs.
-            failure_policy: Some("Fail".into()),
-            match_policy: Some("Equivalent".into()),
-            namespace_selector: Some(namespace_selector(own_namespace)),
-            object_selector: Some(LabelSelector {
-                match_expressions: Some(vec![LabelSelectorRequirement {
-                    key: POD_GROUP_LABEL.into(),
-                    operator: "Exists".into(),
-                    values: None,
-                }]),
-                match_labels: None,
-            }),
-            reinvocation_policy: Some("IfNeeded".into()),
-            rules: Some(vec![rule("", &["pods"], &["CREATE"])]),
-            side_effects: "None".into(),
-            timeout_seconds: Some(TIMEOUT_SECONDS),
-        }]),
+        webhooks: Some(vec![
+            MutatingWebhook {
+                name: MUTATE_PODS.into(),
+                admission_review_versions: vec!["v1".into()],
+                client_config: client_config(endpoint, "/mutate", ca),
+                match_conditions: own_requests_skipped(own_user),
+                // The objectSelector limits this to pods that opted in; letting them through
+                // ungated while muster is down would start half gangs.
+                failure_policy: Some("Fail".into()),
+                match_policy: Some("Equivalent".into()),
+                namespace_selector: Some(namespace_selector(own_namespace)),
+                object_selector: Some(LabelSelector {
+                    match_expressions: Some(vec![LabelSelectorRequirement {
+                        key: POD_GROUP_LABEL.into(),
+                        operator: "Exists".into(),
+                        values: None,
+                    }]),
+                    match_labels: None,
+                }),
+                reinvocation_policy: Some("IfNeeded".into()),
+                rules: Some(vec![rule("", &["pods"], &["CREATE"])]),
+                side_effects: "None".into(),
+                timeout_seconds: Some(TIMEOUT_SECONDS),
+            },
+            MutatingWebhook {
+                name: RECORD_API.into(),
+                admission_review_versions: vec!["v1".into()],
+                client_config: client_config(endpoint, "/mutate", ca),
+                match_conditions: own_requests_skipped(own_user),
+                // The controller records the API itself on a job's first sync when this did not (it
+                // saves a write per job), so a webhook that cannot answer refuses nothing.
+                failure_policy: Some("Ignore".into()),
+                match_policy: Some("Equivalent".into()),
+                namespace_selector: Some(namespace_selector(own_namespace)),
+                object_selector: None,
+                reinvocation_policy: Some("Never".into()),
+                rules: Some(vec![rule("batch.muster.dev", &["musterjobs", "musterjobsets"], &["CREATE", "UPDATE"])]),
+                side_effects: "None".into(),
+                timeout_seconds: Some(TIMEOUT_SECONDS),
+            },
+        ]),
     }
 }
 
@@ -236,12 +257,25 @@ mod tests {
             assert_eq!(w.client_config.service.as_ref().and_then(|s| s.path.as_deref()), Some("/validate"));
         }
         let m = mutating_configuration(&Endpoint::Url("https://127.0.0.1:9443/".into()), None, "muster-system", None);
-        let w = &m.webhooks.expect("webhooks")[0];
+        let w = &m.webhooks.as_ref().expect("webhooks")[0];
         assert_eq!(w.client_config.url.as_deref(), Some("https://127.0.0.1:9443/mutate"));
         let obj = w.object_selector.as_ref().and_then(|s| s.match_expressions.as_ref()).expect("object selector");
         assert_eq!((obj[0].key.as_str(), obj[0].operator.as_str()), (POD_GROUP_LABEL, "Exists"));
         assert_eq!(w.rules.as_ref().map(|r| r[0].operations.clone()), Some(Some(vec!["CREATE".to_string()])));
         assert_eq!(w.match_conditions, None, "no identity known: every request is reviewed");
+        // The API record: muster's job kinds only, every one of them (no object selector), and
+        // a webhook that cannot answer refuses nothing (the controller records it then).
+        let w = &m.webhooks.as_ref().expect("webhooks")[1];
+        assert_eq!(w.name, RECORD_API);
+        assert_eq!(w.failure_policy.as_deref(), Some("Ignore"));
+        assert_eq!(w.object_selector, None);
+        assert_eq!(w.client_config.url.as_deref(), Some("https://127.0.0.1:9443/mutate"));
+        let rule = &w.rules.as_ref().expect("rules")[0];
+        assert_eq!(rule.api_groups, Some(vec!["batch.muster.dev".to_string()]));
+        assert_eq!(rule.resources, Some(vec!["musterjobs".to_string(), "musterjobsets".to_string()]));
+        assert_eq!(rule.operations, Some(vec!["CREATE".to_string(), "UPDATE".to_string()]));
+        let sel = w.namespace_selector.as_ref().and_then(|s| s.match_expressions.as_ref()).expect("selector");
+        assert_eq!(sel[0].values.as_deref(), Some(&["muster-system".to_string(), "kube-system".to_string()][..]));
     }
 
     #[test]
@@ -257,7 +291,7 @@ mod tests {
             all
         };
         let with_sa = conditions(Some(sa));
-        assert_eq!(with_sa.len(), 3, "two validating webhooks and the pod gate");
+        assert_eq!(with_sa.len(), 4, "two validating webhooks, the pod gate and the API record");
         for c in &with_sa {
             let c = c.as_deref().unwrap_or_else(|| panic!("a condition on every webhook"));
             assert_eq!(c.len(), 1);

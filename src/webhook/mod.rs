@@ -27,6 +27,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use serde_json::json;
 
 use crate::controllers::metrics::{Metrics, PathLabels, WebhookLabels};
+use crate::workloadbuilder::native::SchedulingApi;
 use config::Endpoint;
 use review::Outcome;
 
@@ -74,6 +75,9 @@ pub struct WebhookOptions {
     pub max_job_pods: u32,
     /// The most admission reviews handled at once ([`MAX_IN_FLIGHT`]).
     pub max_in_flight: usize,
+    /// The scheduling API new MusterJobs compile to (`--scheduling-api`; `None`: `auto`), which
+    /// `/mutate` records on a new job where the flag alone decides it.
+    pub scheduling_api: Option<SchedulingApi>,
 }
 
 impl WebhookOptions {
@@ -103,6 +107,8 @@ struct AppState {
     max_job_pods: u32,
     /// The most reviews handled at once.
     max_in_flight: usize,
+    /// `--scheduling-api`, for `/mutate`.
+    scheduling_api: Option<SchedulingApi>,
     /// The PriorityClasses a group's `spec.priority` is checked against (none in unit tests).
     priorities: Option<Arc<(Client, crate::controllers::context::Priorities)>>,
 }
@@ -173,7 +179,8 @@ fn router(state: AppState) -> Router {
         .route(
             "/mutate",
             post(|State(s): State<AppState>, Json(r): Json<AdmissionReview<DynamicObject>>| async move {
-                handle(&s, "/mutate", r, review::mutate).await
+                let api = s.scheduling_api;
+                handle(&s, "/mutate", r, |req| review::mutate_within(req, api)).await
             }),
         )
         .layer(DefaultBodyLimit::max(MAX_REVIEW_BYTES));
@@ -323,6 +330,7 @@ pub async fn serve(
                 ready: ready.clone(),
                 max_job_pods: opts.max_job_pods,
                 max_in_flight: opts.max_in_flight,
+                scheduling_api: opts.scheduling_api,
                 priorities: Some(Arc::new((client.clone(), Default::default()))),
             })
             .into_make_service(),
@@ -380,6 +388,7 @@ mod tests {
             ready: Arc::new(AtomicBool::new(true)),
             max_job_pods,
             max_in_flight,
+            scheduling_api: Some(SchedulingApi::Muster),
             priorities: None,
         })
     }

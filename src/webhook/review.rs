@@ -1,6 +1,7 @@
 //! PURE: the admission decisions. Validation of muster's kinds with the workloadbuilder's rules
-//! (every error with its field path), and the pod mutation that adds the admission gate to pods
-//! joining a PodGroup. AdmissionRequest in, AdmissionResponse out.
+//! (every error with its field path), the pod mutation that adds the admission gate to pods
+//! joining a PodGroup, and the job mutation that records the scheduling API a MusterJob or
+//! MusterJobSet compiles to. AdmissionRequest in, AdmissionResponse out.
 
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
@@ -11,6 +12,7 @@ use crate::crds::{ADMISSION_GATE, CompositePodGroup, MusterJob, MusterJobSet, PO
 use crate::scheduler::unmodelled;
 use crate::workloadbuilder::field::{ErrorList, FieldPath, is_dns_subdomain};
 use crate::workloadbuilder::job::{MAX_JOB_PODS, job_size_errors, jobset_size_errors, validate_job, validate_jobset};
+use crate::workloadbuilder::native::{SchedulingApi, api_to_record};
 use crate::workloadbuilder::objects::{
     validate_composite_pod_group, validate_pod_group, validate_priority, validate_workload,
 };
@@ -237,6 +239,67 @@ fn validate_rules(req: &AdmissionRequest<DynamicObject>, max_job_pods: u32) -> (
     }
 }
 
+/// `/mutate`: [`mutate`] for pods, [`record_scheduling_api`] for MusterJobs and MusterJobSets
+/// (`default_api`: `--scheduling-api`, `None` for `auto`).
+pub fn mutate_within(
+    req: &AdmissionRequest<DynamicObject>,
+    default_api: Option<SchedulingApi>,
+) -> (AdmissionResponse, Outcome) {
+    match (req.kind.group.as_str(), req.kind.kind.as_str()) {
+        ("batch.muster.dev", "MusterJob" | "MusterJobSet") => record_scheduling_api(req, default_api),
+        _ => mutate(req),
+    }
+}
+
+/// A MusterJob or MusterJobSet gets the scheduling API it compiles to recorded in its
+/// annotation `batch.muster.dev/scheduling-api` where that needs nothing but the flag, and keeps
+/// a recorded one an update drops ([`api_to_record`]); anything else is admitted unchanged and
+/// left to the validating webhook and the controller.
+pub fn record_scheduling_api(
+    req: &AdmissionRequest<DynamicObject>,
+    default_api: Option<SchedulingApi>,
+) -> (AdmissionResponse, Outcome) {
+    let resp = AdmissionResponse::from(req);
+    if !matches!(req.operation, Operation::Create | Operation::Update) {
+        return (resp, Outcome::Allowed);
+    }
+    let Some(obj) = req.object.as_ref() else { return (resp, Outcome::Allowed) };
+    let api_of = |o: &DynamicObject| {
+        o.metadata.annotations.as_ref().and_then(|a| a.get(crate::crds::SCHEDULING_API_ANNOTATION)).cloned()
+    };
+    let old = match req.operation {
+        Operation::Update => req.old_object.as_ref().and_then(api_of),
+        _ => None,
+    };
+    let Some(value) = api_to_record(old.as_deref(), api_of(obj).as_deref(), default_api) else {
+        return (resp, Outcome::Allowed);
+    };
+    // `/` in a key is `~1` in a JSON pointer.
+    let key = crate::crds::SCHEDULING_API_ANNOTATION.replace('~', "~0").replace('/', "~1");
+    let op = match obj.metadata.annotations {
+        Some(_) => serde_json::json!({"op": "add", "path": format!("/metadata/annotations/{key}"), "value": value}),
+        None => serde_json::json!({"op": "add", "path": "/metadata/annotations",
+                                   "value": {crate::crds::SCHEDULING_API_ANNOTATION: value}}),
+    };
+    patched(req, resp, op)
+}
+
+/// `resp` with the JSON patch of the one operation `op`.
+fn patched(
+    req: &AdmissionRequest<DynamicObject>,
+    resp: AdmissionResponse,
+    op: serde_json::Value,
+) -> (AdmissionResponse, Outcome) {
+    let patch: json_patch::Patch = match serde_json::from_value(serde_json::json!([op])) {
+        Ok(p) => p,
+        Err(e) => return (resp.deny(format!("internal error building the patch: {e}")), Outcome::Denied),
+    };
+    match resp.with_patch(patch) {
+        Ok(r) => (r, Outcome::Patched),
+        Err(e) => (AdmissionResponse::from(req).deny(format!("internal error: {e}")), Outcome::Denied),
+    }
+}
+
 /// `/mutate`: a pod created with the PodGroup label gets the admission gate (if missing); a
 /// malformed label value is refused with a clear message.
 pub fn mutate(req: &AdmissionRequest<DynamicObject>) -> (AdmissionResponse, Outcome) {
@@ -285,14 +348,7 @@ pub fn mutate(req: &AdmissionRequest<DynamicObject>) -> (AdmissionResponse, Outc
         Some(_) => serde_json::json!({"op": "add", "path": "/spec/schedulingGates/-", "value": gate}),
         None => serde_json::json!({"op": "add", "path": "/spec/schedulingGates", "value": [gate]}),
     };
-    let patch: json_patch::Patch = match serde_json::from_value(serde_json::json!([op])) {
-        Ok(p) => p,
-        Err(e) => return (resp.deny(format!("internal error building the patch: {e}")), Outcome::Denied),
-    };
-    match resp.with_patch(patch) {
-        Ok(r) => (r, Outcome::Patched),
-        Err(e) => (AdmissionResponse::from(req).deny(format!("internal error: {e}")), Outcome::Denied),
-    }
+    patched(req, resp, op)
 }
 
 #[cfg(test)]

@@ -17,7 +17,9 @@ use kube::api::{Api, PostParams};
 use muster::crds::{ADMISSION_GATE, MusterJob, POD_GROUP_LABEL};
 use muster::webhook::FIELD_MANAGER;
 use muster::webhook::certs::from_secret;
-use muster::webhook::config::{MUTATE_PODS, MUTATING_NAME, VALIDATE_BATCH, VALIDATE_SCHEDULING, VALIDATING_NAME};
+use muster::webhook::config::{
+    MUTATE_PODS, MUTATING_NAME, RECORD_API, VALIDATE_BATCH, VALIDATE_SCHEDULING, VALIDATING_NAME,
+};
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
@@ -85,6 +87,9 @@ impl Drop for DeleteConfigurations {
     }
 }
 
+/// The names of muster's webhooks, sorted.
+const WEBHOOKS: [&str; 4] = [RECORD_API, MUTATE_PODS, VALIDATE_BATCH, VALIDATE_SCHEDULING];
+
 /// Every clientConfig of muster's two configurations, with the webhook's name and the path it
 /// must call; `None` while either is missing.
 async fn client_configs() -> Option<Vec<(String, &'static str, WebhookClientConfig)>> {
@@ -131,7 +136,7 @@ async fn wait_until_served(muster: &mut GuestMuster, service: &ServiceRef, secre
         };
         waiting_for = "both configurations naming the Service, with muster's CA".into();
         let Some(configs) = client_configs().await else { continue };
-        let current = configs.len() == 3
+        let current = configs.len() == WEBHOOKS.len()
             && configs.iter().all(|(_, path, c)| {
                 names_service(c, service, path) && c.ca_bundle.as_ref().is_some_and(|b| b.0 == bundle.ca_pem.as_bytes())
             });
@@ -198,7 +203,7 @@ async fn assert_configurations(service: &ServiceRef, ca: &str) {
     let configs = client_configs().await.expect("muster's webhook configurations");
     let mut names: Vec<&str> = configs.iter().map(|(n, _, _)| n.as_str()).collect();
     names.sort();
-    assert_eq!(names, [MUTATE_PODS, VALIDATE_BATCH, VALIDATE_SCHEDULING]);
+    assert_eq!(names, WEBHOOKS);
     for (name, path, config) in &configs {
         assert!(names_service(config, service, path), "{name}: {config:?} does not call {service:?}{path}");
         assert_eq!(config.ca_bundle.as_ref().map(|b| b.0.as_slice()), Some(ca.as_bytes()), "{name}: caBundle");

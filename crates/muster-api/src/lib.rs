@@ -50,9 +50,10 @@ pub const ROLLED_BACK_ANNOTATION: &str = "scheduling.muster.dev/rolled-back";
 /// Pod annotation with the completion index of an Indexed MusterJob.
 pub const COMPLETION_INDEX_ANNOTATION: &str = "batch.muster.dev/job-completion-index";
 /// MusterJob annotation: the scheduling API its groups are compiled to, `muster` or
-/// `upstream` (see `--scheduling-api`). Set by the job controller when it first syncs the job
-/// (or by the user at creation, to choose for that job), and never changed after: a job keeps
-/// the API it started with whatever the flag says later.
+/// `upstream` (see `--scheduling-api`). Set at creation by muster's mutating webhook where the
+/// flag is `muster`, else by the job controller when it first syncs the job (or by the user at
+/// creation, to choose for that job), and never changed after: a job keeps the API it started
+/// with whatever the flag says later (an update dropping it gets it back from the webhook).
 pub const SCHEDULING_API_ANNOTATION: &str = "batch.muster.dev/scheduling-api";
 /// Label with the name of the MusterJob owning a pod.
 pub const JOB_NAME_LABEL: &str = "batch.muster.dev/job-name";

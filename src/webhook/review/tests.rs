@@ -381,3 +381,91 @@ fn a_hand_made_groups_priority_must_be_its_class_value() {
     assert_eq!(group_priority(&job_request("CREATE", job("j", 1, json!({})), None)), None);
     assert_eq!(group_priority(&group("CREATE", pod_group(Some(3), None), None)), Some((3, None)));
 }
+
+/// `object` with the patch of `resp` applied, as the API server applies it.
+fn applied(object: &Value, resp: &AdmissionResponse) -> Value {
+    let patch: json_patch::Patch = serde_json::from_value(patch_of(resp)).expect("a JSON patch");
+    let mut out = object.clone();
+    json_patch::patch(&mut out, &patch).expect("the patch applies");
+    out
+}
+
+#[test]
+fn a_new_job_gets_the_flags_api_recorded_where_the_flag_alone_decides() {
+    use crate::crds::SCHEDULING_API_ANNOTATION as KEY;
+    let gang = json!({"schedulingPolicy": {"gang": {"minCount": 2}}});
+    let bare = job("train", 2, gang.clone());
+    let mut annotated = bare.clone();
+    annotated["metadata"]["annotations"] = json!({"team": "a"});
+    for object in [bare.clone(), annotated] {
+        let (resp, outcome) = mutate_within(&job_request("CREATE", object.clone(), None), Some(SchedulingApi::Muster));
+        assert_eq!(outcome, Outcome::Patched);
+        let out = applied(&object, &resp);
+        assert_eq!(out["metadata"]["annotations"][KEY], "muster", "{out}");
+        if object["metadata"]["annotations"]["team"] == "a" {
+            assert_eq!(out["metadata"]["annotations"]["team"], "a", "other annotations are kept: {out}");
+        }
+        // What the webhook recorded passes the validating webhook.
+        let (resp, _) = validate(&job_request("CREATE", out, None));
+        assert!(resp.allowed, "{:?}", resp.result);
+    }
+    // `auto` and `upstream` need what only the controller knows: nothing is written.
+    for default in [None, Some(SchedulingApi::Upstream)] {
+        let (resp, outcome) = mutate_within(&job_request("CREATE", bare.clone(), None), default);
+        assert!(resp.allowed && resp.patch.is_none(), "{default:?}");
+        assert_eq!(outcome, Outcome::Allowed);
+    }
+    // A job choosing its own API keeps it.
+    let mut chosen = bare.clone();
+    chosen["metadata"]["annotations"] = json!({KEY: "upstream"});
+    let (resp, _) = mutate_within(&job_request("CREATE", chosen, None), Some(SchedulingApi::Muster));
+    assert!(resp.allowed && resp.patch.is_none());
+    // A MusterJobSet too.
+    let set = json!({
+        "apiVersion": "batch.muster.dev/v1alpha1", "kind": "MusterJobSet",
+        "metadata": {"name": "sweep", "namespace": "team-a"},
+        "spec": {"replicatedJobs": []}
+    });
+    let req = request("batch.muster.dev", "MusterJobSet", "musterjobsets", "CREATE", set.clone(), None);
+    let (resp, outcome) = mutate_within(&req, Some(SchedulingApi::Muster));
+    assert_eq!(outcome, Outcome::Patched);
+    assert_eq!(applied(&set, &resp)["metadata"]["annotations"][KEY], "muster");
+    // Other kinds of muster's are not touched; a pod still gets its gate.
+    let group = json!({"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": "PodGroup",
+                       "metadata": {"name": "g", "namespace": "team-a"}, "spec": {}});
+    let req = request("scheduling.muster.dev", "PodGroup", "podgroups", "CREATE", group, None);
+    assert!(mutate_within(&req, Some(SchedulingApi::Muster)).0.patch.is_none());
+    let pod = pod(json!({POD_GROUP_LABEL: "train"}), json!({"containers": [{"name": "c"}]}));
+    let (_, outcome) = mutate_within(&request("", "Pod", "pods", "CREATE", pod, None), Some(SchedulingApi::Muster));
+    assert_eq!(outcome, Outcome::Patched);
+}
+
+#[test]
+fn an_update_dropping_the_recorded_api_keeps_it_and_a_change_is_left_to_validation() {
+    use crate::crds::SCHEDULING_API_ANNOTATION as KEY;
+    let gang = json!({"schedulingPolicy": {"gang": {"minCount": 2}}});
+    let mut recorded = job("train", 2, gang.clone());
+    recorded["metadata"]["annotations"] = json!({KEY: "upstream"});
+    // A server-side apply of the manifest the job was made from: the annotation is gone.
+    let mut dropped = job("train", 2, gang.clone());
+    dropped["metadata"]["labels"] = json!({"team": "a"});
+    for default in [Some(SchedulingApi::Muster), None] {
+        let req = job_request("UPDATE", dropped.clone(), Some(recorded.clone()));
+        let (resp, outcome) = mutate_within(&req, default);
+        assert_eq!(outcome, Outcome::Patched, "{default:?}");
+        let out = applied(&dropped, &resp);
+        assert_eq!(out["metadata"]["annotations"][KEY], "upstream", "the recorded API, not the flag's: {out}");
+        let (resp, _) = validate(&job_request("UPDATE", out, Some(recorded.clone())));
+        assert!(resp.allowed, "{:?}", resp.result);
+    }
+    // A change to the other API is not undone here: validation refuses it at its field path.
+    let mut changed = recorded.clone();
+    changed["metadata"]["annotations"] = json!({KEY: "muster"});
+    let (resp, outcome) =
+        mutate_within(&job_request("UPDATE", changed.clone(), Some(recorded.clone())), Some(SchedulingApi::Muster));
+    assert!(resp.allowed && resp.patch.is_none());
+    assert_eq!(outcome, Outcome::Allowed);
+    let (resp, _) = validate(&job_request("UPDATE", changed, Some(recorded)));
+    assert!(!resp.allowed);
+    assert!(causes(&resp).iter().any(|f| f.contains(KEY)), "{:?}", causes(&resp));
+}

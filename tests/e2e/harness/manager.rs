@@ -394,7 +394,16 @@ async fn ready_step(
     let current = |c: &&k8s_openapi::api::admissionregistration::v1::WebhookClientConfig| {
         c.url.as_deref().is_some_and(|u| u.starts_with(url)) && c.ca_bundle.as_ref().is_some_and(|b| !b.0.is_empty())
     };
-    if validating.len() != 2 || mutating.len() != 1 || !configs.iter().all(current) {
+    // As many webhooks as muster registers (src/webhook/config.rs).
+    let endpoint = muster::webhook::config::Endpoint::Url(url.to_string());
+    let count = |w: Option<usize>| w.unwrap_or_default();
+    let want_validating = count(
+        muster::webhook::config::validating_configuration(&endpoint, None, namespace, None).webhooks.map(|w| w.len()),
+    );
+    let want_mutating = count(
+        muster::webhook::config::mutating_configuration(&endpoint, None, namespace, None).webhooks.map(|w| w.len()),
+    );
+    if validating.len() != want_validating || mutating.len() != want_mutating || !configs.iter().all(current) {
         return Err("webhook configurations pointing at this instance with a caBundle");
     }
     if !labelled_pod_is_gated(client).await {

@@ -202,7 +202,7 @@ pub static KEYS: &[KeyEntry] = &[
         Annotation,
         Muster,
         "MusterJob, MusterJobSet",
-        "the job and jobset controllers on the first sync; the user, at creation, to choose",
+        "muster's mutating webhook at creation where `--scheduling-api` is `muster`, else the job and jobset controllers on the first sync; the user, at creation, to choose",
         "the job and jobset controllers",
         "The scheduling API the object's groups are compiled to: `muster` or `upstream` (kube-scheduler's `scheduling.k8s.io`). Recorded once and never changed: the object keeps the API it started with whatever `--scheduling-api` says later.",
     ),

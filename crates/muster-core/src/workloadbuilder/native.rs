@@ -240,6 +240,30 @@ pub fn first_set_scheduling_api(
     }
 }
 
+/// PURE: the scheduling API muster's mutating webhook writes on a MusterJob or MusterJobSet
+/// it is asked about, so the controller's first sync finds it recorded and makes no write of
+/// its own (at 5,000 nodes, one merge patch of a whole custom resource per job, validated by
+/// the API server against the whole pod template). `old`: the annotation before an update
+/// (`None` on create); `new`: the one the request carries; `default`: `--scheduling-api`
+/// (`None`: `auto`).
+///
+/// - On create, a job without the annotation gets `muster` where the flag says `muster`: that
+///   is what [`first_scheduling_api`] chooses then, whatever else holds. Under `auto` or
+///   `upstream` the choice needs what only the controller knows (what the API server serves,
+///   which fields it drops, whether the job is a set's child), so the webhook leaves it to the
+///   controller's first sync.
+/// - On update, a recorded API the request drops is kept: it is frozen, and a user's
+///   server-side apply of the same manifest, whose field manager owns the annotation the webhook
+///   wrote at create, would otherwise remove it and be refused. A change to another value is
+///   left to the validating webhook, which refuses it with the field path.
+pub fn api_to_record(old: Option<&str>, new: Option<&str>, default: Option<SchedulingApi>) -> Option<String> {
+    match (old, new) {
+        (_, Some(_)) => None,
+        (Some(recorded), None) => Some(recorded.to_string()),
+        (None, None) => (default == Some(SchedulingApi::Muster)).then(|| SchedulingApi::Muster.as_str().to_string()),
+    }
+}
+
 /// Why a job that recorded an API cannot go on with it: a reason and a message.
 pub type ApiRefusal = (&'static str, String);
 
@@ -436,6 +460,56 @@ mod tests {
         }
         walk(&mut v);
         v
+    }
+
+    #[test]
+    fn the_webhook_records_muster_where_the_flag_decides_alone_and_keeps_a_recorded_api() {
+        use SchedulingApi::{Muster, Upstream};
+        /// (annotation before, annotation in the request, the flag, what the webhook writes)
+        type Row = (Option<&'static str>, Option<&'static str>, Option<SchedulingApi>, Option<&'static str>);
+        let s = Some;
+        let table: [Row; 11] = [
+            // Create: only `--scheduling-api=muster` decides without the controller.
+            (None, None, Some(Muster), s("muster")),
+            (None, None, Some(Upstream), None),
+            (None, None, None, None),
+            // Create with the user's own choice: left as it is (the validating webhook checks it).
+            (None, Some("upstream"), Some(Muster), None),
+            (None, Some("muster"), None, None),
+            (None, Some("bogus"), Some(Muster), None),
+            // Update dropping the record: kept, whatever the flag says now.
+            (Some("upstream"), None, Some(Muster), s("upstream")),
+            (Some("muster"), None, None, s("muster")),
+            (Some("muster"), None, Some(Upstream), s("muster")),
+            // Update keeping or changing it: nothing to add (a change is refused elsewhere).
+            (Some("muster"), Some("muster"), Some(Muster), None),
+            (Some("muster"), Some("upstream"), Some(Muster), None),
+        ];
+        for (old, new, default, want) in table {
+            assert_eq!(api_to_record(old, new, default).as_deref(), want, "old {old:?}, new {new:?}, flag {default:?}");
+        }
+    }
+
+    proptest::proptest! {
+        /// What the webhook records at create is what the controller's first sync would choose
+        /// for a job it has not compiled yet, child or not, whatever the API server drops.
+        #[test]
+        fn the_webhook_never_records_what_the_controller_would_not_choose(
+            flag in proptest::option::of(proptest::bool::ANY),
+            child in proptest::bool::ANY,
+            composite_served in proptest::bool::ANY,
+            dropped in proptest::collection::vec("[a-z.]{1,12}", 0..3),
+        ) {
+            let default = flag.map(|m| if m { SchedulingApi::Muster } else { SchedulingApi::Upstream });
+            if let Some(recorded) = api_to_record(None, None, default) {
+                let default = default.unwrap_or_default();
+                let job = first_scheduling_api(child, default, false, &dropped).0;
+                proptest::prop_assert_eq!(recorded.as_str(), job.as_str());
+                let set = MusterJobSetSpec::default();
+                let set = first_set_scheduling_api(&set, default, false, composite_served, &dropped).0;
+                proptest::prop_assert_eq!(recorded.as_str(), set.as_str());
+            }
+        }
     }
 
     #[test]
