@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BIN_DIR = $(shell bash tools/k8s/bindir.sh)
 
-.PHONY: plugin all build release host-deps host-deps-demo host-deps-real test test-rest unit e2e e2e-real e2e-jobs e2e-placement e2e-compat chaos e2e-rbac e2e-service chart-lint chart-test crds crds-check fmt clippy bench bench-e2e bench-agents controlplane cluster-up cluster-down run demo demo-down demo-check docs docs-ref docs-check
+.PHONY: plugin all build release host-deps host-deps-demo host-deps-real test test-rest unit e2e e2e-real e2e-jobs e2e-placement e2e-compat chaos e2e-rbac e2e-service chart-lint chart-test crds crds-check fmt clippy bench bench-e2e bench-agents bench-writes controlplane cluster-up cluster-down run demo demo-down demo-check docs docs-ref docs-check
 
 all: build
 
@@ -233,6 +233,15 @@ AGENTS_DURATION ?= 60
 bench-agents: controlplane
 	AGENTS_NODES=$(AGENTS_NODES) AGENTS_PERIOD=$(AGENTS_PERIOD) AGENTS_DURATION=$(AGENTS_DURATION) \
 	  MUSTER_K8S_BIN=$(BIN_DIR) bash hack/bench-agents.sh
+
+## What one write of each kind costs kube-apiserver (hack/bench-writes.sh; not part of
+## `make test`): a control plane of its own, WRITES_OBJECTS objects per kind (a MusterJob, the
+## same without its CRD's CEL rules, a PodGroup, a NodeGPUReport, a ConfigMap), WRITES_ROUNDS
+## rounds of label and status merge patches; prints kube-apiserver's CPU ms per write.
+WRITES_OBJECTS ?= 400
+WRITES_ROUNDS ?= 5
+bench-writes: controlplane
+	WRITES_OBJECTS=$(WRITES_OBJECTS) WRITES_ROUNDS=$(WRITES_ROUNDS) MUSTER_K8S_BIN=$(BIN_DIR) bash hack/bench-writes.sh
 
 ## Build the control plane binaries into the cache (does nothing when present).
 controlplane:
