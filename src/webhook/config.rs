@@ -187,19 +187,25 @@ pub fn mutating_configuration(
     own_namespace: &str,
     own_user: Option<&str>,
 ) -> MutatingWebhookConfiguration {
+    // What both webhooks share: muster's `/mutate`, its own requests and namespaces skipped.
+    let base = MutatingWebhook {
+        admission_review_versions: vec!["v1".into()],
+        client_config: client_config(endpoint, "/mutate", ca),
+        match_conditions: own_requests_skipped(own_user),
+        match_policy: Some("Equivalent".into()),
+        namespace_selector: Some(namespace_selector(own_namespace)),
+        side_effects: "None".into(),
+        timeout_seconds: Some(TIMEOUT_SECONDS),
+        ..Default::default()
+    };
     MutatingWebhookConfiguration {
         metadata: ObjectMeta { name: Some(MUTATING_NAME.into()), ..Default::default() },
         webhooks: Some(vec![
             MutatingWebhook {
                 name: MUTATE_PODS.into(),
-                admission_review_versions: vec!["v1".into()],
-                client_config: client_config(endpoint, "/mutate", ca),
-                match_conditions: own_requests_skipped(own_user),
                 // The objectSelector limits this to pods that opted in; letting them through
                 // ungated while muster is down would start half gangs.
                 failure_policy: Some("Fail".into()),
-                match_policy: Some("Equivalent".into()),
-                namespace_selector: Some(namespace_selector(own_namespace)),
                 object_selector: Some(LabelSelector {
                     match_expressions: Some(vec![LabelSelectorRequirement {
                         key: POD_GROUP_LABEL.into(),
@@ -210,24 +216,16 @@ pub fn mutating_configuration(
                 }),
                 reinvocation_policy: Some("IfNeeded".into()),
                 rules: Some(vec![rule("", &["pods"], &["CREATE"])]),
-                side_effects: "None".into(),
-                timeout_seconds: Some(TIMEOUT_SECONDS),
+                ..base.clone()
             },
             MutatingWebhook {
                 name: RECORD_API.into(),
-                admission_review_versions: vec!["v1".into()],
-                client_config: client_config(endpoint, "/mutate", ca),
-                match_conditions: own_requests_skipped(own_user),
                 // The controller records the API itself on a job's first sync when this did not (it
                 // saves a write per job), so a webhook that cannot answer refuses nothing.
                 failure_policy: Some("Ignore".into()),
-                match_policy: Some("Equivalent".into()),
-                namespace_selector: Some(namespace_selector(own_namespace)),
-                object_selector: None,
                 reinvocation_policy: Some("Never".into()),
                 rules: Some(vec![rule("batch.muster.dev", &["musterjobs", "musterjobsets"], &["CREATE", "UPDATE"])]),
-                side_effects: "None".into(),
-                timeout_seconds: Some(TIMEOUT_SECONDS),
+                ..base
             },
         ]),
     }
