@@ -3,8 +3,8 @@
 # plane of its own (hack/cluster-up.sh in target/bench-cluster, upstream GenericWorkload and
 # WorkloadWithJob on), runs `muster run` against it, then `muster dev bench`: N kwok GPU nodes,
 # then the same G gangs of S one-GPU pods as plain Jobs, upstream gang Jobs and MusterJobs, one
-# path after the other. Prints the table and writes the numbers as JSON. Everything it started
-# is stopped on exit.
+# path after the other. Prints the table and writes the numbers as JSON, then the events of each
+# path's namespace by component and reason. Everything it started is stopped on exit.
 #
 #   BENCH_NODES (1000)  BENCH_GANGS (200)  BENCH_SIZE (3)  BENCH_PATHS (plain,gang,muster,muster-upstream)
 #   BENCH_OUT (target/bench-e2e.json)  BENCH_TIMEOUT (600 s per path)  BENCH_CONCURRENCY (16)
@@ -237,7 +237,9 @@ case "${BENCH_PROFILE:-}" in
   "") ;;
   perf)
     mkdir -p "$dir/profile"
-    perf record -F 499 -g -p "$muster_pid" -o "$dir/profile/perf.data" > "$dir/profile/perf.log" 2>&1 &
+    # DWARF call graphs: the release build keeps no frame pointers, so `-g` gives no stacks.
+    # 49 samples a second of muster's CPU time, 16 KiB of stack each (deep async stacks).
+    perf record -F 49 --call-graph dwarf,16384 -p "$muster_pid" -o "$dir/profile/perf.data" > "$dir/profile/perf.log" 2>&1 &
     profiler_pid=$! ;;
   heaptrack)
     mkdir -p "$dir/profile"
@@ -261,6 +263,10 @@ kc get --raw /metrics 2> /dev/null | grep '^apiserver_flowcontrol_dispatched_req
   | sed -E 's/.*flow_schema="([^"]*)".*priority_level="([^"]*)".*\} (.*)/  \1 \/ \2: \3/' | sort -t: -k2 -rn >&2 || true
 rejected=$(kc get --raw /metrics 2> /dev/null | grep '^apiserver_flowcontrol_rejected_requests_total' || true)
 [ -z "$rejected" ] || { log "requests APF rejected (429):"; echo "$rejected" >&2; }
+# Events per path's namespace, by reporting component and reason: who writes the events.
+log "events by namespace / component / reason (count):"
+kc get events -A -o jsonpath='{range .items[*]}{.metadata.namespace} {.reportingComponent}{.source.component} {.reason}{"\n"}{end}' 2> /dev/null \
+  | grep '^bench-' | sort | uniq -c | sort -k2,2 -k1,1rn | sed 's/^/  /' >&2 || true
 forbidden=$(grep -ci forbidden "$dir/logs/muster.log" || true)
 log "muster's log: $forbidden line(s) saying forbidden"
 kill -0 "$muster_pid" 2> /dev/null || { log "muster died during the bench:"; tail -n 20 "$dir/logs/muster.log" >&2; rc=1; }

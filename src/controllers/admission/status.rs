@@ -373,6 +373,8 @@ where
             map.remove(field);
         }
     }
+    let text = |field: &str| status.get(field).and_then(serde_json::Value::as_str).unwrap_or_default().to_string();
+    tracing::debug!(group = %key, phase = %text("phase"), reason = %text("reason"), "group status applied");
     let body = json!({"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": kind, "status": status});
     let api = Api::<K>::namespaced(ctx.client.clone(), &key.ns);
     match bounded(api.patch_status(&key.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body))).await {
