@@ -265,8 +265,10 @@ rejected=$(kc get --raw /metrics 2> /dev/null | grep '^apiserver_flowcontrol_rej
 [ -z "$rejected" ] || { log "requests APF rejected (429):"; echo "$rejected" >&2; }
 # Events per path's namespace, by reporting component and reason: who writes the events.
 log "events by namespace / component / reason (count):"
-kc get events -A -o jsonpath='{range .items[*]}{.metadata.namespace} {.reportingComponent}{.source.component} {.reason}{"\n"}{end}' 2> /dev/null \
-  | grep '^bench-' | sort | uniq -c | sort -k2,2 -k1,1rn | sed 's/^/  /' >&2 || true
+# An event names its component in reportingComponent (events.k8s.io) or source.component (core
+# v1), some in both: the first one set.
+kc get events -A -o jsonpath='{range .items[*]}{.metadata.namespace}|{.reportingComponent}|{.source.component}|{.reason}{"\n"}{end}' 2> /dev/null \
+  | awk -F'|' '$1 ~ /^bench-/ { print $1, ($2 != "" ? $2 : $3), $4 }' | sort | uniq -c | sort -k2,2 -k1,1rn | sed 's/^/  /' >&2 || true
 forbidden=$(grep -ci forbidden "$dir/logs/muster.log" || true)
 log "muster's log: $forbidden line(s) saying forbidden"
 kill -0 "$muster_pid" 2> /dev/null || { log "muster died during the bench:"; tail -n 20 "$dir/logs/muster.log" >&2; rc=1; }
