@@ -27,4 +27,4 @@ mod plan;
 mod fixtures;
 
 pub(super) use history::ROLLBACK_POLICY;
-pub(super) use job::{CommitJob, Committed, prepare_commit, reserve};
+pub(super) use job::{CommitJob, Committed, admitted_status, prepare_commit, reserve};

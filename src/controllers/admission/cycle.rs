@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use super::commit::{CommitJob, Committed, ROLLBACK_POLICY, prepare_commit, reserve};
+use super::commit::{CommitJob, Committed, ROLLBACK_POLICY, admitted_status, prepare_commit, reserve};
 use super::preemption::{self, Held};
 use super::report::object_labels;
 use super::watches::Settling;
@@ -132,7 +132,10 @@ impl Admitter {
         let by_group = group_pods(&managed_pods);
         let world = World {
             pods_by_uid: managed_pods.iter().filter_map(|p| p.metadata.uid.as_deref().map(|u| (u, &**p))).collect(),
-            pod_groups: &pgs,
+            pod_groups: pgs
+                .iter()
+                .filter_map(|g| Some(((g.metadata.namespace.as_deref()?, g.metadata.name.as_deref()?), &**g)))
+                .collect(),
             by_group: &by_group,
             nodes: nodes.iter().map(|(name, _)| name.as_str()).collect(),
         };
@@ -317,7 +320,15 @@ impl Admitter {
                     if decision.admitted && !decision.plan.is_empty() {
                         let version = self.writer.unseen().fence(&key, root.and_then(|r| r.version()));
                         match prepare_commit(&key, version, &decision, &mut snapshot, &by_uid) {
-                            Ok(job) => self.spawn_commit(key, job, decision),
+                            Ok(mut job) => {
+                                // A leaf root says it is admitted from its plan's write on.
+                                if let Some(GroupRef::Leaf(pg)) = root {
+                                    let pods = by_group.get(&key).map_or(&[][..], Vec::as_slice);
+                                    let error = self.roots.get(&key).and_then(|m| m.error.as_deref());
+                                    job.admitted = Some(admitted_status(pg, pods, &job, error));
+                                }
+                                self.spawn_commit(key, job, decision)
+                            }
                             Err(stop) => {
                                 if let Some(at) =
                                     self.commit_stopped(&key, tree, &decision, Ok(stop), capacity, &mut pending).await

@@ -519,8 +519,8 @@ use crate::pods::is_gated;
 struct World<'a> {
     /// Every pod, by UID.
     pods_by_uid: HashMap<&'a str, &'a Pod>,
-    /// Every PodGroup.
-    pod_groups: &'a [Arc<PodGroup>],
+    /// Every PodGroup, by namespace and name.
+    pod_groups: HashMap<(&'a str, &'a str), &'a PodGroup>,
     /// The pods of each PodGroup (by the pod-group label).
     by_group: &'a HashMap<RootKey, Vec<&'a Pod>>,
     /// The names of the nodes that exist.

@@ -11,7 +11,8 @@ use crate::controllers::admission::{Admitter, GroupRef, RootKey, World};
 use crate::controllers::context::Result;
 use crate::crds::scheduling::{AdmissionPlan, PlanState};
 use crate::devices::parse_indices;
-use crate::pods::PodClass;
+use crate::pods::{Lifecycle, PodClass};
+use crate::scheduler::status::START_SETTLE;
 use crate::scheduler::{
     self, CommitInput, Dra, FailureCause, GatedPin, GroupCount, PinState, PlannedPodNow, RemainingFits, Snapshot,
     StartRequirement, Step,
@@ -38,6 +39,14 @@ fn pods_now(plan: &AdmissionPlan, root: &str, world: &World<'_>) -> Vec<PlannedP
             }
         })
         .collect()
+}
+
+/// Whether a pod of the plan is bound but not running yet.
+fn starting(plan: &AdmissionPlan, world: &World<'_>) -> bool {
+    plan.pods.iter().filter_map(|p| world.pods_by_uid.get(p.uid.as_str())).any(|pod| {
+        let class = PodClass::of(pod);
+        class.bound_node().is_some() && class.lifecycle == Lifecycle::Pending && !class.terminating
+    })
 }
 
 /// Why a plan cut short cannot go on: a shared claim it was to allocate before the first pod
@@ -115,7 +124,7 @@ impl Admitter {
     ) -> Result<Option<Instant>> {
         let (ns, root) = (&key.ns, &key.name);
         let pods = pods_now(plan, root, world);
-        let requirement = StartRequirement::of(plan, ns, root, world.pod_groups.iter().map(|g| &**g));
+        let requirement = StartRequirement::of(plan, root, |name| world.pod_groups.get(&(ns.as_str(), name)).copied());
         let cut_short = plan.state != PlanState::Admitted;
         let remaining_fits = if cut_short {
             let (pins, groups) = remaining_of(plan, &pods, &requirement, ns, world, snapshot.dra());
@@ -141,9 +150,21 @@ impl Admitter {
             refused: refused.as_ref(),
             lost: lost.as_ref(),
             claim_settle: CLAIM_SETTLE,
+            starting: starting(plan, world),
+            // A composite root's plan records no status: it is cleared at the last bind.
+            start_settle: if key.composite { Duration::ZERO } else { START_SETTLE },
         };
         let version = self.writer.unseen().fence(key, group.version());
-        match scheduler::next_step(&input) {
+        let step = scheduler::next_step(&input);
+        if matches!(step, Step::Drop | Step::RollBack(_) | Step::GangFailed { .. }) {
+            // The plan ends otherwise than admitted: what the group says of that (the
+            // rollback, the failed bind) is written at once, not held for binds that will not
+            // come (a later cycle's outcome would replace it unwritten).
+            if let Some(pacing) = self.status_pacing.get_mut(key) {
+                pacing.hold = None;
+            }
+        }
+        match step {
             Step::Drop => {
                 tracing::info!(namespace = %ns, root = %root, "dropping a plan no pod saw; planning afresh");
                 // Its claims first: devices held for pods that did not start are freed.
@@ -166,7 +187,10 @@ impl Admitter {
                 Ok(Some(Instant::now() + left + Duration::from_millis(200)))
             }
             Step::Done => {
-                // Every pod bound (or gone): the plan has served its purpose.
+                // Every pod bound (or gone), and started or settled: the plan has served its
+                // purpose.
+                let age = plan.created_at.as_ref().map(|t| input.now.duration_since(t.0).as_millis());
+                tracing::debug!(group = %key, age_ms = ?age, starting = input.starting, "plan done");
                 done.push((key.clone(), version));
                 Ok(None)
             }
@@ -224,7 +248,7 @@ mod tests {
         ];
         let world = World {
             pods_by_uid: pods.iter().map(|p| (p.metadata.uid.as_deref().unwrap_or_default(), p)).collect(),
-            pod_groups: &[],
+            pod_groups: HashMap::new(),
             by_group: &HashMap::new(),
             nodes: HashSet::from(["n1", "n2"]),
         };
@@ -281,12 +305,21 @@ mod tests {
             pods: vec![planned("1", "a", "n"), planned("2", "b", "n"), planned("3", "unknown", "n")],
             shared_claims: Vec::new(),
         };
-        let r = StartRequirement::of(&plan, "ns", "root", groups.iter().map(|g| &**g));
+        let by_name: HashMap<(&str, &str), &PodGroup> = groups
+            .iter()
+            .map(|g| {
+                (
+                    (
+                        g.metadata.namespace.as_deref().unwrap_or_default(),
+                        g.metadata.name.as_deref().unwrap_or_default(),
+                    ),
+                    &**g,
+                )
+            })
+            .collect();
+        let requirement = |ns: &str| StartRequirement::of(&plan, "root", |name| by_name.get(&(ns, name)).copied());
         let want = BTreeMap::from([("a".to_string(), 3), ("b".to_string(), 1), ("unknown".to_string(), 1)]);
-        assert_eq!(r.min_count, want);
-        assert_eq!(
-            StartRequirement::of(&plan, "other", "root", groups.iter().map(|g| &**g)).min_count.get("a"),
-            Some(&1)
-        );
+        assert_eq!(requirement("ns").min_count, want);
+        assert_eq!(requirement("other").min_count.get("a"), Some(&1), "a group of another namespace is not the plan's");
     }
 }

@@ -13,15 +13,15 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use super::plan::too_large;
+use super::plan::{AdmittedStatus, too_large};
 use crate::controllers::admission::nominations::write_nominations;
 use crate::controllers::admission::report::object_labels;
 use crate::controllers::admission::{Admitter, Patched, RootKey, World, Writer, is_gated, patched};
 use crate::controllers::context::{Result, bounded};
-use crate::crds::scheduling::{AdmissionPlan, PlanState, PlannedPod};
+use crate::crds::scheduling::{AdmissionPlan, PlanState, PlannedPod, PodGroup};
 use crate::crds::{ADMISSION_GATE, GPU_INDICES_ANNOTATION, HOSTNAME_LABEL};
 use crate::devices::parse_indices;
-use crate::scheduler::status::{Outcome, PLAN_STATUS_HOLD, wait_started};
+use crate::scheduler::status::{Outcome, error_condition, pod_group_status, status_hold, wait_started};
 use crate::scheduler::{self, ClaimWrite, Decision, PatchRefused, Snapshot};
 
 /// Counts a pod just pinned by `planned` in the snapshot (resources and GPU indices), so the
@@ -74,6 +74,8 @@ pub(in crate::controllers::admission) struct CommitJob {
     own: Vec<Vec<ClaimWrite>>,
     /// The decision's message, for the status and the `Admitted` event.
     pub message: String,
+    /// A leaf root's status, as cached and as admitted: the plan's record writes the latter.
+    pub admitted: Option<super::plan::AdmittedStatus>,
 }
 
 impl CommitJob {
@@ -128,7 +130,26 @@ pub(in crate::controllers::admission) fn prepare_commit(
     for (p, pod) in &planned {
         reserve(snapshot, pod, p);
     }
-    Ok(CommitJob { key: key.clone(), version, plan, pods, shared, own, message: decision.message() })
+    Ok(CommitJob { key: key.clone(), version, plan, pods, shared, own, message: decision.message(), admitted: None })
+}
+
+/// A leaf root's status as cached, and as it reads once `job`'s plan is recorded (admitted,
+/// its pods not patched yet): the plan's write carries it, so the group never shows its phase
+/// from before the commit while the plan is followed (see `scheduler::status::START_SETTLE`).
+pub(in crate::controllers::admission) fn admitted_status(
+    pg: &PodGroup,
+    pods: &[&Pod],
+    job: &CommitJob,
+    error: Option<&str>,
+) -> AdmittedStatus {
+    let now = Timestamp::now();
+    let mut with_plan = pg.clone();
+    let mut plan = job.plan.clone();
+    plan.state = PlanState::Committing;
+    with_plan.status.get_or_insert_with(Default::default).plan = Some(plan);
+    let mut status = pod_group_status(&with_plan, pods, Some(&Outcome::Admitted(job.message.clone())), now);
+    error_condition(&mut status.conditions, error, pg.metadata.generation, now);
+    (pg.status.clone(), status)
 }
 
 impl Writer {
@@ -162,7 +183,8 @@ impl Writer {
         .buffer_unordered(DRY_RUN_CONCURRENCY)
         .collect::<Vec<_>>();
         plan.state = PlanState::Committing;
-        let (checks, recorded) = futures::join!(checks, self.write_plan(key, job.version.clone(), &plan));
+        let (checks, recorded) =
+            futures::join!(checks, self.write_plan(key, job.version.clone(), &plan, job.admitted.as_ref()));
         let mut refused = None;
         for (uid, result) in checks {
             match patched(result)? {
@@ -362,11 +384,11 @@ impl Admitter {
     /// (sent in the background).
     pub(in crate::controllers::admission) fn admitted(&mut self, job: &CommitJob) {
         let key = &job.key;
-        // Its status waits for the binds: the plan's clear writes it then (see
-        // `scheduler::status::PLAN_STATUS_HOLD`).
+        // Its status waits for the binds (and a leaf's for its pods to start): the plan's
+        // clear writes it then (see `scheduler::status::status_hold`).
         let now = Instant::now();
         let pacing = self.status_pacing.entry(key.clone()).or_default();
-        (pacing.written, pacing.hold) = (Some(now), Some(now + PLAN_STATUS_HOLD));
+        (pacing.written, pacing.hold) = (Some(now), Some(now + status_hold(key.composite)));
         let memory = self.roots.entry(key.clone()).or_default();
         memory.failures = 0;
         memory.next_attempt = None;
@@ -426,7 +448,7 @@ impl Admitter {
         done.state = PlanState::Admitted;
         // The pods just ungated get the whole bind timeout, however long muster was down.
         done.admitted_at = Some(Time(Timestamp::now()));
-        if self.writer.write_plan(key, version, &done).await?.is_none() {
+        if self.writer.write_plan(key, version, &done, None).await?.is_none() {
             return Ok(Committed::Stale);
         }
         self.roots.entry(key.clone()).or_default().outcome =

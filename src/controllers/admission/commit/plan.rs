@@ -11,8 +11,11 @@ use serde_json::json;
 
 use crate::controllers::admission::{Admitter, Clears, PlanClear, RootKey, Writer};
 use crate::controllers::context::{Detached, Error, Result, at_most, bounded};
-use crate::crds::scheduling::{AdmissionPlan, CompositePodGroup, PodGroup};
-use crate::scheduler::status::StatusPacing;
+use crate::crds::scheduling::{AdmissionPlan, CompositePodGroup, PodGroup, PodGroupStatus};
+use crate::scheduler::status::{StatusPacing, plan_body};
+
+/// A leaf root's status as cached, and as computed with its plan in flight (admitted).
+pub(in crate::controllers::admission) type AdmittedStatus = (Option<PodGroupStatus>, PodGroupStatus);
 
 /// The largest plan one status write may carry: the API server refuses requests over 3 MiB and
 /// etcd values over 1.5 MiB; the rest of the status needs room too.
@@ -38,14 +41,21 @@ const PLAN_CLEAR_CONCURRENCY: usize = 16;
 impl Writer {
     /// Writes a root's plan, fenced by the group's resourceVersion when given. Returns the
     /// group's new resourceVersion, `None` when the group is gone or changed since.
+    /// `admitted`: the root's status as cached and as computed with this plan in flight,
+    /// written in the same patch (see `scheduler::status::plan_body`); `None`: status.plan
+    /// alone, the rest of the status is written on its own.
     pub(super) async fn write_plan(
         &self,
         key: &RootKey,
         version: Option<String>,
         plan: &AdmissionPlan,
+        admitted: Option<&AdmittedStatus>,
     ) -> Result<Option<String>> {
-        // A merge patch of status.plan alone: the rest of the status is written on its own.
-        self.plan_patch(key, version, Some(plan), json!({"plan": plan})).await
+        let body = match admitted {
+            Some((old, new)) => plan_body(old.as_ref(), new, plan),
+            None => json!({"plan": plan}),
+        };
+        self.plan_patch(key, version, Some(plan), body).await
     }
 
     /// Clears a root's plan, fenced like [`Self::write_plan`], with the root's status in the

@@ -123,20 +123,17 @@ impl Refusal {
 }
 
 impl StartRequirement {
-    /// The minCount of every PodGroup with pods in `plan` of root `root` in `ns` (1 for basic
-    /// groups, and for groups not among `pod_groups`).
-    pub fn of<'a>(
-        plan: &AdmissionPlan,
-        ns: &str,
-        root: &str,
-        pod_groups: impl Iterator<Item = &'a PodGroup> + Clone,
-    ) -> Self {
+    /// The minCount of every PodGroup with pods in `plan` of root `root` (1 for basic groups,
+    /// and for groups `pod_group` does not find: it finds a PodGroup of the root's namespace by
+    /// name).
+    pub fn of<'a>(plan: &AdmissionPlan, root: &str, pod_group: impl Fn(&str) -> Option<&'a PodGroup>) -> Self {
         let mut min_count = BTreeMap::new();
         for planned in &plan.pods {
             let group = if planned.pod_group.is_empty() { root } else { planned.pod_group.as_str() };
-            let min = pod_groups
-                .clone()
-                .find(|pg| pg.metadata.namespace.as_deref() == Some(ns) && pg.metadata.name.as_deref() == Some(group))
+            if min_count.contains_key(group) {
+                continue;
+            }
+            let min = pod_group(group)
                 .and_then(|pg| pg.spec.scheduling_policy.min_count())
                 .map_or(1, |m| u32::try_from(m).unwrap_or(1));
             min_count.insert(group.to_string(), min);

@@ -51,6 +51,13 @@ pub struct CommitInput<'a> {
     /// after the binds (kube-scheduler binds a plain pod it decided on before it saw muster's
     /// allocation), and only a followed plan can still be rolled back.
     pub claim_settle: Duration,
+    /// Whether a planned pod is bound but not running yet.
+    pub starting: bool,
+    /// How long after its creation a plan whose pods are all bound is still followed while
+    /// some of them start: its clear then writes the group's status with the pods running,
+    /// one status write for admitted, scheduled and running, where two went before (zero: the
+    /// plan is done at the last bind).
+    pub start_settle: Duration,
 }
 
 /// A failed attempt to undo.
@@ -147,8 +154,11 @@ fn watch_binds(input: &CommitInput<'_>, live: &[&PlannedPodNow]) -> Step {
     if unbound.is_empty() {
         let claims = !plan.shared_claims.is_empty() || plan.pods.iter().any(|p| !p.claims.is_empty());
         let created = plan.created_at.as_ref().map(|t| t.0);
-        return match created.map(|c| plus(c, input.claim_settle)) {
-            Some(settled) if claims && !input.claim_settle.is_zero() && input.now < settled => Step::WaitUntil(settled),
+        let claim_settle = if claims { input.claim_settle } else { Duration::ZERO };
+        let start_settle = if input.starting { input.start_settle } else { Duration::ZERO };
+        let settle = claim_settle.max(start_settle);
+        return match created.map(|c| plus(c, settle)) {
+            Some(settled) if !settle.is_zero() && input.now < settled => Step::WaitUntil(settled),
             _ => Step::Done,
         };
     }

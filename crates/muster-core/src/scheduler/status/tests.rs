@@ -4,7 +4,9 @@ use super::*;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use muster_api::scheduling::{CompositePodGroup, CompositePodGroupStatus, GroupPhase, PodGroup, PodGroupStatus};
+use muster_api::scheduling::{
+    AdmissionPlan, CompositePodGroup, CompositePodGroupStatus, GroupPhase, PodGroup, PodGroupStatus,
+};
 use std::time::Instant;
 
 use crate::conditions;
@@ -415,6 +417,39 @@ mod pace {
         let first = fold_body::<PodGroupStatus>(None, &new);
         assert_eq!(first["plan"], serde_json::Value::Null);
         assert!(!first.as_object().expect("an object").contains_key("message"));
+    }
+
+    #[test]
+    fn a_leaf_roots_status_waits_for_its_pods_to_start_a_composites_for_its_binds() {
+        assert!(status_hold(false) > START_SETTLE, "a leaf's plan clear, at START_SETTLE at the latest, comes first");
+        assert_eq!(status_hold(true), PLAN_STATUS_HOLD, "a composite's plan records no status: cleared at the binds");
+        assert!(PLAN_STATUS_HOLD < START_SETTLE);
+    }
+
+    #[test]
+    fn the_plan_record_carries_the_plan_and_the_status_computed_with_it() {
+        let old = PodGroupStatus {
+            message: Some("waiting".into()),
+            rollbacks: 1,
+            ..status(GroupPhase::Pending, 3, ("False", "Waiting", "3 of 3 pods exist"))
+        };
+        let new = status(GroupPhase::Admitted, 3, ("True", "Admitted", "fits"));
+        let plan = AdmissionPlan {
+            id: "g-1".into(),
+            state: muster_api::scheduling::PlanState::Committing,
+            created_at: None,
+            admitted_at: None,
+            pods: Vec::new(),
+            shared_claims: Vec::new(),
+        };
+        let body = plan_body(Some(&old), &new, &plan);
+        let map = body.as_object().expect("an object");
+        assert_eq!(map["plan"]["id"], "g-1", "the plan is recorded");
+        assert_eq!(map["plan"]["state"], "Committing");
+        assert_eq!(map["phase"], "Admitted", "the group says it is admitted from the plan's write on");
+        assert_eq!(map["conditions"][0]["reason"], "Admitted");
+        assert_eq!(map["message"], serde_json::Value::Null, "a field no longer set is removed");
+        assert!(!map.contains_key("rollbacks"), "the rollback record has a writer of its own");
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::Instant;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use muster_api::scheduling::{CompositePodGroupStatus, GroupPhase, PodGroup, PodGroupStatus};
+use muster_api::scheduling::{AdmissionPlan, CompositePodGroupStatus, GroupPhase, PodGroup, PodGroupStatus};
 
 use super::outcome::Outcome;
 
@@ -24,10 +24,27 @@ pub const STATUS_PACE: std::time::Duration = std::time::Duration::from_secs(1);
 /// (its phase and conditions standing): pods started one by one, seconds apart on a busy
 /// cluster, make one write, not one each.
 pub const COUNT_PACE: std::time::Duration = std::time::Duration::from_secs(5);
-/// How long a root's status waits after its commit went through: kube-scheduler binds its
-/// pods meanwhile, and the plan's clear then writes the status (admitted and scheduled at
-/// once) in the same patch. A gang whose binds take longer gets its admitted status then.
+/// How long after its creation a leaf root's plan, every pod bound, is still followed while
+/// its pods start (`CommitInput::start_settle`): the plan's record already says the group is
+/// admitted (see [`plan_body`]), and its clear then writes the status with the pods bound and
+/// running, one write where two went before. A gang slower to start than this is cleared
+/// with its pods bound, and says `Running` in a write of its own, as before. In a saturated
+/// burst at 5,000 nodes the pods ran 4 to 24 s after their plan (median 12 s; 5 s folded
+/// almost none of them).
+pub const START_SETTLE: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long a composite root's status waits after its commit went through: kube-scheduler
+/// binds its pods meanwhile, and the plan's clear then writes the status (admitted and
+/// scheduled at once) in the same patch. A gang whose binds take longer gets its admitted
+/// status then.
 pub const PLAN_STATUS_HOLD: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// PURE: how long a root's status waits after its commit went through: a leaf root's plan
+/// record says it is admitted already, and its clear writes the status once its pods are bound
+/// and started, within [`START_SETTLE`] (a second more, so the clear comes first); a
+/// composite root's, [`PLAN_STATUS_HOLD`].
+pub fn status_hold(composite: bool) -> std::time::Duration {
+    if composite { PLAN_STATUS_HOLD } else { START_SETTLE + std::time::Duration::from_secs(1) }
+}
 
 /// Status fields written by the commit protocol with their own merge patches (the plan, and
 /// the rollback record beside it); the server-side apply of the rest leaves them alone, so a
@@ -171,6 +188,16 @@ pub fn fold_body<S: serde::Serialize>(old: Option<&S>, new: &S) -> serde_json::V
     }
     body.insert("plan".into(), serde_json::Value::Null);
     serde_json::Value::Object(body)
+}
+
+/// PURE: the merge patch of a root's status that records `plan` and writes `new`, the status
+/// computed with that plan in flight (so the group says it is admitted from the plan's write
+/// on, not from its clear): every field admission computes, a field it no longer sets as
+/// `null`, like [`fold_body`].
+pub fn plan_body<S: serde::Serialize>(old: Option<&S>, new: &S, plan: &AdmissionPlan) -> serde_json::Value {
+    let mut body = fold_body(old, new);
+    body["plan"] = serde_json::to_value(plan).unwrap_or_default();
+    body
 }
 
 /// A status sent for a group: the group's resourceVersion it was computed on, and the

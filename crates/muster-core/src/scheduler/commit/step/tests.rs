@@ -84,6 +84,9 @@ struct Case {
     /// The plan allocated a (shared) claim.
     claims: bool,
     claim_settle: Duration,
+    /// A bound pod of the plan is not running yet.
+    starting: bool,
+    start_settle: Duration,
     want: Step,
 }
 
@@ -101,6 +104,8 @@ impl Default for Case {
             lost: None,
             claims: false,
             claim_settle: Duration::ZERO,
+            starting: false,
+            start_settle: Duration::ZERO,
             want: Step::Done,
         }
     }
@@ -123,6 +128,8 @@ fn run(cases: Vec<Case>) {
             refused: case.refused.as_ref(),
             lost: case.lost.as_ref(),
             claim_settle: case.claim_settle,
+            starting: case.starting,
+            start_settle: case.start_settle,
         };
         assert_eq!(next_step(&input), case.want, "case: {}", case.name);
     }
@@ -458,6 +465,8 @@ fn a_plan_without_times_counts_the_timeout_from_now() {
         refused: None,
         lost: None,
         claim_settle: Duration::ZERO,
+        starting: false,
+        start_settle: Duration::ZERO,
     };
     assert_eq!(next_step(&input), Step::WaitUntil(at(560)));
 }
@@ -532,4 +541,36 @@ fn a_plan_with_claims_is_followed_until_it_settles_after_every_bind() {
         settled("claims, committing, 1 s after", PlanState::Committing, 1, true, Step::WaitUntil(at(5))),
         settled("no claims: done at the last bind", PlanState::Admitted, 2, false, Step::Done),
     ]);
+}
+
+#[test]
+fn a_plan_whose_pods_are_bound_is_followed_while_they_start_until_it_settles() {
+    let case = |name, now, starting, claims, want| Case {
+        name,
+        pods: vec![bound("a"), bound("b")],
+        now,
+        starting,
+        claims,
+        claim_settle: Duration::from_secs(5),
+        start_settle: Duration::from_secs(10),
+        want,
+        ..Case::default()
+    };
+    run(vec![
+        case("starting, 2 s after the plan", 2, true, false, Step::WaitUntil(at(10))),
+        case("starting, 10 s after the plan: done, running or not", 10, true, false, Step::Done),
+        case("every pod running: done at once", 2, false, false, Step::Done),
+        case("running, with claims: the claims' settle still holds", 2, false, true, Step::WaitUntil(at(5))),
+        case("starting, with claims: the longer settle", 6, true, true, Step::WaitUntil(at(10))),
+    ]);
+    // A pod not bound yet is waited for by its bind deadline, whatever the start settle.
+    run(vec![Case {
+        name: "one pod unbound",
+        pods: vec![bound("a"), pod("b", "g", "n1", PinState::Unbound { refusal: None })],
+        now: 2,
+        starting: true,
+        start_settle: Duration::from_secs(10),
+        want: Step::WaitUntil(at(60)),
+        ..Case::default()
+    }]);
 }
