@@ -13,6 +13,8 @@
 #   (hack/cluster-up.sh's MUSTER_KWOK_HEARTBEAT; 300,360 is the test clusters' setting)
 #   BENCH_SETTLE (120): after a path's last bind, wait up to this many seconds for the API
 #   server's writes to quiet down before the next path (its tail reported apart); 0: no wait
+#   BENCH_CLEAN=1: after each path, delete its namespace and wait until it is gone and the API
+#   server quiet, so every path starts on a cluster of nodes alone (default: paths pile up)
 #   BENCH_PROFILE=perf|heaptrack: record muster's CPU samples (perf record) or its heap
 #   (heaptrack attached; muster is then built with the system allocator, which heaptrack sees)
 #   during the whole run, into $MUSTER_CLUSTER_DIR/profile/
@@ -46,6 +48,8 @@ timeout=${BENCH_TIMEOUT:-600}
 concurrency=${BENCH_CONCURRENCY:-16}
 rate=${BENCH_RATE:-0}
 settle=${BENCH_SETTLE:-120}
+clean=()
+[ "${BENCH_CLEAN:-0}" = 1 ] && clean=(--clean-between)
 apf=${BENCH_APF:-chart}
 case "$apf" in chart | none) ;; *) echo "bench-e2e: BENCH_APF must be chart or none" >&2; exit 2 ;; esac
 
@@ -253,7 +257,7 @@ mkdir -p "$(dirname "$out")"
 rc=0
 "$muster" dev bench --kubeconfig "$dir/kubeconfig" --nodes "$nodes" --gangs "$gangs" --size "$size" \
   --paths "$paths" --muster-pid "$muster_pid" --muster-metrics-url "http://127.0.0.1:$metrics_port/metrics" \
-  --concurrency "$concurrency" --rate "$rate" --timeout "$timeout" --settle-timeout "$settle" --json-out "$out" \
+  --concurrency "$concurrency" --rate "$rate" --timeout "$timeout" --settle-timeout "$settle" "${clean[@]}" --json-out "$out" \
   --user-kubeconfig "$dir/bench-user.kubeconfig" --user-namespace bench-user || rc=$?
 log "muster ran as the chart's ServiceAccount (BENCH_APF=$apf): $(apf_of "$dir/muster.kubeconfig")"
 # Requests the API server dispatched per FlowSchema and priority level over the whole run (not

@@ -4,11 +4,15 @@
 # running), makes WRITES_OBJECTS objects of each kind below, then WRITES_ROUNDS rounds of one
 # merge patch per object (8 at once, through `kubectl proxy`): a label change, and for kinds with
 # a status subresource a status change. Prints kube-apiserver's CPU milliseconds per write (its
-# utime + stime over the round, divided by the writes; the median round, and the spread).
+# utime + stime over the round, divided by the writes; the median round, and the spread), and
+# per create (the objects of each kind made by one `kubectl create` of a list, one at a time).
 #
 # Kinds: a MusterJob of bench-e2e's shape (3 one-GPU pods, gang of 3), the same MusterJob under
 # a copy of its CRD without CEL rules (group norules.bench.muster.dev: what the rules cost), a
-# PodGroup, a NodeGPUReport (a small custom resource, for the floor) and a ConfigMap (built in).
+# PodGroup, a Workload as muster compiles one for that MusterJob, a NodeGPUReport (a small custom
+# resource, for the floor), a ConfigMap and a batch/v1 Job of the same pod template (built in;
+# suspended, so the Job controller makes no pods; label patches only: its controller owns its
+# status).
 #
 #   WRITES_OBJECTS (400)  WRITES_ROUNDS (5)  MUSTER_CLUSTER_DIR (target/writes-cluster)
 #   MUSTER_K8S_BIN (tools/k8s/bindir.sh)
@@ -75,8 +79,18 @@ def job(group, i):
             "metadata": {"name": f"o{i:05d}", "namespace": "writes"},
             "spec": {"parallelism": 3, "completions": 3, "template": template,
                      "scheduling": {"schedulingPolicy": {"gang": {"minCount": 3}}}}}
+def batch_job(i):
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": f"o{i:05d}", "namespace": "writes"},
+            "spec": {"parallelism": 3, "completions": 3, "suspend": True, "template": template}}
 kinds = {
     "musterjob": [job("batch.muster.dev", i) for i in range(n)],
+    "job": [batch_job(i) for i in range(n)],
+    "workload": [{"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": "Workload",
+                  "metadata": {"name": f"o{i:05d}", "namespace": "writes"},
+                  "spec": {"podGroupTemplates": [{"name": f"o{i:05d}",
+                                                  "schedulingPolicy": {"gang": {"minCount": 3}}}]}}
+                 for i in range(n)],
     "musterjob-norules": [job("norules.bench.muster.dev", i) for i in range(n)],
     "podgroup": [{"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": "PodGroup",
                   "metadata": {"name": f"o{i:05d}", "namespace": "writes"},
@@ -90,18 +104,23 @@ for kind, items in kinds.items():
     with open(f"{work}/{kind}.json", "w") as f:
         json.dump({"apiVersion": "v1", "kind": "List", "items": items}, f)
 PY
-for kind in musterjob musterjob-norules podgroup nodegpureport configmap; do
+pid=$(cat "$dir/pids/kube-apiserver.pid" 2> /dev/null || pgrep -f "kube-apiserver.*$dir" | head -1)
+[ -r "/proc/$pid/stat" ] || die "kube-apiserver's process not found"
+tck=$(getconf CLK_TCK)
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$pid/stat"; }
+
+declare -A created
+for kind in musterjob musterjob-norules job workload podgroup nodegpureport configmap; do
+  before=$(cpu_ticks)
   kc create -f "$work/$kind.json" > /dev/null || die "creating the ${kind}s failed"
+  after=$(cpu_ticks)
+  created[$kind]=$(python3 -c "print(f'{($after - $before) / $tck * 1000 / $objects:.2f}')")
 done
 
 port=$(bash "$root/hack/free-ports.sh" 1)
 kc proxy --port "$port" > "$work/proxy.log" 2>&1 &
 proxy=$!
 for _ in $(seq 50); do curl -sf "http://127.0.0.1:$port/healthz" > /dev/null && break; sleep 0.2; done
-pid=$(cat "$dir/pids/kube-apiserver.pid" 2> /dev/null || pgrep -f "kube-apiserver.*$dir" | head -1)
-[ -r "/proc/$pid/stat" ] || die "kube-apiserver's process not found"
-tck=$(getconf CLK_TCK)
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$pid/stat"; }
 
 # url KIND: the object URL pattern (printf %05g for the index).
 url() {
@@ -111,6 +130,7 @@ url() {
     podgroup) echo "apis/scheduling.muster.dev/v1alpha1/namespaces/writes/podgroups/o%05g" ;;
     nodegpureport) echo "apis/gpu.muster.dev/v1alpha1/nodegpureports/o%05g" ;;
     configmap) echo "api/v1/namespaces/writes/configmaps/o%05g" ;;
+    job) echo "apis/batch/v1/namespaces/writes/jobs/o%05g" ;;
   esac
 }
 
@@ -139,8 +159,8 @@ round() {
 # The rounds go over every kind in turn, so a drift of the machine reaches all alike.
 cases=()
 for write in label status; do
-  for kind in musterjob musterjob-norules podgroup nodegpureport configmap; do
-    [ "$write" = status ] && case $kind in nodegpureport | configmap) continue ;; esac
+  for kind in musterjob musterjob-norules job podgroup nodegpureport configmap; do
+    [ "$write" = status ] && case $kind in job | nodegpureport | configmap) continue ;; esac
     cases+=("$kind/$write")
   done
 done
@@ -149,6 +169,9 @@ for n in $(seq "$rounds"); do
   for c in "${cases[@]}"; do results[$c]+="$(round "${c%/*}" "${c#*/}" "$n") "; done
 done
 printf '%-18s %-7s %9s   %s\n' kind write "ms/write" "each round (ms/write)"
+for kind in musterjob musterjob-norules job workload podgroup nodegpureport configmap; do
+  printf '%-18s %-7s %9s   %s\n' "$kind" create "${created[$kind]}" "(one kubectl create of $objects)"
+done
 for c in "${cases[@]}"; do
   median=$(printf '%s\n' ${results[$c]} | sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')
   printf '%-18s %-7s %9s   %s\n' "${c%/*}" "${c#*/}" "$median" "${results[$c]}"

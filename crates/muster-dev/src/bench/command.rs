@@ -56,7 +56,10 @@ async fn bench(args: &Args) -> Result<Report, BenchError> {
         user_identity: user.as_ref().and_then(|(_, id)| id.clone()),
         ..Report::default()
     };
-    for &path in &args.paths {
+    for (i, &path) in args.paths.iter().enumerate() {
+        if args.clean_between && i > 0 {
+            clean(&client, args.paths[i - 1], Duration::from_secs(args.timeout), args.settle_timeout).await?;
+        }
         let r = run_path(&client, args, path, &http, user.as_ref().map(|(u, _)| u)).await?;
         eprintln!(
             "bench: {}: {}/{} bound, {} pods/s{}",
@@ -85,6 +88,69 @@ async fn bench(args: &Args) -> Result<Report, BenchError> {
     report.cluster_pods = Api::<Pod>::all(client.clone()).list_metadata(&lp).await.ok().map(|l| l.items.len());
     report.cluster_nodes = Api::<Node>::all(client).list_metadata(&lp).await.ok().map(|l| l.items.len());
     Ok(report)
+}
+
+/// Deletes the jobs of a path that ended (their pods and groups go with them), waits until its
+/// namespace holds no pod, deletes the namespace and waits until it is gone, at most `limit`
+/// in all, then until the API server is quiet again (at most `settle_s` more), so the next path
+/// starts on a cluster that holds only the nodes. The jobs go first, one delete each: in a
+/// 100-node trial a namespace deleted with its MusterJobs in it kept them (its content
+/// deletion answered 200) and their pods stayed terminating.
+async fn clean(client: &kube::Client, path: BenchPath, limit: Duration, settle_s: u64) -> Result<(), BenchError> {
+    use k8s_openapi::api::batch::v1::Job;
+    use k8s_openapi::api::core::v1::Namespace;
+    use muster_api::MusterJob;
+    let ns = path.namespace();
+    let t0 = std::time::Instant::now();
+    let lp = ListParams::default();
+    let dp = kube::api::DeleteParams::background();
+    let gone = |r: kube::Result<()>| match r {
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        r => r,
+    };
+    match path {
+        BenchPath::Plain | BenchPath::Gang => {
+            let jobs = Api::<Job>::namespaced(client.clone(), &ns);
+            for job in jobs.list_metadata(&lp).await?.items {
+                let name = job.metadata.name.unwrap_or_default();
+                gone(jobs.delete(&name, &dp).await.map(|_| ()))?;
+            }
+        }
+        BenchPath::Muster | BenchPath::MusterUpstream => {
+            let jobs = Api::<MusterJob>::namespaced(client.clone(), &ns);
+            for job in jobs.list_metadata(&lp).await?.items {
+                let name = job.metadata.name.unwrap_or_default();
+                gone(jobs.delete(&name, &dp).await.map(|_| ()))?;
+            }
+        }
+    }
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let mut deleted = false;
+    loop {
+        if !deleted && pods.list_metadata(&lp.clone().limit(1)).await?.items.is_empty() {
+            gone(namespaces.delete(&ns, &dp).await.map(|_| ()))?;
+            deleted = true;
+        }
+        if deleted && namespaces.get_opt(&ns).await?.is_none() {
+            break;
+        }
+        if t0.elapsed() >= limit {
+            return Err(BenchError::Setup(format!(
+                "the jobs and namespace {ns} not gone {} s after their deletion",
+                limit.as_secs()
+            )));
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let gone_s = t0.elapsed().as_secs_f64();
+    let (quiet_s, _) = super::path::settle(client, Duration::from_secs(settle_s)).await;
+    eprintln!(
+        "bench: {}: jobs, pods and namespace {ns} deleted in {gone_s:.1} s, the API server quiet {} s later",
+        path.name(),
+        opt(quiet_s, 1)
+    );
+    Ok(())
 }
 
 /// Who `client` authenticates as (a SelfSubjectReview), None when the API server does not say.

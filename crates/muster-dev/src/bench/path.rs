@@ -68,7 +68,7 @@ const QUIET_WRITES_PER_S: f64 = 5.0;
 /// ([`busy_writes`]), stay under [`QUIET_WRITES_PER_S`] for one [`SETTLE_WINDOW`], or `limit`
 /// passed: returns the seconds that took and every write meanwhile (`None` and nothing when
 /// the API server's /metrics could not be read).
-async fn settle(client: &Client, limit: Duration) -> (Option<f64>, Vec<(String, f64)>) {
+pub(super) async fn settle(client: &Client, limit: Duration) -> (Option<f64>, Vec<(String, f64)>) {
     let t0 = Instant::now();
     let Some(first) = api_requests(client).await else { return (None, Vec::new()) };
     let mut last = first.counts.clone();
