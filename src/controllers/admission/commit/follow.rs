@@ -41,12 +41,20 @@ fn pods_now(plan: &AdmissionPlan, root: &str, world: &World<'_>) -> Vec<PlannedP
         .collect()
 }
 
-/// Whether a pod of the plan is bound but not running yet.
-fn starting(plan: &AdmissionPlan, world: &World<'_>) -> bool {
-    plan.pods.iter().filter_map(|p| world.pods_by_uid.get(p.uid.as_str())).any(|pod| {
+/// Whether a pod of the plan is bound but not running yet, and no other pod of the root waits
+/// gated for a decision (a replacement, an elastic gang's next pods): while the plan is
+/// followed the root is not decided again, so such a pod ends the wait.
+fn starting(plan: &AdmissionPlan, key: &RootKey, world: &World<'_>) -> bool {
+    let planned: HashSet<&str> = plan.pods.iter().map(|p| p.uid.as_str()).collect();
+    let waiting = world.by_group.get(key).into_iter().flatten().any(|pod| {
         let class = PodClass::of(pod);
-        class.bound_node().is_some() && class.lifecycle == Lifecycle::Pending && !class.terminating
-    })
+        class.gated() && class.live() && !planned.contains(pod.metadata.uid.as_deref().unwrap_or_default())
+    });
+    !waiting
+        && plan.pods.iter().filter_map(|p| world.pods_by_uid.get(p.uid.as_str())).any(|pod| {
+            let class = PodClass::of(pod);
+            class.bound_node().is_some() && class.lifecycle == Lifecycle::Pending && !class.terminating
+        })
 }
 
 /// Why a plan cut short cannot go on: a shared claim it was to allocate before the first pod
@@ -150,7 +158,7 @@ impl Admitter {
             refused: refused.as_ref(),
             lost: lost.as_ref(),
             claim_settle: CLAIM_SETTLE,
-            starting: starting(plan, world),
+            starting: starting(plan, key, world),
             // A composite root's plan records no status: it is cleared at the last bind.
             start_settle: if key.composite { Duration::ZERO } else { START_SETTLE },
         };
