@@ -210,8 +210,10 @@ async fn a_crash_between_a_claim_and_its_pod_patch_is_resumed_with_the_same_devi
             assert!(all.insert(d.clone()), "device {d:?} twice");
         }
     }
-    let done = group_until(&groups, "crash", "Admitted=True", |g| {
-        condition(g, "Admitted").is_some_and(|c| c.status == "True")
+    // The plan's own write says Admitted (with the decision's message); the resumed commit's
+    // clear says it was resumed.
+    let done = group_until(&groups, "crash", "Admitted=True, commit resumed", |g| {
+        condition(g, "Admitted").is_some_and(|c| c.status == "True" && c.message.contains("commit resumed"))
     })
     .await;
     assert!(condition(&done, "Admitted").unwrap().message.contains("commit resumed"));
