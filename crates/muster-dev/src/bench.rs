@@ -70,9 +70,9 @@ pub struct Args {
     /// path starts; those writes are reported as the path's tail. 0: start the next at once.
     #[arg(long, default_value_t = 120)]
     settle_timeout: u64,
-    /// After each path (its tail settled), delete its namespace and wait until it is gone and
-    /// the API server is quiet again, so every path starts on a cluster that holds only the
-    /// nodes: the later paths then pay no more for the earlier paths' pods (kube-scheduler,
+    /// After each path (its tail settled), delete its jobs, then its namespace once no pod is
+    /// left, and wait until it is gone and the API server is quiet again, so every path starts
+    /// on a cluster that holds only the nodes: the later paths then pay no more for the earlier paths' pods (kube-scheduler,
     /// kwok, the API server's caches and muster all cost more per event with more pods). The
     /// default keeps them, as a cluster filling up.
     #[arg(long)]

@@ -104,24 +104,10 @@ async fn clean(client: &kube::Client, path: BenchPath, limit: Duration, settle_s
     let t0 = std::time::Instant::now();
     let lp = ListParams::default();
     let dp = kube::api::DeleteParams::background();
-    let gone = |r: kube::Result<()>| match r {
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        r => r,
-    };
     match path {
-        BenchPath::Plain | BenchPath::Gang => {
-            let jobs = Api::<Job>::namespaced(client.clone(), &ns);
-            for job in jobs.list_metadata(&lp).await?.items {
-                let name = job.metadata.name.unwrap_or_default();
-                gone(jobs.delete(&name, &dp).await.map(|_| ()))?;
-            }
-        }
+        BenchPath::Plain | BenchPath::Gang => delete_each(Api::<Job>::namespaced(client.clone(), &ns)).await?,
         BenchPath::Muster | BenchPath::MusterUpstream => {
-            let jobs = Api::<MusterJob>::namespaced(client.clone(), &ns);
-            for job in jobs.list_metadata(&lp).await?.items {
-                let name = job.metadata.name.unwrap_or_default();
-                gone(jobs.delete(&name, &dp).await.map(|_| ()))?;
-            }
+            delete_each(Api::<MusterJob>::namespaced(client.clone(), &ns)).await?
         }
     }
     let pods = Api::<Pod>::namespaced(client.clone(), &ns);
@@ -129,7 +115,7 @@ async fn clean(client: &kube::Client, path: BenchPath, limit: Duration, settle_s
     let mut deleted = false;
     loop {
         if !deleted && pods.list_metadata(&lp.clone().limit(1)).await?.items.is_empty() {
-            gone(namespaces.delete(&ns, &dp).await.map(|_| ()))?;
+            gone(namespaces.delete(&ns, &dp).await)?;
             deleted = true;
         }
         if deleted && namespaces.get_opt(&ns).await?.is_none() {
@@ -151,6 +137,28 @@ async fn clean(client: &kube::Client, path: BenchPath, limit: Duration, settle_s
         opt(quiet_s, 1)
     );
     Ok(())
+}
+
+/// Deletes every object of `api`, one delete each (background propagation); one gone
+/// meanwhile is no error.
+async fn delete_each<K>(api: Api<K>) -> kube::Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let dp = kube::api::DeleteParams::background();
+    for object in api.list_metadata(&ListParams::default()).await?.items {
+        gone(api.delete(object.metadata.name.as_deref().unwrap_or_default(), &dp).await)?;
+    }
+    Ok(())
+}
+
+/// A delete's result, an object gone already (404) counted as deleted.
+fn gone<T>(result: kube::Result<T>) -> kube::Result<()> {
+    match result {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 /// Who `client` authenticates as (a SelfSubjectReview), None when the API server does not say.

@@ -12,7 +12,7 @@ use crate::controllers::context::Result;
 use crate::crds::scheduling::{AdmissionPlan, PlanState};
 use crate::devices::parse_indices;
 use crate::pods::{Lifecycle, PodClass};
-use crate::scheduler::status::START_SETTLE;
+use crate::scheduler::status::start_settle;
 use crate::scheduler::{
     self, CommitInput, Dra, FailureCause, GatedPin, GroupCount, PinState, PlannedPodNow, RemainingFits, Snapshot,
     StartRequirement, Step,
@@ -41,20 +41,21 @@ fn pods_now(plan: &AdmissionPlan, root: &str, world: &World<'_>) -> Vec<PlannedP
         .collect()
 }
 
-/// Whether a pod of the plan is bound but not running yet, and no other pod of the root waits
-/// gated for a decision (a replacement, an elastic gang's next pods): while the plan is
-/// followed the root is not decided again, so such a pod ends the wait.
-fn starting(plan: &AdmissionPlan, key: &RootKey, world: &World<'_>) -> bool {
+/// Whether a pod of the plan is bound but not running yet.
+fn starting(plan: &AdmissionPlan, world: &World<'_>) -> bool {
+    plan.pods.iter().filter_map(|p| world.pods_by_uid.get(p.uid.as_str())).any(|pod| {
+        let class = PodClass::of(pod);
+        class.bound_node().is_some() && class.lifecycle == Lifecycle::Pending && !class.terminating
+    })
+}
+
+/// Whether a live pod of the root's group outside the plan waits gated for a decision.
+fn waiting(plan: &AdmissionPlan, key: &RootKey, world: &World<'_>) -> bool {
     let planned: HashSet<&str> = plan.pods.iter().map(|p| p.uid.as_str()).collect();
-    let waiting = world.by_group.get(key).into_iter().flatten().any(|pod| {
+    world.by_group.get(key).into_iter().flatten().any(|pod| {
         let class = PodClass::of(pod);
         class.gated() && class.live() && !planned.contains(pod.metadata.uid.as_deref().unwrap_or_default())
-    });
-    !waiting
-        && plan.pods.iter().filter_map(|p| world.pods_by_uid.get(p.uid.as_str())).any(|pod| {
-            let class = PodClass::of(pod);
-            class.bound_node().is_some() && class.lifecycle == Lifecycle::Pending && !class.terminating
-        })
+    })
 }
 
 /// Why a plan cut short cannot go on: a shared claim it was to allocate before the first pod
@@ -158,9 +159,9 @@ impl Admitter {
             refused: refused.as_ref(),
             lost: lost.as_ref(),
             claim_settle: CLAIM_SETTLE,
-            starting: starting(plan, key, world),
-            // A composite root's plan records no status: it is cleared at the last bind.
-            start_settle: if key.composite { Duration::ZERO } else { START_SETTLE },
+            starting: starting(plan, world),
+            waiting: waiting(plan, key, world),
+            start_settle: start_settle(key.composite),
         };
         let version = self.writer.unseen().fence(key, group.version());
         let step = scheduler::next_step(&input);

@@ -21,7 +21,7 @@ use crate::controllers::context::{Result, bounded};
 use crate::crds::scheduling::{AdmissionPlan, PlanState, PlannedPod, PodGroup};
 use crate::crds::{ADMISSION_GATE, GPU_INDICES_ANNOTATION, HOSTNAME_LABEL};
 use crate::devices::parse_indices;
-use crate::scheduler::status::{Outcome, error_condition, pod_group_status, status_hold, wait_started};
+use crate::scheduler::status::{Outcome, status_hold, wait_started};
 use crate::scheduler::{self, ClaimWrite, Decision, PatchRefused, Snapshot};
 
 /// Counts a pod just pinned by `planned` in the snapshot (resources and GPU indices), so the
@@ -133,22 +133,15 @@ pub(in crate::controllers::admission) fn prepare_commit(
     Ok(CommitJob { key: key.clone(), version, plan, pods, shared, own, message: decision.message(), admitted: None })
 }
 
-/// A leaf root's status as cached, and as it reads once `job`'s plan is recorded (admitted,
-/// its pods not patched yet): the plan's write carries it, so the group never shows its phase
-/// from before the commit while the plan is followed (see `scheduler::status::START_SETTLE`).
+/// A leaf root's status as cached, and as `scheduler::status::admitted_status` says it reads
+/// once `job`'s plan is recorded.
 pub(in crate::controllers::admission) fn admitted_status(
     pg: &PodGroup,
     pods: &[&Pod],
     job: &CommitJob,
     error: Option<&str>,
 ) -> AdmittedStatus {
-    let now = Timestamp::now();
-    let mut with_plan = pg.clone();
-    let mut plan = job.plan.clone();
-    plan.state = PlanState::Committing;
-    with_plan.status.get_or_insert_with(Default::default).plan = Some(plan);
-    let mut status = pod_group_status(&with_plan, pods, Some(&Outcome::Admitted(job.message.clone())), now);
-    error_condition(&mut status.conditions, error, pg.metadata.generation, now);
+    let status = scheduler::status::admitted_status(pg, pods, &job.plan, &job.message, error, Timestamp::now());
     (pg.status.clone(), status)
 }
 

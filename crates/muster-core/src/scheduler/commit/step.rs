@@ -53,6 +53,10 @@ pub struct CommitInput<'a> {
     pub claim_settle: Duration,
     /// Whether a planned pod is bound but not running yet.
     pub starting: bool,
+    /// Whether a pod of the root outside the plan waits gated for a decision (a replacement, an
+    /// elastic gang's next pods): the root is not decided while its plan is followed, so the
+    /// plan does not wait for its pods to start.
+    pub waiting: bool,
     /// How long after its creation a plan whose pods are all bound is still followed while
     /// some of them start: its clear then writes the group's status with the pods running,
     /// one status write for admitted, scheduled and running, where two went before (zero: the
@@ -155,7 +159,7 @@ fn watch_binds(input: &CommitInput<'_>, live: &[&PlannedPodNow]) -> Step {
         let claims = !plan.shared_claims.is_empty() || plan.pods.iter().any(|p| !p.claims.is_empty());
         let created = plan.created_at.as_ref().map(|t| t.0);
         let claim_settle = if claims { input.claim_settle } else { Duration::ZERO };
-        let start_settle = if input.starting { input.start_settle } else { Duration::ZERO };
+        let start_settle = if input.starting && !input.waiting { input.start_settle } else { Duration::ZERO };
         let settle = claim_settle.max(start_settle);
         return match created.map(|c| plus(c, settle)) {
             Some(settled) if !settle.is_zero() && input.now < settled => Step::WaitUntil(settled),

@@ -38,12 +38,41 @@ pub const START_SETTLE: std::time::Duration = std::time::Duration::from_secs(30)
 /// status then.
 pub const PLAN_STATUS_HOLD: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// PURE: how long after its creation a root's plan, every pod bound, is followed while its
+/// pods start: [`START_SETTLE`] for a leaf root (its plan record says it is admitted, see
+/// [`admitted_status`]); none for a composite root, whose plan records no status and is
+/// cleared at the last bind.
+pub fn start_settle(composite: bool) -> std::time::Duration {
+    if composite { std::time::Duration::ZERO } else { START_SETTLE }
+}
+
 /// PURE: how long a root's status waits after its commit went through: a leaf root's plan
 /// record says it is admitted already, and its clear writes the status once its pods are bound
-/// and started, within [`START_SETTLE`] (a second more, so the clear comes first); a
+/// and started, within [`start_settle`] (a second more, so the clear comes first); a
 /// composite root's, [`PLAN_STATUS_HOLD`].
 pub fn status_hold(composite: bool) -> std::time::Duration {
-    if composite { PLAN_STATUS_HOLD } else { START_SETTLE + std::time::Duration::from_secs(1) }
+    if composite { PLAN_STATUS_HOLD } else { start_settle(false) + std::time::Duration::from_secs(1) }
+}
+
+/// PURE: a leaf root's status as it reads once `plan` is recorded `Committing` (its pods not
+/// patched yet): admitted, with the decision's `message` and the root's last `error`. The
+/// plan's write carries it (see [`plan_body`]), so the group never shows its phase from before
+/// the commit while the plan is followed.
+pub fn admitted_status(
+    pg: &PodGroup,
+    pods: &[&Pod],
+    plan: &AdmissionPlan,
+    message: &str,
+    error: Option<&str>,
+    now: Timestamp,
+) -> PodGroupStatus {
+    let mut with_plan = pg.clone();
+    let mut plan = plan.clone();
+    plan.state = muster_api::scheduling::PlanState::Committing;
+    with_plan.status.get_or_insert_with(Default::default).plan = Some(plan);
+    let mut status = super::pod_group_status(&with_plan, pods, Some(&Outcome::Admitted(message.to_string())), now);
+    super::error_condition(&mut status.conditions, error, pg.metadata.generation, now);
+    status
 }
 
 /// Status fields written by the commit protocol with their own merge patches (the plan, and

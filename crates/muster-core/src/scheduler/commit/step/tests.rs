@@ -86,6 +86,8 @@ struct Case {
     claim_settle: Duration,
     /// A bound pod of the plan is not running yet.
     starting: bool,
+    /// A pod of the root outside the plan waits gated.
+    waiting: bool,
     start_settle: Duration,
     want: Step,
 }
@@ -105,6 +107,7 @@ impl Default for Case {
             claims: false,
             claim_settle: Duration::ZERO,
             starting: false,
+            waiting: false,
             start_settle: Duration::ZERO,
             want: Step::Done,
         }
@@ -129,6 +132,7 @@ fn run(cases: Vec<Case>) {
             lost: case.lost.as_ref(),
             claim_settle: case.claim_settle,
             starting: case.starting,
+            waiting: case.waiting,
             start_settle: case.start_settle,
         };
         assert_eq!(next_step(&input), case.want, "case: {}", case.name);
@@ -466,6 +470,7 @@ fn a_plan_without_times_counts_the_timeout_from_now() {
         lost: None,
         claim_settle: Duration::ZERO,
         starting: false,
+        waiting: false,
         start_settle: Duration::ZERO,
     };
     assert_eq!(next_step(&input), Step::WaitUntil(at(560)));
@@ -563,6 +568,17 @@ fn a_plan_whose_pods_are_bound_is_followed_while_they_start_until_it_settles() {
         case("running, with claims: the claims' settle still holds", 2, false, true, Step::WaitUntil(at(5))),
         case("starting, with claims: the longer settle", 6, true, true, Step::WaitUntil(at(10))),
     ]);
+    // Another pod of the root waits gated: the root must be decided again, so no wait.
+    run(vec![Case {
+        name: "starting, a pod of the root waits gated",
+        pods: vec![bound("a"), bound("b")],
+        now: 2,
+        starting: true,
+        waiting: true,
+        start_settle: Duration::from_secs(10),
+        want: Step::Done,
+        ..Case::default()
+    }]);
     // A pod not bound yet is waited for by its bind deadline, whatever the start settle.
     run(vec![Case {
         name: "one pod unbound",
