@@ -381,9 +381,13 @@ pub async fn at_most<F: std::future::Future>(limit: usize, futures: Vec<F>) -> V
 
 impl Error {
     /// The object's namespace is being deleted: nothing more can be created there, and the
-    /// object itself is about to go, so retrying is pointless.
+    /// object itself is about to go, so retrying is pointless. (Its pods go first: a job must
+    /// still count and release them, see the job controller's sync.) The API server says so
+    /// with a `NamespaceTerminating` cause, and in its message.
     pub fn namespace_terminating(&self) -> bool {
-        matches!(self, Error::Kube(kube::Error::Api(e)) if e.code == 403 && e.message.contains("because it is being terminated"))
+        let Error::Kube(kube::Error::Api(e)) = self else { return false };
+        let cause = e.details.as_ref().is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating"));
+        e.code == 403 && (cause || e.message.contains("because it is being terminated"))
     }
 
     /// What went wrong, finer than [`Error::metric_label`]: [`api_error_reason`] for the API
@@ -446,6 +450,28 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_namespace_being_deleted_is_told_by_its_cause_or_its_message() {
+        // As the API server answers: a Status, its cause in `details.causes[].reason`.
+        let status = |code: u16, message: &str, cause: Option<&str>| {
+            let mut s =
+                serde_json::json!({"status": "Failure", "code": code, "reason": "Forbidden", "message": message});
+            if let Some(reason) = cause {
+                s["details"] = serde_json::json!({"name": "ns", "kind": "namespaces", "causes": [{"reason": reason, "message": message}]});
+            }
+            let s: kube::core::Status = serde_json::from_value(s).expect("a Status");
+            Error::Kube(kube::Error::Api(s.boxed()))
+        };
+        let told =
+            "pods \"p\" is forbidden: unable to create new content in namespace ns because it is being terminated";
+        assert!(status(403, told, Some("NamespaceTerminating")).namespace_terminating());
+        assert!(status(403, told, None).namespace_terminating(), "an older API server's message alone");
+        assert!(status(403, "forbidden", Some("NamespaceTerminating")).namespace_terminating(), "the cause alone");
+        assert!(!status(403, "exceeded quota: q", None).namespace_terminating());
+        assert!(!status(409, told, Some("NamespaceTerminating")).namespace_terminating(), "not a refusal");
+        assert!(!Error::Missing("x".into()).namespace_terminating());
+    }
 
     #[test]
     fn the_global_default_is_the_highest_class_marked_default() {

@@ -21,7 +21,7 @@ use muster::crds::{
 };
 
 use crate::harness::manager::{muster, muster_exclusive};
-use crate::harness::{client, kubectl, kubectl_apply, metric, namespace, wait_for};
+use crate::harness::{client, kubectl, kubectl_apply, metric, namespace, wait_for, wait_for_opt};
 
 const SHORT: Duration = Duration::from_secs(30);
 const LONG: Duration = Duration::from_secs(90);
@@ -601,6 +601,65 @@ spec:
         (left().await? == (0, 0, 0, 0, 0, 0, false)).then_some(())
     })
     .await;
+}
+
+/// A namespace deleted with running MusterJobs in it goes as one with batch/v1 Jobs does. The
+/// namespace controller deletes the pods first and waits for them (ordered namespace deletion);
+/// every replacement pod the job then plans is refused (the namespace is terminating). The
+/// deleted pods must still be counted and their tracking finalizers released, as batch/v1's
+/// Job controller does, or the namespace (and the pods' GPUs) stay stuck.
+#[tokio::test]
+async fn a_namespace_deleted_with_running_jobs_in_it_goes() {
+    let _muster = muster().await;
+    let ns = namespace("job-ns-delete");
+    let a = apis(&ns.name).await;
+    let pod = "{spec: {containers: [{name: main, image: registry.invalid/none}]}}";
+    kubectl_apply(
+        &ns.name,
+        &format!(
+            r#"
+apiVersion: batch.muster.dev/v1alpha1
+kind: MusterJob
+metadata: {{name: gang}}
+spec:
+  parallelism: 2
+  completions: 2
+  scheduling: {{schedulingPolicy: {{gang: {{}}}}}}
+  template: {pod}
+---
+apiVersion: batch.muster.dev/v1alpha1
+kind: MusterJob
+metadata: {{name: plain}}
+spec:
+  parallelism: 1
+  template: {pod}
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {{name: native}}
+spec:
+  parallelism: 1
+  template: {{spec: {{restartPolicy: Never, containers: [{{name: main, image: registry.invalid/none}}]}}}}
+"#
+        ),
+    );
+    let all = ListParams::default();
+    wait_for("4 pods running", LONG, || async {
+        let pods = a.pods.list(&all).await.ok()?.items;
+        let running = pods.iter().filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"));
+        (running.count() == 4).then_some(())
+    })
+    .await;
+    kubectl(&["delete", "namespace", &ns.name, "--wait=false"]);
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client().await);
+    let gone = wait_for_opt(LONG, || async { matches!(namespaces.get_opt(&ns.name).await, Ok(None)).then_some(()) });
+    if gone.await.is_none() {
+        // What holds it: the pods left and their finalizers.
+        let pods = a.pods.list(&all).await.map(|l| l.items).unwrap_or_default();
+        let held: Vec<(String, Vec<String>)> =
+            pods.iter().map(|p| (p.name_any(), p.metadata.finalizers.clone().unwrap_or_default())).collect();
+        panic!("namespace {} still there after {LONG:?}; its pods and their finalizers: {held:?}", ns.name);
+    }
 }
 
 #[tokio::test]

@@ -141,9 +141,18 @@ pub(super) async fn sync_pods(
     let (created, failed) = create_pods(&pods_api, new_pods).await;
     // Every pod made is expected, also when another failed: the next sync must not make it again.
     jc.expected.created(&uid, created.iter().cloned(), std::time::Instant::now());
-    if let Some(e) = failed {
+    // A create refused: the pods not made are not active, and the pods counted are still
+    // written and released below, as batch/v1's Job controller does. A namespace being deleted
+    // refuses every create and deletes the pods first, waiting for them to go: it is no error
+    // (nothing can be made there again), and its pods must not wait for a pass that never ends.
+    let refused = failed.is_some();
+    let create_error = failed.map(crate::controllers::context::Error::from).filter(|e| !e.namespace_terminating());
+    if refused && created.len() < decision.create.len() {
+        let not_made = (decision.create.len() - created.len()) as i32;
+        decision.status.active = decision.status.active.saturating_sub(not_made).max(0);
+    }
+    if let Some(e) = &create_error {
         ctx.event(&reference, true, "FailedCreate", "CreatePods", format!("Error creating pod: {e}")).await;
-        return Err(e.into());
     }
     if !created.is_empty() {
         ctx.event(
@@ -192,7 +201,7 @@ pub(super) async fn sync_pods(
             release_error = release_error.or(Some(e));
         }
     }
-    if let Some(e) = release_error {
+    if let Some(e) = release_error.or(create_error) {
         return Err(e);
     }
     // A mirrored condition's change is told once, with the write that records it (a paced write
