@@ -11,6 +11,7 @@ pub mod install;
 pub mod job;
 pub mod jobset;
 pub mod metrics;
+pub mod own_writes;
 pub mod owner;
 pub mod secure_metrics;
 
@@ -230,6 +231,20 @@ where
 /// each with several writes, all in flight in an API server that had to serve kube-scheduler's
 /// binds and muster's own pins too (upstream's Job controller syncs 5 at a time).
 pub const RECONCILE_CONCURRENCY: u16 = 64;
+
+/// How often an object refused for a name another owner's object holds (`NameConflict`) is
+/// looked at again. The holder is often an earlier object of the same name, deleted and made
+/// again, whose garbage collection removes it within seconds (a pass of the old object read
+/// before its deletion showed can even make its group again after the collector removed it):
+/// the new object must not wait for an event that never comes. A few cache reads each time; the
+/// refusal's status is written once.
+pub const NAME_CONFLICT_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// When an object refused for `reason` is looked at again by itself ([`NAME_CONFLICT_RETRY`]
+/// for a `NameConflict`; other refusals wait for a change of the object).
+pub fn refusal_retry(reason: &str) -> Option<std::time::Duration> {
+    (reason == "NameConflict").then_some(NAME_CONFLICT_RETRY)
+}
 
 /// The reconcilers' error policy: no retry in a namespace being deleted; otherwise count the
 /// error and try again in 5 s.

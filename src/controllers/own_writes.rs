@@ -81,9 +81,13 @@ mod tests {
         assert!(writes.lagging("a", Some("7"), t0 + OWN_WRITE_TIMEOUT / 2).is_some());
         assert_eq!(writes.lagging("a", Some("7"), t0 + OWN_WRITE_TIMEOUT), None, "not waited for forever");
         // Past the write, or versions that are not numbers: the cache is the truth.
-        for (cached, made) in
-            [(Some("13"), Some("12")), (Some("x"), Some("12")), (None, Some("12")), (Some("7"), None), (Some("7"), Some("v2"))]
-        {
+        for (cached, made) in [
+            (Some("13"), Some("12")),
+            (Some("x"), Some("12")),
+            (None, Some("12")),
+            (Some("7"), None),
+            (Some("7"), Some("v2")),
+        ] {
             writes.wrote("a", "w", made, t0);
             assert_eq!(writes.lagging("a", cached, t0), None, "{cached:?} after {made:?}");
             assert_eq!(writes.lagging("a", Some("1"), t0), None, "forgotten");

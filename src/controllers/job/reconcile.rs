@@ -74,7 +74,10 @@ pub(super) async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, jc: Arc<J
     }
     let api = match scheduling_api(job, &jc).await? {
         Ok(api) => api,
-        Err((reason, message)) => return set_invalid(job, ctx, reason, &message, now, None).await,
+        Err((reason, message)) => {
+            let retry = crate::controllers::refusal_retry(reason);
+            return set_invalid(job, ctx, reason, &message, now, retry).await;
+        }
     };
     let groups = match api {
         SchedulingApi::Muster => ensure_groups(job, &jc).await?,
@@ -82,7 +85,10 @@ pub(super) async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, jc: Arc<J
     };
     let group = match groups {
         Ok(group) => group,
-        Err((reason, message)) => return set_invalid(job, ctx, reason, &message, now, None).await,
+        Err((reason, message)) => {
+            let retry = crate::controllers::refusal_retry(reason);
+            return set_invalid(job, ctx, reason, &message, now, retry).await;
+        }
     };
     // The GPU template comes before the pods that claim from it. Group claims: muster makes
     // them for its own PodGroup; a native PodGroup's are kube-controller-manager's to make.

@@ -26,6 +26,7 @@ use super::plan::{GANG_RESTARTED_ANNOTATION, TRACKING_FINALIZER, condition};
 use super::record::CachedPod;
 use crate::controllers::conditions;
 use crate::controllers::context::Result;
+use crate::controllers::own_writes::OwnWrites;
 use crate::crds::batch::{MusterJob, MusterJobStatus};
 
 /// How long an expectation is kept at most (a pod or status event that never comes).
@@ -95,45 +96,28 @@ impl Counts {
     }
 }
 
-/// Per job UID: the counts last written and when, and the version the last status write made.
+/// Per job UID: the counts last written and when, and the version the last status write made
+/// (with its counts).
 #[derive(Debug, Default)]
-pub struct Written(Mutex<HashMap<String, (Counts, Instant)>>, Mutex<HashMap<String, Sent>>);
-
-/// A status write, until the cache shows the version it made (or a later one).
-#[derive(Debug)]
-struct Sent {
-    counts: Counts,
-    version: Option<u64>,
-    at: Instant,
-}
+pub struct Written(Mutex<HashMap<String, (Counts, Instant)>>, OwnWrites<Counts>);
 
 impl Written {
     /// Records a status just written for a job; `version`: the job's resourceVersion after it.
     pub fn wrote(&self, job: &str, status: &MusterJobStatus, version: Option<&str>, now: Instant) {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).insert(job.to_string(), (Counts::of(status), now));
-        let sent = Sent { counts: Counts::of(status), version: version.and_then(|v| v.parse().ok()), at: now };
-        self.1.lock().unwrap_or_else(PoisonError::into_inner).insert(job.to_string(), sent);
+        self.1.wrote(job, Counts::of(status), version, now);
     }
 
     /// Whether `status` may wait for the cache: the cache still shows the job at a version
-    /// older than the one this controller's last status write made (`cached`), and `status`
-    /// records no count that write did not (a finished pod counted now must be written before
-    /// it is released, so such a status never waits). A status computed from that older job
-    /// would undo the write's times (two passes each writing the first status, each stamping
-    /// its own `startTime` and condition times, were about half of all first writes at 1,000
-    /// gangs); the write's own event syncs the job again. Versions are compared as the numbers
-    /// the API server makes them; one that is not a number, a cache at or past the write, or
-    /// [`EXPECTATION_TIMEOUT`] forgets the record: the cache is the truth again.
+    /// older than the one this controller's last status write made (`cached`,
+    /// [`OwnWrites::lagging`]), and `status` records no count that write did not (a finished
+    /// pod counted now must be written before it is released, so such a status never waits). A
+    /// status computed from that older job would undo the write's times (two passes each
+    /// writing the first status, each stamping its own `startTime` and condition times, were
+    /// about half of all first writes at 1,000 gangs); the write's own event syncs the job
+    /// again.
     pub fn behind_own_write(&self, job: &str, status: &MusterJobStatus, cached: Option<&str>, now: Instant) -> bool {
-        let mut map = self.1.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(sent) = map.get(job) else { return false };
-        let cached = cached.and_then(|v| v.parse::<u64>().ok());
-        let lags = matches!((cached, sent.version), (Some(c), Some(w)) if c < w);
-        if !lags || now.duration_since(sent.at) >= EXPECTATION_TIMEOUT {
-            map.remove(job);
-            return false;
-        }
-        sent.counts == Counts::of(status)
+        self.1.lagging(job, cached, now).is_some_and(|counts| counts == Counts::of(status))
     }
 
     /// Whether the job's status as read (`status`) shows what was last written (or that was
@@ -151,7 +135,7 @@ impl Written {
     /// Forgets a job (deleted).
     pub fn forget(&self, job: &str) {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).remove(job);
-        self.1.lock().unwrap_or_else(PoisonError::into_inner).remove(job);
+        self.1.forget(job);
     }
 }
 

@@ -23,6 +23,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::context::{Context, Error, Result};
+use super::own_writes::OwnWrites;
 use super::{conditions, controller_uid};
 use crate::crds::batch::{JobSetPhase, MusterJob, MusterJobSet, MusterJobSetStatus};
 use crate::crds::scheduling::{CompositePodGroup, Workload};
@@ -44,6 +45,18 @@ const LIST_PAGE: u32 = 500;
 /// is looked at again, at the latest.
 const NEXT_BATCH: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How soon a set whose cached object is older than this controller's last write to it is
+/// looked at again (the write's own watch event comes sooner, normally).
+const OWN_WRITE_RETRY: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// The controller's context: the manager's, and the version of each set its last status
+/// write made ([`OwnWrites`]): a set read older than that is not planned (its restarts and
+/// conditions would undo the write).
+struct SetContext {
+    ctx: Arc<Context>,
+    written: OwnWrites,
+}
+
 /// Runs the controller until `shutdown` resolves.
 pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
     let sets = Api::<DeserializeGuard<MusterJobSet>>::all(ctx.client.clone());
@@ -59,7 +72,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
     }
     controller
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
+        .run(reconcile, error_policy, Arc::new(SetContext { ctx, written: OwnWrites::default() }))
         .for_each(|res| async move {
             if let Err(e) = res {
                 tracing::debug!(error = %e, "jobset reconcile");
@@ -68,21 +81,30 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         .await;
 }
 
-fn error_policy(_set: Arc<DeserializeGuard<MusterJobSet>>, err: &Error, ctx: Arc<Context>) -> Action {
-    super::retry_after_error(CONTROLLER, err, &ctx)
+fn error_policy(_set: Arc<DeserializeGuard<MusterJobSet>>, err: &Error, sc: Arc<SetContext>) -> Action {
+    super::retry_after_error(CONTROLLER, err, &sc.ctx)
 }
 
-async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>) -> Result<Action> {
+async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, sc: Arc<SetContext>) -> Result<Action> {
+    let ctx = &sc.ctx;
     let _timer = ctx.metrics.reconcile(CONTROLLER);
     let set = match &guard.0 {
         Ok(set) => set,
         Err(invalid) => {
-            super::report_undecodable::<MusterJobSet>(&ctx, invalid).await;
+            super::report_undecodable::<MusterJobSet>(ctx, invalid).await;
             return Ok(Action::await_change());
         }
     };
+    let uid = set.uid().unwrap_or_default();
     if set.metadata.deletion_timestamp.is_some() {
+        sc.written.forget(&uid);
         return Ok(Action::await_change());
+    }
+    // The cache does not show this controller's last status write yet (another object's event
+    // ran the set first): its restarts, conditions and attempt would be those before the write.
+    if sc.written.lagging(&uid, set.metadata.resource_version.as_deref(), std::time::Instant::now()).is_some() {
+        tracing::debug!(set = %set.name_any(), "the set's status written is not cached yet");
+        return Ok(Action::requeue(OWN_WRITE_RETRY));
     }
     // A set another controller manages (JobSet's `managedBy`, e.g. MultiKueue) is left alone:
     // no child, no status.
@@ -92,35 +114,34 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>
     let now = Timestamp::now();
     let namespace = set.namespace().unwrap_or_default();
     if let Some(message) = crate::webhook::config::excluded_namespace(&namespace, &ctx.config.namespace) {
-        return set_invalid(set, &ctx, "NamespaceExcluded", &message, now).await;
+        return set_invalid(set, &sc, "NamespaceExcluded", &message, now).await;
     }
     let errors = validate_jobset(set, None);
     if !errors.is_empty() {
         let message = crate::workloadbuilder::field::joined(&errors);
-        return set_invalid(set, &ctx, "InvalidSpec", &message, now).await;
+        return set_invalid(set, &sc, "InvalidSpec", &message, now).await;
     }
     // The cluster's own bound (`--max-job-pods`): a set over it makes no children.
     let errors = jobset_size_errors(&set.spec, ctx.config.max_job_pods);
     if !errors.is_empty() {
         let message = crate::workloadbuilder::field::joined(&errors);
-        return set_invalid(set, &ctx, "PodLimitExceeded", &message, now).await;
+        return set_invalid(set, &sc, "PodLimitExceeded", &message, now).await;
     }
     let ns = set.namespace().unwrap_or_default();
     let name = set.name_any();
     let owner = super::controller_ref(set).ok_or_else(|| Error::Missing("the MusterJobSet has no uid yet".into()))?;
-    let uid = owner.uid.clone();
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    let api = match scheduling_api(set, &ctx).await? {
+    let api = match scheduling_api(set, ctx).await? {
         Ok(api) => api,
-        Err((reason, message)) => return set_invalid(set, &ctx, reason, &message, now).await,
+        Err((reason, message)) => return set_invalid(set, &sc, reason, &message, now).await,
     };
     let roots = match api {
-        SchedulingApi::Muster => ensure_roots(set, &ctx, &owner).await?,
-        SchedulingApi::Upstream => ensure_native_roots(set, &ctx, &owner).await?,
+        SchedulingApi::Muster => ensure_roots(set, ctx, &owner).await?,
+        SchedulingApi::Upstream => ensure_native_roots(set, ctx, &owner).await?,
     };
     let Roots { name: root_name, composite_conditions } = match roots {
         Ok(roots) => roots,
-        Err((reason, message)) => return set_invalid(set, &ctx, reason, &message, now).await,
+        Err((reason, message)) => return set_invalid(set, &sc, reason, &message, now).await,
     };
     if let Some(note) = network::apply(&ctx.client, set, owner.clone(), FIELD_MANAGER).await? {
         ctx.event(&set.object_ref(&()), true, "ServiceConflict", "ApplyService", note).await;
@@ -201,7 +222,7 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, ctx: Arc<Context>
     for (warning, reason, message) in &decision.events {
         ctx.event(&reference, *warning, reason, "Sync", message.clone()).await;
     }
-    write_status(set, &ctx, &decision.status).await?;
+    write_status(set, &sc, &decision.status).await?;
     // `ttlSecondsAfterFinished` ran out: the set goes, and with it (foreground) all it made.
     if decision.delete_set {
         let sets = Api::<MusterJobSet>::namespaced(ctx.client.clone(), &ns);
@@ -374,17 +395,28 @@ async fn scheduling_api(set: &MusterJobSet, ctx: &Context) -> Result<std::result
     Ok(Ok(api))
 }
 
-async fn write_status(set: &MusterJobSet, ctx: &Context, status: &MusterJobSetStatus) -> Result<()> {
+/// Writes the set's status when it changed, and records the version the write made.
+async fn write_status(set: &MusterJobSet, sc: &SetContext, status: &MusterJobSetStatus) -> Result<()> {
     if set.status.as_ref() == Some(status) {
         return Ok(());
     }
-    let api = Api::<MusterJobSet>::namespaced(ctx.client.clone(), &set.namespace().unwrap_or_default());
+    let api = Api::<MusterJobSet>::namespaced(sc.ctx.client.clone(), &set.namespace().unwrap_or_default());
     let body = json!({"apiVersion": "batch.muster.dev/v1alpha1", "kind": "MusterJobSet", "status": status});
-    api.patch_status(&set.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await?;
+    let written =
+        api.patch_status(&set.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await?;
+    let uid = set.uid().unwrap_or_default();
+    sc.written.wrote(&uid, (), written.metadata.resource_version.as_deref(), std::time::Instant::now());
     Ok(())
 }
 
-async fn set_invalid(set: &MusterJobSet, ctx: &Context, reason: &str, message: &str, now: Timestamp) -> Result<Action> {
+async fn set_invalid(
+    set: &MusterJobSet,
+    sc: &SetContext,
+    reason: &str,
+    message: &str,
+    now: Timestamp,
+) -> Result<Action> {
+    let ctx = &sc.ctx;
     let mut status = set.status.clone().unwrap_or_default();
     let changed = conditions::set(
         &mut status.conditions,
@@ -400,6 +432,6 @@ async fn set_invalid(set: &MusterJobSet, ctx: &Context, reason: &str, message: &
     if changed {
         ctx.event(&set.object_ref(&()), true, reason, "Validate", message).await;
     }
-    write_status(set, ctx, &status).await?;
-    Ok(Action::await_change())
+    write_status(set, sc, &status).await?;
+    Ok(super::refusal_retry(reason).map_or_else(Action::await_change, Action::requeue))
 }

@@ -162,7 +162,8 @@ pub fn all() -> Vec<Scenario> {
             "parallelism-over-completions",
             "parallelism above completions: only as many pods as completions remain",
             json!({"completions": 2, "parallelism": 4}),
-            every(Succeed("8s")),
+            // Long enough for the snapshot to come before the first success on a loaded machine.
+            every(Succeed("12s")),
             "Complete CompletionsReached",
         )
         .steps(vec![
