@@ -412,6 +412,9 @@ impl Admitter {
         if let Some(at) = self.clear_plans(clears).await {
             soonest(at);
         }
+        // Nothing to decide until muster's own objects move: no root waits, is being admitted,
+        // is followed or settles.
+        self.calm = pending.total() == 0 && busy.is_empty() && settled.is_empty() && self.commits.is_empty();
         // Forget roots that are gone.
         let live: HashSet<RootKey> = forest.trees.iter().map(|t| RootKey::of(&t.namespace, &t.root)).collect();
         self.roots.retain(|k, _| live.contains(k) || busy.contains(k));

@@ -130,6 +130,12 @@ fn stored<K: Clone>(ev: &Event<K>, keep: fn(&K) -> bool, held: impl Fn(&K) -> bo
 fn wake(wake: Wake, notify: &Signal, capacity: &AtomicU64) {
     match wake {
         Wake::No => {}
+        Wake::Usage { frees } => {
+            if frees {
+                capacity.fetch_add(1, Ordering::Relaxed);
+            }
+            notify.usage_changed();
+        }
         Wake::Cycle => notify.wake(),
         Wake::Frees => {
             capacity.fetch_add(1, Ordering::Relaxed);
@@ -138,16 +144,25 @@ fn wake(wake: Wake, notify: &Signal, capacity: &AtomicU64) {
     }
 }
 
-/// How the watches wake admission: a notification, and a count of the events that woke it
-/// (equal counts across two cycles: no event in between asked for one).
+/// How the watches wake admission: a notification, a count of the events that woke it (equal
+/// counts across two cycles: no event in between asked for one), and a count of those that
+/// bring admission work of its own (all but [`Wake::Usage`]).
 #[derive(Default)]
 pub(super) struct Signal {
     pub notify: Notify,
     pub events: AtomicU64,
+    pub work: AtomicU64,
 }
 
 impl Signal {
+    /// An event that asks for a cycle soon.
     pub fn wake(&self) {
+        self.work.fetch_add(1, Ordering::SeqCst);
+        self.usage_changed();
+    }
+
+    /// An event that changed only what other workloads use ([`Wake::Usage`]).
+    pub fn usage_changed(&self) {
         self.events.fetch_add(1, Ordering::SeqCst);
         self.notify.notify_one();
     }
@@ -156,6 +171,11 @@ impl Signal {
     pub fn events(&self) -> u64 {
         self.events.load(Ordering::SeqCst)
     }
+
+    /// The events so far that brought admission work of its own.
+    pub fn work(&self) -> u64 {
+        self.work.load(Ordering::SeqCst)
+    }
 }
 
 /// What a watch event asks of admission.
@@ -163,6 +183,9 @@ impl Signal {
 pub(super) enum Wake {
     /// Nothing a decision or a status reads changed (a node heartbeat, a plain pod's status).
     No,
+    /// Another workload's pod was bound, finished or went (`frees`: finished or went): the
+    /// usage counts changed. A cycle, which may wait while admission has nothing to decide.
+    Usage { frees: bool },
     /// A cycle.
     Cycle,
     /// A cycle, and roots waiting in backoff are retried: capacity may have freed.
@@ -177,11 +200,13 @@ impl Wake {
 
 /// A pod event wakes admission when the pod is muster's (its group's status reads it), or
 /// when what it uses changed (a pod bound, finished, deleted): a status update of another
-/// workload's running pod changes nothing admission reads.
+/// workload's running pod changes nothing admission reads, and a change of its usage only
+/// counts ([`Wake::Usage`]).
 fn pod_wakes(ev: &Event<Pod>, usage_changed: bool) -> Wake {
     match ev {
         Event::Apply(p) if !usage_changed && !ours(p) => Wake::No,
         Event::InitApply(_) => Wake::No,
+        Event::Apply(p) | Event::Delete(p) if !ours(p) => Wake::Usage { frees: pod_frees(ev) },
         _ => Wake::from_frees(pod_frees(ev)),
     }
 }
@@ -767,6 +792,34 @@ mod tests {
             let got = if held { stored(&ev, ours, always) } else { stored(&ev, ours, never) };
             assert_eq!(got, want, "{case}");
         }
+    }
+
+    #[test]
+    fn another_workloads_pod_only_counts_its_usage_and_musters_own_pods_bring_work() {
+        let (mine, other) = (labelled("a", true), labelled("b", false));
+        let mut done = other.clone();
+        done.status =
+            Some(k8s_openapi::api::core::v1::PodStatus { phase: Some("Succeeded".into()), ..Default::default() });
+        let cases: [(&str, Event<Pod>, bool, Wake); 9] = [
+            ("ours changed", Event::Apply(mine.clone()), false, Wake::Cycle),
+            ("ours bound", Event::Apply(mine.clone()), true, Wake::Cycle),
+            ("ours deleted", Event::Delete(mine.clone()), true, Wake::Frees),
+            ("other's status, usage unchanged", Event::Apply(other.clone()), false, Wake::No),
+            ("other bound", Event::Apply(other.clone()), true, Wake::Usage { frees: false }),
+            ("other finished", Event::Apply(done), true, Wake::Usage { frees: true }),
+            ("other deleted", Event::Delete(other.clone()), true, Wake::Usage { frees: true }),
+            ("relisted", Event::InitApply(mine.clone()), true, Wake::No),
+            ("relist done", Event::InitDone, false, Wake::Cycle),
+        ];
+        for (case, ev, usage_changed, want) in cases {
+            assert_eq!(pod_wakes(&ev, usage_changed), want, "{case}");
+        }
+        // Usage alone counts as an event, not as work.
+        let (signal, capacity) = (Signal::default(), AtomicU64::new(0));
+        wake(Wake::Usage { frees: true }, &signal, &capacity);
+        assert_eq!((signal.events(), signal.work(), capacity.load(Ordering::Relaxed)), (1, 0, 1));
+        wake(Wake::Cycle, &signal, &capacity);
+        assert_eq!((signal.events(), signal.work(), capacity.load(Ordering::Relaxed)), (2, 1, 1));
     }
 
     #[test]

@@ -95,7 +95,8 @@ pub(super) async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, jc: Arc<J
     let gpu_template = match ensure_gpu_template(job, ctx).await? {
         Ok(template) => template,
         Err((reason, message)) => {
-            return set_invalid(job, ctx, reason, &message, now, Some(CLAIM_RETRY)).await;
+            let retry = crate::controllers::refusal_retry(reason).unwrap_or(CLAIM_RETRY);
+            return set_invalid(job, ctx, reason, &message, now, Some(retry)).await;
         }
     };
     let group_claims = match api {

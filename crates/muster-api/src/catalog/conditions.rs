@@ -110,7 +110,11 @@ const INVALID_COMMON: [ReasonEntry; 8] = [
         True,
         "Upstream mode, and the spec uses fields the `scheduling.k8s.io` kinds have no room for.",
     ),
-    r("NameConflict", True, "An object muster would make already exists and is not controlled by this object."),
+    r(
+        "NameConflict",
+        True,
+        "An object muster would make already exists and is not controlled by this object. Looked at again every 5 s (an earlier object of the same name may still be going).",
+    ),
 ];
 
 const JOB_INVALID: &[ReasonEntry] = &[
