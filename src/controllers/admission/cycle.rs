@@ -100,6 +100,8 @@ impl Admitter {
         // counted either as in flight or as unseen.
         self.ended_commits();
         let Some(settling) = self.settling(&all_pgs, &all_cpgs, &pods) else {
+            // Waiting for the caches: nothing is known to be calm.
+            self.calm = false;
             return Ok(Some(Instant::now() + Duration::from_millis(100)));
         };
         // Where muster placed pods not bound yet: their plans, recorded in the status of their

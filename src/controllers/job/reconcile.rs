@@ -74,10 +74,7 @@ pub(super) async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, jc: Arc<J
     }
     let api = match scheduling_api(job, &jc).await? {
         Ok(api) => api,
-        Err((reason, message)) => {
-            let retry = crate::controllers::refusal_retry(reason);
-            return set_invalid(job, ctx, reason, &message, now, retry).await;
-        }
+        Err((reason, message)) => return set_invalid(job, ctx, reason, &message, now, None).await,
     };
     let groups = match api {
         SchedulingApi::Muster => ensure_groups(job, &jc).await?,
@@ -85,18 +82,14 @@ pub(super) async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, jc: Arc<J
     };
     let group = match groups {
         Ok(group) => group,
-        Err((reason, message)) => {
-            let retry = crate::controllers::refusal_retry(reason);
-            return set_invalid(job, ctx, reason, &message, now, retry).await;
-        }
+        Err((reason, message)) => return set_invalid(job, ctx, reason, &message, now, None).await,
     };
     // The GPU template comes before the pods that claim from it. Group claims: muster makes
     // them for its own PodGroup; a native PodGroup's are kube-controller-manager's to make.
     let gpu_template = match ensure_gpu_template(job, ctx).await? {
         Ok(template) => template,
         Err((reason, message)) => {
-            let retry = crate::controllers::refusal_retry(reason).unwrap_or(CLAIM_RETRY);
-            return set_invalid(job, ctx, reason, &message, now, Some(retry)).await;
+            return set_invalid(job, ctx, reason, &message, now, Some(CLAIM_RETRY)).await;
         }
     };
     let group_claims = match api {

@@ -141,18 +141,19 @@ pub(super) async fn sync_pods(
     let (created, failed) = create_pods(&pods_api, new_pods).await;
     // Every pod made is expected, also when another failed: the next sync must not make it again.
     jc.expected.created(&uid, created.iter().cloned(), std::time::Instant::now());
-    // A create refused: the pods not made are not active, and the pods counted are still
-    // written and released below, as batch/v1's Job controller does. A namespace being deleted
-    // refuses every create and deletes the pods first, waiting for them to go: it is no error
-    // (nothing can be made there again), and its pods must not wait for a pass that never ends.
-    let refused = failed.is_some();
-    let create_error = failed.map(crate::controllers::context::Error::from).filter(|e| !e.namespace_terminating());
-    if refused && created.len() < decision.create.len() {
-        let not_made = (decision.create.len() - created.len()) as i32;
+    if let Some(e) = failed.map(crate::controllers::context::Error::from) {
+        // A create refused: nothing is written or released until the pods are made (the plan
+        // counts a replacement as made: a failed pod's index hands its failure count on to it).
+        if !e.namespace_terminating() {
+            ctx.event(&reference, true, "FailedCreate", "CreatePods", format!("Error creating pod: {e}")).await;
+            return Err(e);
+        }
+        // Except in a namespace being deleted: it refuses every create and deletes the pods
+        // first, waiting for them to go. Nothing can be made there again and the counts are
+        // read by no one: the pods not made are left out of `active`, and the status is written
+        // and the pods released below, or they would wait for a pass that never ends.
+        let not_made = decision.create.len().saturating_sub(created.len()) as i32;
         decision.status.active = decision.status.active.saturating_sub(not_made).max(0);
-    }
-    if let Some(e) = &create_error {
-        ctx.event(&reference, true, "FailedCreate", "CreatePods", format!("Error creating pod: {e}")).await;
     }
     if !created.is_empty() {
         ctx.event(
@@ -201,7 +202,7 @@ pub(super) async fn sync_pods(
             release_error = release_error.or(Some(e));
         }
     }
-    if let Some(e) = release_error.or(create_error) {
+    if let Some(e) = release_error {
         return Err(e);
     }
     // A mirrored condition's change is told once, with the write that records it (a paced write

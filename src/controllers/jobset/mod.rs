@@ -433,5 +433,8 @@ async fn set_invalid(
         ctx.event(&set.object_ref(&()), true, reason, "Validate", message).await;
     }
     write_status(set, sc, &status).await?;
-    Ok(super::refusal_retry(reason).map_or_else(Action::await_change, Action::requeue))
+    // A refusal that can clear by itself (a name an earlier object of the same name holds) is
+    // looked at again without an event.
+    let since = conditions::get(&status.conditions, condition::INVALID).map_or(now, |c| c.last_transition_time.0);
+    Ok(super::refusal_retry(reason, since, now).map_or_else(Action::await_change, Action::requeue))
 }

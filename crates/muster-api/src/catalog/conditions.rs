@@ -113,7 +113,7 @@ const INVALID_COMMON: [ReasonEntry; 8] = [
     r(
         "NameConflict",
         True,
-        "An object muster would make already exists and is not controlled by this object. Looked at again every 5 s (an earlier object of the same name may still be going).",
+        "An object muster would make already exists and is not controlled by this object. Looked at again every 5 s for a minute, then every minute (an earlier object of the same name may still be going).",
     ),
 ];
 

@@ -236,7 +236,7 @@ pub static EVENTS: &[EventEntry] = &[
         Warning,
         JOB_OR_SET,
         "Validate",
-        "An object muster would make (Workload, PodGroup, CompositePodGroup, ResourceClaimTemplate) already exists and is not controlled by this object. Looked at again every 5 s (an earlier object of the same name may still be going).",
+        "An object muster would make (Workload, PodGroup, CompositePodGroup, ResourceClaimTemplate) already exists and is not controlled by this object. Looked at again every 5 s for a minute, then every minute (an earlier object of the same name may still be going).",
     ),
     ev(
         "FrozenFieldChanged",
