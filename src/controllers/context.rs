@@ -455,12 +455,19 @@ mod tests {
     fn a_namespace_being_deleted_is_told_by_its_cause_or_its_message() {
         // As the API server answers: a Status, its cause in `details.causes[].reason`.
         let status = |code: u16, message: &str, cause: Option<&str>| {
-            let mut s =
-                serde_json::json!({"status": "Failure", "code": code, "reason": "Forbidden", "message": message});
+            use kube::core::response::{StatusCause, StatusDetails};
+            let mut s = kube::core::Status::failure(message, "Forbidden").with_code(code);
             if let Some(reason) = cause {
-                s["details"] = serde_json::json!({"name": "ns", "kind": "namespaces", "causes": [{"reason": reason, "message": message}]});
+                let cause = StatusCause { reason: reason.into(), message: message.into(), field: String::new() };
+                s = s.with_details(StatusDetails {
+                    name: "ns".into(),
+                    group: String::new(),
+                    kind: "namespaces".into(),
+                    uid: String::new(),
+                    causes: vec![cause],
+                    retry_after_seconds: 0,
+                });
             }
-            let s: kube::core::Status = serde_json::from_value(s).expect("a Status");
             Error::Kube(kube::Error::Api(s.boxed()))
         };
         let told =

@@ -232,37 +232,6 @@ where
 /// binds and muster's own pins too (upstream's Job controller syncs 5 at a time).
 pub const RECONCILE_CONCURRENCY: u16 = 64;
 
-/// How often an object refused for a name another owner's object holds (`NameConflict`) is
-/// looked at again in the refusal's first [`NAME_CONFLICT_SOON`]. The holder is often an
-/// earlier object of the same name, deleted and made again, whose garbage collection removes
-/// it within seconds (a pass of the old object read before its deletion showed can even make
-/// its group again after the collector removed it): the new object must not wait for an event
-/// that never comes. Each look reads the holder again (from a cache, or with a GET); the
-/// refusal's status is written once.
-pub const NAME_CONFLICT_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
-/// How long a `NameConflict` is looked at every [`NAME_CONFLICT_RETRY`]; after it, every
-/// [`NAME_CONFLICT_LATER`] (a name a tenant's own object holds for good costs a read a minute).
-pub const NAME_CONFLICT_SOON: std::time::Duration = std::time::Duration::from_secs(60);
-/// How often an older `NameConflict` is looked at again.
-pub const NAME_CONFLICT_LATER: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// PURE: when an object refused for `reason` since `since` (its `Invalid` condition's
-/// transition) is looked at again by itself: a `NameConflict` every [`NAME_CONFLICT_RETRY`]
-/// for [`NAME_CONFLICT_SOON`], then every [`NAME_CONFLICT_LATER`]; other refusals wait for a
-/// change of the object (`None`).
-pub fn refusal_retry(
-    reason: &str,
-    since: k8s_openapi::jiff::Timestamp,
-    now: k8s_openapi::jiff::Timestamp,
-) -> Option<std::time::Duration> {
-    if reason != "NameConflict" {
-        return None;
-    }
-    // A transition ahead of this clock (clocks apart) counts as a refusal just made.
-    let age = if since > now { std::time::Duration::ZERO } else { now.duration_since(since).unsigned_abs() };
-    Some(if age < NAME_CONFLICT_SOON { NAME_CONFLICT_RETRY } else { NAME_CONFLICT_LATER })
-}
-
 /// The reconcilers' error policy: no retry in a namespace being deleted; otherwise count the
 /// error and try again in 5 s.
 pub fn retry_after_error(controller: &str, err: &Error, ctx: &Context) -> kube::runtime::controller::Action {
@@ -644,27 +613,8 @@ async fn run_leader(
 
 #[cfg(test)]
 mod tests {
-    use super::{NAME_CONFLICT_LATER, NAME_CONFLICT_RETRY, NAME_CONFLICT_SOON, holds, refusal_retry};
+    use super::holds;
     use serde_json::json;
-
-    #[test]
-    fn a_name_conflict_is_looked_at_again_soon_then_seldom_and_other_refusals_wait_for_a_change() {
-        let t0 = k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).expect("time");
-        let after = |d: std::time::Duration| t0 + d;
-        let cases = [
-            ("NameConflict", t0, Some(NAME_CONFLICT_RETRY)),
-            ("NameConflict", after(NAME_CONFLICT_SOON / 2), Some(NAME_CONFLICT_RETRY)),
-            ("NameConflict", after(NAME_CONFLICT_SOON), Some(NAME_CONFLICT_LATER)),
-            ("NameConflict", after(NAME_CONFLICT_SOON * 60), Some(NAME_CONFLICT_LATER)),
-            ("InvalidSpec", t0, None),
-            ("FrozenFieldChanged", after(NAME_CONFLICT_SOON * 2), None),
-        ];
-        for (reason, now, want) in cases {
-            assert_eq!(refusal_retry(reason, t0, now), want, "{reason} at {now}");
-        }
-        // A transition in the future (clocks apart) counts as a young refusal.
-        assert_eq!(refusal_retry("NameConflict", after(NAME_CONFLICT_SOON * 2), t0), Some(NAME_CONFLICT_RETRY));
-    }
 
     #[test]
     fn holds_what_was_applied_with_the_servers_defaults_beside_it() {

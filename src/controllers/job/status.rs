@@ -101,7 +101,6 @@ pub(super) async fn set_invalid(
     }
     // A refusal that can clear by itself (a name an earlier object of the same name holds) is
     // looked at again without an event.
-    let since = conditions::get(&status.conditions, condition::INVALID).map_or(now, |c| c.last_transition_time.0);
-    let retry = crate::controllers::refusal_retry(reason, since, now).or(retry);
+    let retry = muster_core::jobs::refusal_retry(reason, &status.conditions, now).or(retry);
     Ok(retry.map_or_else(Action::await_change, Action::requeue))
 }

@@ -435,6 +435,6 @@ async fn set_invalid(
     write_status(set, sc, &status).await?;
     // A refusal that can clear by itself (a name an earlier object of the same name holds) is
     // looked at again without an event.
-    let since = conditions::get(&status.conditions, condition::INVALID).map_or(now, |c| c.last_transition_time.0);
-    Ok(super::refusal_retry(reason, since, now).map_or_else(Action::await_change, Action::requeue))
+    let retry = muster_core::jobs::refusal_retry(reason, &status.conditions, now);
+    Ok(retry.map_or_else(Action::await_change, Action::requeue))
 }
