@@ -120,10 +120,10 @@ async fn release_all(job: &MusterJob, jc: &JobContext) -> Result<()> {
     let (ns, name, uid) = (job.namespace().unwrap_or_default(), job.name_any(), job.uid().unwrap_or_default());
     let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(jc.ctx.client.clone(), &ns);
     let tracked: Vec<String> = jc
-        .pods
-        .state()
+        .job_pods
+        .of_job(&jc.pods, &ns, &name, &uid)
         .iter()
-        .filter(|p| p.of_job(&ns, &name, &uid) && p.observed.tracked)
+        .filter(|p| p.observed.tracked)
         .map(|p| p.observed.name.clone())
         .collect();
     for pod in tracked {

@@ -17,7 +17,7 @@ use super::CONTROLLER;
 use super::expected;
 use super::plan::JobPod;
 use super::reconcile::reconcile;
-use super::record::CachedPod;
+use super::record::{CachedPod, JobPods};
 use crate::controllers::context::{Context, Error, Result, StoreReady};
 use crate::crds::JOB_NAME_LABEL;
 use crate::crds::batch::MusterJob;
@@ -31,6 +31,8 @@ use crate::crds::scheduling::{CompositePodGroup, PodGroup, Workload};
 pub struct JobContext {
     pub(super) ctx: Arc<Context>,
     pub(super) pods: Store<CachedPod>,
+    /// The cached pods by job ([`JobPods`]), kept from the same events as `pods`.
+    pub(super) job_pods: Arc<JobPods>,
     /// Whether `pods` has its first list (awaited by many reconciles at once).
     pub(super) pods_ready: StoreReady,
     pub(super) expected: expected::Expected,
@@ -102,10 +104,15 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
     // The cache keeps a record of what a reconcile reads of each pod (`plan::JobPod`), written
     // before the pod's event triggers its job, as kube's `reflect` does.
     let (store, mut writer) = reflector::store();
+    let job_pods = Arc::new(JobPods::default());
+    let (index, reader) = (job_pods.clone(), store.clone());
     let pod_events = watcher::watcher(pods, watcher::Config::default().labels(JOB_NAME_LABEL).any_semantic())
         .default_backoff()
         .inspect_ok(move |ev| {
-            writer.apply_watcher_event(&crate::controllers::map_event(ev, |p| CachedPod(JobPod::of(p))))
+            let ev = crate::controllers::map_event(ev, |p| CachedPod(JobPod::of(p)));
+            index.before(&ev);
+            writer.apply_watcher_event(&ev);
+            index.after(&ev, &reader);
         })
         .touched_objects();
     // Jobs in upstream mode follow their native PodGroups (kube-scheduler's conditions): the
@@ -134,6 +141,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         ctx,
         pods_ready: StoreReady::of(store.clone()),
         pods: store,
+        job_pods,
         expected: expected::Expected::default(),
         released: Default::default(),
         written: Default::default(),

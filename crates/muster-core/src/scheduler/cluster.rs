@@ -254,6 +254,7 @@ impl ClusterState {
                 Snapshot::with_problems(infos, problems)
             })
             .clone();
+        snapshot.reserve_pods(self.pods.by_key.len());
         for usage in self.pods.by_key.values() {
             snapshot.add_usage(usage);
         }

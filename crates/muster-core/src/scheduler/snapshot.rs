@@ -68,7 +68,7 @@ pub enum SnapshotError {
 #[derive(Clone, Debug, PartialEq)]
 pub struct NodePod {
     /// `namespace/name`.
-    pub key: Box<str>,
+    pub key: std::sync::Arc<str>,
     /// Its requests (none when they cannot be read: its node is then unusable).
     pub requests: Resources,
     /// What preemption weighs of it.
@@ -76,7 +76,7 @@ pub struct NodePod {
     /// Index of its node in the snapshot.
     pub node: u32,
     /// Namespace.
-    pub namespace: Box<str>,
+    pub namespace: std::sync::Arc<str>,
     /// Labels.
     pub labels: Labels,
     /// Its required anti-affinity terms (the symmetric rule: they keep matching pods away).
@@ -266,13 +266,13 @@ pub enum Target {
 #[derive(Clone, Debug, PartialEq)]
 pub struct PodUsage {
     /// namespace/name, for problems.
-    pub key: Box<str>,
+    pub key: std::sync::Arc<str>,
     /// Where it counts.
     pub target: Target,
     /// Its requests (`None` without a spec), or why they cannot be read.
     pub requests: Option<Result<Resources, ResourceError>>,
     /// Namespace.
-    pub namespace: Box<str>,
+    pub namespace: std::sync::Arc<str>,
     /// Labels.
     pub labels: Labels,
     /// Required anti-affinity terms, or why they cannot be read.
@@ -295,7 +295,7 @@ pub struct VictimInfo {
     pub managed: bool,
     /// The native PodGroup it joined (`spec.schedulingGroup.podGroupName`), if any: its pods
     /// go whole or not at all.
-    pub native_group: Option<Box<str>>,
+    pub native_group: Option<std::sync::Arc<str>>,
     /// Its `gpu.muster.dev/indices`.
     pub gpus: GpuSet,
 }
@@ -394,7 +394,7 @@ pub struct Snapshot {
     /// Indexes into `pods` of those with required anti-affinity terms.
     anti_pods: Vec<u32>,
     /// Indexes into `pods` by namespace.
-    by_namespace: HashMap<Box<str>, Vec<u32>>,
+    by_namespace: HashMap<std::sync::Arc<str>, Vec<u32>>,
     /// Namespace labels (for namespace selectors of pod affinity terms).
     namespaces: HashMap<String, Labels>,
     /// PersistentVolumeClaims and the nodes their volumes allow.
@@ -402,7 +402,7 @@ pub struct Snapshot {
     /// DRA devices, templates and claims.
     dra: std::sync::Arc<Dra>,
     /// Waiting pods nominated to a node: `(node index, priority, namespace/name)`.
-    nominated: Vec<(u32, i32, Box<str>)>,
+    nominated: Vec<(u32, i32, std::sync::Arc<str>)>,
     /// Where muster's admission plans put pods not bound yet, by pod UID: what vouches for
     /// their GPU indices ([`crate::devices::trust`]).
     placed: HashMap<Box<str>, crate::devices::Placed>,
@@ -485,6 +485,12 @@ impl Snapshot {
     /// was counted. Gated, unpinned and finished pods use nothing.
     pub fn add_pod(&mut self, pod: &Pod) -> bool {
         PodUsage::of(pod).is_some_and(|usage| self.add_usage(&usage))
+    }
+
+    /// Room for `additional` more pods, so adding a cluster's pods one by one does not grow
+    /// the list again and again.
+    pub fn reserve_pods(&mut self, additional: usize) {
+        self.pods.reserve(additional);
     }
 
     /// Counts what a pod uses (read once by [`PodUsage::of`]) on its node, or records its
