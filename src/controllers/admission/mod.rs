@@ -66,8 +66,12 @@ const IDLE_WAKE: Duration = Duration::from_secs(30);
 const MIN_PAUSE: Duration = Duration::from_millis(50);
 /// The most: however long a cycle took, the next waits no longer than this after it.
 const MAX_PAUSE: Duration = Duration::from_millis(500);
-/// The pause after a cycle, as a multiple of the cycle's own (wall) time.
-const PAUSE_PER_CYCLE: u32 = 3;
+/// The pause after a cycle, as a multiple of the cycle's own (wall) time: while gangs keep
+/// coming, admission takes at most a seventh of a core. Under a burst admission runs back to
+/// back, so this, not a cycle's cost, sets its CPU: with a pause of three cycles a cheaper cycle
+/// only meant more cycles (a 5,000-node burst: 370 cycles of about 50 ms, a quarter of a core),
+/// CPU the saturated API server was short of.
+const PAUSE_PER_CYCLE: u32 = 6;
 /// The pause after a cycle that found nothing to decide (no root waiting, being admitted or
 /// followed), as long as only other workloads' pods move ([`watches::Wake::Usage`]): kube-
 /// scheduler binding pods muster does not gate (upstream mode, plain Jobs) asks for no
@@ -619,10 +623,12 @@ mod tests {
             // An idle or small cluster: the burst pause alone.
             (ms(0), MIN_PAUSE),
             (ms(5), MIN_PAUSE),
-            (ms(16), MIN_PAUSE),
-            // A 5,000-node cycle: three times its cost.
-            (ms(50), ms(150)),
-            (ms(120), ms(360)),
+            (ms(8), MIN_PAUSE),
+            // A 5,000-node cycle: six times its cost.
+            (ms(16), ms(96)),
+            (ms(50), ms(300)),
+            (ms(80), ms(480)),
+            (ms(120), MAX_PAUSE),
             // Never longer than MAX_PAUSE, however long the cycle.
             (ms(400), MAX_PAUSE),
             (Duration::from_secs(3600), MAX_PAUSE),
