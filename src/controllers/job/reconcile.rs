@@ -121,7 +121,7 @@ async fn release_all(job: &MusterJob, jc: &JobContext) -> Result<()> {
     let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(jc.ctx.client.clone(), &ns);
     let tracked: Vec<String> = jc
         .job_pods
-        .of_job(&jc.pods, &ns, &name, &uid)
+        .of_job(&ns, &name, &uid)
         .iter()
         .filter(|p| p.observed.tracked)
         .map(|p| p.observed.name.clone())

@@ -72,10 +72,13 @@ impl kube::runtime::reflector::Lookup for CachedPod {
 /// what the store holds: one entry per cached pod with a controller, whatever its owner
 /// references went through. A pod it names that the store does not show (or shows under
 /// another job) is passed over on reading.
-#[derive(Debug, Default)]
-pub struct JobPods(Mutex<Index>);
+pub struct JobPods {
+    /// The store it indexes (its reader: the watch's writer applies the events).
+    store: Store<CachedPod>,
+    index: Mutex<Index>,
+}
 
-/// `namespace/name` of a pod (neither may hold a `/`), shared by both maps.
+/// `namespace/name` of a pod (neither may hold a `/`).
 type PodKey = Arc<str>;
 
 #[derive(Debug, Default)]
@@ -133,6 +136,11 @@ impl Index {
 }
 
 impl JobPods {
+    /// An empty index of `store`.
+    pub fn new(store: Store<CachedPod>) -> Self {
+        JobPods { store, index: Mutex::default() }
+    }
+
     /// Before the store applies `event`: a pod applied is named under its controller.
     pub fn before(&self, event: &Event<CachedPod>) {
         if let Event::Apply(pod) | Event::InitApply(pod) = event {
@@ -144,14 +152,14 @@ impl JobPods {
     /// deleted nowhere; a relist done builds the index again from what the store shows now.
     /// (A relisted pod stays named under its earlier controller too until then: the store
     /// shows the relist only once it is done.)
-    pub fn after(&self, event: &Event<CachedPod>, store: &Store<CachedPod>) {
+    pub fn after(&self, event: &Event<CachedPod>) {
         match event {
             Event::Apply(pod) => self.lock().settle(pod, false),
             Event::Delete(pod) => self.lock().settle(pod, true),
             Event::InitDone => {
                 let mut index = self.lock();
                 *index = Index::default();
-                for pod in store.state() {
+                for pod in self.store.state() {
                     index.add(&pod);
                     index.settle(&pod, false);
                 }
@@ -160,8 +168,8 @@ impl JobPods {
         }
     }
 
-    /// The pods `store` shows of the job `name` in `namespace` with UID `uid`, by name.
-    pub fn of_job(&self, store: &Store<CachedPod>, namespace: &str, name: &str, uid: &str) -> Vec<Arc<CachedPod>> {
+    /// The pods the store shows of the job `name` in `namespace` with UID `uid`, by name.
+    pub fn of_job(&self, namespace: &str, name: &str, uid: &str) -> Vec<Arc<CachedPod>> {
         let mut pods: Vec<Arc<CachedPod>> = self
             .lock()
             .by_job
@@ -170,7 +178,7 @@ impl JobPods {
             .flatten()
             .filter_map(|key| key.split_once('/'))
             .filter(|(ns, _)| *ns == namespace)
-            .filter_map(|(ns, pod)| store.get(&ObjectRef::new(pod).within(ns)))
+            .filter_map(|(ns, pod)| self.store.get(&ObjectRef::new(pod).within(ns)))
             .filter(|p| p.of_job(namespace, name, uid))
             .collect();
         pods.sort_by(|a, b| a.observed.name.cmp(&b.observed.name));
@@ -178,7 +186,7 @@ impl JobPods {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Index> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        self.index.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -240,28 +248,28 @@ mod tests {
     #[test]
     fn a_jobs_pods_are_read_by_its_uid_as_the_store_shows_them() {
         let (store, mut writer) = kube::runtime::reflector::store::<CachedPod>();
-        let index = JobPods::default();
+        let index = JobPods::new(store.clone());
         let mut apply = |ev: Event<CachedPod>| {
             index.before(&ev);
             writer.apply_watcher_event(&ev);
-            index.after(&ev, &store);
+            index.after(&ev);
         };
         apply(Event::Apply(record("a-1", "a", Some("uid-a"))));
         apply(Event::Apply(record("a-0", "a", Some("uid-a"))));
         apply(Event::Apply(record("b-0", "b", Some("uid-b"))));
         apply(Event::Apply(record("orphan", "a", None)));
-        assert_eq!(names(&index.of_job(&store, "ns", "a", "uid-a")), ["a-0", "a-1"]);
-        assert_eq!(names(&index.of_job(&store, "ns", "b", "uid-b")), ["b-0"]);
+        assert_eq!(names(&index.of_job("ns", "a", "uid-a")), ["a-0", "a-1"]);
+        assert_eq!(names(&index.of_job("ns", "b", "uid-b")), ["b-0"]);
         assert_eq!(entries(&index), (3, 3), "one entry per pod with a controller");
         // A job of the same name made again (another UID) has none of them.
-        assert!(index.of_job(&store, "ns", "a", "uid-a2").is_empty());
+        assert!(index.of_job("ns", "a", "uid-a2").is_empty());
         // Another namespace has none of them.
-        assert!(index.of_job(&store, "other", "a", "uid-a").is_empty());
+        assert!(index.of_job("other", "a", "uid-a").is_empty());
         // A pod deleted goes; a pod adopted by another controller is read under it only.
         apply(Event::Delete(record("a-1", "a", Some("uid-a"))));
         apply(Event::Apply(record("a-0", "a", Some("uid-a2"))));
-        assert!(index.of_job(&store, "ns", "a", "uid-a").is_empty());
-        assert_eq!(names(&index.of_job(&store, "ns", "a", "uid-a2")), ["a-0"]);
+        assert!(index.of_job("ns", "a", "uid-a").is_empty());
+        assert_eq!(names(&index.of_job("ns", "a", "uid-a2")), ["a-0"]);
         assert_eq!(entries(&index), (2, 2));
         // A pod moved from controller to controller, then orphaned, then deleted: nothing of it
         // stays behind, whatever its owner references went through.
@@ -270,7 +278,7 @@ mod tests {
         }
         assert_eq!(entries(&index), (2, 2));
         apply(Event::Apply(record("a-0", "a", None)));
-        assert!(index.of_job(&store, "ns", "a", "forged-49").is_empty());
+        assert!(index.of_job("ns", "a", "forged-49").is_empty());
         assert_eq!(entries(&index), (1, 1));
         apply(Event::Delete(record("a-0", "a", None)));
         assert_eq!(entries(&index), (1, 1));
@@ -278,15 +286,15 @@ mod tests {
         // takes nothing of the job's own pod.
         apply(Event::Apply(record_in("other", "b-0", "b", Some("uid-b"))));
         apply(Event::Delete(record_in("other", "b-0", "b", Some("uid-b"))));
-        assert_eq!(names(&index.of_job(&store, "ns", "b", "uid-b")), ["b-0"]);
+        assert_eq!(names(&index.of_job("ns", "b", "uid-b")), ["b-0"]);
         // A relist: what it does not list is gone, from the store and from the index.
         apply(Event::Init);
         apply(Event::InitApply(record("b-1", "b", Some("uid-b"))));
         // Until the relist is done the store shows the old pods (the index names the listed
         // pod already, which reading passes over until the store shows it).
-        assert_eq!(names(&index.of_job(&store, "ns", "b", "uid-b")), ["b-0"]);
+        assert_eq!(names(&index.of_job("ns", "b", "uid-b")), ["b-0"]);
         apply(Event::InitDone);
-        assert_eq!(names(&index.of_job(&store, "ns", "b", "uid-b")), ["b-1"]);
+        assert_eq!(names(&index.of_job("ns", "b", "uid-b")), ["b-1"]);
         // Only the listed pod is kept.
         assert_eq!(entries(&index), (1, 1));
     }

@@ -38,7 +38,7 @@ pub(super) async fn sync_pods(
     let pods_api = Api::<Pod>::namespaced(ctx.client.clone(), &ns);
     // The job's pods as the watch cache shows them, once it has listed them all.
     jc.pods_ready.wait().await?;
-    let cached = jc.job_pods.of_job(&jc.pods, &ns, &name, &uid);
+    let cached = jc.job_pods.of_job(&ns, &name, &uid);
     let pods: Vec<&JobPod> = cached.iter().map(|p| &p.0).collect();
     let names: std::collections::HashSet<&str> = pods.iter().map(|p| p.observed.name.as_str()).collect();
     if !jc.expected.satisfied(&uid, &names, std::time::Instant::now()) {

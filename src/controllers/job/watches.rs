@@ -104,15 +104,15 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
     // The cache keeps a record of what a reconcile reads of each pod (`plan::JobPod`), written
     // before the pod's event triggers its job, as kube's `reflect` does.
     let (store, mut writer) = reflector::store();
-    let job_pods = Arc::new(JobPods::default());
-    let (index, reader) = (job_pods.clone(), store.clone());
+    let job_pods = Arc::new(JobPods::new(store.clone()));
+    let index = job_pods.clone();
     let pod_events = watcher::watcher(pods, watcher::Config::default().labels(JOB_NAME_LABEL).any_semantic())
         .default_backoff()
         .inspect_ok(move |ev| {
             let ev = crate::controllers::map_event(ev, |p| CachedPod(JobPod::of(p)));
             index.before(&ev);
             writer.apply_watcher_event(&ev);
-            index.after(&ev, &reader);
+            index.after(&ev);
         })
         .touched_objects();
     // Jobs in upstream mode follow their native PodGroups (kube-scheduler's conditions): the
