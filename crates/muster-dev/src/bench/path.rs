@@ -252,6 +252,6 @@ pub(super) async fn run_path(
         settle_s,
         tail_writes,
         muster,
-        user: user_samples.as_deref().map(user_latency),
+        user: user_samples.as_deref().map(|s| user_latency(s, last_create)),
     })
 }

@@ -49,10 +49,11 @@ pub fn gang_admission_latencies(pods: &[PodTimes], size: usize) -> Vec<f64> {
         .collect()
 }
 
-/// One request of the ordinary user: its latency from request to response and whether it
-/// succeeded.
+/// One request of the ordinary user: when it was sent (seconds since the path started), its
+/// latency from request to response and whether it succeeded.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct UserSample {
+    pub at_s: f64,
     pub seconds: f64,
     pub ok: bool,
 }
@@ -71,11 +72,22 @@ pub struct UserLatency {
     pub max_s: Option<f64>,
     /// p99_s / the plain path's p99_s.
     pub p99_vs_plain: Option<f64>,
+    /// The requests sent while the path's objects were still being created (before its last
+    /// create), and their p99: where the tail comes from, the creates' burst or the work after.
+    pub creating_count: usize,
+    pub creating_p99_s: Option<f64>,
+    /// The requests sent from the last create on, and their p99.
+    pub after_count: usize,
+    pub after_p99_s: Option<f64>,
 }
 
-/// PURE: the latency numbers of `samples`.
-pub fn user_latency(samples: &[UserSample]) -> UserLatency {
+/// PURE: the latency numbers of `samples`, of a path whose last create was at `last_create`
+/// (seconds since the path started; `None`: no create, every request counts as after).
+pub fn user_latency(samples: &[UserSample], last_create: Option<f64>) -> UserLatency {
     let seconds: Vec<f64> = samples.iter().map(|s| s.seconds).collect();
+    let creating = |s: &&UserSample| last_create.is_some_and(|c| s.at_s < c);
+    let (during, after): (Vec<&UserSample>, Vec<&UserSample>) = samples.iter().partition(creating);
+    let p99 = |part: &[&UserSample]| percentile(&part.iter().map(|s| s.seconds).collect::<Vec<_>>(), 99.0);
     UserLatency {
         count: samples.len(),
         errors: samples.iter().filter(|s| !s.ok).count(),
@@ -83,6 +95,10 @@ pub fn user_latency(samples: &[UserSample]) -> UserLatency {
         p99_s: percentile(&seconds, 99.0),
         max_s: seconds.iter().copied().reduce(f64::max),
         p99_vs_plain: None,
+        creating_count: during.len(),
+        creating_p99_s: p99(&during),
+        after_count: after.len(),
+        after_p99_s: p99(&after),
     }
 }
 
@@ -210,14 +226,26 @@ mod tests {
 
     #[test]
     fn user_latency_counts_every_request_and_its_tail() {
-        let mut samples: Vec<UserSample> =
-            (1..=100).map(|i| UserSample { seconds: f64::from(i) / 1000.0, ok: true }).collect();
+        // One request a second; the first 20 (sent before the last create at 19.5 s) slow.
+        let mut samples: Vec<UserSample> = (1..=100)
+            .map(|i| UserSample {
+                at_s: f64::from(i - 1),
+                seconds: f64::from(i) / 1000.0 + if i <= 20 { 1.0 } else { 0.0 },
+                ok: true,
+            })
+            .collect();
         samples[99].ok = false;
-        let l = user_latency(&samples);
+        let l = user_latency(&samples, Some(19.5));
         assert_eq!((l.count, l.errors), (100, 1));
-        assert_eq!((l.p50_s, l.p99_s, l.max_s), (Some(0.05), Some(0.099), Some(0.1)));
+        let slow = |i: i32| f64::from(i) / 1000.0 + 1.0;
+        assert_eq!((l.p50_s, l.p99_s, l.max_s), (Some(70.0 / 1000.0), Some(slow(19)), Some(slow(20))));
         assert_eq!(l.p99_vs_plain, None);
-        let none = user_latency(&[]);
+        assert_eq!((l.creating_count, l.creating_p99_s), (20, Some(slow(20))));
+        assert_eq!((l.after_count, l.after_p99_s), (80, Some(100.0 / 1000.0)));
+        // No create: every request counts as after.
+        let all_after = user_latency(&samples, None);
+        assert_eq!((all_after.creating_count, all_after.creating_p99_s, all_after.after_count), (0, None, 100));
+        let none = user_latency(&[], Some(1.0));
         assert_eq!((none.count, none.p50_s, none.p99_s, none.max_s), (0, None, None, None));
         assert_eq!(ratio(Some(0.2), Some(0.1)), Some(2.0));
     }

@@ -83,12 +83,20 @@ pub fn format_table(report: &Report) -> String {
             "\nan ordinary user's requests during each path (a ConfigMap create every second, as {who}):\n"
         ));
         out.push_str(&format!(
-            "{:<16} {:>6} {:>7} {:>9} {:>9} {:>9} {:>12}\n",
-            "path", "count", "errors", "p50 ms", "p99 ms", "max ms", "p99 vs plain"
+            "{:<16} {:>6} {:>7} {:>9} {:>9} {:>9} {:>12} {:>21} {:>21}\n",
+            "path",
+            "count",
+            "errors",
+            "p50 ms",
+            "p99 ms",
+            "max ms",
+            "p99 vs plain",
+            "creating: n, p99 ms",
+            "after: n, p99 ms"
         ));
         for p in &report.paths {
             let ms = |v: Option<f64>| opt(v.map(|s| s * 1000.0), 1);
-            let (count, errors, p50, p99, max, vs) = match &p.user {
+            let (count, errors, p50, p99, max, vs, creating, after) = match &p.user {
                 Some(u) => (
                     u.count.to_string(),
                     u.errors.to_string(),
@@ -96,11 +104,16 @@ pub fn format_table(report: &Report) -> String {
                     ms(u.p99_s),
                     ms(u.max_s),
                     u.p99_vs_plain.map_or_else(|| "-".to_string(), |r| format!("{r:.2}x")),
+                    format!("{}, {}", u.creating_count, ms(u.creating_p99_s)),
+                    format!("{}, {}", u.after_count, ms(u.after_p99_s)),
                 ),
-                None => ("-".into(), "-".into(), "-".into(), "-".into(), "-".into(), "-".into()),
+                None => Default::default(),
             };
+            let dash = |s: String| if s.is_empty() { "-".to_string() } else { s };
+            let (count, errors, p50, p99, max, vs, creating, after) =
+                (dash(count), dash(errors), dash(p50), dash(p99), dash(max), dash(vs), dash(creating), dash(after));
             out.push_str(&format!(
-                "{:<16} {count:>6} {errors:>7} {p50:>9} {p99:>9} {max:>9} {vs:>12}\n",
+                "{:<16} {count:>6} {errors:>7} {p50:>9} {p99:>9} {max:>9} {vs:>12} {creating:>21} {after:>21}\n",
                 p.path.map_or("?", BenchPath::name)
             ));
         }
@@ -276,6 +289,10 @@ mod tests {
             p99_s: Some(0.010),
             max_s: Some(0.012),
             p99_vs_plain: Some(1.0),
+            creating_count: 4,
+            creating_p99_s: Some(0.011),
+            after_count: 16,
+            after_p99_s: Some(0.009),
         });
         with_user.paths[2].user = Some(UserLatency {
             count: 30,
@@ -284,6 +301,10 @@ mod tests {
             p99_s: Some(0.025),
             max_s: Some(0.030),
             p99_vs_plain: Some(2.5),
+            creating_count: 0,
+            creating_p99_s: None,
+            after_count: 30,
+            after_p99_s: Some(0.025),
         });
         let table = format_table(&with_user);
         let line = |p: &str| table.lines().find(|l| l.starts_with(p)).unwrap_or_default().to_string();
@@ -292,8 +313,16 @@ mod tests {
         assert!(table.contains("as system:serviceaccount:bench-user:bench-user"), "{table}");
         let rows: Vec<&str> = table.lines().skip_while(|l| !l.contains("an ordinary user's")).collect();
         let row = |p: &str| rows.iter().find(|l| l.starts_with(p)).map(|l| l.split_whitespace().collect::<Vec<_>>());
-        assert_eq!(row("plain "), Some(vec!["plain", "20", "0", "4.0", "10.0", "12.0", "1.00x"]), "{table}");
-        assert_eq!(row("gang "), Some(vec!["gang", "-", "-", "-", "-", "-", "-"]), "{table}");
-        assert_eq!(row("muster "), Some(vec!["muster", "30", "2", "5.0", "25.0", "30.0", "2.50x"]), "{table}");
+        assert_eq!(
+            row("plain "),
+            Some(vec!["plain", "20", "0", "4.0", "10.0", "12.0", "1.00x", "4,", "11.0", "16,", "9.0"]),
+            "{table}"
+        );
+        assert_eq!(row("gang "), Some(vec!["gang", "-", "-", "-", "-", "-", "-", "-", "-"]), "{table}");
+        assert_eq!(
+            row("muster "),
+            Some(vec!["muster", "30", "2", "5.0", "25.0", "30.0", "2.50x", "0,", "-", "30,", "25.0"]),
+            "{table}"
+        );
     }
 }
