@@ -140,23 +140,25 @@ mod group {
     }
 
     #[test]
-    fn a_young_groups_first_status_waits_until_the_group_is_a_pace_old() {
+    fn a_young_groups_first_status_waits_until_the_group_is_old_enough() {
         use std::time::Duration;
+        assert_eq!(FIRST_STATUS_AGE, Duration::from_secs(5));
         let created = Time(Timestamp::from_second(1_000).expect("ts"));
         let at = |ms: i64| Timestamp::from_millisecond(1_000_000 + ms).expect("ts");
         // The stamp has whole seconds: a group stamped 1,000 s was made before 1,001 s.
-        assert_eq!(first_status_wait(Some(&created), at(200)), Some(Duration::from_millis(1_800)));
-        assert_eq!(first_status_wait(Some(&created), at(1_500)), Some(Duration::from_millis(500)));
-        assert_eq!(first_status_wait(Some(&created), at(2_000)), None);
-        assert_eq!(first_status_wait(Some(&created), at(5_000)), None);
+        assert_eq!(first_status_wait(Some(&created), at(200)), Some(Duration::from_millis(5_800)));
+        assert_eq!(first_status_wait(Some(&created), at(2_000)), Some(Duration::from_millis(4_000)));
+        assert_eq!(first_status_wait(Some(&created), at(5_500)), Some(Duration::from_millis(500)));
+        assert_eq!(first_status_wait(Some(&created), at(6_000)), None);
+        assert_eq!(first_status_wait(Some(&created), at(60_000)), None);
         assert_eq!(first_status_wait(Some(&created), at(-500)), None, "created ahead of this clock: now");
         assert_eq!(first_status_wait(None, at(0)), None);
 
         let pods = [pod("Pending", true, None)];
         let refs: Vec<&Pod> = pods.iter().collect();
         let first = pod_group_status(&group(2), &refs, None, now());
-        assert_eq!(pace_of(None, &first, Some(&created), at(200)), Pace::Young(Duration::from_millis(1_800)));
-        assert_eq!(pace_of(None, &first, Some(&created), at(2_000)), Pace::Standing);
+        assert_eq!(pace_of(None, &first, Some(&created), at(200)), Pace::Young(Duration::from_millis(5_800)));
+        assert_eq!(pace_of(None, &first, Some(&created), at(6_000)), Pace::Standing);
         let counted = PodGroupStatus { pods: first.pods + 1, ..first.clone() };
         assert_eq!(pace_of(Some(&first), &counted, Some(&created), at(200)), Pace::Counts);
         let admitted = PodGroupStatus { phase: Some(GroupPhase::Admitted), ..first.clone() };

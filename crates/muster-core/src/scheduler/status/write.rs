@@ -117,14 +117,23 @@ macro_rules! commit_record {
 
 commit_record!(PodGroupStatus, CompositePodGroupStatus);
 
+/// How old a group must be before its first status (a pending one) is written: a gang admitted
+/// younger than this gets no pending status before its admitted one. In a burst of 1,000 gangs
+/// at 5,000 nodes, admission took 2.6 s at the median and 5.6 s at the 99th percentile; with
+/// 2 s, 676 of the 1,000 groups were written `Pending` first (one status write in four of the
+/// path's PodGroup status writes), each a write of a custom resource's status that every
+/// client of the API server waited behind. On a cluster that is not busy a gang is admitted
+/// within a second and never waits this long; one that cannot be admitted says why 5 s after
+/// it was made.
+pub const FIRST_STATUS_AGE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// PURE: how long the first status of a group created at `created` may still wait at `now`:
-/// until it is at least [`STATUS_PACE`] old, so a gang admitted within that time gets no
-/// pending status before its admitted one. `creationTimestamp` has whole seconds (the group
-/// may be up to a second younger than it says), so that is [`STATUS_PACE`] and a second after
-/// the stamp. `None`: write it now (older, or a creation time ahead of this clock).
+/// until it is at least [`FIRST_STATUS_AGE`] old. `creationTimestamp` has whole seconds (the
+/// group may be up to a second younger than it says), so that is [`FIRST_STATUS_AGE`] and a
+/// second after the stamp. `None`: write it now (older, or a creation time ahead of this clock).
 pub(super) fn first_status_wait(created: Option<&Time>, now: Timestamp) -> Option<std::time::Duration> {
     let age = std::time::Duration::try_from(now.duration_since(created?.0)).ok()?;
-    (STATUS_PACE + std::time::Duration::from_secs(1)).checked_sub(age).filter(|left| !left.is_zero())
+    (FIRST_STATUS_AGE + std::time::Duration::from_secs(1)).checked_sub(age).filter(|left| !left.is_zero())
 }
 
 /// Status equality that ignores what the commit protocol writes.
