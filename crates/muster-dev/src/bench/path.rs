@@ -113,9 +113,9 @@ pub(super) async fn run_path(
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = muster_pid.map(|pid| tokio::spawn(sample_rss(pid, stop.clone())));
 
-    let probe = user.map(|u| Probe::start(u, path.name()));
     eprintln!("bench: {}: creating {} gangs of {} in {ns}", path.name(), args.gangs, args.size);
     let t0 = Instant::now();
+    let probe = user.map(|u| Probe::start(u, path.name(), t0));
     let results: Vec<(Result<bool, BenchError>, Instant)> = futures::stream::iter(0..args.gangs)
         .map(|i| {
             let ns = &ns;

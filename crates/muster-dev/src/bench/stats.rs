@@ -72,8 +72,10 @@ pub struct UserLatency {
     pub max_s: Option<f64>,
     /// p99_s / the plain path's p99_s.
     pub p99_vs_plain: Option<f64>,
-    /// The requests sent while the path's objects were still being created (before its last
-    /// create), and their p99: where the tail comes from, the creates' burst or the work after.
+    /// The requests sent while the path's jobs were still being created (before its last
+    /// successful create returned), and their p99: where the tail comes from, the creates'
+    /// burst or the work after. With a request a second, each part's p99 is its slowest
+    /// request (nearest rank over fewer than 100).
     pub creating_count: usize,
     pub creating_p99_s: Option<f64>,
     /// The requests sent from the last create on, and their p99.
@@ -242,6 +244,9 @@ mod tests {
         assert_eq!(l.p99_vs_plain, None);
         assert_eq!((l.creating_count, l.creating_p99_s), (20, Some(slow(20))));
         assert_eq!((l.after_count, l.after_p99_s), (80, Some(100.0 / 1000.0)));
+        // A request sent at the last create counts as after it.
+        let at_boundary = user_latency(&samples, Some(19.0));
+        assert_eq!((at_boundary.creating_count, at_boundary.after_count), (19, 81));
         // No create: every request counts as after.
         let all_after = user_latency(&samples, None);
         assert_eq!((all_after.creating_count, all_after.creating_p99_s, all_after.after_count), (0, None, 100));

@@ -32,14 +32,13 @@ pub(super) struct Probe {
 
 impl Probe {
     /// Starts the creates of `user`, their names after `path`; each sample's time is counted
-    /// from this call (the path starts right after it).
-    pub fn start(user: &User, path: &str) -> Probe {
+    /// from `t0`, when the path started (the origin of its other times).
+    pub fn start(user: &User, path: &str, t0: Instant) -> Probe {
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let api: Api<ConfigMap> = Api::namespaced(user.client.clone(), &user.namespace);
         let prefix = format!("{path}-");
         let task = tokio::spawn(async move {
             let samples: Arc<Mutex<Vec<UserSample>>> = Arc::default();
-            let started = Instant::now();
             let mut inflight = tokio::task::JoinSet::new();
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             // A slow create does not hold the next one back: each runs on its own.
@@ -61,7 +60,7 @@ impl Probe {
                         ..ConfigMap::default()
                     };
                     let t = Instant::now();
-                    let at_s = t.duration_since(started).as_secs_f64();
+                    let at_s = t.saturating_duration_since(t0).as_secs_f64();
                     let r =
                         tokio::time::timeout(Duration::from_secs(60), api.create(&PostParams::default(), &cm)).await;
                     let seconds = t.elapsed().as_secs_f64();

@@ -35,19 +35,27 @@ pub mod condition {
     pub const ALL_OR_NOTHING: &str = "AllOrNothing";
 }
 
+/// The reasons of an `Admitted=False` that ends an attempt: the pods were pinned and ungated,
+/// then rolled back (a bind timed out or failed).
+const ROLLED_BACK_REASONS: [&str; 2] = ["BindTimeout", "BindFailed"];
+
 /// PURE: when a gang's wait for admission began, read from the cluster, so a new leader
 /// measures the wait its predecessor saw begin: the later of its newest pod's creation (the
-/// gang complete) and the moment its `Admitted` condition last turned False (a rolled-back
-/// attempt starts a new wait; a gang whose pods were all there waits from then on).
+/// gang complete) and the moment its `Admitted` condition last turned False after an attempt
+/// was rolled back (a new wait, the pods still there). A first `Admitted=False` (waiting,
+/// unschedulable) starts no wait of its own: it is stamped when the group's first status is
+/// computed, seconds after the gang may have been complete (see `FIRST_STATUS_AGE`).
 pub fn wait_started(
     pods_created: impl IntoIterator<Item = Timestamp>,
     conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
 ) -> Option<Timestamp> {
-    let admitted_false = conditions
+    let rolled_back = conditions
         .iter()
-        .find(|c| c.type_ == condition::ADMITTED && c.status == "False")
+        .find(|c| {
+            c.type_ == condition::ADMITTED && c.status == "False" && ROLLED_BACK_REASONS.contains(&c.reason.as_str())
+        })
         .map(|c| c.last_transition_time.0);
-    pods_created.into_iter().chain(admitted_false).max()
+    pods_created.into_iter().chain(rolled_back).max()
 }
 
 /// Sets [`condition::ALL_OR_NOTHING`] from what placement does not model in the pods' specs.

@@ -81,24 +81,28 @@ mod group {
     }
 
     #[test]
-    fn a_wait_starts_at_the_newest_pod_or_when_admitted_last_turned_false() {
+    fn a_wait_starts_at_the_newest_pod_or_when_an_attempt_was_rolled_back() {
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
         let at = |s: i64| Timestamp::from_second(s).expect("ts");
-        let condition = |type_: &str, status: &str, since: i64| Condition {
+        let condition = |type_: &str, status: &str, reason: &str, since: i64| Condition {
             type_: type_.into(),
             status: status.into(),
             last_transition_time: Time(at(since)),
             message: String::new(),
-            reason: "R".into(),
+            reason: reason.into(),
             observed_generation: None,
         };
-        let admitted = |status: &str, since: i64| condition(condition::ADMITTED, status, since);
-        let other = condition("Other", "False", 900);
+        let admitted = |status: &str, reason: &str, since: i64| condition(condition::ADMITTED, status, reason, since);
+        let other = condition("Other", "False", "BindFailed", 900);
         let cases = [
             ("pods only: the newest", vec![100, 300, 200], vec![], Some(300)),
-            ("admitted false later: a new wait", vec![100, 200], vec![admitted("False", 500)], Some(500)),
-            ("admitted false before the last pod", vec![100, 700], vec![admitted("False", 500)], Some(700)),
-            ("admitted true is no wait start", vec![100], vec![admitted("True", 800)], Some(100)),
+            ("rolled back later: a new wait", vec![100, 200], vec![admitted("False", "BindFailed", 500)], Some(500)),
+            ("timed out later: a new wait", vec![100, 200], vec![admitted("False", "BindTimeout", 500)], Some(500)),
+            ("rolled back before the last pod", vec![100, 700], vec![admitted("False", "BindFailed", 500)], Some(700)),
+            // A first status, written seconds after the gang was complete, moves nothing.
+            ("a first unschedulable", vec![100, 200], vec![admitted("False", "Unschedulable", 206)], Some(200)),
+            ("a first wait for quorum", vec![100], vec![admitted("False", "WaitingForQuorum", 106)], Some(100)),
+            ("admitted true is no wait start", vec![100], vec![admitted("True", "Admitted", 800)], Some(100)),
             ("other conditions do not count", vec![100], vec![other.clone()], Some(100)),
             ("nothing known", vec![], vec![other], None),
         ];
@@ -142,7 +146,6 @@ mod group {
     #[test]
     fn a_young_groups_first_status_waits_until_the_group_is_old_enough() {
         use std::time::Duration;
-        assert_eq!(FIRST_STATUS_AGE, Duration::from_secs(5));
         let created = Time(Timestamp::from_second(1_000).expect("ts"));
         let at = |ms: i64| Timestamp::from_millisecond(1_000_000 + ms).expect("ts");
         // The stamp has whole seconds: a group stamped 1,000 s was made before 1,001 s.
@@ -159,6 +162,20 @@ mod group {
         let first = pod_group_status(&group(2), &refs, None, now());
         assert_eq!(pace_of(None, &first, Some(&created), at(200)), Pace::Young(Duration::from_millis(5_800)));
         assert_eq!(pace_of(None, &first, Some(&created), at(6_000)), Pace::Standing);
+        // Claim statuses written by the job controller first: still the group's first status.
+        let claims_only = PodGroupStatus {
+            resource_claim_statuses: vec![muster_api::scheduling::PodGroupResourceClaimStatus {
+                name: "shared".into(),
+                resource_claim_name: Some("train-shared".into()),
+            }],
+            ..PodGroupStatus::default()
+        };
+        assert_eq!(claims_only.standing(), (None, Vec::new()));
+        assert_eq!(
+            pace_of(Some(&claims_only), &first, Some(&created), at(200)),
+            Pace::Young(Duration::from_millis(5_800))
+        );
+        assert_eq!(pace_of(Some(&claims_only), &first, Some(&created), at(6_000)), Pace::Standing);
         let counted = PodGroupStatus { pods: first.pods + 1, ..first.clone() };
         assert_eq!(pace_of(Some(&first), &counted, Some(&created), at(200)), Pace::Counts);
         let admitted = PodGroupStatus { phase: Some(GroupPhase::Admitted), ..first.clone() };
