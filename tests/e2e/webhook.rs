@@ -435,9 +435,11 @@ async fn labelled_pods_are_gated_and_unlabelled_pods_never_reach_the_webhook() {
     assert_eq!(gates(&once), [ADMISSION_GATE], "the gate is not added twice");
 
     // Other tests' pods move the counter too; one quiet round proves the unlabelled pod was
-    // never sent (if it were, every round would move it).
+    // never sent (if it were, every round would move it). The rounds are spread over about
+    // 15 s, so that a burst of other tests' pods ends within them (ten rounds back to back all
+    // moved once, in a full e2e run).
     let mut quiet = false;
-    for i in 0..10 {
+    for i in 0..40 {
         let before = mutate_requests(&muster).await;
         let plain = pods.create(&pp, &pod(&format!("plain-{i}"), json!({"app": "x"}), json!({}))).await.unwrap();
         assert!(gates(&plain).is_empty(), "an unlabelled pod is not gated");
@@ -445,6 +447,7 @@ async fn labelled_pods_are_gated_and_unlabelled_pods_never_reach_the_webhook() {
             quiet = true;
             break;
         }
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     }
     assert!(quiet, "creating an unlabelled pod moved muster_webhook_requests_total{{path=\"/mutate\"}} every time");
 }
