@@ -96,8 +96,8 @@ pub fn format_table(report: &Report) -> String {
         ));
         for p in &report.paths {
             let ms = |v: Option<f64>| opt(v.map(|s| s * 1000.0), 1);
-            let (count, errors, p50, p99, max, vs, creating, after) = match &p.user {
-                Some(u) => (
+            let [count, errors, p50, p99, max, vs, creating, after] = match &p.user {
+                Some(u) => [
                     u.count.to_string(),
                     u.errors.to_string(),
                     ms(u.p50_s),
@@ -106,12 +106,9 @@ pub fn format_table(report: &Report) -> String {
                     u.p99_vs_plain.map_or_else(|| "-".to_string(), |r| format!("{r:.2}x")),
                     format!("{}, {}", u.creating_count, ms(u.creating_p99_s)),
                     format!("{}, {}", u.after_count, ms(u.after_p99_s)),
-                ),
-                None => Default::default(),
+                ],
+                None => std::array::from_fn(|_| "-".to_string()),
             };
-            let dash = |s: String| if s.is_empty() { "-".to_string() } else { s };
-            let (count, errors, p50, p99, max, vs, creating, after) =
-                (dash(count), dash(errors), dash(p50), dash(p99), dash(max), dash(vs), dash(creating), dash(after));
             out.push_str(&format!(
                 "{:<16} {count:>6} {errors:>7} {p50:>9} {p99:>9} {max:>9} {vs:>12} {creating:>21} {after:>21}\n",
                 p.path.map_or("?", BenchPath::name)

@@ -17,6 +17,7 @@ use crate::controllers::context::{Error, Result};
 use crate::crds::ROLLED_BACK_ANNOTATION;
 use crate::crds::scheduling::AdmissionPlan;
 use crate::scheduler::status::Outcome;
+use crate::scheduler::status::reason;
 use crate::scheduler::{Disrupted, FailureCause, PinFailure, RollBack};
 
 impl Admitter {
@@ -92,7 +93,7 @@ impl Admitter {
             memory.errors = memory.errors.saturating_add(1);
             memory.error_until = Some(Instant::now() + error_backoff(memory.errors));
         }
-        self.root_event(key, true, "BindFailed", &message).await;
+        self.root_event(key, true, reason::BIND_FAILED, &message).await;
         Ok(Instant::now())
     }
 
@@ -166,7 +167,7 @@ impl Admitter {
             format!("{message}; the gang's pods were deleted to be recreated together (disruptionMode all)")
         };
         self.roots.entry(key.clone()).or_default().outcome = Some(Outcome::BindFailed(outcome_msg.clone()));
-        self.root_event(key, true, "BindTimeout", &outcome_msg).await;
+        self.root_event(key, true, reason::BIND_TIMEOUT, &outcome_msg).await;
         Ok(())
     }
 

@@ -35,9 +35,17 @@ pub mod condition {
     pub const ALL_OR_NOTHING: &str = "AllOrNothing";
 }
 
+/// Reasons of a failed bind, on `Admitted=False`, [`condition::BIND_FAILED`] and their events.
+pub mod reason {
+    /// A committed pod was not bound after the gang had started: the group failed.
+    pub const BIND_TIMEOUT: &str = "BindTimeout";
+    /// A committed pod was not bound: the attempt was rolled back.
+    pub const BIND_FAILED: &str = "BindFailed";
+}
+
 /// The reasons of an `Admitted=False` that ends an attempt: the pods were pinned and ungated,
 /// then rolled back (a bind timed out or failed).
-const ROLLED_BACK_REASONS: [&str; 2] = ["BindTimeout", "BindFailed"];
+const ROLLED_BACK_REASONS: [&str; 2] = [reason::BIND_TIMEOUT, reason::BIND_FAILED];
 
 /// PURE: when a gang's wait for admission began, read from the cluster, so a new leader
 /// measures the wait its predecessor saw begin: the later of its newest pod's creation (the
@@ -210,12 +218,12 @@ fn admission_conditions(
             conditions::set(conds, condition::ADMITTED, false, "WaitingForQuorum", m, generation, now);
         }
         Some(Outcome::BindFailed(m)) => {
-            conditions::set(conds, condition::ADMITTED, false, "BindTimeout", m, generation, now);
-            conditions::set(conds, condition::BIND_FAILED, true, "BindTimeout", m, generation, now);
+            conditions::set(conds, condition::ADMITTED, false, reason::BIND_TIMEOUT, m, generation, now);
+            conditions::set(conds, condition::BIND_FAILED, true, reason::BIND_TIMEOUT, m, generation, now);
         }
         Some(Outcome::RolledBack(m)) => {
-            conditions::set(conds, condition::ADMITTED, false, "BindFailed", m, generation, now);
-            conditions::set(conds, condition::BIND_FAILED, true, "BindFailed", m, generation, now);
+            conditions::set(conds, condition::ADMITTED, false, reason::BIND_FAILED, m, generation, now);
+            conditions::set(conds, condition::BIND_FAILED, true, reason::BIND_FAILED, m, generation, now);
         }
         Some(Outcome::Partly(m)) => {
             conditions::set(conds, condition::ADMITTED, true, "PartlyAdmitted", m, generation, now);

@@ -49,8 +49,8 @@ pub fn short_reason(phase: GroupPhase, outcome: Option<&Outcome>) -> Option<Stri
     let reason = match outcome? {
         Outcome::Waiting(_) if phase == GroupPhase::Pending => "WaitingForQuorum",
         Outcome::Unschedulable(_, r) => r.as_str(),
-        Outcome::BindFailed(_) => "BindTimeout",
-        Outcome::RolledBack(_) => "BindFailed",
+        Outcome::BindFailed(_) => super::reason::BIND_TIMEOUT,
+        Outcome::RolledBack(_) => super::reason::BIND_FAILED,
         Outcome::Excluded(_) => "NamespaceExcluded",
         Outcome::Waiting(_) | Outcome::Admitted(_) | Outcome::Partly(_) => return None,
     };
