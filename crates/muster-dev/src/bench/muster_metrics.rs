@@ -56,7 +56,7 @@ impl MusterMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::procfs::{stat_command, stat_cpu_ticks, status_kib};
+    use crate::bench::procfs::{Rss, stat_command, stat_cpu_ticks, status_kib};
 
     #[test]
     fn musters_figures_are_read_from_its_metrics() {
@@ -90,6 +90,11 @@ mod tests {
         assert_eq!(status_kib(status, "VmRSS"), Some(102400));
         assert_eq!(status_kib(status, "VmHWM"), Some(204800));
         assert_eq!(status_kib(status, "VmSwap"), None);
+        // The sample's parts; a kernel that does not split RSS gives them as 0.
+        let split = "VmHWM:\t  204800 kB\nVmRSS:\t  102400 kB\nRssAnon:\t   70000 kB\nRssFile:\t   32000 kB\nRssShmem:\t 400 kB\n";
+        assert_eq!(Rss::of_status(split), Some(Rss { total: 102400, anon: 70000, file: 32000 }));
+        assert_eq!(Rss::of_status(status), Some(Rss { total: 102400, anon: 0, file: 0 }));
+        assert_eq!(Rss::of_status("Name:\tmuster\n"), None);
         // A command name with spaces and a parenthesis; utime 250, stime 50.
         let stat = "4242 (mus ter) x) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 9 0 1000 0 0";
         assert_eq!(stat_cpu_ticks(stat), Some(300));

@@ -216,7 +216,9 @@ pub(super) async fn run_path(
     let muster = is_muster.then(|| {
         let latencies = gang_admission_latencies(&pods, args.size as usize);
         MusterNumbers {
-            rss_peak_mib: rss_peak.map(mib),
+            rss_peak_mib: rss_peak.map(|r| mib(r.total)),
+            rss_anon_mib: rss_peak.map(|r| mib(r.anon)),
+            rss_file_mib: rss_peak.map(|r| mib(r.file)),
             vm_hwm_mib: hwm.map(mib),
             cpu_s: ticks_before.zip(ticks_after).map(|(b, a)| a.saturating_sub(b) as f64 / CLOCK_TICKS_PER_S),
             admission_p50_s: percentile(&latencies, 50.0),

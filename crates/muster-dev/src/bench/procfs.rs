@@ -71,12 +71,35 @@ pub(super) fn read_proc(pid: u32, file: &str) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/{file}")).ok()
 }
 
-/// Samples VmRSS of `pid` until `stop`; returns the largest, KiB.
-pub(super) async fn sample_rss(pid: u32, stop: Arc<AtomicBool>) -> Option<u64> {
-    let mut peak = None;
+/// One sample of a process's resident memory, KiB: VmRSS and its two parts that matter here,
+/// anonymous memory (the heap, stacks) and file pages mapped (the binary's code and data as the
+/// kernel faulted them in).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Rss {
+    pub total: u64,
+    pub anon: u64,
+    pub file: u64,
+}
+
+impl Rss {
+    /// PURE: the sample in a /proc/<pid>/status (`None` without VmRSS; a part it lacks is 0).
+    pub fn of_status(status: &str) -> Option<Self> {
+        Some(Rss {
+            total: status_kib(status, "VmRSS")?,
+            anon: status_kib(status, "RssAnon").unwrap_or_default(),
+            file: status_kib(status, "RssFile").unwrap_or_default(),
+        })
+    }
+}
+
+/// Samples the RSS of `pid` until `stop`; returns the sample of the largest VmRSS.
+pub(super) async fn sample_rss(pid: u32, stop: Arc<AtomicBool>) -> Option<Rss> {
+    let mut peak: Option<Rss> = None;
     while !stop.load(Ordering::Relaxed) {
-        if let Some(kib) = read_proc(pid, "status").and_then(|s| status_kib(&s, "VmRSS")) {
-            peak = peak.max(Some(kib));
+        if let Some(now) = read_proc(pid, "status").and_then(|s| Rss::of_status(&s))
+            && peak.is_none_or(|p| now.total > p.total)
+        {
+            peak = Some(now);
         }
         tokio::time::sleep(RSS_SAMPLE_EVERY).await;
     }

@@ -11,6 +11,10 @@ use super::stats::{Throughput, UserLatency};
 pub struct MusterNumbers {
     /// The largest VmRSS sampled during the path (every 200 ms), MiB.
     pub rss_peak_mib: Option<f64>,
+    /// The peak sample's anonymous memory (heap, stacks) and file pages (the binary's code and
+    /// data as the kernel mapped them in), MiB: RssAnon and RssFile of the same sample.
+    pub rss_anon_mib: Option<f64>,
+    pub rss_file_mib: Option<f64>,
     /// VmHWM at the path's end (peak RSS since muster started), MiB.
     pub vm_hwm_mib: Option<f64>,
     /// utime + stime used during the path, seconds.

@@ -169,9 +169,11 @@ pub fn format_table(report: &Report) -> String {
     for p in &report.paths {
         if let Some(m) = &p.muster {
             out.push_str(&format!(
-                "\nmuster during the {} path: peak RSS {} MiB (VmHWM {} MiB, since start), CPU {} s\n",
+                "\nmuster during the {} path: peak RSS {} MiB ({} anonymous, {} file pages; VmHWM {} MiB, since start), CPU {} s\n",
                 p.path.map_or("?", BenchPath::name),
                 opt(m.rss_peak_mib, 1),
+                opt(m.rss_anon_mib, 1),
+                opt(m.rss_file_mib, 1),
                 opt(m.vm_hwm_mib, 1),
                 opt(m.cpu_s, 2)
             ));
@@ -236,6 +238,8 @@ mod tests {
                     throughput: Throughput { pods_bound: 3, ..Throughput::default() },
                     muster: Some(MusterNumbers {
                         rss_peak_mib: Some(50.0),
+                        rss_anon_mib: Some(30.0),
+                        rss_file_mib: Some(19.5),
                         cycles: Some(4.0),
                         heap_allocated_mib: Some(20.0),
                         webhook_mean_ms: Some(3.5),
@@ -256,7 +260,11 @@ mod tests {
         );
         assert!(line("gang ").contains("pods WITHOUT schedulingGroup"), "{table}");
         assert!(line("muster ").contains("3/6") && line("muster ").contains("TIMED OUT"), "{table}");
-        assert!(table.contains("peak RSS 50.0 MiB") && table.contains("admission cycles 4"), "{table}");
+        assert!(
+            table.contains("peak RSS 50.0 MiB (30.0 anonymous, 19.5 file pages")
+                && table.contains("admission cycles 4"),
+            "{table}"
+        );
         assert!(table.contains("20.0 MiB allocated") && table.contains("mean 3.5 ms"), "{table}");
         assert!(table.contains("15 pods, 100 nodes"), "{table}");
         assert!(report.paths[0].ok() && !report.paths[1].ok() && !report.paths[2].ok());
