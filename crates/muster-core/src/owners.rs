@@ -13,6 +13,17 @@ pub fn controller_uid(meta: &ObjectMeta) -> Option<&str> {
     meta.owner_references.iter().flatten().find(|o| o.controller == Some(true)).map(|o| o.uid.as_str())
 }
 
+/// Whether the object's controlling owner is of API group `group` (any version): the native
+/// groups a MusterJob or MusterJobSet made are controlled by one (`batch.muster.dev`), those
+/// the Job controller made for batch/v1 Jobs by a Job.
+pub fn controlled_by_group(meta: &ObjectMeta, group: &str) -> bool {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .is_some_and(|o| o.api_version.split_once('/').is_some_and(|(g, _)| g == group))
+}
+
 /// Why a ServiceAccount token names no owner.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum TokenOwnerError {
@@ -78,6 +89,30 @@ mod tests {
     use base64::Engine as _;
 
     use super::*;
+
+    #[test]
+    fn the_controlling_owners_group() {
+        let owner = |api_version: &str, controller: Option<bool>| OwnerReference {
+            api_version: api_version.into(),
+            kind: "K".into(),
+            name: "n".into(),
+            uid: "u".into(),
+            controller,
+            ..Default::default()
+        };
+        let meta = |refs: Vec<OwnerReference>| ObjectMeta { owner_references: Some(refs), ..Default::default() };
+        let group = "batch.muster.dev";
+        assert!(controlled_by_group(&meta(vec![owner("batch.muster.dev/v1alpha1", Some(true))]), group));
+        // A plain owner of the group (a standalone job's PodGroup is also owned by its Workload)
+        // is no controller; a Job controls the groups the Job controller made.
+        let job = owner("batch/v1", Some(true));
+        assert!(!controlled_by_group(&meta(vec![owner("batch.muster.dev/v1alpha1", None), job.clone()]), group));
+        assert!(!controlled_by_group(&meta(vec![job]), group));
+        // The group must match whole, and a core-group owner ("v1") has none.
+        assert!(!controlled_by_group(&meta(vec![owner("batch.muster.dev.evil/v1", Some(true))]), group));
+        assert!(!controlled_by_group(&meta(vec![owner("v1", Some(true))]), group));
+        assert!(!controlled_by_group(&ObjectMeta::default(), group));
+    }
 
     fn jwt(claims: &serde_json::Value) -> String {
         let e = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
