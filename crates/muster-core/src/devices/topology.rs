@@ -340,7 +340,17 @@ impl std::hash::Hash for SelectionKey {
 /// The GPUs of one node and how they connect; GPU `i` is the one with device index `i`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GpuTopology {
+    /// The node's own: UUIDs and memory.
     gpus: Vec<Gpu>,
+    /// How they connect, shared by every node of the same shape ([`Shape::shared`]).
+    shape: Arc<Shape>,
+}
+
+/// What a topology holds beyond its GPUs' identities: links, costs and NUMA placement. Nodes of
+/// one model have the same (5,000 nodes of 8 GPUs held 5,000 equal copies, about 3 MiB), so
+/// they share one.
+#[derive(Debug, PartialEq, Eq)]
+struct Shape {
     /// Row-major `n * n` link matrix.
     links: Vec<Link>,
     /// `links` turned into costs once, because selection reads it in its innermost loop.
@@ -351,8 +361,44 @@ pub struct GpuTopology {
     /// carry the NUMA nodes of a partial set as one word.
     numa_bits: Vec<u64>,
     known: bool,
-    /// What selection reads of it ([`Self::selection_key`]), built once.
+    /// What selection reads of it ([`GpuTopology::selection_key`]), built once.
     key: Arc<SelectionKey>,
+}
+
+/// Past this many shapes kept (or twice those in use at the last pruning, if more), those no
+/// topology uses any more are forgotten.
+const SHAPES_KEPT: usize = 256;
+
+impl Shape {
+    /// The one shape equal to `shape` in use anywhere in the process, or `shape` itself, which
+    /// others then share. The table, by fingerprint, holds weak references: a shape no topology
+    /// uses any more is dropped, and its entry goes at the next pruning ([`SHAPES_KEPT`]).
+    fn shared(shape: Shape) -> Arc<Shape> {
+        type Table = std::collections::HashMap<u64, Vec<std::sync::Weak<Shape>>>;
+        static SHAPES: std::sync::LazyLock<std::sync::Mutex<(Table, usize, usize)>> =
+            std::sync::LazyLock::new(|| std::sync::Mutex::new((Table::new(), 0, SHAPES_KEPT)));
+        // A poisoned lock (a panic elsewhere): a shape of its own, as before.
+        let Ok(mut guard) = SHAPES.lock() else { return Arc::new(shape) };
+        let (table, kept, prune_at) = &mut *guard;
+        let fingerprint = shape.key.fingerprint;
+        if let Some(found) =
+            table.get(&fingerprint).into_iter().flatten().filter_map(std::sync::Weak::upgrade).find(|s| **s == shape)
+        {
+            return found;
+        }
+        if *kept >= *prune_at {
+            table.retain(|_, shapes| {
+                shapes.retain(|s| s.strong_count() > 0);
+                !shapes.is_empty()
+            });
+            *kept = table.values().map(Vec::len).sum();
+            *prune_at = (2 * *kept).max(SHAPES_KEPT);
+        }
+        let shape = Arc::new(shape);
+        table.entry(fingerprint).or_default().push(Arc::downgrade(&shape));
+        *kept += 1;
+        shape
+    }
 }
 
 impl GpuTopology {
@@ -501,13 +547,14 @@ impl GpuTopology {
             .map(|i| numa_groups.iter().position(|(_, g)| g.contains(i)).map_or(0, |p| 1u64 << (p % 64)))
             .collect();
         let key = Arc::new(SelectionKey::new(links.clone(), gpus.iter().map(|g| g.numa).collect(), known));
-        GpuTopology { gpus, links, costs, numa_groups, numa_bits, known, key }
+        let shape = Shape::shared(Shape { links, costs, numa_groups, numa_bits, known, key });
+        GpuTopology { gpus, shape }
     }
 
     /// What selection and scoring read of this topology (links, NUMA placement, whether it is
     /// known; not UUIDs or memory): nodes with equal keys get the same GPU choices.
     pub fn selection_key(&self) -> Arc<SelectionKey> {
-        self.key.clone()
+        self.shape.key.clone()
     }
 
     /// Number of GPUs.
@@ -522,7 +569,7 @@ impl GpuTopology {
 
     /// Whether the links came from an annotation (false: all assumed `SYS`).
     pub fn is_known(&self) -> bool {
-        self.known
+        self.shape.known
     }
 
     /// Every GPU of the node.
@@ -542,37 +589,37 @@ impl GpuTopology {
 
     /// Each known NUMA node with its GPUs, ascending by NUMA id.
     pub fn numa_groups(&self) -> &[(u32, GpuSet)] {
-        &self.numa_groups
+        &self.shape.numa_groups
     }
 
     /// How GPU `i` reaches GPU `j` (`SYS` for indices outside the node).
     pub fn link(&self, i: usize, j: usize) -> Link {
         let n = self.len();
-        if i < n && j < n { self.links[i * n + j] } else { Link::Sys }
+        if i < n && j < n { self.shape.links[i * n + j] } else { Link::Sys }
     }
 
     /// Cost of the link between GPU `i` and GPU `j`.
     #[inline]
     pub fn link_cost(&self, i: usize, j: usize) -> u32 {
         let n = self.len();
-        if i < n && j < n { self.costs[i * n + j] } else { Link::Sys.cost() }
+        if i < n && j < n { self.shape.costs[i * n + j] } else { Link::Sys.cost() }
     }
 
     /// The NUMA node of GPU `i` as one bit (its position among [`Self::numa_groups`]); 0 when
     /// unknown. `numa_bit(a) | numa_bit(b)` has as many bits as NUMA nodes `a` and `b` span.
     #[inline]
     pub fn numa_bit(&self, i: usize) -> u64 {
-        self.numa_bits.get(i).copied().unwrap_or(0)
+        self.shape.numa_bits.get(i).copied().unwrap_or(0)
     }
 
     /// How many distinct known NUMA nodes the GPUs of `set` sit on (unknown ones count none).
     pub fn numa_span(&self, set: GpuSet) -> usize {
-        self.numa_groups.iter().filter(|(_, g)| !g.is_disjoint(set)).count()
+        self.shape.numa_groups.iter().filter(|(_, g)| !g.is_disjoint(set)).count()
     }
 
     /// Whether every GPU of `set` has a known NUMA node and it is the same one.
     pub fn single_numa(&self, set: GpuSet) -> bool {
-        self.numa_groups.iter().any(|(_, g)| set.is_subset(*g))
+        self.shape.numa_groups.iter().any(|(_, g)| set.is_subset(*g))
     }
 
     /// Whether every pair of `set` is joined by a direct NVLink (one NVLink domain).
@@ -742,6 +789,35 @@ mod tests {
         let problem = reason.map(|r| r.problem());
         assert_eq!(problem.as_ref().map(|p| p.kind), Some(GpuProblemKind::TopologyMalformed));
         assert!(problem.is_some_and(|p| p.message.contains("not valid topology JSON")));
+    }
+
+    #[test]
+    fn nodes_of_one_model_share_their_shape_but_keep_their_own_gpus() {
+        let annotation = |uuid: &str, numa_split: u32| {
+            let gpus: Vec<_> = (0..4)
+                .map(|i| serde_json::json!({"index": i, "numa": i / numa_split, "uuid": format!("GPU-{uuid}-{i}")}))
+                .collect();
+            let links: Vec<Vec<&str>> =
+                (0..4).map(|i| (0..4).map(|j| if i == j { "X" } else { "NV4" }).collect()).collect();
+            serde_json::json!({"version": TOPOLOGY_VERSION, "gpus": gpus, "links": links}).to_string()
+        };
+        let a = GpuTopology::parse(&annotation("a", 2)).expect("parses");
+        let b = GpuTopology::parse(&annotation("b", 2)).expect("parses");
+        assert!(Arc::ptr_eq(&a.shape, &b.shape), "one shape for both nodes");
+        assert_ne!(a, b, "each keeps its own UUIDs");
+        assert_eq!(a.gpus[0].uuid.as_deref(), Some("GPU-a-0"));
+        assert_eq!(b.gpus[0].uuid.as_deref(), Some("GPU-b-0"));
+        // Another NUMA layout is another shape, with its own groups.
+        let c = GpuTopology::parse(&annotation("c", 4)).expect("parses");
+        assert!(!Arc::ptr_eq(&a.shape, &c.shape));
+        assert_eq!((a.numa_groups().len(), c.numa_groups().len()), (2, 1));
+        assert_ne!(a.selection_key(), c.selection_key());
+        // A shape no node uses any more is dropped; a later node of it gets an equal one.
+        let weak = Arc::downgrade(&c.shape);
+        drop(c);
+        assert!(weak.upgrade().is_none(), "the table holds no strong reference");
+        let again = GpuTopology::parse(&annotation("d", 4)).expect("parses");
+        assert_eq!(again.numa_groups().len(), 1);
     }
 
     #[test]
