@@ -125,8 +125,11 @@ struct Events {
 impl Events {
     /// Keys remembered before starting over, which also drops the recorder's cache (it keeps
     /// every event it sent for 6 minutes to fold repeats into a series: at 10,000 keys, the GPU
-    /// events of thousands of pods and nodes held tens of MiB).
-    const LIMIT: usize = 1_000;
+    /// events of thousands of pods and nodes held tens of MiB; at 1,000, 3 MiB of a 5,000-node
+    /// bench's heap). A burst of new gangs sends one event per key, which a series never folds;
+    /// what repeats (a gang that stays unschedulable, a node's GPU problem) is folded while
+    /// fewer than this many other keys come between.
+    const LIMIT: usize = 256;
 
     fn new(client: Client, reporter: Reporter) -> Self {
         let recorder = Recorder::new(client.clone(), reporter.clone());
