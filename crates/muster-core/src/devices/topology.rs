@@ -793,12 +793,13 @@ mod tests {
 
     #[test]
     fn nodes_of_one_model_share_their_shape_but_keep_their_own_gpus() {
+        // 5 GPUs, all NV2: a shape no other test makes (the table is the process's).
         let annotation = |uuid: &str, numa_split: u32| {
-            let gpus: Vec<_> = (0..4)
+            let gpus: Vec<_> = (0..5)
                 .map(|i| serde_json::json!({"index": i, "numa": i / numa_split, "uuid": format!("GPU-{uuid}-{i}")}))
                 .collect();
             let links: Vec<Vec<&str>> =
-                (0..4).map(|i| (0..4).map(|j| if i == j { "X" } else { "NV4" }).collect()).collect();
+                (0..5).map(|i| (0..5).map(|j| if i == j { "X" } else { "NV2" }).collect()).collect();
             serde_json::json!({"version": TOPOLOGY_VERSION, "gpus": gpus, "links": links}).to_string()
         };
         let a = GpuTopology::parse(&annotation("a", 2)).expect("parses");
@@ -808,15 +809,15 @@ mod tests {
         assert_eq!(a.gpus[0].uuid.as_deref(), Some("GPU-a-0"));
         assert_eq!(b.gpus[0].uuid.as_deref(), Some("GPU-b-0"));
         // Another NUMA layout is another shape, with its own groups.
-        let c = GpuTopology::parse(&annotation("c", 4)).expect("parses");
+        let c = GpuTopology::parse(&annotation("c", 5)).expect("parses");
         assert!(!Arc::ptr_eq(&a.shape, &c.shape));
-        assert_eq!((a.numa_groups().len(), c.numa_groups().len()), (2, 1));
+        assert_eq!((a.numa_groups().len(), c.numa_groups().len()), (3, 1));
         assert_ne!(a.selection_key(), c.selection_key());
         // A shape no node uses any more is dropped; a later node of it gets an equal one.
         let weak = Arc::downgrade(&c.shape);
         drop(c);
         assert!(weak.upgrade().is_none(), "the table holds no strong reference");
-        let again = GpuTopology::parse(&annotation("d", 4)).expect("parses");
+        let again = GpuTopology::parse(&annotation("d", 5)).expect("parses");
         assert_eq!(again.numa_groups().len(), 1);
     }
 
