@@ -369,35 +369,83 @@ struct Shape {
 /// topology uses any more are forgotten.
 const SHAPES_KEPT: usize = 256;
 
-impl Shape {
-    /// The one shape equal to `shape` in use anywhere in the process, or `shape` itself, which
-    /// others then share. The table, by fingerprint, holds weak references: a shape no topology
-    /// uses any more is dropped, and its entry goes at the next pruning ([`SHAPES_KEPT`]).
-    fn shared(shape: Shape) -> Arc<Shape> {
-        type Table = std::collections::HashMap<u64, Vec<std::sync::Weak<Shape>>>;
-        static SHAPES: std::sync::LazyLock<std::sync::Mutex<(Table, usize, usize)>> =
-            std::sync::LazyLock::new(|| std::sync::Mutex::new((Table::new(), 0, SHAPES_KEPT)));
-        // A poisoned lock (a panic elsewhere): a shape of its own, as before.
-        let Ok(mut guard) = SHAPES.lock() else { return Arc::new(shape) };
-        let (table, kept, prune_at) = &mut *guard;
+/// The shapes in use, by fingerprint, as weak references: a shape no topology uses any more is
+/// dropped, and its entry goes at the next pruning ([`SHAPES_KEPT`]).
+#[derive(Debug)]
+struct Shapes {
+    by_fingerprint: std::collections::HashMap<u64, Vec<std::sync::Weak<Shape>>>,
+    /// Entries, live or not.
+    kept: usize,
+    /// Pruned when `kept` reaches it.
+    prune_at: usize,
+}
+
+impl Default for Shapes {
+    fn default() -> Self {
+        Shapes { by_fingerprint: Default::default(), kept: 0, prune_at: SHAPES_KEPT }
+    }
+}
+
+impl Shapes {
+    /// The shape equal to `shape` in use, or `shape` itself, kept for the next one.
+    fn share(&mut self, shape: Shape) -> Arc<Shape> {
         let fingerprint = shape.key.fingerprint;
-        if let Some(found) =
-            table.get(&fingerprint).into_iter().flatten().filter_map(std::sync::Weak::upgrade).find(|s| **s == shape)
+        if let Some(found) = self
+            .by_fingerprint
+            .get(&fingerprint)
+            .into_iter()
+            .flatten()
+            .filter_map(std::sync::Weak::upgrade)
+            .find(|s| **s == shape)
         {
             return found;
         }
-        if *kept >= *prune_at {
-            table.retain(|_, shapes| {
+        if self.kept >= self.prune_at {
+            self.by_fingerprint.retain(|_, shapes| {
                 shapes.retain(|s| s.strong_count() > 0);
                 !shapes.is_empty()
             });
-            *kept = table.values().map(Vec::len).sum();
-            *prune_at = (2 * *kept).max(SHAPES_KEPT);
+            self.kept = self.by_fingerprint.values().map(Vec::len).sum();
+            self.prune_at = (2 * self.kept).max(SHAPES_KEPT);
         }
         let shape = Arc::new(shape);
-        table.entry(fingerprint).or_default().push(Arc::downgrade(&shape));
-        *kept += 1;
+        self.by_fingerprint.entry(fingerprint).or_default().push(Arc::downgrade(&shape));
+        self.kept += 1;
         shape
+    }
+}
+
+impl Shape {
+    /// The shape of `gpus` (their NUMA nodes) linked by `links`.
+    fn of(gpus: &[Gpu], links: Vec<Link>, known: bool) -> Shape {
+        let costs = links.iter().map(|l| l.cost()).collect();
+        let mut numa_groups: Vec<(u32, GpuSet)> = Vec::new();
+        for (i, gpu) in gpus.iter().enumerate() {
+            let Some(numa) = gpu.numa else { continue };
+            let bit = GpuSet::single(i).unwrap_or_default();
+            match numa_groups.iter_mut().find(|(id, _)| *id == numa) {
+                Some((_, set)) => *set = set.union(bit),
+                None => numa_groups.push((numa, bit)),
+            }
+        }
+        numa_groups.sort_by_key(|(id, _)| *id);
+        // At most 64 GPUs, so at most 64 groups: every group gets its own bit.
+        let numa_bits = (0..gpus.len())
+            .map(|i| numa_groups.iter().position(|(_, g)| g.contains(i)).map_or(0, |p| 1u64 << (p % 64)))
+            .collect();
+        let key = Arc::new(SelectionKey::new(links.clone(), gpus.iter().map(|g| g.numa).collect(), known));
+        Shape { links, costs, numa_groups, numa_bits, known, key }
+    }
+
+    /// The one shape equal to `shape` in use anywhere in the process, or `shape` itself, which
+    /// others then share ([`Shapes`]).
+    fn shared(shape: Shape) -> Arc<Shape> {
+        static SHAPES: std::sync::LazyLock<std::sync::Mutex<Shapes>> = std::sync::LazyLock::new(Default::default);
+        // A poisoned lock (a panic elsewhere): a shape of its own, as before.
+        match SHAPES.lock() {
+            Ok(mut shapes) => shapes.share(shape),
+            Err(_) => Arc::new(shape),
+        }
     }
 }
 
@@ -531,23 +579,7 @@ impl GpuTopology {
     }
 
     fn assemble(gpus: Vec<Gpu>, links: Vec<Link>, known: bool) -> Self {
-        let costs = links.iter().map(|l| l.cost()).collect();
-        let mut numa_groups: Vec<(u32, GpuSet)> = Vec::new();
-        for (i, gpu) in gpus.iter().enumerate() {
-            let Some(numa) = gpu.numa else { continue };
-            let bit = GpuSet::single(i).unwrap_or_default();
-            match numa_groups.iter_mut().find(|(id, _)| *id == numa) {
-                Some((_, set)) => *set = set.union(bit),
-                None => numa_groups.push((numa, bit)),
-            }
-        }
-        numa_groups.sort_by_key(|(id, _)| *id);
-        // At most 64 GPUs, so at most 64 groups: every group gets its own bit.
-        let numa_bits = (0..gpus.len())
-            .map(|i| numa_groups.iter().position(|(_, g)| g.contains(i)).map_or(0, |p| 1u64 << (p % 64)))
-            .collect();
-        let key = Arc::new(SelectionKey::new(links.clone(), gpus.iter().map(|g| g.numa).collect(), known));
-        let shape = Shape::shared(Shape { links, costs, numa_groups, numa_bits, known, key });
+        let shape = Shape::shared(Shape::of(&gpus, links, known));
         GpuTopology { gpus, shape }
     }
 
@@ -819,6 +851,29 @@ mod tests {
         assert!(weak.upgrade().is_none(), "the table holds no strong reference");
         let again = GpuTopology::parse(&annotation("d", 5)).expect("parses");
         assert_eq!(again.numa_groups().len(), 1);
+    }
+
+    #[test]
+    fn the_shape_table_forgets_shapes_no_longer_used_and_keeps_those_in_use() {
+        let one = |numa: u32| {
+            let gpu = Gpu { uuid: None, numa: Some(numa), memory_mib: None };
+            Shape::of(&[gpu], vec![Link::SelfLink], true)
+        };
+        let mut table = Shapes::default();
+        // 10 shapes stay in use, 290 others are dropped as soon as made.
+        let live: Vec<Arc<Shape>> = (0..10).map(|n| table.share(one(n))).collect();
+        for n in 10..300 {
+            drop(table.share(one(n)));
+        }
+        assert!(table.kept < SHAPES_KEPT, "pruned once it held {SHAPES_KEPT}: {}", table.kept);
+        for (n, shape) in (0..10).zip(&live) {
+            assert!(Arc::ptr_eq(&table.share(one(n)), shape), "a shape in use is still shared");
+        }
+        // More shapes in use than SHAPES_KEPT: every one is kept, and pruning waits until the
+        // table holds twice those, so it is not redone on every new shape.
+        let many: Vec<Arc<Shape>> = (1_000..1_600).map(|n| table.share(one(n))).collect();
+        assert!(table.kept >= 610 && table.prune_at > table.kept, "{} {}", table.kept, table.prune_at);
+        assert!(Arc::ptr_eq(&table.share(one(1_000)), &many[0]));
     }
 
     #[test]
