@@ -58,11 +58,7 @@ where
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
     let (store, writer) = reflector::store();
-    let stream = watcher::watcher(Api::<K>::all(client.clone()), watcher::Config::default().any_semantic())
-        .default_backoff()
-        .try_filter_map(move |ev| std::future::ready(Ok(kept(ev, keep))))
-        .modify(|o: &mut K| o.meta_mut().managed_fields = None)
-        .reflect(writer);
+    let stream = kept_watch(client, keep, writer);
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(ev) = stream.next().await {
@@ -72,6 +68,23 @@ where
         }
     });
     store
+}
+
+/// The watch of every `K` that `keep` keeps, managed fields dropped, kept in `writer`'s store.
+fn kept_watch<K>(
+    client: &kube::Client,
+    keep: fn(&K) -> bool,
+    writer: reflector::store::Writer<K>,
+) -> impl futures::Stream<Item = std::result::Result<watcher::Event<K>, watcher::Error>> + Send + 'static
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    watcher::watcher(Api::<K>::all(client.clone()), watcher::Config::default().any_semantic())
+        .default_backoff()
+        .try_filter_map(move |ev| std::future::ready(Ok(kept(ev, keep))))
+        .modify(|o: &mut K| o.meta_mut().managed_fields = None)
+        .reflect(writer)
 }
 
 /// PURE: the watch event a cache applies for `ev`, keeping only the objects `keep` keeps: an
@@ -147,16 +160,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
     // groups' events trigger their jobs, through the cache the reconciles read.
     let native = ctx.config.native_scheduling_served;
     let (native_groups, native_group_events) = if native {
-        let (store, writer) = reflector::store();
-        let events = watcher::watcher(
-            Api::<k8s_openapi::api::scheduling::v1beta1::PodGroup>::all(ctx.client.clone()),
-            watcher::Config::default().any_semantic(),
-        )
-        .default_backoff()
-        .try_filter_map(|ev| std::future::ready(Ok(kept(ev, muster_controlled))))
-        .modify(|g| g.metadata.managed_fields = None)
-        .reflect(writer)
-        .touched_objects();
+        let (store, writer) = reflector::store::<k8s_openapi::api::scheduling::v1beta1::PodGroup>();
+        let events = kept_watch(&ctx.client, muster_controlled, writer).touched_objects();
         (Some(store), Some(events))
     } else {
         (None, None)
@@ -256,7 +261,9 @@ mod tests {
         // The muster kinds' caches keep everything.
         assert!(kept(Event::Apply(jobs.clone()), all).is_some_and(|ev| matches!(ev, Event::Apply(_))));
         let (store, mut writer) = reflector::store::<NativeGroup>();
-        writer.apply_watcher_event(&kept(Event::Apply(jobs), all).expect("kept"));
+        if let Some(ev) = kept(Event::Apply(jobs), all) {
+            writer.apply_watcher_event(&ev);
+        }
         assert!(store.get(&ObjectRef::new("jobs").within("ns")).is_some());
     }
 }
