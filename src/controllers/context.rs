@@ -113,13 +113,39 @@ pub struct Context {
 /// recorder folds a repeat into the first event's series and keeps that event's note.
 type EventKey = (String, String, String, String, bool);
 
-/// The recorder, and the last note published per event key: a repeat whose note changed (a
-/// GPU problem that is another problem now) starts a fresh recorder, so it is a new event with
-/// its own note instead of a count on the old one.
+/// The recorder, the last note published per event key, and the writers that send events: a
+/// repeat whose note changed (a GPU problem that is another problem now) starts a fresh
+/// recorder, so it is a new event with its own note instead of a count on the old one.
+///
+/// Events are sent by [`Events::WRITERS`] tasks of their own, as client-go's broadcaster sends
+/// kube-controller-manager's and kube-scheduler's: whoever reports one goes on at once, and the
+/// API server sees at most that many of muster's event writes at a time (each also takes a
+/// background slot of `--kube-api-in-flight`). Each writer keeps a queue of [`Events::QUEUE`];
+/// an event that finds its writer's queue full is dropped and counted
+/// (`muster_events_dropped_total`), as client-go drops past its 1,000. The events of one object
+/// go through one writer, in the order they were reported.
 struct Events {
     client: Client,
     reporter: Reporter,
     state: std::sync::Mutex<(Recorder, HashMap<EventKey, String>)>,
+    /// Started with the first event (spawning needs the runtime).
+    writers: std::sync::OnceLock<Writers>,
+    dropped: prometheus_client::metrics::counter::Counter,
+}
+
+/// The event writers' queues, and the writers (aborted with the context: a replica that stops
+/// leading sends no more).
+struct Writers {
+    queues: Vec<tokio::sync::mpsc::Sender<Outgoing>>,
+    _tasks: Vec<Detached<()>>,
+}
+
+/// What a writer is given.
+enum Outgoing {
+    /// An event to publish about an object, with the recorder that folds its repeats.
+    Event(Box<(Recorder, Event, ObjectReference)>),
+    /// Answered once everything queued before it is sent.
+    Flush(tokio::sync::oneshot::Sender<()>),
 }
 
 impl Events {
@@ -130,10 +156,20 @@ impl Events {
     /// what repeats (a gang that stays unschedulable, a node's GPU problem) is folded while
     /// fewer than this many other keys come between.
     const LIMIT: usize = 256;
+    /// Tasks that send events, each one at a time.
+    const WRITERS: usize = 2;
+    /// Events each writer keeps waiting at most.
+    const QUEUE: usize = 512;
 
-    fn new(client: Client, reporter: Reporter) -> Self {
+    fn new(client: Client, reporter: Reporter, dropped: prometheus_client::metrics::counter::Counter) -> Self {
         let recorder = Recorder::new(client.clone(), reporter.clone());
-        Events { client, reporter, state: std::sync::Mutex::new((recorder, HashMap::new())) }
+        Events {
+            client,
+            reporter,
+            state: std::sync::Mutex::new((recorder, HashMap::new())),
+            writers: std::sync::OnceLock::new(),
+            dropped,
+        }
     }
 
     /// The recorder to publish `note` under `key` with.
@@ -150,32 +186,48 @@ impl Events {
         notes.insert(key, note.to_string());
         recorder.clone()
     }
-}
 
-impl Context {
-    /// A context for `client`.
-    pub fn new(client: Client, metrics: Arc<Metrics>, config: Config) -> Self {
-        let reporter = Reporter { controller: "muster".into(), instance: Some(config.identity.clone()) };
-        Self {
-            events: Events::new(client.clone(), reporter),
-            priorities: Priorities::default(),
-            evictions: client.clone(),
-            client,
-            metrics,
-            config,
+    /// The writers, started on first use; `None` outside a tokio runtime.
+    fn writers(&self) -> Option<&Writers> {
+        if let Some(writers) = self.writers.get() {
+            return Some(writers);
         }
+        tokio::runtime::Handle::try_current().ok()?;
+        Some(self.writers.get_or_init(|| {
+            let (queues, tasks) = (0..Self::WRITERS)
+                .map(|_| {
+                    let (queue, mut receiver) = tokio::sync::mpsc::channel::<Outgoing>(Self::QUEUE);
+                    let task = Detached::spawn(async move {
+                        while let Some(outgoing) = receiver.recv().await {
+                            match outgoing {
+                                Outgoing::Event(event) => {
+                                    let (recorder, event, object) = *event;
+                                    if let Err(e) = recorder.publish(&event, &object).await {
+                                        tracing::warn!(error = %e, reason = event.reason, "could not publish event");
+                                    }
+                                }
+                                Outgoing::Flush(done) => {
+                                    let _ = done.send(());
+                                }
+                            }
+                        }
+                    });
+                    (queue, task)
+                })
+                .unzip();
+            Writers { queues, _tasks: tasks }
+        }))
     }
 
-    /// Publishes an event about `object`; failures are logged, never fatal.
-    pub async fn event(
+    /// The event to publish, and the recorder to publish it with (the note cut to 1,000 bytes).
+    fn prepare(
         &self,
         object: &ObjectReference,
         warning: bool,
         reason: &str,
         action: &str,
-        note: impl Into<String>,
-    ) {
-        let mut note: String = note.into();
+        mut note: String,
+    ) -> (Recorder, Event) {
         if note.len() > 1000 {
             let mut cut = 997;
             while !note.is_char_boundary(cut) {
@@ -184,24 +236,115 @@ impl Context {
             note.truncate(cut);
             note.push_str("...");
         }
-        let ev = Event {
+        let key = (
+            object.kind.clone().unwrap_or_default(),
+            object.namespace.clone().unwrap_or_default(),
+            object.name.clone().unwrap_or_default(),
+            format!("{reason}/{action}"),
+            warning,
+        );
+        let recorder = self.recorder(key, &note);
+        let event = Event {
             type_: if warning { EventType::Warning } else { EventType::Normal },
             reason: reason.into(),
             note: Some(note),
             action: action.into(),
             secondary: None,
         };
-        let key = (
-            object.kind.clone().unwrap_or_default(),
-            object.namespace.clone().unwrap_or_default(),
-            object.name.clone().unwrap_or_default(),
-            format!("{}/{}", ev.reason, ev.action),
-            warning,
-        );
-        let recorder = self.events.recorder(key, ev.note.as_deref().unwrap_or_default());
-        if let Err(e) = recorder.publish(&ev, object).await {
-            tracing::warn!(error = %e, reason, "could not publish event");
+        (recorder, event)
+    }
+
+    /// The queue of the writer of `object`'s events.
+    fn queue(&self, object: &ObjectReference) -> Option<&tokio::sync::mpsc::Sender<Outgoing>> {
+        use std::hash::{Hash, Hasher};
+        let writers = self.writers()?;
+        let mut hasher = std::hash::DefaultHasher::new();
+        (&object.namespace, &object.name).hash(&mut hasher);
+        // The remainder is below WRITERS, so it fits a usize.
+        let at = usize::try_from(hasher.finish() % Self::WRITERS as u64).unwrap_or(0);
+        writers.queues.get(at)
+    }
+
+    /// Queues `event` about `object` on the writer of that object; dropped and counted when
+    /// its queue is full (or there is no runtime to send it from).
+    fn send(&self, recorder: Recorder, event: Event, object: &ObjectReference) {
+        let reason = event.reason.clone();
+        let queued = self
+            .queue(object)
+            .is_some_and(|q| q.try_send(Outgoing::Event(Box::new((recorder, event, object.clone())))).is_ok());
+        if !queued {
+            // The first drop and every thousandth are logged as warnings, the rest at debug.
+            let before = self.dropped.inc();
+            if before.is_multiple_of(1000) {
+                tracing::warn!(reason, object = ?object.name, dropped = before + 1, "event dropped: its writer's queue is full");
+            } else {
+                tracing::debug!(reason, object = ?object.name, "event dropped: its writer's queue is full");
+            }
         }
+    }
+
+    /// Queues `event` about `object`, waiting for room in its writer's queue.
+    async fn send_waiting(&self, recorder: Recorder, event: Event, object: &ObjectReference) {
+        let Some(queue) = self.queue(object) else {
+            self.dropped.inc();
+            return;
+        };
+        // Fails only when the writer is gone (the context is being dropped).
+        let _ = queue.send(Outgoing::Event(Box::new((recorder, event, object.clone())))).await;
+    }
+
+    /// Waits until every event queued before the call has been sent (or failed).
+    async fn sent(&self) {
+        let Some(writers) = self.writers.get() else { return };
+        for queue in &writers.queues {
+            let (done, answer) = tokio::sync::oneshot::channel();
+            if queue.send(Outgoing::Flush(done)).await.is_ok() {
+                let _ = answer.await;
+            }
+        }
+    }
+}
+
+impl Context {
+    /// A context for `client`.
+    pub fn new(client: Client, metrics: Arc<Metrics>, config: Config) -> Self {
+        let reporter = Reporter { controller: "muster".into(), instance: Some(config.identity.clone()) };
+        Self {
+            events: Events::new(client.clone(), reporter, metrics.events_dropped.clone()),
+            priorities: Priorities::default(),
+            evictions: client.clone(),
+            client,
+            metrics,
+            config,
+        }
+    }
+
+    /// Reports an event about `object`: queued for a writer, so the caller goes on at once;
+    /// dropped and counted when the writer's queue is full. Failures are logged, never fatal
+    /// (see [`Events`]).
+    pub fn event(&self, object: &ObjectReference, warning: bool, reason: &str, action: &str, note: impl Into<String>) {
+        let (recorder, event) = self.events.prepare(object, warning, reason, action, note.into());
+        self.events.send(recorder, event, object);
+    }
+
+    /// As [`Context::event`], but waits for room in the writer's queue instead of dropping: for
+    /// a task of its own that reports many events at once (thousands of nodes appearing).
+    pub async fn event_waiting(
+        &self,
+        object: &ObjectReference,
+        warning: bool,
+        reason: &str,
+        action: &str,
+        note: impl Into<String>,
+    ) {
+        let (recorder, event) = self.events.prepare(object, warning, reason, action, note.into());
+        self.events.send_waiting(recorder, event, object).await;
+    }
+
+    /// Waits until every event reported before the call has been sent to the API server (or
+    /// failed): for a graceful stop, and for tests.
+    pub async fn events_sent(&self) {
+        self.events.sent().await;
     }
 }
 
@@ -453,6 +596,97 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fake API server that answers event writes only while its gate is open, and the reason
+    /// of each event it was sent, in order; a context whose client talks to it.
+    async fn held_api() -> (Context, Arc<tokio::sync::Semaphore>, Arc<std::sync::Mutex<Vec<String>>>) {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let reasons: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+        let (g, r) = (gate.clone(), reasons.clone());
+        let app = axum::Router::new().fallback(move |method: axum::http::Method, body: String| {
+            let (gate, reasons) = (g.clone(), r.clone());
+            async move {
+                let _pass = gate.acquire().await;
+                let event: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+                let reason = event["reason"].as_str().unwrap_or_default().to_string();
+                reasons.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(reason);
+                let code = if method == axum::http::Method::POST { 201 } else { 200 };
+                let json = [(axum::http::header::CONTENT_TYPE, "application/json")];
+                (axum::http::StatusCode::from_u16(code).unwrap_or_default(), json, body)
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("bind: {e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("address: {e}"));
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        let url = format!("http://{addr}").parse().unwrap_or_else(|e| panic!("url: {e}"));
+        let client = Client::try_from(kube::Config::new(url)).unwrap_or_else(|e| panic!("client: {e}"));
+        (Context::new(client, Arc::new(Metrics::default()), Config::default()), gate, reasons)
+    }
+
+    fn pod(name: &str) -> ObjectReference {
+        ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some("ns".into()),
+            name: Some(name.into()),
+            uid: Some(format!("uid-{name}")),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn an_event_is_queued_without_waiting_and_one_objects_events_go_in_order() {
+        let (ctx, gate, reasons) = held_api().await;
+        // The API server answers nothing yet: each report returns at once all the same.
+        for i in 0..6 {
+            ctx.event(&pod("a"), false, &format!("Step{i}"), "Test", "a step");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(reasons.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_empty(), "nothing answered yet");
+        gate.add_permits(1_000);
+        ctx.events_sent().await;
+        let sent = reasons.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        assert_eq!(sent, (0..6).map(|i| format!("Step{i}")).collect::<Vec<_>>());
+        assert_eq!(ctx.metrics.events_dropped.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn past_a_full_queue_events_are_dropped_and_counted_unless_the_reporter_waits() {
+        let (ctx, gate, reasons) = held_api().await;
+        // One object's events share one writer; this test's runtime has one thread, so the
+        // writer takes none from its queue before the test yields.
+        let over = 7;
+        for i in 0..Events::QUEUE + over {
+            ctx.event(&pod("a"), false, &format!("Step{i}"), "Test", "a step");
+        }
+        assert_eq!(ctx.metrics.events_dropped.get(), u64::try_from(over).unwrap_or_default());
+
+        // A reporter that waits for room drops none: it goes on as the queue drains.
+        let (ctx, reporter) = (Arc::new(ctx), pod("b"));
+        let waiting = {
+            let ctx = ctx.clone();
+            tokio::spawn(async move {
+                for i in 0..Events::QUEUE + over {
+                    ctx.event_waiting(&reporter, false, &format!("Wait{i}"), "Test", "a step").await;
+                }
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!waiting.is_finished(), "the queue is full and nothing is answered yet");
+        gate.add_permits(100_000);
+        waiting.await.unwrap_or_else(|e| panic!("reporter: {e}"));
+        ctx.events_sent().await;
+        let sent = reasons.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        let (steps, waits) = (
+            sent.iter().filter(|r| r.starts_with("Step")).count(),
+            sent.iter().filter(|r| r.starts_with("Wait")).count(),
+        );
+        assert_eq!((steps, waits), (Events::QUEUE, Events::QUEUE + over));
+        assert_eq!(ctx.metrics.events_dropped.get(), u64::try_from(over).unwrap_or_default(), "no more dropped");
+    }
 
     #[test]
     fn a_namespace_being_deleted_is_told_by_its_cause_or_its_message() {

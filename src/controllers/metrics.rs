@@ -216,6 +216,8 @@ pub struct Metrics {
     /// Pods whose GPU indices were corrected to what kubelet gave them (read back by the node
     /// agent), muster having planned others.
     pub gpu_index_corrections: Counter,
+    /// Events dropped because their writer's queue was full.
+    pub events_dropped: Counter,
     /// GPUs allocated per node.
     pub gpus_allocated: Family<NodeLabels, Gauge>,
     /// GPUs per node.
@@ -303,6 +305,7 @@ impl Default for Metrics {
             object_errors: Family::default(),
             gpu_conflicts: Counter::default(),
             gpu_index_corrections: Counter::default(),
+            events_dropped: Counter::default(),
             gpus_allocated: Family::default(),
             gpus_total: Family::default(),
             gpus_unhealthy: Family::default(),
@@ -454,6 +457,13 @@ impl Default for Metrics {
             "gpu_index_corrections",
             "Pods whose gpu.muster.dev/indices were corrected to the GPUs kubelet gave them",
             m.gpu_index_corrections.clone(),
+        );
+        register(
+            &mut registry,
+            &mut families,
+            "events_dropped",
+            "Events not sent: muster reported them faster than its event writers could send them and their queue was full",
+            m.events_dropped.clone(),
         );
         register(&mut registry, &mut families, "gpus_allocated", "GPUs allocated per node", m.gpus_allocated.clone());
         register(&mut registry, &mut families, "gpus", "GPUs per node", m.gpus_total.clone());

@@ -42,7 +42,7 @@ pub use muster_core::owners::{controller_ref, controller_uid};
 /// Tells the owner of an object of kind `K` that does not decode why muster leaves it alone
 /// (a Warning event `DecodeFailed` on it); the controllers skip such objects, so without this
 /// nothing would say why it never gets a status.
-pub async fn report_undecodable<K: kube::Resource<DynamicType = ()>>(
+pub fn report_undecodable<K: kube::Resource<DynamicType = ()>>(
     ctx: &Context,
     invalid: &kube::core::error_boundary::InvalidObject,
 ) {
@@ -57,7 +57,7 @@ pub async fn report_undecodable<K: kube::Resource<DynamicType = ()>>(
         ..Default::default()
     };
     let note = format!("muster cannot read this {kind} and leaves it alone: {}", invalid.error);
-    ctx.event(&reference, true, "DecodeFailed", "Decode", note).await;
+    ctx.event(&reference, true, "DecodeFailed", "Decode", note);
 }
 
 /// Server-side applies a headless Service `name` selecting pods with label `key=name`, owned by
@@ -490,7 +490,9 @@ pub async fn run(client: Client, mut config: Config, opts: ManagerOptions) -> an
             }
         })
     });
-    let result = run_leader(client, config, opts, ctx, ready, http, &mut shutdown).await;
+    let result = run_leader(client, config, opts, ctx.clone(), ready, http, &mut shutdown).await;
+    // Events still queued go out, for a moment at most.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), ctx.events_sent()).await;
     let _ = webhook_stop.send(());
     if let Some(w) = webhook {
         let _ = w.await;
@@ -520,7 +522,7 @@ where
         .patch(&obj.name_any(), &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
         .await?;
     if let Some(why) = why {
-        ctx.event(&obj.object_ref(&()), false, "SchedulingAPI", "Compile", why).await;
+        ctx.event(&obj.object_ref(&()), false, "SchedulingAPI", "Compile", why);
     }
     Ok(())
 }

@@ -684,22 +684,19 @@ impl Admitter {
                 }
             }
         }
-        // Sent in the background, 16 at a time, after the ones sent before (a node's events
-        // stay in order): thousands of nodes appearing at once made one event each, and a
-        // cycle that waited for them decided nothing for minutes.
+        // Queued in the background, after the ones queued before (a node's events stay in
+        // order), each waiting for room in the event writers' queue: thousands of nodes appearing
+        // at once make one event each, and a cycle that waited for them decided nothing for
+        // minutes.
         if !events.is_empty() {
             let (ctx, before) = (self.ctx.clone(), self.node_events.take());
             self.node_events = Some(crate::controllers::context::Detached::spawn(async move {
                 if let Some(mut before) = before {
                     let _ = before.join().await;
                 }
-                let sends: Vec<_> = events
-                    .iter()
-                    .map(|(object, warning, reason, note)| {
-                        ctx.event(object, *warning, reason, "Schedule", note.clone())
-                    })
-                    .collect();
-                crate::controllers::context::at_most(16, sends).await;
+                for (object, warning, reason, note) in events {
+                    ctx.event_waiting(&object, warning, reason, "Schedule", note).await;
+                }
             }));
         }
         // Nodes gone: forget them.
@@ -746,7 +743,7 @@ impl Admitter {
         memory.outcome = Some(outcome);
         if memory.last_event.as_deref() != Some(message.as_str()) {
             memory.last_event = Some(message.clone());
-            self.group_event(tree, true, "Unschedulable", &message).await;
+            self.group_event(tree, true, "Unschedulable", &message);
         }
         at
     }

@@ -153,12 +153,12 @@ impl Admitter {
             nodes.join(", ")
         );
         tracing::info!(group = %key, %message, "preemption");
-        self.root_event(key, false, "Preempting", &message).await;
+        self.root_event(key, false, "Preempting", &message);
         for group in &names {
             if let Some((ns, name)) = group.split_once('/') {
                 let victim = self.victim_key(ns, name);
                 let note = format!("preempted by PodGroup {preemptor} (priority {priority}): its pods are evicted");
-                self.root_event(&victim, true, "Preempted", &note).await;
+                self.root_event(&victim, true, "Preempted", &note);
             }
         }
         Ok(Evicted::Done(Nomination { victims: evicted, since: Instant::now() }))

@@ -10,25 +10,21 @@ use kube::Resource;
 use kube::runtime::reflector;
 
 use super::{Admitter, CONTROLLER, RootKey, error_backoff};
-use crate::controllers::context::{Context, Error};
+use crate::controllers::context::Error;
 use crate::controllers::metrics::ObjectErrorLabels;
 use crate::scheduler::GroupTree;
 
 impl Admitter {
     /// Events on a root group and its owner.
-    pub(super) async fn root_event(&self, key: &RootKey, warning: bool, reason: &str, message: &str) {
-        root_events(&self.ctx, self.root_refs(key), warning, reason, message).await;
-    }
-
-    /// [`Self::root_event`] sent in the background: the caller does not wait for the API server.
-    pub(super) fn root_event_detached(&self, key: &RootKey, warning: bool, reason: &'static str, message: String) {
-        let (ctx, refs) = (self.ctx.clone(), self.root_refs(key));
-        tokio::spawn(async move { root_events(&ctx, refs, warning, reason, &message).await });
+    pub(super) fn root_event(&self, key: &RootKey, warning: bool, reason: &str, message: &str) {
+        for r in self.root_refs(key) {
+            self.ctx.event(&r, warning, reason, "Admit", message.to_string());
+        }
     }
 
     /// Events on the root group and on its owner (the MusterJob or MusterJobSet).
-    pub(super) async fn group_event(&self, tree: &GroupTree, warning: bool, reason: &str, message: &str) {
-        self.root_event(&RootKey::of(&tree.namespace, &tree.root), warning, reason, message).await;
+    pub(super) fn group_event(&self, tree: &GroupTree, warning: bool, reason: &str, message: &str) {
+        self.root_event(&RootKey::of(&tree.namespace, &tree.root), warning, reason, message);
     }
 
     /// The root group and its controller owner, as event targets.
@@ -78,16 +74,9 @@ impl Admitter {
         tracing::warn!(group = %key, error = %e, errors = memory.errors, backoff_s = backoff.as_secs(), "admission could not {what}");
         if memory.last_event.as_deref() != Some(note.as_str()) {
             memory.last_event = Some(note.clone());
-            self.root_event(key, true, "AdmissionError", &note).await;
+            self.root_event(key, true, "AdmissionError", &note);
         }
         at
-    }
-}
-
-/// The same event on each of a root's objects (the group and its controller owner).
-async fn root_events(ctx: &Context, refs: Vec<ObjectReference>, warning: bool, reason: &str, message: &str) {
-    for r in refs {
-        ctx.event(&r, warning, reason, "Admit", message.to_string()).await;
     }
 }
 

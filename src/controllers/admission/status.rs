@@ -286,7 +286,7 @@ impl Admitter {
                     let note = format!("admission could not write the status: {e}");
                     tracing::warn!(group = %key, error = %e, errors, "admission could not write a group status");
                     if last != note {
-                        self.root_event(&key, true, "StatusWriteFailed", &note).await;
+                        self.root_event(&key, true, "StatusWriteFailed", &note);
                     }
                     self.status_errors.insert(key, (errors, until, note));
                     retry = Some(retry.map_or(until, |r| r.min(until)));
@@ -344,7 +344,7 @@ impl Admitter {
             }
             if self.excluded_reported.insert(key.clone()) {
                 tracing::warn!(group = %key, "group in a namespace muster's webhooks skip: not admitted");
-                self.root_event(&key, true, "NamespaceExcluded", &message).await;
+                self.root_event(&key, true, "NamespaceExcluded", &message);
             }
             seen.insert(key);
         }

@@ -265,8 +265,7 @@ fn report_too_large(ctx: &Arc<Context>, p: &Pod, why: &str) {
          annotations, tolerations, affinity terms or containers.",
         if gated { ", so it leaves the pod gated and never places it" } else { "" }
     );
-    let (ctx, reference) = (ctx.clone(), p.object_ref(&()));
-    tokio::spawn(async move { ctx.event(&reference, true, "PodTooLarge", "Admit", note).await });
+    ctx.event(&p.object_ref(&()), true, "PodTooLarge", "Admit", note);
 }
 
 /// muster's pods: those in a PodGroup of its (the webhook labels them).

@@ -680,7 +680,7 @@ async fn send_batch(ctx: Arc<Context>, batch: Vec<Sent>, timeout: Duration, resu
                 }
                 let (reason, note) = &sent.done;
                 tracing::info!(pod = %sent.name, node = %sent.node, indices = %sent.indices, reason, "{note}");
-                ctx.event(&sent.pod, false, reason, "AssignGPUs", note.clone()).await;
+                ctx.event(&sent.pod, false, reason, "AssignGPUs", note.clone());
             }
             results.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((sent, outcome));
         })
@@ -708,7 +708,7 @@ impl DeviceReconciler {
         snapshot: &Snapshot,
         gpus: &impl NodeModels,
     ) -> HashMap<String, GpuSet> {
-        self.book(ctx).await;
+        self.book(ctx);
         let by_uid: HashMap<&str, &dyn DevicePod> = pods.iter().map(|p| (p.uid(), p as &dyn DevicePod)).collect();
         // A choice is kept until the cache shows the pod's annotation (or the pod is gone).
         // (An annotation other than the choice, one nothing vouches for, keeps it too.)
@@ -730,7 +730,7 @@ impl DeviceReconciler {
             }
             tracing::warn!(problem = %report.message, "GPU ledger");
             if let Some(pod) = by_uid.get(report.uid.as_str()) {
-                ctx.event(&pod.reference(), true, report.reason, "AssignGPUs", report.message.clone()).await;
+                ctx.event(&pod.reference(), true, report.reason, "AssignGPUs", report.message.clone());
             }
         }
 
@@ -805,12 +805,12 @@ impl DeviceReconciler {
         {
             tracing::warn!(error = %e, "a batch of GPU-index writes failed");
         }
-        self.book(ctx).await;
+        self.book(ctx);
     }
 
     /// Books the writes done since the last pass (backoff, failure metrics and events); once
     /// the batch has ended, the next may go.
-    async fn book(&mut self, ctx: &Context) {
+    fn book(&mut self, ctx: &Context) {
         let finished = self.batch.as_ref().is_none_or(Detached::is_finished);
         let done = std::mem::take(&mut *self.results.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
         let now = Instant::now();
@@ -819,9 +819,9 @@ impl DeviceReconciler {
         if finished {
             self.batch = None;
         }
-        let sends: Vec<_> =
-            events.iter().map(|e| ctx.event(&e.pod, e.warning, e.reason, "AssignGPUs", e.note.clone())).collect();
-        at_most(WRITE_CONCURRENCY, sends).await;
+        for e in events {
+            ctx.event(&e.pod, e.warning, e.reason, "AssignGPUs", e.note);
+        }
     }
 
     /// Books how a write ended; a failure is reported on the pod (once per change), counted

@@ -65,8 +65,10 @@ impl FakeApi {
         requests.iter().filter(|(m, p, _)| m == "PATCH" && *p == path).map(|(_, _, b)| b.clone()).collect()
     }
 
-    /// Events (created or counted again) with this reason about this pod.
-    fn events(&self, reason: &str, pod: &str) -> usize {
+    /// Events (created or counted again) with this reason about this pod, once every event
+    /// reported so far is sent (they go out through the context's writers).
+    async fn events(&self, reason: &str, pod: &str) -> usize {
+        self.ctx.events_sent().await;
         let requests = self.requests.lock().unwrap();
         requests
             .iter()
@@ -181,7 +183,7 @@ async fn a_pass_never_waits_for_its_writes_and_sends_each_once() {
     devices.settle(&api.ctx).await;
     assert_eq!(woken.load(std::sync::atomic::Ordering::SeqCst), 1, "one batch, one wake-up");
     assert_eq!(api.patches("open", "plain").len(), 1);
-    assert_eq!(api.events("GPUsAssigned", "plain"), 1);
+    assert_eq!(api.events("GPUsAssigned", "plain").await, 1);
     let text = api.ctx.metrics.encode();
     assert!(text.contains("muster_device_patch_errors_total{reason=\"timeout\"} 1"), "{text}");
 }
@@ -206,8 +208,8 @@ async fn a_refused_patch_is_the_pods_own_and_its_gpus_stay_held() {
     assert_eq!(denied.len(), 1);
     assert!(denied.is_disjoint(plain) && !denied.contains(0) && !plain.contains(0), "{denied} {plain}");
     assert_eq!(held["n1"], set(&[0]).union(denied).union(plain), "the denied pod still holds what it was given");
-    assert_eq!(api.events("GPUIndicesNotWritten", "denied"), 1);
-    assert_eq!(api.events("GPUsAssigned", "plain"), 1);
+    assert_eq!(api.events("GPUIndicesNotWritten", "denied").await, 1);
+    assert_eq!(api.events("GPUsAssigned", "plain").await, 1);
     let text = api.ctx.metrics.encode();
     assert!(text.contains("muster_device_patch_errors_total{reason=\"forbidden\"} 1"), "{text}");
 
@@ -216,7 +218,7 @@ async fn a_refused_patch_is_the_pods_own_and_its_gpus_stay_held() {
     let again = pass_settled(&mut devices, &api.ctx, &pods, &snapshot, &gpus).await;
     assert_eq!(again, held);
     assert_eq!(api.patches("status-403", "denied").len(), 1, "backed off");
-    assert_eq!(api.events("GPUIndicesNotWritten", "denied"), 1);
+    assert_eq!(api.events("GPUIndicesNotWritten", "denied").await, 1);
 }
 
 #[tokio::test]
@@ -237,7 +239,7 @@ async fn every_kind_of_failed_patch_is_counted_by_reason_and_none_stalls_the_pas
     for (reason, n) in [("bad_request", 1), ("invalid", 1), ("server_error", 1), ("timeout", 2)] {
         assert!(text.contains(&format!("muster_device_patch_errors_total{{reason=\"{reason}\"}} {n}")), "{text}");
     }
-    assert_eq!(api.events("GPUsAssigned", "p5"), 1, "the pod that could be written was");
+    assert_eq!(api.events("GPUsAssigned", "p5").await, 1, "the pod that could be written was");
 }
 
 #[tokio::test]
@@ -282,9 +284,9 @@ async fn problems_are_reported_once_not_every_pass() {
         assert_eq!(held["n1"], GpuSet::first(2), "round {round}");
         assert_eq!(plan(&pods, &snapshot, &gpus).ledger.holder("n1", 0), Some("uid-first"));
     }
-    assert_eq!(api.events("GPUConflict", "second"), 1);
-    assert_eq!(api.events("GPUConflict", "first"), 0);
-    assert_eq!(api.events("GPUConflict", "no-room"), 1);
+    assert_eq!(api.events("GPUConflict", "second").await, 1);
+    assert_eq!(api.events("GPUConflict", "first").await, 0);
+    assert_eq!(api.events("GPUConflict", "no-room").await, 1);
     let text = api.ctx.metrics.encode();
     assert!(text.contains("muster_gpu_conflicts_total 2"), "{text}");
 
@@ -295,7 +297,7 @@ async fn problems_are_reported_once_not_every_pass() {
     pods.push(pod("open", "second", 2, "n1", 1, Some("0")));
     let (snapshot, gpus) = world(&nodes, &pods);
     pass_settled(&mut devices, &api.ctx, &pods, &snapshot, &gpus).await;
-    assert_eq!(api.events("GPUConflict", "second"), 2);
+    assert_eq!(api.events("GPUConflict", "second").await, 2);
 }
 
 #[tokio::test]
@@ -549,7 +551,7 @@ async fn a_correction_is_written_with_an_event_and_counted() {
     assert_eq!(held.get("n1"), Some(&set(&[2, 3])));
     let patches = api.patches("ns", "a");
     assert_eq!(patches.iter().map(|b| written(b)).collect::<Vec<_>>(), vec![set(&[2, 3])]);
-    assert_eq!(api.events("GPUIndicesCorrected", "a"), 1);
+    assert_eq!(api.events("GPUIndicesCorrected", "a").await, 1);
     assert_eq!(api.ctx.metrics.gpu_index_corrections.get(), 1);
 }
 
@@ -558,8 +560,9 @@ async fn a_repeated_event_keeps_its_series_until_its_note_changes() {
     let api = FakeApi::start().await;
     let pod = pod("ns", "a", 1, "n1", 1, None);
     for note in ["one", "one", "two", "two"] {
-        api.ctx.event(&pod.reference(), true, "GPUConflict", "AssignGPUs", note).await;
+        api.ctx.event(&pod.reference(), true, "GPUConflict", "AssignGPUs", note);
     }
+    api.ctx.events_sent().await;
     let requests = api.requests.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let events: Vec<(&str, bool)> = requests
         .iter()
@@ -729,7 +732,7 @@ async fn indices_nothing_vouches_for_hold_no_gpu_and_are_reported_once() {
         assert_eq!(plan.ledger.claim("uid-greedy").map(|c| c.gpus.len()), Some(1));
     }
     for who in ["squat", "unplaced", "greedy"] {
-        assert_eq!(api.events(UNTRUSTED_INDICES, who), 1, "{who}: reported once over three passes");
+        assert_eq!(api.events(UNTRUSTED_INDICES, who).await, 1, "{who}: reported once over three passes");
     }
     // The bound pod's annotation is corrected to the one GPU it holds.
     let greedy = api.patches("tenant", "greedy");

@@ -64,13 +64,13 @@ pub(super) async fn ensure_gpu_template(
             match api.create(&PostParams::default(), &template).await {
                 Ok(_) => {
                     let note = format!("Created ResourceClaimTemplate {name} for the GPUs of the job's pods");
-                    ctx.event(&job.object_ref(&()), false, "SuccessfulCreate", "CreateClaims", note).await;
+                    ctx.event(&job.object_ref(&()), false, "SuccessfulCreate", "CreateClaims", note);
                     return Ok(Ok(Some(name)));
                 }
                 Err(kube::Error::Api(e)) if e.code == 409 => api.get(&name).await?,
                 Err(e) => {
                     let note = format!("Error creating ResourceClaimTemplate {name}: {e}");
-                    ctx.event(&job.object_ref(&()), true, "FailedCreate", "CreateClaims", note).await;
+                    ctx.event(&job.object_ref(&()), true, "FailedCreate", "CreateClaims", note);
                     return Err(e.into());
                 }
             }
@@ -149,7 +149,7 @@ pub(super) async fn ensure_group_claims(job: &MusterJob, ctx: &Context, groups: 
     }
     if !created.is_empty() {
         let note = format!("Created ResourceClaim(s) shared by PodGroup {}: {}", groups.pod_group, created.join(", "));
-        ctx.event(&job.object_ref(&()), false, "SuccessfulCreate", "CreateClaims", note).await;
+        ctx.event(&job.object_ref(&()), false, "SuccessfulCreate", "CreateClaims", note);
     }
     let statuses = claims::claim_statuses(&all, &made);
     if statuses != groups.claim_statuses {
@@ -192,7 +192,7 @@ pub(super) async fn report_claims(
         now,
     );
     if changed && !ready {
-        ctx.event(&job.object_ref(&()), true, reason, "CreateClaims", message).await;
+        ctx.event(&job.object_ref(&()), true, reason, "CreateClaims", message);
     }
     !ready
 }

@@ -29,7 +29,7 @@ pub(super) async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, jc: Arc<J
     let job = match &guard.0 {
         Ok(job) => job,
         Err(invalid) => {
-            crate::controllers::report_undecodable::<MusterJob>(ctx, invalid).await;
+            crate::controllers::report_undecodable::<MusterJob>(ctx, invalid);
             return Ok(Action::await_change());
         }
     };
@@ -109,7 +109,7 @@ pub(super) async fn reconcile(guard: Arc<DeserializeGuard<MusterJob>>, jc: Arc<J
         )
         .await?;
         if let Some(note) = refused {
-            ctx.event(&job.object_ref(&()), true, "ServiceConflict", "ApplyService", note).await;
+            ctx.event(&job.object_ref(&()), true, "ServiceConflict", "ApplyService", note);
         }
     }
     sync_pods(job, &jc, &group, &PodClaims { gpu_template, group: group_claims }, now).await

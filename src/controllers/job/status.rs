@@ -94,7 +94,7 @@ pub(super) async fn set_invalid(
     status.phase = Some(JobPhase::Invalid);
     status.observed_generation = job.metadata.generation;
     if changed {
-        ctx.event(&job.object_ref(&()), true, reason, "Validate", message).await;
+        ctx.event(&job.object_ref(&()), true, reason, "Validate", message);
     }
     if job.status.as_ref() != Some(&status) {
         write_status_now(job, ctx, &status).await?;

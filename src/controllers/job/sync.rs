@@ -113,8 +113,7 @@ pub(super) async fn sync_pods(
             "SuccessfulDelete",
             "DeletePods",
             format!("Deleted {} pod(s): {why}", decision.delete.len()),
-        )
-        .await;
+        );
     }
     let subdomain = plan::pod_subdomain(job);
     let attempt = if decision.create.is_empty() { 0 } else { admission_attempt(ctx, &ns, groups).await? };
@@ -145,7 +144,7 @@ pub(super) async fn sync_pods(
         // A create refused: nothing is written or released until the pods are made (the plan
         // counts a replacement as made: a failed pod's index hands its failure count on to it).
         if !e.namespace_terminating() {
-            ctx.event(&reference, true, "FailedCreate", "CreatePods", format!("Error creating pod: {e}")).await;
+            ctx.event(&reference, true, "FailedCreate", "CreatePods", format!("Error creating pod: {e}"));
             return Err(e);
         }
         // Except in a namespace being deleted: it refuses every create and deletes the pods
@@ -162,22 +161,21 @@ pub(super) async fn sync_pods(
             "SuccessfulCreate",
             "CreatePods",
             format!("Created {} gated pod(s) in PodGroup {}: {}", created.len(), groups.pod_group, created.join(", ")),
-        )
-        .await;
+        );
     }
     if let Some(f) = &decision.finished {
         // As batch/v1 tells it: `Completed` for a job complete, the reason for one failed.
         if f.condition == condition::FAILED {
-            ctx.event(&reference, true, f.reason, "Finish", f.message.clone()).await;
+            ctx.event(&reference, true, f.reason, "Finish", f.message.clone());
         } else {
-            ctx.event(&reference, false, "Completed", "Finish", "Job completed").await;
+            ctx.event(&reference, false, "Completed", "Finish", "Job completed");
         }
     }
     let was_suspended = prev.phase == Some(JobPhase::Suspended);
     let is_suspended = decision.status.phase == Some(JobPhase::Suspended);
     if was_suspended != is_suspended {
         let (reason, note) = if is_suspended { ("Suspended", "Job suspended") } else { ("Resumed", "Job resumed") };
-        ctx.event(&reference, false, reason, "Suspend", note).await;
+        ctx.event(&reference, false, reason, "Suspend", note);
     }
     let claims_pending = report_claims(job, ctx, pod_claims, &mut decision.status, now).await;
     // A status written is recorded (`Written`): the counts for the cache to show before the
@@ -212,7 +210,7 @@ pub(super) async fn sync_pods(
             let warning = plan::mirrored_change_is_warning(c);
             let note =
                 format!("PodGroup {} (scheduling.k8s.io): {}={}: {}", groups.pod_group, c.type_, c.status, c.message);
-            ctx.event(&reference, warning, &c.reason, "Schedule", note).await;
+            ctx.event(&reference, warning, &c.reason, "Schedule", note);
         }
     }
     if decision.delete_job {

@@ -91,7 +91,7 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, sc: Arc<SetContex
     let set = match &guard.0 {
         Ok(set) => set,
         Err(invalid) => {
-            super::report_undecodable::<MusterJobSet>(ctx, invalid).await;
+            super::report_undecodable::<MusterJobSet>(ctx, invalid);
             return Ok(Action::await_change());
         }
     };
@@ -144,7 +144,7 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, sc: Arc<SetContex
         Err((reason, message)) => return set_invalid(set, &sc, reason, &message, now).await,
     };
     if let Some(note) = network::apply(&ctx.client, set, owner.clone(), FIELD_MANAGER).await? {
-        ctx.event(&set.object_ref(&()), true, "ServiceConflict", "ApplyService", note).await;
+        ctx.event(&set.object_ref(&()), true, "ServiceConflict", "ApplyService", note);
     }
 
     let jobs = Api::<MusterJob>::namespaced(ctx.client.clone(), &ns);
@@ -202,8 +202,7 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, sc: Arc<SetContex
             "SuccessfulCreate",
             "CreateJobs",
             format!("Created child MusterJob(s): {}", created.join(", ")),
-        )
-        .await;
+        );
     }
     for r in &decision.resize {
         let mut patch = json!({"spec": {"parallelism": r.parallelism}});
@@ -220,7 +219,7 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, sc: Arc<SetContex
         jobs.patch(child, &PatchParams::default(), &Patch::Merge(&patch)).await?;
     }
     for (warning, reason, message) in &decision.events {
-        ctx.event(&reference, *warning, reason, "Sync", message.clone()).await;
+        ctx.event(&reference, *warning, reason, "Sync", message.clone());
     }
     write_status(set, &sc, &decision.status).await?;
     // `ttlSecondsAfterFinished` ran out: the set goes, and with it (foreground) all it made.
@@ -236,7 +235,7 @@ async fn reconcile(guard: Arc<DeserializeGuard<MusterJobSet>>, sc: Arc<SetContex
     for c in &mirrored {
         let warning = c.status == "False" && c.type_ == condition::COMPOSITE_SCHEDULED;
         let note = format!("CompositePodGroup {name} (scheduling.k8s.io): {}={}: {}", c.type_, c.status, c.message);
-        ctx.event(&reference, warning, &c.reason, "Schedule", note).await;
+        ctx.event(&reference, warning, &c.reason, "Schedule", note);
     }
     // More children than one batch were missing: the children made trigger the next pass, and
     // this makes sure of it.
@@ -430,7 +429,7 @@ async fn set_invalid(
     status.phase = Some(JobSetPhase::Invalid);
     status.observed_generation = set.metadata.generation;
     if changed {
-        ctx.event(&set.object_ref(&()), true, reason, "Validate", message).await;
+        ctx.event(&set.object_ref(&()), true, reason, "Validate", message);
     }
     write_status(set, sc, &status).await?;
     // A refusal that can clear by itself (a name an earlier object of the same name holds) is

@@ -95,7 +95,10 @@ pub fn events_page(events: &[EventEntry]) -> String {
     let mut out = String::from("# Events\n\n");
     out.push_str(
         "Every event muster publishes (reporting controller `muster`), by reason: its type, the object it is on, \
-         its action and when it happens. `kubectl events --for <kind>/<name>` shows them. A reason in angle \
+         its action and when it happens. `kubectl events --for <kind>/<name>` shows them. muster sends them from \
+         two writers of its own, as client-go's broadcaster does for kube-controller-manager, so nothing waits \
+         on them: past 512 waiting per writer (a burst of thousands of new gangs) an event is dropped and \
+         counted in `muster_events_dropped_total`. A reason in angle \
          brackets is not fixed: the event carries the reason named there. This page is generated from \
          `crates/muster-api/src/catalog/events.rs`, and `make test` fails when the code publishes a reason the \
          catalog lacks.\n\n",

@@ -93,7 +93,7 @@ impl Admitter {
             memory.errors = memory.errors.saturating_add(1);
             memory.error_until = Some(Instant::now() + error_backoff(memory.errors));
         }
-        self.root_event(key, true, reason::BIND_FAILED, &message).await;
+        self.root_event(key, true, reason::BIND_FAILED, &message);
         Ok(Instant::now())
     }
 
@@ -126,7 +126,7 @@ impl Admitter {
                 tracing::warn!(pod = %name, error = %e, "could not delete a pod of a rolled-back attempt");
                 self.ctx.metrics.object_errors.get_or_create(&object_labels("Pod", e.reason())).inc();
                 let note = format!("muster could not delete this pod of a rolled-back gang attempt: {e}");
-                self.ctx.event(&pod.object_ref(&()), true, "RollbackFailed", "Admit", note).await;
+                self.ctx.event(&pod.object_ref(&()), true, "RollbackFailed", "Admit", note);
                 false
             }
         }
@@ -167,7 +167,7 @@ impl Admitter {
             format!("{message}; the gang's pods were deleted to be recreated together (disruptionMode all)")
         };
         self.roots.entry(key.clone()).or_default().outcome = Some(Outcome::BindFailed(outcome_msg.clone()));
-        self.root_event(key, true, reason::BIND_TIMEOUT, &outcome_msg).await;
+        self.root_event(key, true, reason::BIND_TIMEOUT, &outcome_msg);
         Ok(())
     }
 
@@ -212,7 +212,7 @@ impl Admitter {
             tracing::warn!(group = %key, %message, "gang disrupted");
             self.ctx.metrics.gang_disruptions.inc();
             self.roots.entry(key.clone()).or_default().outcome = Some(Outcome::BindFailed(message.clone()));
-            self.root_event(key, true, "GangDisrupted", &message).await;
+            self.root_event(key, true, "GangDisrupted", &message);
         }
     }
 

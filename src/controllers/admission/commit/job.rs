@@ -403,7 +403,7 @@ impl Admitter {
         self.ctx.metrics.gangs_admitted.inc();
         tracing::info!(namespace = %key.ns, root = %key.name, pods = job.plan.pods.len(), "admitted");
         let note = format!("admitted {} pod(s): {}", job.plan.pods.len(), job.message);
-        self.root_event_detached(key, false, "Admitted", note);
+        self.root_event(key, false, "Admitted", &note);
     }
 
     /// Resumes a commit cut short: patches the still-gated pods, then records the plan admitted.
