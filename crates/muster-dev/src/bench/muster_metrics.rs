@@ -34,6 +34,8 @@ pub struct MusterMetrics {
     /// The allocator's live bytes and its resident bytes.
     pub heap_allocated: Option<f64>,
     pub heap_resident: Option<f64>,
+    /// Events muster dropped, its writers' queues full (`muster_events_dropped_total`).
+    pub events_dropped: f64,
 }
 
 impl MusterMetrics {
@@ -49,6 +51,7 @@ impl MusterMetrics {
             webhook_seconds: sum("muster_webhook_duration_seconds_sum"),
             heap_allocated: heap("allocated"),
             heap_resident: heap("resident"),
+            events_dropped: counter_value(text, "muster_events_dropped_total", "").unwrap_or(0.0),
         }
     }
 }
@@ -69,7 +72,8 @@ mod tests {
             muster_webhook_duration_seconds_sum{path=\"/mutate\"} 0.25\n\
             muster_webhook_duration_seconds_count{path=\"/mutate\"} 10\n\
             muster_heap_bytes{kind=\"allocated\"} 1048576\n\
-            muster_heap_bytes{kind=\"resident\"} 2097152\n";
+            muster_heap_bytes{kind=\"resident\"} 2097152\n\
+            muster_events_dropped_total 3\n";
         let m = MusterMetrics::read(text);
         assert_eq!(
             m,
@@ -79,6 +83,7 @@ mod tests {
                 webhook_seconds: 0.75,
                 heap_allocated: Some(1048576.0),
                 heap_resident: Some(2097152.0),
+                events_dropped: 3.0,
             }
         );
         assert_eq!(MusterMetrics::read("").heap_allocated, None, "no allocator figures: none shown");

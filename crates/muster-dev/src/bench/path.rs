@@ -232,6 +232,7 @@ pub(super) async fn run_path(
             }),
             heap_allocated_mib: metrics_after.and_then(|a| a.heap_allocated).map(|b| b / 1048576.0),
             heap_resident_mib: metrics_after.and_then(|a| a.heap_resident).map(|b| b / 1048576.0),
+            events_dropped: metrics_before.zip(metrics_after).map(|(b, a)| a.events_dropped - b.events_dropped),
         }
     });
     Ok(PathReport {

@@ -35,6 +35,8 @@ pub struct MusterNumbers {
     /// and its resident bytes: what of RSS is data, and what the allocator holds.
     pub heap_allocated_mib: Option<f64>,
     pub heap_resident_mib: Option<f64>,
+    /// Events muster dropped during the path (its event writers' queues were full).
+    pub events_dropped: Option<f64>,
 }
 
 /// Every number of one path.

@@ -185,11 +185,12 @@ pub fn format_table(report: &Report) -> String {
                 opt(m.cycles, 0)
             ));
             out.push_str(&format!(
-                "  heap at the end: {} MiB allocated, {} MiB resident; webhook: {} reviews, mean {} ms\n",
+                "  heap at the end: {} MiB allocated, {} MiB resident; webhook: {} reviews, mean {} ms; events dropped {}\n",
                 opt(m.heap_allocated_mib, 1),
                 opt(m.heap_resident_mib, 1),
                 opt(m.webhook_reviews, 0),
-                opt(m.webhook_mean_ms, 1)
+                opt(m.webhook_mean_ms, 1),
+                opt(m.events_dropped, 0)
             ));
         }
     }
