@@ -140,16 +140,17 @@ pub struct Args {
     #[arg(long, default_value_t = crate::workloadbuilder::job::MAX_JOB_PODS,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::workloadbuilder::job::MAX_JOB_PODS)))]
     max_job_pods: u32,
-    /// The most API requests muster has in flight at once, watches aside (0: no bound). The rest
-    /// wait their turn in muster, so a burst of gangs does not queue every other client of the
-    /// API server behind muster's requests.
+    /// The most API requests muster has in flight at once, watches aside (0: no bound), of them
+    /// at most a quarter events and job statuses. The rest wait their turn in muster, so a burst
+    /// of gangs does not queue every other client of the API server behind muster's requests.
     #[arg(long, env = "MUSTER_KUBE_API_IN_FLIGHT", default_value_t = DEFAULT_API_IN_FLIGHT)]
     kube_api_in_flight: usize,
 }
 
 /// `--kube-api-in-flight`'s default: enough for admission's commits and the job reconcilers to
-/// keep the API server busy, far fewer than they would send at once in a burst.
-pub const DEFAULT_API_IN_FLIGHT: usize = 24;
+/// keep the API server busy (it is CPU-bound in a burst: more in flight only queues other
+/// clients behind muster), with a quarter of them for events and job statuses.
+pub const DEFAULT_API_IN_FLIGHT: usize = 12;
 
 /// `--scheduling-api`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
