@@ -172,7 +172,7 @@ impl Admitter {
                         soonest(t);
                     }
                 }
-                Err(e) => soonest(self.root_error(&key, "follow its plan", &e).await),
+                Err(e) => soonest(self.root_error(&key, "follow its plan", &e)),
             }
         }
 
@@ -197,7 +197,7 @@ impl Admitter {
                     continue;
                 }
                 let Some(tree) = trees.get(&job.key) else { continue };
-                if let Some(at) = self.commit_stopped(&job.key, tree, &decision, result, capacity, &mut pending).await {
+                if let Some(at) = self.commit_stopped(&job.key, tree, &decision, result, capacity, &mut pending) {
                     soonest(at);
                 }
             }
@@ -333,7 +333,7 @@ impl Admitter {
                             }
                             Err(stop) => {
                                 if let Some(at) =
-                                    self.commit_stopped(&key, tree, &decision, Ok(stop), capacity, &mut pending).await
+                                    self.commit_stopped(&key, tree, &decision, Ok(stop), capacity, &mut pending)
                                 {
                                     soonest(at);
                                 }
@@ -344,7 +344,7 @@ impl Admitter {
                         // extra pods of a gang, a basic child of a composite): say so, and retry
                         // them on a backoff, or when capacity frees, not every cycle.
                         pending.add(&key.ns);
-                        soonest(self.partly(&key, tree, &decision, capacity).await);
+                        soonest(self.partly(&key, tree, &decision, capacity));
                     } else if decision.admitted {
                         memory.outcome = Some(Outcome::Admitted(decision.message()));
                     } else {
@@ -385,9 +385,9 @@ impl Admitter {
                                     .explanation
                                     .as_ref()
                                     .map_or_else(|| "Unschedulable".into(), |e| e.metric_reason());
-                                soonest(self.not_admitted(&key, tree, message, &reason, capacity).await);
+                                soonest(self.not_admitted(&key, tree, message, &reason, capacity));
                             }
-                            Err(e) => soonest(self.root_error(&key, "preempt", &e).await),
+                            Err(e) => soonest(self.root_error(&key, "preempt", &e)),
                         }
                     }
                 }
@@ -404,7 +404,7 @@ impl Admitter {
         settled.extend(self.in_flight.keys().cloned());
         // So do roots whose plan is being cleared: the clear writes their status.
         settled.extend(self.clears.iter().flat_map(|c| c.keys.iter().cloned()));
-        let unmanaged = self.report_unmanaged(&unmanaged_pgs, &unmanaged_cpgs, &pods).await;
+        let unmanaged = self.report_unmanaged(&unmanaged_pgs, &unmanaged_cpgs, &pods);
         // Plans whose pods all bound are cleared last, each with its status in the same patch.
         let groups = super::status::Groups { pgs: &pgs, cpgs: &cpgs, trees: &forest.trees };
         let (retry, clears) = self.write_statuses(groups, &by_group, &settled, unmanaged, done).await;
@@ -443,7 +443,7 @@ impl Admitter {
 
     /// A commit that did not go through (or could not go out): the root waits, backs off or is
     /// decided again. Returns when to look again; counts the root pending when it waits.
-    async fn commit_stopped(
+    fn commit_stopped(
         &mut self,
         key: &RootKey,
         tree: &GroupTree,
@@ -455,17 +455,17 @@ impl Admitter {
         let (reason, why) = match result {
             Ok(Committed::Done) => return None,
             Ok(Committed::Stale) => return Some(Instant::now() + Duration::from_millis(100)),
-            Err(e) => return Some(self.root_error(key, "commit its plan", &e).await),
+            Err(e) => return Some(self.root_error(key, "commit its plan", &e)),
             Ok(Committed::Refused(r)) => {
                 pending.add(&key.ns);
                 self.ctx.metrics.attempt(crate::controllers::metrics::AttemptResult::Error);
-                return Some(self.refused(key, tree, decision, &r).await);
+                return Some(self.refused(key, tree, decision, &r));
             }
             Ok(Committed::TooLarge(why)) => ("PlanTooLarge", why),
             Ok(Committed::NotReady(why)) => ("ClaimsPending", why),
         };
         pending.add(&key.ns);
-        Some(self.not_admitted(key, tree, why, reason, capacity).await)
+        Some(self.not_admitted(key, tree, why, reason, capacity))
     }
 
     /// Sends a prepared commit out on a task of its own: the next roots are decided meanwhile
@@ -559,7 +559,7 @@ impl Admitter {
         self.gpu_state(nodes).await;
         snapshot.set_dra(self.dra_state(nodes));
         let gpus = self.gpu_models.shared();
-        let held = self.devices.pass(&self.ctx, &gpu_pods, &snapshot, &*gpus).await;
+        let held = self.devices.pass(&self.ctx, &gpu_pods, &snapshot, &*gpus);
         for (node, (_, g)) in gpus.iter() {
             // Devices allocated to any claim (muster's, kube-scheduler's) stay taken too: the
             // snapshot counts those already, so a node with nothing else used is left as is.
@@ -576,11 +576,11 @@ impl Admitter {
 
     /// The API server refused a pod's patch in the dry run of a commit (a webhook, a policy):
     /// nothing was ungated. The root is reported and backed off like an error.
-    async fn refused(&mut self, key: &RootKey, tree: &GroupTree, decision: &Decision, r: &PatchRefused) -> Instant {
+    fn refused(&mut self, key: &RootKey, tree: &GroupTree, decision: &Decision, r: &PatchRefused) -> Instant {
         let pod = decision.plan.iter().find(|p| p.uid == r.uid).map_or(r.uid.as_str(), |p| p.pod.as_str());
         let why = format!("the API server refused pinning pod {pod}, so no pod of the gang was ungated: {}", r.message);
         self.ctx.metrics.object_errors.get_or_create(&object_labels("Pod", "refused")).inc();
-        let at = self.not_admitted(key, tree, why, "PinRefused", u64::MAX).await;
+        let at = self.not_admitted(key, tree, why, "PinRefused", u64::MAX);
         let memory = self.roots.entry(key.clone()).or_default();
         memory.errors = memory.errors.saturating_add(1);
         let until = Instant::now() + error_backoff(memory.errors);
@@ -625,7 +625,7 @@ impl Admitter {
         }
         let gpus = self.gpu_models.shared();
         self.agent_health = gpus.values().any(|(_, g)| g.agent_health);
-        self.report_gpu_problems(nodes, &gpus).await;
+        self.report_gpu_problems(nodes, &gpus);
         // Names copied only for the nodes that have some (5,000 nodes a cycle).
         let unhealthy: BTreeMap<String, GpuSet> = gpus
             .iter()
@@ -645,7 +645,7 @@ impl Admitter {
     /// malformed topology annotation, missing, stale or invalid metrics, GPUs too hot or full.
     /// A log line and an event on the Node, and `muster_gpu_node_problems{node, kind}`: one
     /// series per kind present, removed when it clears or the node goes.
-    async fn report_gpu_problems(&mut self, nodes: &[(String, Arc<GpuNode>)], gpus: &ChooserNodes) {
+    fn report_gpu_problems(&mut self, nodes: &[(String, Arc<GpuNode>)], gpus: &ChooserNodes) {
         let metrics_expected = self.metrics_source.is_some();
         let now: BTreeMap<String, Vec<GpuProblem>> = gpus
             .iter()
@@ -708,7 +708,7 @@ impl Admitter {
 
     /// A root that does not fit (or cannot be committed): outcome, metric, an event once per
     /// message, and a doubling backoff that a capacity change cuts short.
-    async fn not_admitted(
+    fn not_admitted(
         &mut self,
         key: &RootKey,
         tree: &GroupTree,
@@ -716,25 +716,18 @@ impl Admitter {
         reason: &str,
         capacity: u64,
     ) -> Instant {
-        self.waiting(key, tree, Outcome::Unschedulable(message, reason.to_string()), reason, capacity).await
+        self.waiting(key, tree, Outcome::Unschedulable(message, reason.to_string()), reason, capacity)
     }
 
     /// Gated pods of an admitted root that do not fit: the root stays admitted, the pods wait.
-    async fn partly(&mut self, key: &RootKey, tree: &GroupTree, decision: &Decision, capacity: u64) -> Instant {
+    fn partly(&mut self, key: &RootKey, tree: &GroupTree, decision: &Decision, capacity: u64) -> Instant {
         let message = format!("{} gated pod(s) not admitted: {}", gated_count(tree), decision.message());
         let reason = decision.explanation.as_ref().map_or_else(|| "Unschedulable".into(), |e| e.metric_reason());
-        self.waiting(key, tree, Outcome::Partly(message), &reason, capacity).await
+        self.waiting(key, tree, Outcome::Partly(message), &reason, capacity)
     }
 
     /// Gated pods that wait: the outcome, the metric, an event once per message, the backoff.
-    async fn waiting(
-        &mut self,
-        key: &RootKey,
-        tree: &GroupTree,
-        outcome: Outcome,
-        reason: &str,
-        capacity: u64,
-    ) -> Instant {
+    fn waiting(&mut self, key: &RootKey, tree: &GroupTree, outcome: Outcome, reason: &str, capacity: u64) -> Instant {
         let at = self.back_off(key, capacity);
         self.ctx.metrics.unschedulable(reason);
         self.ctx.metrics.attempt(crate::controllers::metrics::AttemptResult::Unschedulable);

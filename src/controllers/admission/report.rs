@@ -59,7 +59,7 @@ impl Admitter {
     /// Reports an error met on one root (log, metric by reason, a Warning event on the group
     /// once per distinct error) and backs the root off alone, doubling per error in a row.
     /// Returns when to try it again; the cycle goes on with the other roots.
-    pub(super) async fn root_error(&mut self, key: &RootKey, what: &str, e: &Error) -> Instant {
+    pub(super) fn root_error(&mut self, key: &RootKey, what: &str, e: &Error) -> Instant {
         let kind = if key.composite { "CompositePodGroup" } else { "PodGroup" };
         self.ctx.metrics.attempt(crate::controllers::metrics::AttemptResult::Error);
         self.ctx.metrics.reconcile_error(CONTROLLER, e.metric_label());

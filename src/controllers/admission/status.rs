@@ -299,7 +299,7 @@ impl Admitter {
     /// Groups in the namespaces muster's webhooks skip: their pods are never gated, so muster
     /// does not admit them (it would count pods kube-scheduler places alone). Says so in one
     /// Warning event per group, and returns the status writes that say it on each group.
-    pub(super) async fn report_unmanaged(
+    pub(super) fn report_unmanaged(
         &mut self,
         pgs: &[Arc<PodGroup>],
         cpgs: &[Arc<CompositePodGroup>],

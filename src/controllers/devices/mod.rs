@@ -701,7 +701,7 @@ impl DeviceReconciler {
     /// time within it (a thousand pods bound at once by kube-scheduler never flood the API
     /// server, nor hold up the admission cycle); the next pass books how they ended. A pod
     /// whose write is in flight or backed off holds its GPUs all the same.
-    pub async fn pass(
+    pub fn pass(
         &mut self,
         ctx: &Arc<Context>,
         pods: &[impl DevicePod],

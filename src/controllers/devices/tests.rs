@@ -156,7 +156,7 @@ async fn pass_settled(
     snapshot: &Snapshot,
     gpus: &HashMap<String, NodeGpus>,
 ) -> HashMap<String, GpuSet> {
-    let held = devices.pass(ctx, pods, snapshot, gpus).await;
+    let held = devices.pass(ctx, pods, snapshot, gpus);
     devices.settle(ctx).await;
     held
 }
@@ -175,11 +175,11 @@ async fn a_pass_never_waits_for_its_writes_and_sends_each_once() {
         counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     });
     let started = Instant::now();
-    let held = devices.pass(&api.ctx, &pods, &snapshot, &gpus).await;
+    let held = devices.pass(&api.ctx, &pods, &snapshot, &gpus);
     assert!(started.elapsed() < Duration::from_secs(2), "the pass waited for a write: {:?}", started.elapsed());
     assert_eq!(held["n1"].len(), 3, "both pods hold their GPUs while their writes are in flight: {}", held["n1"]);
     // A second pass while the batch is in flight sends nothing again, and holds the same.
-    assert_eq!(devices.pass(&api.ctx, &pods, &snapshot, &gpus).await, held);
+    assert_eq!(devices.pass(&api.ctx, &pods, &snapshot, &gpus), held);
     devices.settle(&api.ctx).await;
     assert_eq!(woken.load(std::sync::atomic::Ordering::SeqCst), 1, "one batch, one wake-up");
     assert_eq!(api.patches("open", "plain").len(), 1);

@@ -183,7 +183,7 @@ impl Admitter {
                     self.status_pacing.insert(key, StatusPacing { written: Some(Instant::now()), hold: None });
                 }
                 Err(e) => {
-                    let at = self.root_error(&key, "clear its plan", &e).await;
+                    let at = self.root_error(&key, "clear its plan", &e);
                     retry = Some(retry.map_or(at, |r| r.min(at)));
                 }
             }
