@@ -29,7 +29,8 @@
 #   in production (admin is exempt). chart: the chart's FlowSchema too; none: without it (muster
 #   falls to the built-in service-accounts FlowSchema, workload-low). muster manages its own
 #   webhook configurations as before; the one right that needs beyond the chart's RBAC is the
-#   bench-only ClusterRole muster-bench-webhook-configurations (get/create/patch of the two).
+#   bench-only ClusterRole muster-bench-webhook-configurations (get/create/patch of the two, and
+#   of the MutatingAdmissionPolicy muster-scheduling-api and its binding).
 #   An ordinary user, ServiceAccount bench-user with ConfigMap rights in namespace bench-user, creates a
 #   ConfigMap every second during each path (muster dev bench --user-kubeconfig).
 #   MUSTER_CLUSTER_DIR (target/bench-cluster)  MUSTER_K8S_BIN (tools/k8s/bindir.sh)
@@ -183,6 +184,11 @@ rules:
     resources: [mutatingwebhookconfigurations]
     resourceNames: [muster-mutating]
     verbs: [get, create, patch]
+  # Where served, the policy that records the scheduling API of new jobs, and its binding.
+  - apiGroups: [admissionregistration.k8s.io]
+    resources: [mutatingadmissionpolicies, mutatingadmissionpolicybindings]
+    resourceNames: [muster-scheduling-api]
+    verbs: [get, create, patch]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
@@ -267,6 +273,21 @@ kc get --raw /metrics 2> /dev/null | grep '^apiserver_flowcontrol_dispatched_req
   | sed -E 's/.*flow_schema="([^"]*)".*priority_level="([^"]*)".*\} (.*)/  \1 \/ \2: \3/' | sort -t: -k2 -rn >&2 || true
 rejected=$(kc get --raw /metrics 2> /dev/null | grep '^apiserver_flowcontrol_rejected_requests_total' || true)
 [ -z "$rejected" ] || { log "requests APF rejected (429):"; echo "$rejected" >&2; }
+# The admission webhooks and policies as the API server timed them over the whole run: what
+# each adds to a request that passes through it (calls, mean ms, by operation).
+log "admission webhooks and policies as the API server timed them (whole run):"
+kc get --raw /metrics 2> /dev/null | awk '
+  /^apiserver_(admission_webhook_admission|validating_admission_policy_check|mutating_admission_policy_check)_duration_seconds_(sum|count)\{/ {
+    who = ""
+    if (match($0, /[{,]name="[^"]*"/)) who = substr($0, RSTART + 7, RLENGTH - 8)
+    else if (match($0, /[{,]policy="[^"]*"/)) who = substr($0, RSTART + 9, RLENGTH - 10)
+    op = ""
+    if (match($0, /operation="[^"]*"/)) op = " " substr($0, RSTART + 11, RLENGTH - 12)
+    key = who op
+    if ($0 ~ /_sum\{/) sum[key] += $NF; else count[key] += $NF
+  }
+  END { for (k in count) if (count[k] > 0) printf "  %s: %d calls, %.2f ms mean\n", k, count[k], 1000 * sum[k] / count[k] }' \
+  | sort >&2 || true
 # Events per path's namespace, by reporting component and reason: who writes the events.
 log "events by namespace / component / reason (count):"
 # An event names its component in reportingComponent (events.k8s.io) or source.component (core

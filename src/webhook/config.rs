@@ -5,12 +5,15 @@
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
-    MatchCondition, MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
-    ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+    JSONPatch, MatchCondition, MatchResources, MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding,
+    MutatingAdmissionPolicyBindingSpec, MutatingAdmissionPolicySpec, MutatingWebhook, MutatingWebhookConfiguration,
+    Mutation, NamedRuleWithOperations, RuleWithOperations, ServiceReference, ValidatingWebhook,
+    ValidatingWebhookConfiguration, Variable, WebhookClientConfig,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta};
 
-use crate::crds::POD_GROUP_LABEL;
+use crate::crds::{POD_GROUP_LABEL, SCHEDULING_API_ANNOTATION};
+use crate::workloadbuilder::native::SchedulingApi;
 
 /// Name of the ValidatingWebhookConfiguration.
 pub const VALIDATING_NAME: &str = "muster-validating";
@@ -22,8 +25,12 @@ pub const VALIDATE_BATCH: &str = "validate.batch.muster.dev";
 pub const VALIDATE_SCHEDULING: &str = "validate.scheduling.muster.dev";
 /// Webhook gating pods that join a PodGroup.
 pub const MUTATE_PODS: &str = "gate.pods.muster.dev";
-/// Webhook recording the scheduling API of a MusterJob or MusterJobSet.
+/// Webhook recording the scheduling API of a MusterJob or MusterJobSet, where the API server
+/// serves no MutatingAdmissionPolicy.
 pub const RECORD_API: &str = "api.batch.muster.dev";
+/// MutatingAdmissionPolicy (and its binding) recording the scheduling API of a MusterJob or
+/// MusterJobSet inside the API server, where it is served.
+pub const RECORD_API_POLICY: &str = "muster-scheduling-api";
 /// Seconds the apiserver waits for muster.
 pub const TIMEOUT_SECONDS: i32 = 5;
 
@@ -179,13 +186,25 @@ pub fn validating_configuration(
     }
 }
 
-/// The MutatingWebhookConfiguration: pods labelled with a PodGroup are gated, and a MusterJob
-/// or MusterJobSet gets the scheduling API it compiles to recorded at creation.
+/// What records the scheduling API of a new MusterJob or MusterJobSet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApiRecorder {
+    /// muster's webhook [`RECORD_API`]: a review sent to muster for every create and update.
+    Webhook,
+    /// The MutatingAdmissionPolicy [`RECORD_API_POLICY`] ([`record_api_policy`]): the API server
+    /// evaluates it in process, so a job's create waits on one review of muster's, not two.
+    Policy,
+}
+
+/// The MutatingWebhookConfiguration: pods labelled with a PodGroup are gated, and (with
+/// [`ApiRecorder::Webhook`]) a MusterJob or MusterJobSet gets the scheduling API it compiles to
+/// recorded at creation.
 pub fn mutating_configuration(
     endpoint: &Endpoint,
     ca: Option<&str>,
     own_namespace: &str,
     own_user: Option<&str>,
+    recorder: ApiRecorder,
 ) -> MutatingWebhookConfiguration {
     // What both webhooks share: muster's `/mutate`, its own requests and namespaces skipped.
     let base = MutatingWebhook {
@@ -198,37 +217,110 @@ pub fn mutating_configuration(
         timeout_seconds: Some(TIMEOUT_SECONDS),
         ..Default::default()
     };
+    let mut webhooks = vec![MutatingWebhook {
+        name: MUTATE_PODS.into(),
+        // The objectSelector limits this to pods that opted in; letting them through
+        // ungated while muster is down would start half gangs.
+        failure_policy: Some("Fail".into()),
+        object_selector: Some(LabelSelector {
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: POD_GROUP_LABEL.into(),
+                operator: "Exists".into(),
+                values: None,
+            }]),
+            match_labels: None,
+        }),
+        reinvocation_policy: Some("IfNeeded".into()),
+        rules: Some(vec![rule("", &["pods"], &["CREATE"])]),
+        ..base.clone()
+    }];
+    if recorder == ApiRecorder::Webhook {
+        webhooks.push(MutatingWebhook {
+            name: RECORD_API.into(),
+            // The controller records the API itself on a job's first sync when this did not (it
+            // saves a write per job), so a webhook that cannot answer refuses nothing.
+            failure_policy: Some("Ignore".into()),
+            reinvocation_policy: Some("Never".into()),
+            rules: Some(vec![rule("batch.muster.dev", &["musterjobs", "musterjobsets"], &["CREATE", "UPDATE"])]),
+            ..base
+        });
+    }
     MutatingWebhookConfiguration {
         metadata: ObjectMeta { name: Some(MUTATING_NAME.into()), ..Default::default() },
-        webhooks: Some(vec![
-            MutatingWebhook {
-                name: MUTATE_PODS.into(),
-                // The objectSelector limits this to pods that opted in; letting them through
-                // ungated while muster is down would start half gangs.
-                failure_policy: Some("Fail".into()),
-                object_selector: Some(LabelSelector {
-                    match_expressions: Some(vec![LabelSelectorRequirement {
-                        key: POD_GROUP_LABEL.into(),
-                        operator: "Exists".into(),
-                        values: None,
-                    }]),
-                    match_labels: None,
-                }),
-                reinvocation_policy: Some("IfNeeded".into()),
-                rules: Some(vec![rule("", &["pods"], &["CREATE"])]),
-                ..base.clone()
-            },
-            MutatingWebhook {
-                name: RECORD_API.into(),
-                // The controller records the API itself on a job's first sync when this did not (it
-                // saves a write per job), so a webhook that cannot answer refuses nothing.
-                failure_policy: Some("Ignore".into()),
-                reinvocation_policy: Some("Never".into()),
-                rules: Some(vec![rule("batch.muster.dev", &["musterjobs", "musterjobsets"], &["CREATE", "UPDATE"])]),
-                ..base
-            },
-        ]),
+        webhooks: Some(webhooks),
     }
+}
+
+/// PURE: the MutatingAdmissionPolicy and its binding that record the scheduling API of a
+/// MusterJob or MusterJobSet inside the API server, as the [`RECORD_API`] webhook does
+/// ([`crate::workloadbuilder::native::api_to_record`]): a job that names its API keeps it, an
+/// update that drops a recorded API gets it back, and where `default` (`--scheduling-api`) is
+/// `muster` a new job that names none gets `muster`; anything else is left to the controller.
+/// Same scope as the webhooks (muster's own requests and namespaces skipped); a policy that
+/// fails refuses nothing (the controller records the API then, with a write of its own).
+pub fn record_api_policy(
+    default: Option<SchedulingApi>,
+    own_namespace: &str,
+    own_user: Option<&str>,
+) -> (MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding) {
+    let key = SCHEDULING_API_ANNOTATION;
+    let recorded = |o: &str| format!("has({o}.metadata.annotations) && '{key}' in {o}.metadata.annotations");
+    // An UPDATE that drops the annotation the object had (`oldObject` is null on CREATE; `&&`
+    // stops at the operation).
+    let dropped = format!("request.operation == 'UPDATE' && {}", recorded("oldObject"));
+    let mut conditions = own_requests_skipped(own_user).unwrap_or_default();
+    // No request that names its API reaches the mutation; without a default to record, only an
+    // update that drops a recorded one does.
+    let unrecorded = match default {
+        Some(SchedulingApi::Muster) => format!("!({})", recorded("object")),
+        _ => format!("!({}) && {dropped}", recorded("object")),
+    };
+    conditions.push(MatchCondition { name: "unrecorded".into(), expression: unrecorded });
+    let value = format!("{dropped} ? oldObject.metadata.annotations['{key}'] : '{}'", SchedulingApi::Muster.as_str());
+    // `/` in a key is `~1` in a JSON pointer.
+    let pointer = key.replace('~', "~0").replace('/', "~1");
+    let patch = format!(
+        "has(object.metadata.annotations) \
+         ? [JSONPatch{{op: 'add', path: '/metadata/annotations/{pointer}', value: variables.api}}] \
+         : [JSONPatch{{op: 'add', path: '/metadata/annotations', value: {{'{key}': variables.api}}}}]"
+    );
+    let policy = MutatingAdmissionPolicy {
+        metadata: ObjectMeta { name: Some(RECORD_API_POLICY.into()), ..Default::default() },
+        spec: Some(MutatingAdmissionPolicySpec {
+            failure_policy: Some("Ignore".into()),
+            match_conditions: Some(conditions),
+            match_constraints: Some(MatchResources {
+                match_policy: Some("Equivalent".into()),
+                namespace_selector: Some(namespace_selector(own_namespace)),
+                resource_rules: Some(vec![NamedRuleWithOperations {
+                    api_groups: Some(vec!["batch.muster.dev".into()]),
+                    api_versions: Some(vec!["*".into()]),
+                    operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
+                    resources: Some(vec!["musterjobs".into(), "musterjobsets".into()]),
+                    scope: Some("Namespaced".into()),
+                    resource_names: None,
+                }]),
+                ..Default::default()
+            }),
+            mutations: Some(vec![Mutation {
+                patch_type: "JSONPatch".into(),
+                json_patch: Some(JSONPatch { expression: Some(patch) }),
+                apply_configuration: None,
+            }]),
+            reinvocation_policy: Some("Never".into()),
+            variables: Some(vec![Variable { name: "api".into(), expression: value }]),
+            param_kind: None,
+        }),
+    };
+    let binding = MutatingAdmissionPolicyBinding {
+        metadata: ObjectMeta { name: Some(RECORD_API_POLICY.into()), ..Default::default() },
+        spec: Some(MutatingAdmissionPolicyBindingSpec {
+            policy_name: Some(RECORD_API_POLICY.into()),
+            match_resources: None,
+            param_ref: None,
+        }),
+    };
+    (policy, binding)
 }
 
 #[cfg(test)]
@@ -254,7 +346,13 @@ mod tests {
             assert!(groups.iter().all(|g| g.ends_with("muster.dev")), "{groups:?}");
             assert_eq!(w.client_config.service.as_ref().and_then(|s| s.path.as_deref()), Some("/validate"));
         }
-        let m = mutating_configuration(&Endpoint::Url("https://127.0.0.1:9443/".into()), None, "muster-system", None);
+        let m = mutating_configuration(
+            &Endpoint::Url("https://127.0.0.1:9443/".into()),
+            None,
+            "muster-system",
+            None,
+            ApiRecorder::Webhook,
+        );
         let w = &m.webhooks.as_ref().expect("webhooks")[0];
         assert_eq!(w.client_config.url.as_deref(), Some("https://127.0.0.1:9443/mutate"));
         let obj = w.object_selector.as_ref().and_then(|s| s.match_expressions.as_ref()).expect("object selector");
@@ -282,7 +380,7 @@ mod tests {
         let sa = "system:serviceaccount:muster-system:muster";
         let conditions = |user: Option<&str>| {
             let v = validating_configuration(&ep, None, "muster-system", user);
-            let m = mutating_configuration(&ep, None, "muster-system", user);
+            let m = mutating_configuration(&ep, None, "muster-system", user, ApiRecorder::Webhook);
             let mut all: Vec<Option<Vec<MatchCondition>>> =
                 v.webhooks.into_iter().flatten().map(|w| w.match_conditions).collect();
             all.extend(m.webhooks.into_iter().flatten().map(|w| w.match_conditions));
@@ -303,5 +401,81 @@ mod tests {
         let odd = own_requests_skipped(Some("system:serviceaccount:ns:it's")).unwrap_or_default();
         assert_eq!(odd[0].expression, r"request.userInfo.username != 'system:serviceaccount:ns:it\'s'");
         assert_eq!(own_requests_skipped(Some(&format!("system:serviceaccount:{}", "a".repeat(600)))), None);
+    }
+
+    /// The policy's match conditions and its `api` variable, evaluated as the API server would
+    /// (CEL), decide what the webhook decides ([`crate::workloadbuilder::native::api_to_record`])
+    /// for every operation, old and new annotation and default.
+    #[test]
+    fn the_policy_records_what_the_webhook_records() {
+        use crate::workloadbuilder::native::api_to_record;
+        use cel::{Context, Program, Value};
+        use std::collections::HashMap;
+        let sa = "system:serviceaccount:muster-system:muster";
+        let object = |api: Option<&str>, other: bool| -> Value {
+            let mut annotations: HashMap<String, Value> = HashMap::new();
+            if let Some(api) = api {
+                annotations.insert(SCHEDULING_API_ANNOTATION.into(), api.into());
+            }
+            if other {
+                annotations.insert("team".into(), "a".into());
+            }
+            let mut metadata: HashMap<String, Value> = HashMap::from([("name".into(), "j".into())]);
+            if api.is_some() || other {
+                metadata.insert("annotations".into(), annotations.into());
+            }
+            HashMap::from([("metadata".to_string(), Value::from(metadata))]).into()
+        };
+        let defaults = [Some(SchedulingApi::Muster), Some(SchedulingApi::Upstream), None];
+        let apis = [None, Some("muster"), Some("upstream")];
+        let mut cases = 0;
+        for default in defaults {
+            let (policy, binding) = record_api_policy(default, "muster-system", Some(sa));
+            assert_eq!(binding.spec.and_then(|s| s.policy_name).as_deref(), Some(RECORD_API_POLICY));
+            let spec = policy.spec.expect("spec");
+            assert_eq!(spec.failure_policy.as_deref(), Some("Ignore"), "a failing policy refuses nothing");
+            let conditions = spec.match_conditions.expect("conditions");
+            assert_eq!(conditions[0].name, NOT_MUSTER, "muster's own requests skip it");
+            let api = &spec.variables.expect("variables")[0];
+            for operation in ["CREATE", "UPDATE"] {
+                for (old, new, other) in
+                    apis.iter().flat_map(|o| apis.iter().flat_map(move |n| [(o, n, false), (o, n, true)]))
+                {
+                    if operation == "CREATE" && old.is_some() {
+                        continue;
+                    }
+                    let mut ctx = Context::default();
+                    let request: HashMap<String, Value> = HashMap::from([
+                        ("operation".to_string(), operation.into()),
+                        (
+                            "userInfo".to_string(),
+                            HashMap::from([("username".to_string(), Value::from("alice"))]).into(),
+                        ),
+                    ]);
+                    ctx.add_variable_from_value("request", request);
+                    ctx.add_variable_from_value("object", object(*new, other));
+                    let old_object = if operation == "CREATE" { Value::Null } else { object(*old, other) };
+                    ctx.add_variable_from_value("oldObject", old_object);
+                    let eval = |expression: &str| {
+                        Program::compile(expression)
+                            .unwrap_or_else(|e| panic!("{expression}: {e}"))
+                            .execute(&ctx)
+                            .unwrap_or_else(|e| panic!("{expression}: {e}"))
+                    };
+                    let matched = conditions.iter().all(|c| eval(&c.expression) == Value::Bool(true));
+                    let recorded = matched.then(|| match eval(&api.expression) {
+                        Value::String(s) => s.to_string(),
+                        other => panic!("api is {other:?}"),
+                    });
+                    let want = api_to_record(*old, *new, default);
+                    assert_eq!(
+                        recorded, want,
+                        "{default:?} {operation} old {old:?} new {new:?} other annotations {other}"
+                    );
+                    cases += 1;
+                }
+            }
+        }
+        assert_eq!(cases, 3 * (3 * 2 + 9 * 2));
     }
 }

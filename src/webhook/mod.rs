@@ -21,7 +21,7 @@ use axum::{Json, Router};
 use axum_server::tls_rustls::RustlsConfig;
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration};
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 use serde_json::json;
@@ -236,8 +236,50 @@ async fn whoami(client: &Client) -> Option<String> {
     }
 }
 
+/// What records the scheduling API of new jobs: the MutatingAdmissionPolicy where the API
+/// server serves it and muster may apply it (both applied here, SSA, muster's field manager),
+/// muster's webhook otherwise.
+async fn api_recorder(client: &Client, opts: &WebhookOptions, own_user: Option<&str>) -> config::ApiRecorder {
+    use k8s_openapi::api::admissionregistration::v1::{MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding};
+    let resources = ["mutatingadmissionpolicies", "mutatingadmissionpolicybindings"];
+    let unserved = "the scheduling API of new jobs is recorded by muster's webhook";
+    if !crate::controllers::served(client, "admissionregistration.k8s.io/v1", &resources, unserved).await {
+        return config::ApiRecorder::Webhook;
+    }
+    let (policy, binding) = config::record_api_policy(opts.scheduling_api, &opts.namespace, own_user);
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let applied = async {
+        let policy = with_kind(serde_json::to_value(&policy)?, "MutatingAdmissionPolicy");
+        let binding = with_kind(serde_json::to_value(&binding)?, "MutatingAdmissionPolicyBinding");
+        Api::<MutatingAdmissionPolicy>::all(client.clone())
+            .patch(config::RECORD_API_POLICY, &params, &Patch::Apply(policy))
+            .await?;
+        Api::<MutatingAdmissionPolicyBinding>::all(client.clone())
+            .patch(config::RECORD_API_POLICY, &params, &Patch::Apply(binding))
+            .await?;
+        anyhow::Ok(())
+    };
+    match applied.await {
+        Ok(()) => config::ApiRecorder::Policy,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot apply the MutatingAdmissionPolicy {}; {unserved}", config::RECORD_API_POLICY);
+            config::ApiRecorder::Webhook
+        }
+    }
+}
+
+/// `v` with the apiVersion and kind of an `admissionregistration.k8s.io/v1` object.
+fn with_kind(mut v: serde_json::Value, kind: &str) -> serde_json::Value {
+    v["apiVersion"] = json!("admissionregistration.k8s.io/v1");
+    v["kind"] = json!(kind);
+    v
+}
+
 /// Makes the webhook configurations point at us with `ca`: the whole objects when muster
-/// manages them, otherwise only each webhook's `clientConfig.caBundle`.
+/// manages them (with the policy that records the scheduling API, where served: see
+/// [`api_recorder`]), otherwise only the `clientConfig.caBundle` of each of muster's webhooks
+/// the configurations hold (the chart owns them, and leaves the API record out where the API
+/// server serves the policy).
 async fn register(
     client: &Client,
     opts: &WebhookOptions,
@@ -247,14 +289,10 @@ async fn register(
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let vapi = Api::<ValidatingWebhookConfiguration>::all(client.clone());
     let mapi = Api::<MutatingWebhookConfiguration>::all(client.clone());
-    let validating = config::validating_configuration(&opts.endpoint, ca, &opts.namespace, own_user);
-    let mutating = config::mutating_configuration(&opts.endpoint, ca, &opts.namespace, own_user);
-    let with_kind = |mut v: serde_json::Value, kind: &str| {
-        v["apiVersion"] = json!("admissionregistration.k8s.io/v1");
-        v["kind"] = json!(kind);
-        v
-    };
     if opts.manage_configurations {
+        let recorder = api_recorder(client, opts, own_user).await;
+        let validating = config::validating_configuration(&opts.endpoint, ca, &opts.namespace, own_user);
+        let mutating = config::mutating_configuration(&opts.endpoint, ca, &opts.namespace, own_user, recorder);
         vapi.patch(
             config::VALIDATING_NAME,
             &params,
@@ -272,7 +310,8 @@ async fn register(
     let Some(ca) = ca else { return Ok(()) };
     // A strategic merge patch (webhooks merge by name), not an apply: an apply creates a missing
     // configuration, which here is only ever refused (invalid, or forbidden by the chart's RBAC)
-    // and hid the "not found" below.
+    // and hid the "not found" below. Only webhooks the configuration holds are named: a name
+    // it lacks would be added with nothing but a caBundle, and refused.
     let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
     let bundle = k8s_openapi::ByteString(ca.as_bytes().to_vec());
     let ca_only = |webhooks: Vec<String>| {
@@ -280,15 +319,32 @@ async fn register(
             webhooks.iter().map(|w| json!({"name": w, "clientConfig": {"caBundle": bundle}})).collect();
         json!({"webhooks": items})
     };
-    let vnames = validating.webhooks.iter().flatten().map(|w| w.name.clone()).collect();
-    let mnames = mutating.webhooks.iter().flatten().map(|w| w.name.clone()).collect();
+    let ours = |names: Vec<String>, known: &[&str]| -> Vec<String> {
+        names.into_iter().filter(|n| known.contains(&n.as_str())).collect()
+    };
+    // Read with a list by name: muster lists and watches the configurations anyway (its pins'
+    // judges), so this needs no right of its own.
+    let by_name = |name: &str| ListParams::default().fields(&format!("metadata.name={name}"));
+    let missing = |name: &str| {
+        kube::Error::Api(Box::new(kube::core::Status::failure(&format!("{name} not found"), "NotFound").with_code(404)))
+    };
+    let validating = vapi.list(&by_name(config::VALIDATING_NAME)).await.and_then(|l| {
+        let c = l.items.into_iter().next().ok_or_else(|| missing(config::VALIDATING_NAME))?;
+        let names = c.webhooks.into_iter().flatten().map(|w| w.name).collect();
+        Ok(ca_only(ours(names, &[config::VALIDATE_BATCH, config::VALIDATE_SCHEDULING])))
+    });
+    let mutating = mapi.list(&by_name(config::MUTATING_NAME)).await.and_then(|l| {
+        let c = l.items.into_iter().next().ok_or_else(|| missing(config::MUTATING_NAME))?;
+        let names = c.webhooks.into_iter().flatten().map(|w| w.name).collect();
+        Ok(ca_only(ours(names, &[config::MUTATE_PODS, config::RECORD_API])))
+    });
     for (name, body, validating_kind) in
-        [(config::VALIDATING_NAME, ca_only(vnames), true), (config::MUTATING_NAME, ca_only(mnames), false)]
+        [(config::VALIDATING_NAME, validating, true), (config::MUTATING_NAME, mutating, false)]
     {
-        let result = if validating_kind {
-            vapi.patch(name, &params, &Patch::Strategic(&body)).await.map(|_| ())
-        } else {
-            mapi.patch(name, &params, &Patch::Strategic(&body)).await.map(|_| ())
+        let result = match body {
+            Ok(body) if validating_kind => vapi.patch(name, &params, &Patch::Strategic(&body)).await.map(|_| ()),
+            Ok(body) => mapi.patch(name, &params, &Patch::Strategic(&body)).await.map(|_| ()),
+            Err(e) => Err(e),
         };
         match result {
             Ok(()) => {}

@@ -10,7 +10,9 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::harness::{cluster, kubectl, kubectl_apply, namespace};
-use crate::support::{Muster, Release, SERVICE_ACCOUNT, chart_dir, eventually, exclusive, free_port, kubectl_as, one};
+use crate::support::{
+    Muster, Release, SERVICE_ACCOUNT, chart_dir, eventually, exclusive, free_port, kubectl_as, kubectl_stdin, one,
+};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -148,6 +150,14 @@ fn muster_runs_with_only_the_chart_rbac() {
     );
 
     let ns = namespace("chart-rbac");
+    // This API server serves MutatingAdmissionPolicies, so the chart records a new job's
+    // scheduling API with its policy, in the API server: a server-side dry run of the create
+    // comes back with it.
+    assert!(get(&["mutatingadmissionpolicy", muster::webhook::config::RECORD_API_POLICY]).is_some());
+    let dry = kubectl_stdin(&["create", "--dry-run=server", "-n", &ns.name, "-o", "json", "-f", "-"], JOB)
+        .expect("a server-side dry run of the job");
+    let dry: Value = serde_json::from_str(&dry).expect("the dry run's object");
+    assert_eq!(dry["metadata"]["annotations"][muster::crds::SCHEDULING_API_ANNOTATION], "muster", "{dry}");
     // Through the validating webhook (muster at `url`), then the MusterJob reconciler.
     kubectl_apply(&ns.name, JOB);
     for kind in ["workload.scheduling.muster.dev", "podgroup.scheduling.muster.dev", "service"] {

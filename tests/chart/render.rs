@@ -127,7 +127,7 @@ fn webhook_configurations_are_the_ones_muster_applies() {
         let user = controller_user(&docs);
         let (v, m) = rendered_webhooks(&docs);
         let want_v = webhooks::validating_configuration(&endpoint, None, NS, Some(&user));
-        let want_m = webhooks::mutating_configuration(&endpoint, None, NS, Some(&user));
+        let want_m = webhooks::mutating_configuration(&endpoint, None, NS, Some(&user), webhooks::ApiRecorder::Webhook);
         assert!(want_m.webhooks.iter().flatten().all(|w| w.match_conditions.is_some()), "muster's own pods skip");
         assert_eq!(v.metadata.name, want_v.metadata.name);
         assert_eq!(m.metadata.name, want_m.metadata.name);
@@ -160,6 +160,40 @@ fn webhook_configurations_are_the_ones_muster_applies() {
         *sel = webhooks::namespace_selector(NS);
     }
     assert_eq!(Some(v_webhooks), svc.webhooks);
+}
+
+/// Where the API server serves MutatingAdmissionPolicies, the chart records the scheduling API
+/// of new jobs with the policy muster would apply (and its binding), for each
+/// `controller.schedulingApi`, and leaves the webhook that records it out; where it does not
+/// (the other test), the webhook and no policy.
+#[test]
+fn the_scheduling_api_policy_is_the_one_muster_applies() {
+    use k8s_openapi::api::admissionregistration::v1::{MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding};
+    use muster::workloadbuilder::native::SchedulingApi;
+    let endpoint = Endpoint::Service { namespace: NS.into(), name: "muster-webhook".into(), port: 443 };
+    let served = ["--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"];
+    let served =
+        [served, ["--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicyBinding"]].concat();
+    for (value, api) in
+        [("muster", Some(SchedulingApi::Muster)), ("upstream", Some(SchedulingApi::Upstream)), ("auto", None)]
+    {
+        let set = format!("controller.schedulingApi={value}");
+        let docs = render(NS, &[served.clone(), vec!["--set", &set]].concat());
+        let user = controller_user(&docs);
+        let (policy, binding) = webhooks::record_api_policy(api, NS, Some(&user));
+        let p: MutatingAdmissionPolicy =
+            serde_json::from_value(one(&docs, "MutatingAdmissionPolicy").clone()).expect("policy");
+        let b: MutatingAdmissionPolicyBinding =
+            serde_json::from_value(one(&docs, "MutatingAdmissionPolicyBinding").clone()).expect("binding");
+        assert_eq!(p.metadata.name, policy.metadata.name);
+        assert_eq!(p.spec, policy.spec, "{value}: the policy differs from src/webhook/config.rs");
+        assert_eq!((b.metadata.name, b.spec), (binding.metadata.name, binding.spec), "{value}: the binding");
+        let (_, m) = rendered_webhooks(&docs);
+        let want = webhooks::mutating_configuration(&endpoint, None, NS, Some(&user), webhooks::ApiRecorder::Policy);
+        assert_eq!(m.webhooks, want.webhooks, "{value}: no webhook records the API");
+    }
+    let docs = render(NS, &[]);
+    assert!(of_kind(&docs, "MutatingAdmissionPolicy").is_empty(), "no policy where none is served");
 }
 
 /// `muster run`'s long flags and whether each takes a value.

@@ -237,11 +237,18 @@ fn upgrade_keeps_objects_and_serves_new_crds(how: CrdUpgrade, release_ns: &str) 
         ])
     };
     let injected = ca_bundles();
+    // The chart records the scheduling API with a MutatingAdmissionPolicy where the API server
+    // serves one, and leaves that webhook out.
+    let policy = cluster().kubectl(&["get", "mutatingadmissionpolicy", muster::webhook::config::RECORD_API_POLICY]);
+    let recorder = match policy {
+        Ok(_) => muster::webhook::config::ApiRecorder::Policy,
+        Err(_) => muster::webhook::config::ApiRecorder::Webhook,
+    };
     let webhooks = muster::webhook::config::validating_configuration(&endpoint(), None, "muster-system", None)
         .webhooks
         .unwrap_or_default()
         .len()
-        + muster::webhook::config::mutating_configuration(&endpoint(), None, "muster-system", None)
+        + muster::webhook::config::mutating_configuration(&endpoint(), None, "muster-system", None, recorder)
             .webhooks
             .unwrap_or_default()
             .len();

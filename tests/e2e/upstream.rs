@@ -7,7 +7,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{Api, DynamicObject, GroupVersionKind};
+use kube::api::{Api, DynamicObject, GroupVersionKind, PostParams};
 use kube::discovery::ApiResource;
 use muster::crds::{ADMISSION_GATE, MusterJob, POD_GROUP_LABEL, SCHEDULING_API_ANNOTATION};
 use serde_json::{Value, json};
@@ -133,13 +133,30 @@ async fn an_upstream_musterjob_is_gang_scheduled_by_kube_scheduler_and_a_too_big
     assert!(wide.lines().next().is_some_and(|h| h.contains("SCHEDULING")), "{wide}");
     assert!(row("too-big").contains("Unschedulable") && row("fits").contains("Scheduled"), "{wide}");
 
-    // A job without the annotation gets the flag's API (muster here) recorded, and keeps it.
-    apply(&ns.name, &gpu_job("default", 1, 1, &nodes, gang(1), json!({})));
-    wait_for("the API recorded on default", LONG, || async {
-        let job = jobs.get("default").await.ok()?;
-        (job.annotations().get(SCHEDULING_API_ANNOTATION)? == "muster").then_some(())
-    })
-    .await;
+    // A job without the annotation gets the flag's API (muster here) recorded at its creation,
+    // in the API server (the policy muster applies where served, else muster's webhook): the
+    // create's own answer carries it. An update that drops it gets it back.
+    let default: MusterJob =
+        serde_json::from_value(gpu_job("default", 1, 1, &nodes, gang(1), json!({}))).expect("a MusterJob");
+    let created = jobs.create(&PostParams::default(), &default).await.expect("create default");
+    assert_eq!(created.annotations().get(SCHEDULING_API_ANNOTATION).map(String::as_str), Some("muster"));
+    // This control plane serves MutatingAdmissionPolicies: the policy recorded it, and no webhook
+    // of muster's was asked to.
+    let served = c.list_api_group_resources("admissionregistration.k8s.io/v1").await.expect("discovery");
+    if served.resources.iter().any(|r| r.name == "mutatingadmissionpolicies") {
+        use k8s_openapi::api::admissionregistration::v1::{MutatingAdmissionPolicy, MutatingWebhookConfiguration};
+        use muster::webhook::config::{MUTATING_NAME, RECORD_API, RECORD_API_POLICY};
+        let policy = Api::<MutatingAdmissionPolicy>::all(c.clone()).get_opt(RECORD_API_POLICY).await.expect("get");
+        assert!(policy.is_some(), "muster applied no {RECORD_API_POLICY} where it is served");
+        let mutating = Api::<MutatingWebhookConfiguration>::all(c.clone()).get(MUTATING_NAME).await.expect("get");
+        assert!(!mutating.webhooks.iter().flatten().any(|w| w.name == RECORD_API), "{RECORD_API} is still asked");
+    }
+    let dropped = cluster()
+        .kubectl(&["-n", &ns.name, "annotate", "musterjob/default", &format!("{SCHEDULING_API_ANNOTATION}-")])
+        .expect("an update dropping the recorded API is admitted");
+    assert!(dropped.contains("annotated") || dropped.contains("unchanged"), "{dropped}");
+    let kept = jobs.get("default").await.expect("get default");
+    assert_eq!(kept.annotations().get(SCHEDULING_API_ANNOTATION).map(String::as_str), Some("muster"), "restored");
     wait_for("muster's PodGroup of default", LONG, || async { muster_pg.get_opt("default").await.ok().flatten() })
         .await;
     let refused = cluster()

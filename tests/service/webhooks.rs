@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
+    MutatingAdmissionPolicy, MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
@@ -18,7 +18,7 @@ use muster::crds::{ADMISSION_GATE, MusterJob, POD_GROUP_LABEL};
 use muster::webhook::FIELD_MANAGER;
 use muster::webhook::certs::from_secret;
 use muster::webhook::config::{
-    MUTATE_PODS, MUTATING_NAME, RECORD_API, VALIDATE_BATCH, VALIDATE_SCHEDULING, VALIDATING_NAME,
+    MUTATE_PODS, MUTATING_NAME, RECORD_API, RECORD_API_POLICY, VALIDATE_BATCH, VALIDATE_SCHEDULING, VALIDATING_NAME,
 };
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
@@ -84,11 +84,26 @@ impl Drop for DeleteConfigurations {
             &format!("mutatingwebhookconfiguration/{MUTATING_NAME}"),
             "--ignore-not-found",
         ]);
+        // Where served, the policy that records the scheduling API, and its binding.
+        let _ = self.0.kubectl(&[
+            "delete",
+            &format!("mutatingadmissionpolicy/{RECORD_API_POLICY}"),
+            &format!("mutatingadmissionpolicybinding/{RECORD_API_POLICY}"),
+            "--ignore-not-found",
+        ]);
     }
 }
 
-/// The names of muster's webhooks, sorted.
-const WEBHOOKS: [&str; 4] = [RECORD_API, MUTATE_PODS, VALIDATE_BATCH, VALIDATE_SCHEDULING];
+/// The names of muster's webhooks, sorted: without the one that records the scheduling API
+/// where muster applied its policy in its place.
+async fn webhooks() -> Vec<&'static str> {
+    let policy = Api::<MutatingAdmissionPolicy>::all(client().await).get_opt(RECORD_API_POLICY).await;
+    if matches!(policy, Ok(Some(_))) {
+        vec![MUTATE_PODS, VALIDATE_BATCH, VALIDATE_SCHEDULING]
+    } else {
+        vec![RECORD_API, MUTATE_PODS, VALIDATE_BATCH, VALIDATE_SCHEDULING]
+    }
+}
 
 /// Every clientConfig of muster's two configurations, with the webhook's name and the path it
 /// must call; `None` while either is missing.
@@ -136,7 +151,7 @@ async fn wait_until_served(muster: &mut GuestMuster, service: &ServiceRef, secre
         };
         waiting_for = "both configurations naming the Service, with muster's CA".into();
         let Some(configs) = client_configs().await else { continue };
-        let current = configs.len() == WEBHOOKS.len()
+        let current = configs.len() == webhooks().await.len()
             && configs.iter().all(|(_, path, c)| {
                 names_service(c, service, path) && c.ca_bundle.as_ref().is_some_and(|b| b.0 == bundle.ca_pem.as_bytes())
             });
@@ -203,7 +218,7 @@ async fn assert_configurations(service: &ServiceRef, ca: &str) {
     let configs = client_configs().await.expect("muster's webhook configurations");
     let mut names: Vec<&str> = configs.iter().map(|(n, _, _)| n.as_str()).collect();
     names.sort();
-    assert_eq!(names, WEBHOOKS);
+    assert_eq!(names, webhooks().await);
     for (name, path, config) in &configs {
         assert!(names_service(config, service, path), "{name}: {config:?} does not call {service:?}{path}");
         assert_eq!(config.ca_bundle.as_ref().map(|b| b.0.as_slice()), Some(ca.as_bytes()), "{name}: caBundle");

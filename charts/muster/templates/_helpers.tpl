@@ -147,6 +147,12 @@ tests check them against the code and crds/.
 {{- define "muster.leaseName" -}}muster-controller-manager{{- end }}
 {{- define "muster.validatingName" -}}muster-validating{{- end }}
 {{- define "muster.mutatingName" -}}muster-mutating{{- end }}
+{{- define "muster.recordApiPolicyName" -}}muster-scheduling-api{{- end }}
+{{- /* Non-empty where the API server serves MutatingAdmissionPolicies: the scheduling API of a
+new job is then recorded by one (webhook-configurations.yaml), not by muster's webhook. */}}
+{{- define "muster.recordApiPolicy" -}}
+{{- if and (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy") (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicyBinding") }}true{{- end }}
+{{- end }}
 {{- define "muster.crdNames" -}}
 - musterjobs.batch.muster.dev
 - musterjobsets.batch.muster.dev

@@ -34,6 +34,9 @@ const KINDS: [&str; 9] = [
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
 ];
+/// Kinds applied from the rendering where the API server serves them (the chart renders them
+/// only then): the policy that records a new job's scheduling API, and its binding.
+const SERVED_KINDS: [&str; 2] = ["MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"];
 
 /// What the shared muster runs with in chart mode.
 #[derive(Clone, Debug)]
@@ -61,8 +64,11 @@ pub fn enabled() -> bool {
 /// takes them back.
 pub fn prepare(cluster: &Cluster, namespace: &str, webhook_url: &str) -> Result<ChartMuster, String> {
     let rendered = helm_template(cluster, namespace, &[&format!("webhook.url={webhook_url}"), "replicaCount=0"])?;
-    let objects: Vec<String> =
-        rendered.iter().filter(|d| KINDS.iter().any(|k| d["kind"] == *k)).map(Value::to_string).collect();
+    let objects: Vec<String> = rendered
+        .iter()
+        .filter(|d| KINDS.iter().chain(&SERVED_KINDS).any(|k| d["kind"] == *k))
+        .map(Value::to_string)
+        .collect();
     // Each kind at least once (the chart also renders ClusterRoles for users and scrapers).
     let missing: Vec<&str> = KINDS.iter().copied().filter(|k| !rendered.iter().any(|d| d["kind"] == *k)).collect();
     if !missing.is_empty() {
@@ -83,8 +89,11 @@ pub fn prepare(cluster: &Cluster, namespace: &str, webhook_url: &str) -> Result<
 }
 
 /// `helm template` of the working tree's chart as release [`RELEASE`] in `namespace`, with
-/// `--set` values; the documents parsed.
+/// `--set` values and, as `helm install` would see them, the admission kinds the API server
+/// serves that the chart asks about; the documents parsed.
 fn helm_template(cluster: &Cluster, namespace: &str, set: &[&str]) -> Result<Vec<Value>, String> {
+    let served = cluster.kubectl(&["api-resources", "--api-group=admissionregistration.k8s.io", "-o", "name"])?;
+    let served: Vec<&str> = served.lines().map(str::trim).collect();
     let home = cluster.dir.join("helm");
     let mut cmd = Command::new(k8s_bin()?.join("helm"));
     cmd.args(["template", RELEASE])
@@ -95,6 +104,14 @@ fn helm_template(cluster: &Cluster, namespace: &str, set: &[&str]) -> Result<Vec
         .env("HELM_DATA_HOME", home.join("data"));
     for s in set {
         cmd.args(["--set", s]);
+    }
+    for (resource, kind) in [
+        ("mutatingadmissionpolicies", "MutatingAdmissionPolicy"),
+        ("mutatingadmissionpolicybindings", "MutatingAdmissionPolicyBinding"),
+    ] {
+        if served.contains(&format!("{resource}.admissionregistration.k8s.io").as_str()) {
+            cmd.args(["--api-versions", &format!("admissionregistration.k8s.io/v1/{kind}")]);
+        }
     }
     let out = cmd.output().map_err(|e| format!("helm: {e}"))?;
     if !out.status.success() {
