@@ -80,6 +80,9 @@ pub fn kubectl_as_stdin(kubeconfig: &Path, args: &[&str], input: &str) -> Result
     run_command(&mut cmd, Some(input))
 }
 
+/// What the API server answers a create its MutatingAdmissionPolicies cannot type yet.
+pub const MAP_NOT_READY: &str = "There can be a delay between when CustomResourceDefinitions are created";
+
 /// kubectl (admin) with `input` on stdin.
 pub fn kubectl_stdin(args: &[&str], input: &str) -> Result<String, String> {
     cluster().kubectl_stdin(args, Some(input))
@@ -289,6 +292,25 @@ impl Muster {
             "muster's /readyz",
             Duration::from_secs(60),
             || http_get(&muster.metrics, "/readyz").filter(|(code, _)| *code == 200),
+            || muster.log_text(),
+        );
+        // For a few seconds after muster's CRDs first appear (a test that removed them, a fresh
+        // install), the API server's MutatingAdmissionPolicy cannot type MusterJobs yet (it polls
+        // its OpenAPI every 5 s) and answers their creates 503; wait that out, as a user would
+        // retry. A dry run answered anything else (admitted, or refused by the webhook) ends it.
+        eventually(
+            "the API server typing MusterJobs for muster's MutatingAdmissionPolicy",
+            Duration::from_secs(60),
+            || {
+                let probe = r#"{"apiVersion": "batch.muster.dev/v1alpha1", "kind": "MusterJob",
+                    "metadata": {"name": "muster-chart-probe", "namespace": "default"},
+                    "spec": {"parallelism": 1, "completions": 1, "template": {"spec": {
+                        "restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}}}"#;
+                match kubectl_stdin(&["create", "--dry-run=server", "-f", "-"], probe) {
+                    Err(e) if e.contains(MAP_NOT_READY) => None,
+                    _ => Some(()),
+                }
+            },
             || muster.log_text(),
         );
         muster
