@@ -126,9 +126,11 @@ for f in "$root"/examples/*.yaml; do
   examples+=(-f "$f")
 done
 step "applying examples/"
-for _ in 1 2 3 4 5; do
+# Retried for up to 20 s: the webhook may still be starting, and for a few seconds after the
+# CRDs first appear the API server answers 503 until its MutatingAdmissionPolicy can type them.
+for _ in $(seq 20); do
   kc apply "${examples[@]}" && break
-  echo "(retrying: the webhook may still be starting)"; sleep 1
+  echo "(retrying: the webhook may still be starting, or the API server reading the new CRDs)"; sleep 1
 done
 
 # The brought Job (finetune) and JobSet (pytorch-ddp) must also finish as batch/v1 and JobSet
