@@ -188,13 +188,28 @@ fn job(name: &str, pods: u32, gpus: u32, exit: i32, sleep_s: u32, extra_spec: Va
     json!({"apiVersion": "batch.muster.dev/v1alpha1", "kind": "MusterJob", "metadata": {"name": name}, "spec": spec})
 }
 
+/// Applies `objects`; retried for up to 30 s while the API server answers 503 because its
+/// MutatingAdmissionPolicy cannot type muster's kinds yet (the first seconds after the CRDs
+/// appear; docs/src/operations/failure-modes.md), as a user would retry.
 fn apply_in(lane: &Lane, namespace: &str, objects: &[Value]) -> Result<String, String> {
     let text: Vec<String> = objects.iter().map(|o| serde_json::to_string(o).unwrap_or_default()).collect();
-    lane.cluster.kubectl_stdin(
-        &["apply", "--server-side", "--field-manager=muster-e2e-real", "-n", namespace, "-f", "-"],
-        Some(&text.join("\n")),
-    )
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let result = lane.cluster.kubectl_stdin(
+            &["apply", "--server-side", "--field-manager=muster-e2e-real", "-n", namespace, "-f", "-"],
+            Some(&text.join("\n")),
+        );
+        match result {
+            Err(e) if e.contains(CRDS_NOT_TYPED) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_secs(1))
+            }
+            other => return other,
+        }
+    }
 }
+
+/// What the API server answers a create its MutatingAdmissionPolicies cannot type yet.
+const CRDS_NOT_TYPED: &str = "There can be a delay between when CustomResourceDefinitions are created";
 
 fn ensure_namespace(lane: &Lane, namespace: &str) -> Result<(), String> {
     if lane.kubectl(&["get", "namespace", namespace]).is_err() {
