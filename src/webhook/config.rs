@@ -12,7 +12,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta};
 
-use crate::crds::{POD_GROUP_LABEL, SCHEDULING_API_ANNOTATION};
+use crate::crds::POD_GROUP_LABEL;
 use crate::workloadbuilder::native::SchedulingApi;
 
 /// Name of the ValidatingWebhookConfiguration.
@@ -263,27 +263,9 @@ pub fn record_api_policy(
     own_namespace: &str,
     own_user: Option<&str>,
 ) -> (MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding) {
-    let key = SCHEDULING_API_ANNOTATION;
-    let recorded = |o: &str| format!("has({o}.metadata.annotations) && '{key}' in {o}.metadata.annotations");
-    // An UPDATE that drops the annotation the object had (`oldObject` is null on CREATE; `&&`
-    // stops at the operation).
-    let dropped = format!("request.operation == 'UPDATE' && {}", recorded("oldObject"));
+    let cel = crate::workloadbuilder::native::api_record_cel(default);
     let mut conditions = own_requests_skipped(own_user).unwrap_or_default();
-    // No request that names its API reaches the mutation; without a default to record, only an
-    // update that drops a recorded one does.
-    let unrecorded = match default {
-        Some(SchedulingApi::Muster) => format!("!({})", recorded("object")),
-        _ => format!("!({}) && {dropped}", recorded("object")),
-    };
-    conditions.push(MatchCondition { name: "unrecorded".into(), expression: unrecorded });
-    let value = format!("{dropped} ? oldObject.metadata.annotations['{key}'] : '{}'", SchedulingApi::Muster.as_str());
-    // `/` in a key is `~1` in a JSON pointer.
-    let pointer = key.replace('~', "~0").replace('/', "~1");
-    let patch = format!(
-        "has(object.metadata.annotations) \
-         ? [JSONPatch{{op: 'add', path: '/metadata/annotations/{pointer}', value: variables.api}}] \
-         : [JSONPatch{{op: 'add', path: '/metadata/annotations', value: {{'{key}': variables.api}}}}]"
-    );
+    conditions.push(MatchCondition { name: "unrecorded".into(), expression: cel.unrecorded });
     let policy = MutatingAdmissionPolicy {
         metadata: ObjectMeta { name: Some(RECORD_API_POLICY.into()), ..Default::default() },
         spec: Some(MutatingAdmissionPolicySpec {
@@ -304,11 +286,11 @@ pub fn record_api_policy(
             }),
             mutations: Some(vec![Mutation {
                 patch_type: "JSONPatch".into(),
-                json_patch: Some(JSONPatch { expression: Some(patch) }),
+                json_patch: Some(JSONPatch { expression: Some(cel.patch) }),
                 apply_configuration: None,
             }]),
             reinvocation_policy: Some("Never".into()),
-            variables: Some(vec![Variable { name: "api".into(), expression: value }]),
+            variables: Some(vec![Variable { name: "api".into(), expression: cel.api }]),
             param_kind: None,
         }),
     };
@@ -403,79 +385,34 @@ mod tests {
         assert_eq!(own_requests_skipped(Some(&format!("system:serviceaccount:{}", "a".repeat(600)))), None);
     }
 
-    /// The policy's match conditions and its `api` variable, evaluated as the API server would
-    /// (CEL), decide what the webhook decides ([`crate::workloadbuilder::native::api_to_record`])
-    /// for every operation, old and new annotation and default.
+    /// The policy: muster's own requests skipped, then the core's condition, variable and patch
+    /// ([`crate::workloadbuilder::native::api_record_cel`], whose test evaluates them against the
+    /// webhook's decision); a failing policy refuses nothing; the binding names it.
     #[test]
     fn the_policy_records_what_the_webhook_records() {
-        use crate::workloadbuilder::native::api_to_record;
-        use cel::{Context, Program, Value};
-        use std::collections::HashMap;
+        use crate::workloadbuilder::native::api_record_cel;
         let sa = "system:serviceaccount:muster-system:muster";
-        let object = |api: Option<&str>, other: bool| -> Value {
-            let mut annotations: HashMap<String, Value> = HashMap::new();
-            if let Some(api) = api {
-                annotations.insert(SCHEDULING_API_ANNOTATION.into(), api.into());
-            }
-            if other {
-                annotations.insert("team".into(), "a".into());
-            }
-            let mut metadata: HashMap<String, Value> = HashMap::from([("name".into(), "j".into())]);
-            if api.is_some() || other {
-                metadata.insert("annotations".into(), annotations.into());
-            }
-            HashMap::from([("metadata".to_string(), Value::from(metadata))]).into()
-        };
-        let defaults = [Some(SchedulingApi::Muster), Some(SchedulingApi::Upstream), None];
-        let apis = [None, Some("muster"), Some("upstream")];
-        let mut cases = 0;
-        for default in defaults {
+        for default in [Some(SchedulingApi::Muster), Some(SchedulingApi::Upstream), None] {
+            let cel = api_record_cel(default);
             let (policy, binding) = record_api_policy(default, "muster-system", Some(sa));
             assert_eq!(binding.spec.and_then(|s| s.policy_name).as_deref(), Some(RECORD_API_POLICY));
-            let spec = policy.spec.expect("spec");
+            let spec = policy.spec.unwrap_or_default();
             assert_eq!(spec.failure_policy.as_deref(), Some("Ignore"), "a failing policy refuses nothing");
-            let conditions = spec.match_conditions.expect("conditions");
-            assert_eq!(conditions[0].name, NOT_MUSTER, "muster's own requests skip it");
-            let api = &spec.variables.expect("variables")[0];
-            for operation in ["CREATE", "UPDATE"] {
-                for (old, new, other) in
-                    apis.iter().flat_map(|o| apis.iter().flat_map(move |n| [(o, n, false), (o, n, true)]))
-                {
-                    if operation == "CREATE" && old.is_some() {
-                        continue;
-                    }
-                    let mut ctx = Context::default();
-                    let request: HashMap<String, Value> = HashMap::from([
-                        ("operation".to_string(), operation.into()),
-                        (
-                            "userInfo".to_string(),
-                            HashMap::from([("username".to_string(), Value::from("alice"))]).into(),
-                        ),
-                    ]);
-                    ctx.add_variable_from_value("request", request);
-                    ctx.add_variable_from_value("object", object(*new, other));
-                    let old_object = if operation == "CREATE" { Value::Null } else { object(*old, other) };
-                    ctx.add_variable_from_value("oldObject", old_object);
-                    let eval = |expression: &str| {
-                        Program::compile(expression)
-                            .unwrap_or_else(|e| panic!("{expression}: {e}"))
-                            .execute(&ctx)
-                            .unwrap_or_else(|e| panic!("{expression}: {e}"))
-                    };
-                    let matched = conditions.iter().all(|c| eval(&c.expression) == Value::Bool(true));
-                    let recorded = matched.then(|| match eval(&api.expression) {
-                        Value::String(s) => s.to_string(),
-                        other => panic!("api is {other:?}"),
-                    });
-                    let want = api_to_record(*old, *new, default);
-                    assert_eq!(
-                        recorded, want,
-                        "{default:?} {operation} old {old:?} new {new:?} other annotations {other}"
-                    );
-                    cases += 1;
-                }
-            }
+            let conditions: Vec<(String, String)> =
+                spec.match_conditions.into_iter().flatten().map(|c| (c.name, c.expression)).collect();
+            let own = own_requests_skipped(Some(sa)).unwrap_or_default();
+            assert_eq!(
+                conditions[0],
+                (NOT_MUSTER.to_string(), own[0].expression.clone()),
+                "muster's own requests skip it"
+            );
+            assert_eq!(conditions[1], ("unrecorded".to_string(), cel.unrecorded.clone()));
+            let variables: Vec<(String, String)> =
+                spec.variables.into_iter().flatten().map(|v| (v.name, v.expression)).collect();
+            assert_eq!(variables, [("api".to_string(), cel.api.clone())]);
+            let patches: Vec<Option<String>> =
+                spec.mutations.into_iter().flatten().map(|m| m.json_patch.and_then(|p| p.expression)).collect();
+            assert_eq!(patches, [Some(cel.patch.clone())]);
         }
-        assert_eq!(cases, 3 * (3 * 2 + 9 * 2));
     }
 }

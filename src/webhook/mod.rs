@@ -308,53 +308,71 @@ async fn register(
         return Ok(());
     }
     let Some(ca) = ca else { return Ok(()) };
-    // A strategic merge patch (webhooks merge by name), not an apply: an apply creates a missing
-    // configuration, which here is only ever refused (invalid, or forbidden by the chart's RBAC)
-    // and hid the "not found" below. Only webhooks the configuration holds are named: a name
-    // it lacks would be added with nothing but a caBundle, and refused.
-    let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
     let bundle = k8s_openapi::ByteString(ca.as_bytes().to_vec());
-    let ca_only = |webhooks: Vec<String>| {
-        let items: Vec<serde_json::Value> =
-            webhooks.iter().map(|w| json!({"name": w, "clientConfig": {"caBundle": bundle}})).collect();
-        json!({"webhooks": items})
-    };
-    let ours = |names: Vec<String>, known: &[&str]| -> Vec<String> {
-        names.into_iter().filter(|n| known.contains(&n.as_str())).collect()
-    };
-    // Read with a list by name: muster lists and watches the configurations anyway (its pins'
-    // judges), so this needs no right of its own.
-    let by_name = |name: &str| ListParams::default().fields(&format!("metadata.name={name}"));
-    let missing = |name: &str| {
-        kube::Error::Api(Box::new(kube::core::Status::failure(&format!("{name} not found"), "NotFound").with_code(404)))
-    };
-    let validating = vapi.list(&by_name(config::VALIDATING_NAME)).await.and_then(|l| {
-        let c = l.items.into_iter().next().ok_or_else(|| missing(config::VALIDATING_NAME))?;
-        let names = c.webhooks.into_iter().flatten().map(|w| w.name).collect();
-        Ok(ca_only(ours(names, &[config::VALIDATE_BATCH, config::VALIDATE_SCHEDULING])))
-    });
-    let mutating = mapi.list(&by_name(config::MUTATING_NAME)).await.and_then(|l| {
-        let c = l.items.into_iter().next().ok_or_else(|| missing(config::MUTATING_NAME))?;
-        let names = c.webhooks.into_iter().flatten().map(|w| w.name).collect();
-        Ok(ca_only(ours(names, &[config::MUTATE_PODS, config::RECORD_API])))
-    });
-    for (name, body, validating_kind) in
-        [(config::VALIDATING_NAME, validating, true), (config::MUTATING_NAME, mutating, false)]
-    {
-        let result = match body {
-            Ok(body) if validating_kind => vapi.patch(name, &params, &Patch::Strategic(&body)).await.map(|_| ()),
-            Ok(body) => mapi.patch(name, &params, &Patch::Strategic(&body)).await.map(|_| ()),
-            Err(e) => Err(e),
-        };
+    // Every webhook of muster's, the API record included (the chart leaves it out where the
+    // policy records the API).
+    let (endpoint, ns, recorder) = (&opts.endpoint, &opts.namespace, config::ApiRecorder::Webhook);
+    let validating = config::validating_configuration(endpoint, None, ns, own_user).webhooks.into_iter().flatten();
+    let validating: Vec<String> = validating.map(|w| w.name).collect();
+    let mutating =
+        config::mutating_configuration(endpoint, None, ns, own_user, recorder).webhooks.into_iter().flatten();
+    let mutating: Vec<String> = mutating.map(|w| w.name).collect();
+    let results = [
+        (
+            config::VALIDATING_NAME,
+            inject_ca(&vapi, config::VALIDATING_NAME, &validating, &bundle, |c| {
+                c.webhooks.into_iter().flatten().map(|w| w.name).collect()
+            })
+            .await,
+        ),
+        (
+            config::MUTATING_NAME,
+            inject_ca(&mapi, config::MUTATING_NAME, &mutating, &bundle, |c| {
+                c.webhooks.into_iter().flatten().map(|w| w.name).collect()
+            })
+            .await,
+        ),
+    ];
+    for (name, result) in results {
         match result {
-            Ok(()) => {}
-            Err(kube::Error::Api(e)) if e.code == 404 => {
-                tracing::warn!(name, "webhook configuration not found (is the chart installed?)")
-            }
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(name, "webhook configuration not found (is the chart installed?)"),
             Err(e) => tracing::warn!(name, error = %e, "could not inject the CA bundle"),
         }
     }
     Ok(())
+}
+
+/// Puts `bundle` in the `clientConfig.caBundle` of each webhook of configuration `name` that is
+/// one of `ours`; `false` when there is no such configuration. The configuration is read with
+/// a list by name (muster lists and watches them anyway, for its pins' judges, so this needs no
+/// right of its own), then patched: a strategic merge patch (webhooks merge by name), not an
+/// apply, since an apply creates a missing configuration, which here is only ever refused
+/// (invalid, or forbidden by the chart's RBAC). Only webhooks the configuration holds are named:
+/// a name it lacks would be added with nothing but a caBundle, and refused.
+async fn inject_ca<K>(
+    api: &Api<K>,
+    name: &str,
+    ours: &[String],
+    bundle: &k8s_openapi::ByteString,
+    webhooks_of: impl Fn(K) -> Vec<String>,
+) -> kube::Result<bool>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    let listed = api.list(&ListParams::default().fields(&format!("metadata.name={name}"))).await?;
+    let Some(config) = listed.items.into_iter().next() else { return Ok(false) };
+    let items: Vec<serde_json::Value> = webhooks_of(config)
+        .into_iter()
+        .filter(|w| ours.contains(w))
+        .map(|w| json!({"name": w, "clientConfig": {"caBundle": bundle}}))
+        .collect();
+    let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+    match api.patch(name, &params, &Patch::Strategic(&json!({"webhooks": items}))).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// Serves the webhooks until `shutdown` resolves, renewing and reloading the certificate

@@ -80,9 +80,6 @@ pub fn kubectl_as_stdin(kubeconfig: &Path, args: &[&str], input: &str) -> Result
     run_command(&mut cmd, Some(input))
 }
 
-/// What the API server answers a create its MutatingAdmissionPolicies cannot type yet.
-pub const MAP_NOT_READY: &str = "There can be a delay between when CustomResourceDefinitions are created";
-
 /// kubectl (admin) with `input` on stdin.
 pub fn kubectl_stdin(args: &[&str], input: &str) -> Result<String, String> {
     cluster().kubectl_stdin(args, Some(input))
@@ -307,7 +304,7 @@ impl Muster {
                     "spec": {"parallelism": 1, "completions": 1, "template": {"spec": {
                         "restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}}}"#;
                 match kubectl_stdin(&["create", "--dry-run=server", "-f", "-"], probe) {
-                    Err(e) if e.contains(MAP_NOT_READY) => None,
+                    Err(e) if e.contains(crate::harness::CRDS_NOT_TYPED) => None,
                     _ => Some(()),
                 }
             },

@@ -239,11 +239,7 @@ fn upgrade_keeps_objects_and_serves_new_crds(how: CrdUpgrade, release_ns: &str) 
     let injected = ca_bundles();
     // The chart records the scheduling API with a MutatingAdmissionPolicy where the API server
     // serves one, and leaves that webhook out.
-    let policy = cluster().kubectl(&["get", "mutatingadmissionpolicy", muster::webhook::config::RECORD_API_POLICY]);
-    let recorder = match policy {
-        Ok(_) => muster::webhook::config::ApiRecorder::Policy,
-        Err(_) => muster::webhook::config::ApiRecorder::Webhook,
-    };
+    let recorder = cluster().api_recorder();
     let webhooks = muster::webhook::config::validating_configuration(&endpoint(), None, "muster-system", None)
         .webhooks
         .unwrap_or_default()

@@ -224,7 +224,22 @@ fn remove_stale_clusters(target: &Path) {
     }
 }
 
+/// What the API server answers a create of muster's kinds while its MutatingAdmissionPolicies
+/// cannot type them yet (the first seconds after the CRDs appear; docs/src/operations/failure-modes.md).
+#[allow(dead_code)] // tests/chart and tests/real wait on it; tests/e2e's readiness probe waits it out
+pub const CRDS_NOT_TYPED: &str = "There can be a delay between when CustomResourceDefinitions are created";
+
 impl Cluster {
+    /// What records the scheduling API of new jobs here: the policy muster (or the chart)
+    /// applies where the API server serves it, muster's webhook otherwise.
+    pub fn api_recorder(&self) -> muster::webhook::config::ApiRecorder {
+        use muster::webhook::config::{ApiRecorder, RECORD_API_POLICY};
+        match self.kubectl(&["get", "mutatingadmissionpolicy", RECORD_API_POLICY]) {
+            Ok(_) => ApiRecorder::Policy,
+            Err(_) => ApiRecorder::Webhook,
+        }
+    }
+
     /// Runs the cached kubectl against this cluster; stdout on success, stderr on failure.
     pub fn kubectl(&self, args: &[&str]) -> Result<String, String> {
         self.kubectl_stdin(args, None)

@@ -200,16 +200,13 @@ fn apply_in(lane: &Lane, namespace: &str, objects: &[Value]) -> Result<String, S
             Some(&text.join("\n")),
         );
         match result {
-            Err(e) if e.contains(CRDS_NOT_TYPED) && Instant::now() < deadline => {
+            Err(e) if e.contains(crate::harness::CRDS_NOT_TYPED) && Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_secs(1))
             }
             other => return other,
         }
     }
 }
-
-/// What the API server answers a create its MutatingAdmissionPolicies cannot type yet.
-const CRDS_NOT_TYPED: &str = "There can be a delay between when CustomResourceDefinitions are created";
 
 fn ensure_namespace(lane: &Lane, namespace: &str) -> Result<(), String> {
     if lane.kubectl(&["get", "namespace", namespace]).is_err() {

@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingAdmissionPolicy, MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
@@ -18,13 +18,14 @@ use muster::crds::{ADMISSION_GATE, MusterJob, POD_GROUP_LABEL};
 use muster::webhook::FIELD_MANAGER;
 use muster::webhook::certs::from_secret;
 use muster::webhook::config::{
-    MUTATE_PODS, MUTATING_NAME, RECORD_API, RECORD_API_POLICY, VALIDATE_BATCH, VALIDATE_SCHEDULING, VALIDATING_NAME,
+    ApiRecorder, MUTATE_PODS, MUTATING_NAME, RECORD_API, RECORD_API_POLICY, VALIDATE_BATCH, VALIDATE_SCHEDULING,
+    VALIDATING_NAME,
 };
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
 use crate::harness::rbac::service_account_kubeconfig;
-use crate::harness::{Cluster, client, k8s_bin, metric, namespace};
+use crate::harness::{Cluster, client, cluster, k8s_bin, metric, namespace};
 use crate::testhost::{self, GuestMuster, TestHost};
 
 /// The webhook configurations are cluster-wide and both tests listen on the same guest ports.
@@ -97,11 +98,9 @@ impl Drop for DeleteConfigurations {
 /// The names of muster's webhooks, sorted: without the one that records the scheduling API
 /// where muster applied its policy in its place.
 async fn webhooks() -> Vec<&'static str> {
-    let policy = Api::<MutatingAdmissionPolicy>::all(client().await).get_opt(RECORD_API_POLICY).await;
-    if matches!(policy, Ok(Some(_))) {
-        vec![MUTATE_PODS, VALIDATE_BATCH, VALIDATE_SCHEDULING]
-    } else {
-        vec![RECORD_API, MUTATE_PODS, VALIDATE_BATCH, VALIDATE_SCHEDULING]
+    match cluster().api_recorder() {
+        ApiRecorder::Policy => vec![MUTATE_PODS, VALIDATE_BATCH, VALIDATE_SCHEDULING],
+        ApiRecorder::Webhook => vec![RECORD_API, MUTATE_PODS, VALIDATE_BATCH, VALIDATE_SCHEDULING],
     }
 }
 

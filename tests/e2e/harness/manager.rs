@@ -400,7 +400,7 @@ async fn ready_step(
     let want_validating = count(
         muster::webhook::config::validating_configuration(&endpoint, None, namespace, None).webhooks.map(|w| w.len()),
     );
-    let recorder = api_recorder(client).await;
+    let recorder = cluster().api_recorder();
     let want_mutating = count(
         muster::webhook::config::mutating_configuration(&endpoint, None, namespace, None, recorder)
             .webhooks
@@ -416,15 +416,6 @@ async fn ready_step(
         return Err("the apiserver to call the validating webhook");
     }
     Ok(())
-}
-
-/// What records the scheduling API of new jobs in this cluster: the policy muster applies where
-/// the API server serves it, muster's webhook otherwise.
-async fn api_recorder(client: &kube::Client) -> muster::webhook::config::ApiRecorder {
-    use k8s_openapi::api::admissionregistration::v1::MutatingAdmissionPolicy;
-    use muster::webhook::config::{ApiRecorder, RECORD_API_POLICY};
-    let policy = Api::<MutatingAdmissionPolicy>::all(client.clone()).get_opt(RECORD_API_POLICY).await;
-    if matches!(policy, Ok(Some(_))) { ApiRecorder::Policy } else { ApiRecorder::Webhook }
 }
 
 async fn labelled_pod_is_gated(client: &kube::Client) -> bool {

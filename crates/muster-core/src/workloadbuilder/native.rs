@@ -264,6 +264,42 @@ pub fn api_to_record(old: Option<&str>, new: Option<&str>, default: Option<Sched
     }
 }
 
+/// The CEL of the MutatingAdmissionPolicy that records what [`api_to_record`] records, inside
+/// the API server: the match condition that lets a request through (`unrecorded`), the
+/// variable `api` it reads the value from, and the JSON patch that writes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiRecordCel {
+    /// Match condition: a request that names its API never reaches the mutation; without a
+    /// `muster` default, only an update that drops a recorded API does.
+    pub unrecorded: String,
+    /// Variable `api`: the dropped API on such an update, `muster` otherwise.
+    pub api: String,
+    /// The JSON patch adding the annotation with `variables.api`.
+    pub patch: String,
+}
+
+/// PURE: [`ApiRecordCel`] for `default` (`--scheduling-api`; `None`: `auto`).
+pub fn api_record_cel(default: Option<SchedulingApi>) -> ApiRecordCel {
+    use muster_api::SCHEDULING_API_ANNOTATION as KEY;
+    let recorded = |o: &str| format!("has({o}.metadata.annotations) && '{KEY}' in {o}.metadata.annotations");
+    // An UPDATE that drops the annotation the object had (`oldObject` is null on CREATE; `&&`
+    // stops at the operation).
+    let dropped = format!("request.operation == 'UPDATE' && {}", recorded("oldObject"));
+    let unrecorded = match default {
+        Some(SchedulingApi::Muster) => format!("!({})", recorded("object")),
+        _ => format!("!({}) && {dropped}", recorded("object")),
+    };
+    let api = format!("{dropped} ? oldObject.metadata.annotations['{KEY}'] : '{}'", SchedulingApi::Muster.as_str());
+    // `/` in a key is `~1` in a JSON pointer.
+    let pointer = KEY.replace('~', "~0").replace('/', "~1");
+    let patch = format!(
+        "has(object.metadata.annotations) \
+         ? [JSONPatch{{op: 'add', path: '/metadata/annotations/{pointer}', value: variables.api}}] \
+         : [JSONPatch{{op: 'add', path: '/metadata/annotations', value: {{'{KEY}': variables.api}}}}]"
+    );
+    ApiRecordCel { unrecorded, api, patch }
+}
+
 /// Why a job that recorded an API cannot go on with it: a reason and a message.
 pub type ApiRefusal = (&'static str, String);
 
@@ -819,5 +855,68 @@ mod tests {
             assert_eq!(body["apiVersion"], "scheduling.k8s.io/v1beta1");
             assert_eq!(serde_json::to_value(&ng).expect("json")["kind"], "PodGroup");
         }
+    }
+
+    /// The policy's match condition and its `api` variable, evaluated as the API server would
+    /// (CEL), decide what the webhook decides ([`api_to_record`]) for every operation, old and
+    /// new annotation and default.
+    #[test]
+    fn the_policy_records_what_the_webhook_records() {
+        use cel::{Context, Program, Value};
+        use muster_api::SCHEDULING_API_ANNOTATION;
+        use std::collections::HashMap;
+        let object = |api: Option<&str>, other: bool| -> Value {
+            let mut annotations: HashMap<String, Value> = HashMap::new();
+            if let Some(api) = api {
+                annotations.insert(SCHEDULING_API_ANNOTATION.into(), api.into());
+            }
+            if other {
+                annotations.insert("team".into(), "a".into());
+            }
+            let mut metadata: HashMap<String, Value> = HashMap::from([("name".into(), "j".into())]);
+            if api.is_some() || other {
+                metadata.insert("annotations".into(), annotations.into());
+            }
+            HashMap::from([("metadata".to_string(), Value::from(metadata))]).into()
+        };
+        let defaults = [Some(SchedulingApi::Muster), Some(SchedulingApi::Upstream), None];
+        let apis = [None, Some("muster"), Some("upstream")];
+        let mut cases = 0;
+        for default in defaults {
+            let cel = api_record_cel(default);
+            for operation in ["CREATE", "UPDATE"] {
+                for (old, new, other) in
+                    apis.iter().flat_map(|o| apis.iter().flat_map(move |n| [(o, n, false), (o, n, true)]))
+                {
+                    if operation == "CREATE" && old.is_some() {
+                        continue;
+                    }
+                    let mut ctx = Context::default();
+                    let request: HashMap<String, Value> = HashMap::from([("operation".to_string(), operation.into())]);
+                    ctx.add_variable_from_value("request", request);
+                    ctx.add_variable_from_value("object", object(*new, other));
+                    let old_object = if operation == "CREATE" { Value::Null } else { object(*old, other) };
+                    ctx.add_variable_from_value("oldObject", old_object);
+                    let eval = |expression: &str| {
+                        Program::compile(expression)
+                            .unwrap_or_else(|e| panic!("{expression}: {e}"))
+                            .execute(&ctx)
+                            .unwrap_or_else(|e| panic!("{expression}: {e}"))
+                    };
+                    let matched = eval(&cel.unrecorded) == Value::Bool(true);
+                    let recorded = matched.then(|| match eval(&cel.api) {
+                        Value::String(s) => s.to_string(),
+                        other => panic!("api is {other:?}"),
+                    });
+                    let want = api_to_record(*old, *new, default);
+                    assert_eq!(
+                        recorded, want,
+                        "{default:?} {operation} old {old:?} new {new:?} other annotations {other}"
+                    );
+                    cases += 1;
+                }
+            }
+        }
+        assert_eq!(cases, 3 * (3 * 2 + 9 * 2));
     }
 }
