@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -17,9 +18,24 @@ use crate::crds::batch::{JobPhase, MusterJob, MusterJobStatus};
 
 use self::plan::STATUS_PACE;
 
-/// Writes the job's status when it changed. A change of the live counts alone waits up to
-/// [`plan::status_pace`] from when it was first seen, so several fold into one write; returns
-/// when to look again for such a change (or for a write the cache does not show yet).
+/// A job's status change waiting for its paced write: since when, and for a job without a status
+/// yet the start time its first pass decided, which later passes keep ([`first_start`]) so the
+/// write records when the job started, not when it was written.
+#[derive(Clone, Debug)]
+pub(super) struct Paced {
+    since: std::time::Instant,
+    start_time: Option<Time>,
+}
+
+/// The start time decided for a job whose first status waits for its paced write.
+pub(super) fn first_start(jc: &JobContext, uid: &str) -> Option<Time> {
+    jc.paced.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(uid).and_then(|p| p.start_time.clone())
+}
+
+/// Writes the job's status when it changed. A change of the live counts alone, or a first
+/// status that only says the job is live, waits up to [`plan::status_pace`] from when it was
+/// first seen, so several fold into one write; returns when to look again for such a change (or
+/// for a write the cache does not show yet).
 pub(super) async fn write_status(
     job: &MusterJob,
     jc: &JobContext,
@@ -39,7 +55,8 @@ pub(super) async fn write_status(
     }
     if let Some(pace) = plan::status_pace(job.status.as_ref(), status) {
         let now = std::time::Instant::now();
-        let since = *lock().entry(uid.clone()).or_insert(now);
+        let first = job.status.is_none().then(|| status.start_time.clone()).flatten();
+        let since = lock().entry(uid.clone()).or_insert(Paced { since: now, start_time: first }).since;
         let due = since + pace;
         if now < due {
             return Ok(Some(due - now));

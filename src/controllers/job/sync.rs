@@ -46,7 +46,11 @@ pub(super) async fn sync_pods(
         tracing::debug!(job = %name, namespace = %ns, cached = names.len(), "pods created are not cached yet");
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
-    let prev = job.status.clone().unwrap_or_default();
+    let mut prev = job.status.clone().unwrap_or_default();
+    if job.status.is_none() {
+        // A first status waiting for its paced write keeps the start time first decided.
+        prev.start_time = super::status::first_start(jc, &uid);
+    }
     let instant = std::time::Instant::now();
     if !jc.written.caught_up(&uid, &prev, instant) {
         // The cache shows an older status than this controller wrote: its counts would miss

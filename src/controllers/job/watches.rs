@@ -46,8 +46,8 @@ pub struct JobContext {
     /// The native PodGroups and Workloads (jobs in upstream mode), where they are served.
     pub(super) native_groups: Option<Store<k8s_openapi::api::scheduling::v1beta1::PodGroup>>,
     pub(super) native_workloads: Option<Store<k8s_openapi::api::scheduling::v1beta1::Workload>>,
-    /// Jobs (by UID) whose count-only status change waits since then ([`STATUS_PACE`](super::status::STATUS_PACE)).
-    pub(super) paced: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    /// Jobs (by UID) whose status change waits for its paced write ([`Paced`](super::status::Paced)).
+    pub(super) paced: std::sync::Mutex<std::collections::HashMap<String, super::status::Paced>>,
 }
 
 /// A watch cache of every `K` that `keep` keeps, managed fields dropped; it triggers no

@@ -641,7 +641,7 @@ fn only_active_and_ready_counts_wait_for_the_status_pace() {
     assert!(status_may_wait(Some(&old), &with(&|s| s.active = 2)));
     assert!(status_may_wait(Some(&old), &with(&|s| s.terminating = Some(2))), "a live count too");
     assert!(!status_may_wait(Some(&old), &old), "nothing to write");
-    assert!(!status_may_wait(None, &old), "a first status is written at once");
+    assert!(status_may_wait(None, &old), "a first status that only says the job is live");
     assert!(!status_may_wait(Some(&old), &with(&|s| s.failed = 1)), "a failure is recorded at once");
     assert!(!status_may_wait(Some(&old), &with(&|s| s.succeeded = 1)));
     assert!(!status_may_wait(Some(&old), &with(&|s| s.phase = Some(JobPhase::Complete))));
@@ -659,7 +659,8 @@ fn only_active_and_ready_counts_wait_for_the_status_pace() {
         s.phase = Some(JobPhase::Pending);
         s.conditions.push(scheduled(false));
     });
-    assert_eq!(status_pace(Some(&seen), &flipped), Some(SCHEDULED_PACE), "a flip of it too");
+    assert_eq!(status_pace(Some(&seen), &flipped), Some(STARTING_PACE), "a flip to False: the gang waits");
+    assert_eq!(status_pace(Some(&flipped), &seen), Some(SCHEDULED_PACE), "and back to True");
     let seen_ready = with(&|s| {
         s.phase = Some(JobPhase::Pending);
         s.ready = 3;
@@ -684,7 +685,9 @@ fn only_active_and_ready_counts_wait_for_the_status_pace() {
     assert_eq!(status_pace(Some(&old), &with(&|s| s.ready = 3)), Some(STATUS_PACE), "all 3 ready");
     assert_eq!(status_pace(Some(&old), &with(&|s| s.active = 1)), Some(STATUS_PACE), "as many ready as active");
     assert_eq!(status_pace(Some(&old), &with(&|s| s.failed = 1)), None, "a failure at once");
-    assert_eq!(status_pace(None, &old), None);
+    assert_eq!(status_pace(None, &old), Some(STARTING_PACE), "a first status, its gang starting");
+    assert_eq!(status_pace(None, &with(&|s| s.ready = 3)), Some(STATUS_PACE), "a first status, all ready");
+    assert_eq!(status_pace(None, &with(&|s| s.failed = 1)), None, "a first status with a failure");
     // Pending and Running follow the pods: a gang starting goes out as one write.
     let pending = with(&|s| {
         s.phase = Some(JobPhase::Pending);
@@ -719,6 +722,48 @@ fn only_active_and_ready_counts_wait_for_the_status_pace() {
     let mut both = scheduled.clone();
     both.conditions.push(cond(condition::SUSPENDED, "True"));
     assert!(!status_may_wait(Some(&old), &both));
+}
+
+#[test]
+fn a_first_status_waits_only_when_it_says_the_job_is_live() {
+    let now = Timestamp::from_second(1_000).unwrap();
+    let first = MusterJobStatus {
+        phase: Some(JobPhase::Pending),
+        progress: Some("0/3".into()),
+        active: 3,
+        conditions: vec![condition_of(condition::INVALID, "False", "Valid", "")],
+        start_time: Some(Time(now)),
+        workload_name: Some("train".into()),
+        pod_group_name: Some("train".into()),
+        observed_generation: Some(1),
+        ..MusterJobStatus::default()
+    };
+    let with = |f: &dyn Fn(&mut MusterJobStatus)| {
+        let mut s = first.clone();
+        f(&mut s);
+        s
+    };
+    assert!(first_status_may_wait(&first), "Pending, its pods created");
+    assert!(first_status_may_wait(&with(&|s| {
+        s.phase = Some(JobPhase::Running);
+        s.ready = 3;
+    })));
+    let scheduled = condition_of(MIRRORED_CONDITIONS[0], "True", "Scheduled", "");
+    assert!(first_status_may_wait(&with(&|s| s.conditions.push(scheduled.clone()))), "upstream mode");
+    // Anything counted or decided is written at once.
+    for phase in [JobPhase::Complete, JobPhase::Failed, JobPhase::Suspended, JobPhase::Invalid] {
+        assert!(!first_status_may_wait(&with(&|s| s.phase = Some(phase))), "{phase:?}");
+    }
+    assert!(!first_status_may_wait(&with(&|s| s.phase = None)));
+    assert!(!first_status_may_wait(&with(&|s| s.succeeded = 1)));
+    assert!(!first_status_may_wait(&with(&|s| s.failed = 1)));
+    assert!(!first_status_may_wait(&with(&|s| s.completed_indexes = Some("0".into()))));
+    assert!(!first_status_may_wait(&with(&|s| s.failed_indexes = Some("1".into()))));
+    assert!(!first_status_may_wait(&with(&|s| s.completion_time = Some(Time(now)))));
+    assert!(!first_status_may_wait(&with(&|s| s.conditions[0].status = "True".into())), "Invalid");
+    for own in [condition::SUSPENDED, condition::FAILURE_TARGET, condition::CLAIMS_READY, MIRRORED_CONDITIONS[1]] {
+        assert!(!first_status_may_wait(&with(&|s| s.conditions.push(condition_of(own, "True", "R", "")))), "{own}");
+    }
 }
 
 #[test]
