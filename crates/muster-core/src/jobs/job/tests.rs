@@ -667,16 +667,27 @@ fn only_active_and_ready_counts_wait_for_the_status_pace() {
         s.conditions.push(scheduled(true));
     });
     assert_eq!(status_pace(Some(&waiting), &seen_ready), Some(STATUS_PACE), "with a count");
+    // Running with `ready` of 3 pods ready and kube-scheduler's condition (placed or not).
+    let running_ready = |ready: i32, placed: bool| {
+        with(&|s| {
+            s.phase = Some(JobPhase::Running);
+            s.ready = ready;
+            s.conditions.push(scheduled(placed));
+        })
+    };
+    // The placed gang's pods starting: the job goes Running with every pod ready in one write.
+    let starting = running_ready(1, true);
+    assert_eq!(status_pace(Some(&seen), &starting), Some(SCHEDULED_PACE), "Running, 1 of 3 ready");
+    assert_eq!(status_pace(Some(&waiting), &starting), Some(SCHEDULED_PACE), "with the condition");
+    assert_eq!(status_pace(None, &starting), Some(SCHEDULED_PACE), "a first status");
+    assert_eq!(status_pace(Some(&seen), &running_ready(1, false)), Some(STARTING_PACE), "not placed");
     let running = with(&|s| {
         s.phase = Some(JobPhase::Running);
         s.ready = 3;
     });
-    let running_seen = with(&|s| {
-        s.phase = Some(JobPhase::Running);
-        s.ready = 3;
-        s.conditions.push(scheduled(true));
-    });
+    let running_seen = running_ready(3, true);
     assert_eq!(status_pace(Some(&running), &running_seen), Some(STATUS_PACE), "once Running");
+    assert_eq!(status_pace(Some(&running_seen), &starting), Some(STARTING_PACE), "a pod of a running job restarts");
     assert_eq!(status_pace(Some(&waiting), &running_seen), Some(STATUS_PACE), "with the phase");
     // While fewer pods are ready than active, a count waits longer: the gang's other pods are
     // starting, and the write with all of them ready goes at the short pace.
