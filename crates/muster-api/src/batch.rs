@@ -91,11 +91,6 @@ pub enum PodReplacementPolicy {
 #[x_kube(
     validation = Rule::new("!has(self.scheduling) || !has(self.scheduling.schedulingPolicy) || !has(self.scheduling.schedulingPolicy.gang) || !has(self.scheduling.schedulingPolicy.gang.minCount) || self.scheduling.schedulingPolicy.gang.minCount <= self.parallelism").message("must be less than or equal to parallelism").field_path(".scheduling.schedulingPolicy.gang.minCount"),
     validation = Rule::new("has(self.scheduling) == has(oldSelf.scheduling)").message(Message::Expression("has(self.scheduling) ? 'field cannot be set once created' : 'field cannot be cleared once set'".into())).field_path(".scheduling"),
-    validation = Rule::new("!has(self.scheduling) || !has(oldSelf.scheduling) || has(self.scheduling.schedulingPolicy) == has(oldSelf.scheduling.schedulingPolicy)").message(Message::Expression("has(self.scheduling.schedulingPolicy) ? 'field cannot be set once created' : 'field cannot be cleared once set'".into())).field_path(".scheduling.schedulingPolicy"),
-    validation = Rule::new("!has(self.scheduling) || !has(oldSelf.scheduling) || !has(self.scheduling.schedulingPolicy) || !has(oldSelf.scheduling.schedulingPolicy) || has(self.scheduling.schedulingPolicy.gang) == has(oldSelf.scheduling.schedulingPolicy.gang)").message("field is immutable: the policy may not change between `basic` and `gang`; only gang.minCount may change").field_path(".scheduling.schedulingPolicy"),
-    validation = Rule::new("!has(self.scheduling) || !has(oldSelf.scheduling) || (has(self.scheduling.schedulingConstraints) == has(oldSelf.scheduling.schedulingConstraints) && (!has(self.scheduling.schedulingConstraints) || self.scheduling.schedulingConstraints == oldSelf.scheduling.schedulingConstraints))").message("field is immutable").field_path(".scheduling.schedulingConstraints"),
-    validation = Rule::new("!has(self.scheduling) || !has(oldSelf.scheduling) || (has(self.scheduling.disruptionMode) == has(oldSelf.scheduling.disruptionMode) && (!has(self.scheduling.disruptionMode) || self.scheduling.disruptionMode == oldSelf.scheduling.disruptionMode))").message("field is immutable").field_path(".scheduling.disruptionMode"),
-    validation = Rule::new("!has(self.scheduling) || !has(oldSelf.scheduling) || (has(self.scheduling.resourceClaims) == has(oldSelf.scheduling.resourceClaims) && (!has(self.scheduling.resourceClaims) || self.scheduling.resourceClaims == oldSelf.scheduling.resourceClaims))").message("field is immutable").field_path(".scheduling.resourceClaims"),
     // Elastic Indexed jobs: completions may change together with parallelism (equal to it).
     validation = Rule::new("(has(self.completions) == has(oldSelf.completions) && (!has(self.completions) || self.completions == oldSelf.completions)) || (has(self.completionMode) && self.completionMode == 'Indexed' && (!has(self.completions) || self.completions == self.parallelism))").message(Message::Expression("has(self.completionMode) && self.completionMode == 'Indexed' ? 'can only be modified in tandem with spec.parallelism' : 'field is immutable'".into())).field_path(".completions"),
     validation = Rule::new("(has(self.completionMode) ? self.completionMode : 'NonIndexed') == (has(oldSelf.completionMode) ? oldSelf.completionMode : 'NonIndexed')").message("field is immutable").field_path(".completionMode"),
@@ -104,11 +99,15 @@ pub enum PodReplacementPolicy {
     validation = Rule::new("!has(self.podFailurePolicy) || !has(self.podReplacementPolicy) || self.podReplacementPolicy == 'Failed'").message("supported values: \"Failed\" (with podFailurePolicy)").field_path(".podReplacementPolicy"),
     validation = Rule::new("!has(self.podFailurePolicy) || !has(self.template.spec) || !has(self.template.spec.restartPolicy) || self.template.spec.restartPolicy != 'OnFailure'").message("only \"Never\" is supported when podFailurePolicy is specified").field_path(".template.spec.restartPolicy"),
     validation = Rule::new("!has(self.podFailurePolicy) || size(self.podFailurePolicy.rules) <= 20").message("must have at most 20 items").field_path(".podFailurePolicy.rules"),
-    validation = Rule::new("has(self.podFailurePolicy) == has(oldSelf.podFailurePolicy) && (!has(self.podFailurePolicy) || self.podFailurePolicy == oldSelf.podFailurePolicy)").message("field is immutable").field_path(".podFailurePolicy"),
-    validation = Rule::new("has(self.successPolicy) == has(oldSelf.successPolicy) && (!has(self.successPolicy) || self.successPolicy == oldSelf.successPolicy)").message("field is immutable").field_path(".successPolicy"),
-    validation = Rule::new("has(self.backoffLimitPerIndex) == has(oldSelf.backoffLimitPerIndex) && (!has(self.backoffLimitPerIndex) || self.backoffLimitPerIndex == oldSelf.backoffLimitPerIndex)").message("field is immutable").field_path(".backoffLimitPerIndex"),
-    validation = Rule::new("has(self.managedBy) == has(oldSelf.managedBy) && (!has(self.managedBy) || self.managedBy == oldSelf.managedBy)").message("field is immutable").field_path(".managedBy"),
-    validation = Rule::new("has(self.selector) == has(oldSelf.selector) && (!has(self.selector) || self.selector == oldSelf.selector)").message("field is immutable").field_path(".selector")
+    // An immutable field: this rule refuses setting or clearing it, the field's own rule
+    // (`self == oldSelf`, evaluated only when the old and the new object both have it) a change.
+    // Each field a rule selects from the spec copies the schemas of all the spec's fields, on
+    // every write of the object, status writes too.
+    validation = Rule::new("has(self.podFailurePolicy) == has(oldSelf.podFailurePolicy)").message("field is immutable").field_path(".podFailurePolicy"),
+    validation = Rule::new("has(self.successPolicy) == has(oldSelf.successPolicy)").message("field is immutable").field_path(".successPolicy"),
+    validation = Rule::new("has(self.backoffLimitPerIndex) == has(oldSelf.backoffLimitPerIndex)").message("field is immutable").field_path(".backoffLimitPerIndex"),
+    validation = Rule::new("has(self.managedBy) == has(oldSelf.managedBy)").message("field is immutable").field_path(".managedBy"),
+    validation = Rule::new("has(self.selector) == has(oldSelf.selector)").message("field is immutable").field_path(".selector")
 )]
 pub struct MusterJobSpec {
     /// Pods running at once. Mutable.
@@ -132,6 +131,7 @@ pub struct MusterJobSpec {
     /// Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("field is immutable"))]
     pub backoff_limit_per_index: Option<i32>,
     /// With `backoffLimitPerIndex`: failed indexes tolerated before the job fails.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -140,10 +140,12 @@ pub struct MusterJobSpec {
     /// How pod failures are handled beyond counting them (exit codes, pod conditions), as
     /// batch/v1 `podFailurePolicy`. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("field is immutable"))]
     pub pod_failure_policy: Option<PodFailurePolicy>,
     /// Indexed jobs: when the job is declared succeeded before every index succeeds
     /// (batch/v1 `successPolicy`). Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("field is immutable"))]
     pub success_policy: Option<JobSuccessPolicy>,
     /// When a replacement pod is created: `TerminatingOrFailed` or `Failed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -152,9 +154,11 @@ pub struct MusterJobSpec {
     /// muster; any other value leaves the job to that controller. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 63), regex(pattern = MANAGED_BY_PATTERN))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("field is immutable"))]
     pub managed_by: Option<String>,
     /// The pods' selector, as batch/v1 allows it: generated unless `manualSelector` is true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("field is immutable"))]
     pub selector: Option<LabelSelector>,
     /// True when `selector` is written by the user (batch/v1 `manualSelector`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -176,6 +180,18 @@ pub struct MusterJobSpec {
     /// Gang policy, topology constraint, disruption mode and shared claims of the job's PodGroup.
     /// Only `schedulingPolicy.gang.minCount` may change after creation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    // Transition rules on the field itself: the API server evaluates them only when the old and
+    // the new job both have `scheduling` (setting or clearing it is the spec's rule), and each
+    // selects fields of `scheduling`, not of the spec: every field access of a rule copies the
+    // schemas of all fields of the object it selects from (see docs/src/benchmarks.md, "What
+    // one write costs").
+    #[x_kube(
+        validation = Rule::new("has(self.schedulingPolicy) == has(oldSelf.schedulingPolicy)").message(Message::Expression("has(self.schedulingPolicy) ? 'field cannot be set once created' : 'field cannot be cleared once set'".into())).field_path(".schedulingPolicy"),
+        validation = Rule::new("!has(self.schedulingPolicy) || !has(oldSelf.schedulingPolicy) || has(self.schedulingPolicy.gang) == has(oldSelf.schedulingPolicy.gang)").message("field is immutable: the policy may not change between `basic` and `gang`; only gang.minCount may change").field_path(".schedulingPolicy"),
+        validation = Rule::new("has(self.schedulingConstraints) == has(oldSelf.schedulingConstraints) && (!has(self.schedulingConstraints) || self.schedulingConstraints == oldSelf.schedulingConstraints)").message("field is immutable").field_path(".schedulingConstraints"),
+        validation = Rule::new("has(self.disruptionMode) == has(oldSelf.disruptionMode) && (!has(self.disruptionMode) || self.disruptionMode == oldSelf.disruptionMode)").message("field is immutable").field_path(".disruptionMode"),
+        validation = Rule::new("has(self.resourceClaims) == has(oldSelf.resourceClaims) && (!has(self.resourceClaims) || self.resourceClaims == oldSelf.resourceClaims)").message("field is immutable").field_path(".resourceClaims")
+    )]
     pub scheduling: Option<PodGroupScheduling>,
     /// Opt-in: the containers' `nvidia.com/gpu` requests become a DRA ResourceClaim per pod
     /// (from the ResourceClaimTemplate `<job>-gpus` muster makes). Immutable.
