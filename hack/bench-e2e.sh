@@ -15,6 +15,8 @@
 #   server's writes to quiet down before the next path (its tail reported apart); 0: no wait
 #   BENCH_CLEAN=1: after each path, delete its namespace and wait until it is gone and the API
 #   server quiet, so every path starts on a cluster of nodes alone (default: paths pile up)
+#   BENCH_FRESH=1: every path on a control plane of its own, started afresh for it (the script
+#   once per path), the paths' reports then related to the plain path (`muster dev bench --merge`)
 #   BENCH_PROFILE=perf|heaptrack: record muster's CPU samples (perf record) or its heap
 #   (heaptrack attached; muster is then built with the system allocator, which heaptrack sees)
 #   during the whole run, into $MUSTER_CLUSTER_DIR/profile/
@@ -59,6 +61,27 @@ kc() { "$bin/kubectl" --kubeconfig "$dir/kubeconfig" "$@"; }
 features=()
 [ "${BENCH_PROFILE:-}" = heaptrack ] && features=(--features system-allocator)
 bench_build "${features[@]}"
+
+# BENCH_FRESH=1: every path on a control plane of its own, started afresh (this script once per
+# path, that path alone, its report beside BENCH_OUT as <name>.<path>.json), then the reports
+# joined and related to the plain path (`muster dev bench --merge`). No path then runs on what
+# an earlier one left (its pods, its objects' history in etcd, the API server's and kwok's and
+# muster's grown state): in the default order the muster paths run third and fourth.
+if [ "${BENCH_FRESH:-0}" = 1 ]; then
+  rc=0
+  parts=()
+  IFS=, read -ra each <<< "$paths"
+  for p in "${each[@]}"; do
+    part="${out%.json}.$p.json"
+    rm -f "$part"
+    log "path $p on a control plane of its own"
+    BENCH_FRESH=0 BENCH_PATHS=$p BENCH_OUT=$part bash "$0" || rc=$?
+    [ -f "$part" ] && parts+=("$part")
+  done
+  [ ${#parts[@]} -gt 0 ] || die "no path wrote a report"
+  "$muster" dev bench --merge "${parts[@]}" --json-out "$out" || rc=$?
+  exit $rc
+fi
 
 # muster first, then the cluster (cluster-down also stops a muster marked with this folder).
 muster_pid=

@@ -14,7 +14,7 @@
 
 use std::path::PathBuf;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 mod apiserver;
 mod command;
@@ -88,13 +88,19 @@ pub struct Args {
     /// The namespace the user's ConfigMaps are created in (it may create there).
     #[arg(long, default_value = "bench-user")]
     user_namespace: String,
+    /// Relate paths that ran apart instead of running any: read these reports (each written
+    /// by --json-out, e.g. one per path, each on a control plane of its own: `BENCH_FRESH=1`),
+    /// join their paths in the order given, relate them to the plain path among them, print the
+    /// table and write --json-out. No cluster is touched.
+    #[arg(long, num_args = 1..)]
+    merge: Vec<PathBuf>,
     /// Name prefix of the nodes the bench creates.
     #[arg(long, default_value = "bench-gpu-")]
     node_prefix: String,
 }
 
 /// How a path's gangs are created.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum BenchPath {
     /// batch/v1 Jobs, no gang: kube-scheduler alone.

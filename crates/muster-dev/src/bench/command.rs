@@ -10,7 +10,6 @@ use kube::api::{Api, ListParams};
 use super::path::run_path;
 use super::report::{PathReport, Report};
 use super::setup::{GPUS_PER_NODE, make_nodes, prepare_namespace};
-use super::stats::ratio;
 use super::table::{format_table, opt};
 use super::user::User;
 use super::{Args, BenchError, BenchPath};
@@ -71,19 +70,7 @@ async fn bench(args: &Args) -> Result<Report, BenchError> {
         );
         report.paths.push(r);
     }
-    let plain = report.paths.iter().find(|p| p.path == Some(BenchPath::Plain)).and_then(|p| p.throughput.bound_per_s);
-    let plain_user_p99 = report
-        .paths
-        .iter()
-        .find(|p| p.path == Some(BenchPath::Plain))
-        .and_then(|p| p.user.as_ref())
-        .and_then(|u| u.p99_s);
-    for p in &mut report.paths {
-        p.ratio_to_plain = ratio(p.throughput.bound_per_s, plain);
-        if let Some(u) = &mut p.user {
-            u.p99_vs_plain = ratio(u.p99_s, plain_user_p99);
-        }
-    }
+    report.relate_to_plain();
     let lp = ListParams::default();
     report.cluster_pods = Api::<Pod>::all(client.clone()).list_metadata(&lp).await.ok().map(|l| l.items.len());
     report.cluster_nodes = Api::<Node>::all(client).list_metadata(&lp).await.ok().map(|l| l.items.len());
@@ -173,6 +160,18 @@ async fn whoami(client: &kube::Client) -> Option<String> {
     answer["status"]["userInfo"]["username"].as_str().map(str::to_string)
 }
 
+/// The reports in `files` (each written by `--json-out`), as one related to its plain path.
+fn merged(files: &[std::path::PathBuf]) -> Result<Report, String> {
+    let parts = files
+        .iter()
+        .map(|f| {
+            let text = std::fs::read_to_string(f).map_err(|e| format!("reading {}: {e}", f.display()))?;
+            serde_json::from_str(&text).map_err(|e| format!("{}: not a bench report: {e}", f.display()))
+        })
+        .collect::<Result<Vec<Report>, String>>()?;
+    super::report::merge(parts)
+}
+
 /// Runs `muster dev bench`: exit 0 only when every path bound all its pods and measured what
 /// it claims.
 pub fn run(args: Args) -> ExitCode {
@@ -183,7 +182,12 @@ pub fn run(args: Args) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let report = match runtime.block_on(bench(&args)) {
+    let report = if args.merge.is_empty() {
+        runtime.block_on(bench(&args)).map_err(|e| e.to_string())
+    } else {
+        merged(&args.merge)
+    };
+    let report = match report {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: {e}");

@@ -1,13 +1,13 @@
 //! Every number a run measured, per path and in all (what `--json-out` writes): throughput,
 //! the API server's and the machine's work, muster's own cost, and whether a path is ok.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::BenchPath;
-use super::stats::{Throughput, UserLatency};
+use super::stats::{Throughput, UserLatency, ratio};
 
 /// muster's own cost during a path.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct MusterNumbers {
     /// The largest VmRSS sampled during the path (every 200 ms), MiB.
     pub rss_peak_mib: Option<f64>,
@@ -40,7 +40,7 @@ pub struct MusterNumbers {
 }
 
 /// Every number of one path.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct PathReport {
     /// The path.
     pub path: Option<BenchPath>,
@@ -111,7 +111,7 @@ impl PathReport {
 }
 
 /// The whole run.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Report {
     /// Nodes the bench made.
     pub nodes: u32,
@@ -137,4 +137,115 @@ pub struct Report {
     pub cluster_nodes: Option<usize>,
     /// Who the ordinary user was (`system:serviceaccount:<ns>:<name>`), when there was one.
     pub user_identity: Option<String>,
+}
+
+impl Report {
+    /// Relates every path to the plain path of the same report: its pods bound per second and
+    /// its user's p99, each as a ratio (None without a plain path, or for a path without that
+    /// number).
+    pub fn relate_to_plain(&mut self) {
+        let plain = self.paths.iter().find(|p| p.path == Some(BenchPath::Plain));
+        let pace = plain.and_then(|p| p.throughput.bound_per_s);
+        let user_p99 = plain.and_then(|p| p.user.as_ref()).and_then(|u| u.p99_s);
+        for p in &mut self.paths {
+            p.ratio_to_plain = ratio(p.throughput.bound_per_s, pace);
+            if let Some(u) = &mut p.user {
+                u.p99_vs_plain = ratio(u.p99_s, user_p99);
+            }
+        }
+    }
+}
+
+/// PURE: one report of the paths of `parts`, in their order (`BENCH_FRESH=1`: each path ran
+/// alone, on a control plane of its own), related to the plain path among them. The run's own
+/// numbers (nodes, gangs, the node creates) are the first part's; the pods and nodes left at the
+/// end are the last part's. Parts of different sizes (nodes, gangs, pods per gang) cannot be
+/// related: that is an error, as is a path that two parts both ran.
+pub fn merge(parts: Vec<Report>) -> Result<Report, String> {
+    let mut parts = parts.into_iter();
+    let mut merged = parts.next().ok_or("no report to merge")?;
+    for part in parts {
+        let (have, got) = ((merged.nodes, merged.gangs, merged.size), (part.nodes, part.gangs, part.size));
+        if have != got {
+            return Err(format!(
+                "a report of {} nodes, {} gangs of {} cannot be related to one of {} nodes, {} gangs of {}",
+                got.0, got.1, got.2, have.0, have.1, have.2
+            ));
+        }
+        for p in part.paths {
+            if merged.paths.iter().any(|m| m.path == p.path) {
+                return Err(format!("path {} is in two of the reports", p.path.map_or("?", BenchPath::name)));
+            }
+            merged.paths.push(p);
+        }
+        (merged.cluster_pods, merged.cluster_nodes) = (part.cluster_pods, part.cluster_nodes);
+    }
+    merged.relate_to_plain();
+    Ok(merged)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn path(which: BenchPath, pods_per_s: f64, user_p99_s: f64) -> PathReport {
+        PathReport {
+            path: Some(which),
+            throughput: Throughput { bound_per_s: Some(pods_per_s), ..Throughput::default() },
+            user: Some(UserLatency { p99_s: Some(user_p99_s), ..UserLatency::default() }),
+            ..PathReport::default()
+        }
+    }
+
+    fn report(paths: Vec<PathReport>, pods_left: usize) -> Report {
+        Report { nodes: 5000, gangs: 1000, size: 3, paths, cluster_pods: Some(pods_left), ..Report::default() }
+    }
+
+    #[test]
+    fn parts_run_apart_are_related_to_the_plain_path_of_another_part() {
+        let parts = vec![
+            report(vec![path(BenchPath::Muster, 60.0, 0.2)], 3000),
+            report(vec![path(BenchPath::Plain, 75.0, 0.1)], 3000),
+            report(vec![path(BenchPath::Gang, 50.0, 0.25)], 3000),
+        ];
+        let merged = merge(parts).expect("merged");
+        let order: Vec<_> = merged.paths.iter().map(|p| p.path).collect();
+        assert_eq!(order, [Some(BenchPath::Muster), Some(BenchPath::Plain), Some(BenchPath::Gang)]);
+        let ratios: Vec<_> = merged.paths.iter().map(|p| p.ratio_to_plain).collect();
+        assert_eq!(ratios, [Some(0.8), Some(1.0), Some(50.0 / 75.0)]);
+        let user: Vec<_> = merged.paths.iter().map(|p| p.user.as_ref().and_then(|u| u.p99_vs_plain)).collect();
+        assert_eq!(user, [Some(2.0), Some(1.0), Some(2.5)]);
+        assert_eq!(merged.cluster_pods, Some(3000));
+    }
+
+    #[test]
+    fn without_a_plain_path_nothing_is_related() {
+        let merged = merge(vec![report(vec![path(BenchPath::Muster, 60.0, 0.2)], 0)]).expect("merged");
+        assert_eq!(merged.paths[0].ratio_to_plain, None);
+        assert_eq!(merged.paths[0].user.as_ref().and_then(|u| u.p99_vs_plain), None);
+    }
+
+    #[test]
+    fn parts_of_other_sizes_or_the_same_path_twice_are_refused() {
+        let mut small = report(vec![path(BenchPath::Plain, 75.0, 0.1)], 0);
+        small.nodes = 100;
+        let err = merge(vec![report(vec![path(BenchPath::Muster, 60.0, 0.2)], 0), small]).unwrap_err();
+        assert!(err.contains("100 nodes") && err.contains("5000 nodes"), "{err}");
+        let twice = vec![
+            report(vec![path(BenchPath::Plain, 75.0, 0.1)], 0),
+            report(vec![path(BenchPath::Plain, 70.0, 0.1)], 0),
+        ];
+        assert!(merge(twice).unwrap_err().contains("path plain is in two"));
+        assert!(merge(Vec::new()).is_err());
+    }
+
+    #[test]
+    fn a_report_reads_back_what_it_wrote() {
+        let mut written =
+            report(vec![path(BenchPath::Plain, 75.0, 0.1), path(BenchPath::MusterUpstream, 50.0, 0.3)], 6000);
+        written.relate_to_plain();
+        let text = serde_json::to_string(&written).expect("json");
+        let read: Report = serde_json::from_str(&text).expect("read back");
+        assert_eq!(read, written);
+    }
 }

@@ -3,10 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// What the pod watch saw of one pod, in seconds since its path started.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct PodTimes {
     /// The gang (the name of the pod's controlling Job or MusterJob).
     pub gang: String,
@@ -51,7 +51,7 @@ pub fn gang_admission_latencies(pods: &[PodTimes], size: usize) -> Vec<f64> {
 
 /// One request of the ordinary user: when it was sent (seconds since the path started), its
 /// latency from request to response and whether it succeeded.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct UserSample {
     pub at_s: f64,
     pub seconds: f64,
@@ -60,7 +60,7 @@ pub struct UserSample {
 
 /// The ordinary user's request latency during a path (every request, failed ones included:
 /// a request refused with 429 after a wait is a slow request).
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct UserLatency {
     /// Requests made.
     pub count: usize,
@@ -105,7 +105,7 @@ pub fn user_latency(samples: &[UserSample], last_create: Option<f64>) -> UserLat
 }
 
 /// How fast a path's pods were bound.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Throughput {
     /// Pods seen bound.
     pub pods_bound: usize,
