@@ -9,7 +9,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::blocks::{CompositePodGroupScheduling, DNS_LABEL_PATTERN, PodGroupScheduling};
+use super::blocks::{CompositePodGroupScheduling, DNS_LABEL_PATTERN, PodGroupScheduling, immutable};
 
 /// API group of the batch objects.
 pub const GROUP: &str = "batch.muster.dev";
@@ -99,10 +99,9 @@ pub enum PodReplacementPolicy {
     validation = Rule::new("!has(self.podFailurePolicy) || !has(self.podReplacementPolicy) || self.podReplacementPolicy == 'Failed'").message("supported values: \"Failed\" (with podFailurePolicy)").field_path(".podReplacementPolicy"),
     validation = Rule::new("!has(self.podFailurePolicy) || !has(self.template.spec) || !has(self.template.spec.restartPolicy) || self.template.spec.restartPolicy != 'OnFailure'").message("only \"Never\" is supported when podFailurePolicy is specified").field_path(".template.spec.restartPolicy"),
     validation = Rule::new("!has(self.podFailurePolicy) || size(self.podFailurePolicy.rules) <= 20").message("must have at most 20 items").field_path(".podFailurePolicy.rules"),
-    // An immutable field: this rule refuses setting or clearing it, the field's own rule
-    // (`self == oldSelf`, evaluated only when the old and the new object both have it) a change.
-    // Each field a rule selects from the spec copies the schemas of all the spec's fields, on
-    // every write of the object, status writes too.
+    // An immutable field: this rule refuses setting or clearing it, the field's own
+    // `immutable()` a change. Each field a rule selects from the spec copies the schemas of all
+    // the spec's fields, on every write of the object, status writes too.
     validation = Rule::new("has(self.podFailurePolicy) == has(oldSelf.podFailurePolicy)").message("field is immutable").field_path(".podFailurePolicy"),
     validation = Rule::new("has(self.successPolicy) == has(oldSelf.successPolicy)").message("field is immutable").field_path(".successPolicy"),
     validation = Rule::new("has(self.backoffLimitPerIndex) == has(oldSelf.backoffLimitPerIndex)").message("field is immutable").field_path(".backoffLimitPerIndex"),
@@ -131,7 +130,7 @@ pub struct MusterJobSpec {
     /// Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
-    #[x_kube(validation = Rule::new("self == oldSelf").message("field is immutable"))]
+    #[x_kube(validation = immutable())]
     pub backoff_limit_per_index: Option<i32>,
     /// With `backoffLimitPerIndex`: failed indexes tolerated before the job fails.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -140,12 +139,12 @@ pub struct MusterJobSpec {
     /// How pod failures are handled beyond counting them (exit codes, pod conditions), as
     /// batch/v1 `podFailurePolicy`. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self == oldSelf").message("field is immutable"))]
+    #[x_kube(validation = immutable())]
     pub pod_failure_policy: Option<PodFailurePolicy>,
     /// Indexed jobs: when the job is declared succeeded before every index succeeds
     /// (batch/v1 `successPolicy`). Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self == oldSelf").message("field is immutable"))]
+    #[x_kube(validation = immutable())]
     pub success_policy: Option<JobSuccessPolicy>,
     /// When a replacement pod is created: `TerminatingOrFailed` or `Failed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -154,11 +153,11 @@ pub struct MusterJobSpec {
     /// muster; any other value leaves the job to that controller. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 63), regex(pattern = MANAGED_BY_PATTERN))]
-    #[x_kube(validation = Rule::new("self == oldSelf").message("field is immutable"))]
+    #[x_kube(validation = immutable())]
     pub managed_by: Option<String>,
     /// The pods' selector, as batch/v1 allows it: generated unless `manualSelector` is true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self == oldSelf").message("field is immutable"))]
+    #[x_kube(validation = immutable())]
     pub selector: Option<LabelSelector>,
     /// True when `selector` is written by the user (batch/v1 `manualSelector`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -14,6 +14,14 @@ pub const MAX_TOPOLOGY_CONSTRAINTS: usize = 1;
 pub const LABEL_KEY_PATTERN: &str = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$";
 /// Regular expression for a DNS-1123 label.
 pub const DNS_LABEL_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
+
+/// The rule on an immutable field itself: a change is refused. The API server evaluates it only
+/// when the old and the new object both have the field, and it selects nothing from the object
+/// around it; setting or clearing the field is refused by a rule on that object
+/// (`has(self.x) == has(oldSelf.x)`).
+pub(crate) fn immutable() -> kube::core::Rule {
+    kube::core::Rule::new("self == oldSelf").message("field is immutable")
+}
 /// Regular expression for a DNS-1123 subdomain.
 pub const DNS_SUBDOMAIN_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
 

@@ -6,7 +6,8 @@
 //! and /metrics parsers) is pure and sits apart from the shell that talks to the cluster:
 //!
 //! - pure: [`stats`] (percentiles, admission latency, throughput), [`manifests`] (what a path
-//!   creates), [`report`] (every number) and [`table`] (its human summary);
+//!   creates), [`report`] (every number, related to the plain path; reports of paths run apart
+//!   joined: `--merge`) and [`table`] (its human summary);
 //! - measuring: [`watch`] (the pod watch), [`procfs`] (CPU and memory from /proc),
 //!   [`muster_metrics`] and [`apiserver`] (the /metrics of muster and of the API server), [`user`]
 //!   (an ordinary user's ConfigMap create every second, timed: what the path costs other clients);
