@@ -10,6 +10,7 @@ pub mod devices;
 pub mod install;
 pub mod job;
 pub mod jobset;
+pub mod lean_writes;
 pub mod metrics;
 pub mod own_writes;
 pub mod owner;

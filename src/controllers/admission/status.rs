@@ -16,6 +16,7 @@ use serde_json::json;
 use super::report::object_labels;
 use super::{Admitter, CONTROLLER, FIELD_MANAGER, PlanClear, RootKey, error_backoff, group_pods, visit};
 use crate::controllers::context::{Context, Detached, Error, Result, at_most, bounded};
+use crate::controllers::lean_writes;
 use crate::crds::scheduling::{CompositePodGroup, PodGroup};
 use crate::scheduler::status::{
     COMMIT_FIELDS, ChildSummary, Disposition, Outcome, Pace, SentStatus, composite_status, disposition, due_at,
@@ -377,7 +378,8 @@ where
     tracing::debug!(group = %key, phase = %text("phase"), reason = %text("reason"), "group status applied");
     let body = json!({"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": kind, "status": status});
     let api = Api::<K>::namespaced(ctx.client.clone(), &key.ns);
-    match bounded(api.patch_status(&key.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body))).await {
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    match bounded(lean_writes::patch_status(&api, &key.name, &params, &Patch::Apply(&body))).await {
         Ok(group) => Ok(group.resource_version()),
         Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 => Ok(None),
         Err(e) => Err(e),

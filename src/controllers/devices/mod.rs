@@ -657,7 +657,7 @@ async fn write(client: kube::Client, sent: &Sent, timeout: Duration) -> Written 
     let patch = json!({"metadata": {"uid": sent.uid, "annotations": {GPU_INDICES_ANNOTATION: sent.indices}}});
     let api = Api::<Pod>::namespaced(client, sent.pod.namespace.as_deref().unwrap_or_default());
     let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
-    match tokio::time::timeout(timeout, api.patch(&sent.name, &params, &patch)).await {
+    match tokio::time::timeout(timeout, api.patch_metadata(&sent.name, &params, &patch)).await {
         Ok(Ok(_)) => Written::Done,
         Ok(Err(kube::Error::Api(e))) if matches!(e.code, 404 | 409) => Written::Gone(e.message),
         Ok(Err(e)) => Written::Failed { reason: patch_error_reason(&e), error: e.to_string() },

@@ -4,6 +4,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 
+use crate::controllers::lean_writes;
+
 /// The most pod creates of one job in flight at once.
 const CREATE_BATCH_MAX: usize = 16;
 
@@ -17,8 +19,10 @@ pub(super) async fn create_pods(api: &Api<Pod>, pods: Vec<Pod>) -> (Vec<String>,
     let mut pods = pods.into_iter().peekable();
     let mut batch = 1;
     while pods.peek().is_some() {
-        let creates =
-            pods.by_ref().take(batch).map(|pod| async move { api.create(&PostParams::default(), &pod).await });
+        let creates = pods
+            .by_ref()
+            .take(batch)
+            .map(|pod| async move { lean_writes::create(api, &PostParams::default(), &pod).await });
         let mut failed = None;
         for result in futures::future::join_all(creates).await {
             match result {

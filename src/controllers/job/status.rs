@@ -14,6 +14,7 @@ use super::plan::condition;
 use super::{FIELD_MANAGER, JobContext, plan};
 use crate::controllers::conditions;
 use crate::controllers::context::{Context, Result};
+use crate::controllers::lean_writes;
 use crate::crds::batch::{JobPhase, MusterJob, MusterJobStatus};
 
 use self::plan::STATUS_PACE;
@@ -82,8 +83,13 @@ async fn write_status_now(job: &MusterJob, ctx: &Context, status: &MusterJobStat
     );
     let api = Api::<MusterJob>::namespaced(ctx.client.clone(), &job.namespace().unwrap_or_default());
     let body = json!({"apiVersion": "batch.muster.dev/v1alpha1", "kind": "MusterJob", "status": status});
-    let written =
-        api.patch_status(&job.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await?;
+    let written = lean_writes::patch_status(
+        &api,
+        &job.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await?;
     Ok(written.metadata.resource_version)
 }
 

@@ -23,6 +23,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::context::{Context, Error, Result};
+use super::lean_writes;
 use super::own_writes::OwnWrites;
 use super::{conditions, controller_uid};
 use crate::crds::batch::{JobSetPhase, MusterJob, MusterJobSet, MusterJobSetStatus};
@@ -401,8 +402,8 @@ async fn write_status(set: &MusterJobSet, sc: &SetContext, status: &MusterJobSet
     }
     let api = Api::<MusterJobSet>::namespaced(sc.ctx.client.clone(), &set.namespace().unwrap_or_default());
     let body = json!({"apiVersion": "batch.muster.dev/v1alpha1", "kind": "MusterJobSet", "status": status});
-    let written =
-        api.patch_status(&set.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await?;
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let written = lean_writes::patch_status(&api, &set.name_any(), &params, &Patch::Apply(&body)).await?;
     let uid = set.uid().unwrap_or_default();
     sc.written.wrote(&uid, (), written.metadata.resource_version.as_deref(), std::time::Instant::now());
     Ok(())

@@ -170,7 +170,7 @@ impl Writer {
             let api = api.clone();
             async move {
                 let params = PatchParams { dry_run: true, ..PatchParams::default() };
-                (uid, bounded(api.patch(&name, &params, &Patch::Merge(&patch))).await.map(|_| ()))
+                (uid, bounded(api.patch_metadata(&name, &params, &Patch::Merge(&patch))).await.map(|_| ()))
             }
         }))
         .buffer_unordered(DRY_RUN_CONCURRENCY)
@@ -369,7 +369,7 @@ const POD_PATCH_CONCURRENCY: usize = 16;
 /// never overwritten), which comes back as `None`.
 async fn send_pod_patch(api: &Api<Pod>, request: Option<(String, serde_json::Value)>) -> Option<Result<()>> {
     let (name, patch) = request?;
-    Some(bounded(api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))).await.map(|_| ()))
+    Some(bounded(api.patch_metadata(&name, &PatchParams::default(), &Patch::Merge(&patch))).await.map(|_| ()))
 }
 
 impl Admitter {

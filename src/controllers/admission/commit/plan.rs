@@ -11,6 +11,7 @@ use serde_json::json;
 
 use crate::controllers::admission::{Admitter, Clears, PlanClear, RootKey, Writer};
 use crate::controllers::context::{Detached, Error, Result, at_most, bounded};
+use crate::controllers::lean_writes;
 use crate::crds::scheduling::{AdmissionPlan, CompositePodGroup, PodGroup, PodGroupStatus};
 use crate::scheduler::status::{StatusPacing, plan_body};
 
@@ -105,10 +106,14 @@ impl Writer {
         let params = PatchParams::default();
         let result = if key.composite {
             let api = Api::<CompositePodGroup>::namespaced(self.ctx.client.clone(), &key.ns);
-            bounded(api.patch_status(&key.name, &params, &Patch::Merge(&body))).await.map(|g| g.resource_version())
+            bounded(lean_writes::patch_status(&api, &key.name, &params, &Patch::Merge(&body)))
+                .await
+                .map(|g| g.resource_version())
         } else {
             let api = Api::<PodGroup>::namespaced(self.ctx.client.clone(), &key.ns);
-            bounded(api.patch_status(&key.name, &params, &Patch::Merge(&body))).await.map(|g| g.resource_version())
+            bounded(lean_writes::patch_status(&api, &key.name, &params, &Patch::Merge(&body)))
+                .await
+                .map(|g| g.resource_version())
         };
         match result {
             Ok(v) => Ok(Some(v.unwrap_or_default())),
