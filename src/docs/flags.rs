@@ -197,7 +197,7 @@ mod tests {
         let page = page("run", "muster run flags").unwrap_or_else(|e| panic!("{e}"));
         let s = section(&page, "kube-api-in-flight");
         assert!(s.contains("- Environment variable: `MUSTER_KUBE_API_IN_FLIGHT`"), "{s}");
-        assert!(s.contains("- Default: `12`"), "{s}");
+        assert!(s.contains("- Default: `8`"), "{s}");
         assert!(s.contains("API requests muster has in flight"), "{s}");
         assert!(page.contains("| [`--kube-api-in-flight`](#--kube-api-in-flight) |"), "{page}");
         // Possible values of an enum flag, with their help.
