@@ -2,8 +2,11 @@
 //! nothing): they ask the API server to send back the object's metadata
 //! (`as=PartialObjectMetadata`), not the whole object. The server then encodes, and muster
 //! decodes, the object's metadata instead of the whole object (a pod's spec and status, a
-//! group's status with its plan). Pod pins and GPU indices, pod creates, plan records and the
-//! status writes of groups and jobs go this way: thousands each in a burst of gangs.
+//! group's status with its plan). The writes muster makes per pod or per gang and reads no more
+//! of than metadata go this way: pod creates, pins, GPU indices and finalizer releases, plan
+//! records, the status writes of groups and jobs (thousands each in a burst of gangs), rollback
+//! marks, nominations, preemption conditions and claim reservations. Applies made once per
+//! object (a job's children, the CRDs) keep kube's whole answer.
 //!
 //! A merge patch of the object itself is kube's [`Api::patch_metadata`] (which writes any field
 //! the patch names, despite its name); creates and writes of the status subresource are here.

@@ -18,6 +18,7 @@ use serde_json::json;
 
 use super::{Admitter, DraState, Patched, World, Writer, patched, state};
 use crate::controllers::context::{Error, Result, bounded};
+use crate::controllers::lean_writes;
 use crate::crds::scheduling::AdmissionPlan;
 use crate::devices::chooser::{GpuNode, NodeGpus};
 use crate::devices::dra::{DELETE_PROTECTION_FINALIZER, Inventory, NVIDIA_GPU_DRIVER, allocated_devices};
@@ -124,7 +125,7 @@ impl Writer {
         if !finalizers.iter().any(|f| f == DELETE_PROTECTION_FINALIZER) {
             finalizers.push(DELETE_PROTECTION_FINALIZER.to_string());
             let patch = json!({"metadata": {"resourceVersion": version, "finalizers": finalizers}});
-            match bounded(api.patch(&w.name, &PatchParams::default(), &Patch::Merge(&patch))).await {
+            match bounded(api.patch_metadata(&w.name, &PatchParams::default(), &Patch::Merge(&patch))).await {
                 Ok(c) => version = c.metadata.resource_version,
                 Err(e) => return patched(Err(e)),
             }
@@ -141,7 +142,8 @@ impl Writer {
         {
             body["status"]["allocation"] = serde_json::to_value(a).unwrap_or_default();
         }
-        let result = bounded(api.patch_status(&w.name, &PatchParams::default(), &Patch::Merge(&body))).await;
+        let result =
+            bounded(lean_writes::patch_status(&api, &w.name, &PatchParams::default(), &Patch::Merge(&body))).await;
         let outcome = patched(result.map(|_| ()))?;
         if matches!(outcome, Patched::Ok) {
             self.unseen().claims.insert((ns.to_string(), w.name.clone()), (true, Instant::now()));
@@ -174,7 +176,8 @@ impl Admitter {
             }
             let body = json!({"metadata": {"resourceVersion": claim.metadata.resource_version},
                               "status": {"allocation": null, "reservedFor": null}});
-            let result = bounded(api.patch_status(name, &PatchParams::default(), &Patch::Merge(&body))).await;
+            let result =
+                bounded(lean_writes::patch_status(&api, name, &PatchParams::default(), &Patch::Merge(&body))).await;
             let Ok(freed) = result else {
                 match patched(result.map(|_| ()))? {
                     Patched::Ok | Patched::Stale => continue,
@@ -195,7 +198,7 @@ impl Admitter {
                 .collect();
             let patch =
                 json!({"metadata": {"resourceVersion": freed.metadata.resource_version, "finalizers": finalizers}});
-            let result = bounded(api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))).await;
+            let result = bounded(api.patch_metadata(name, &PatchParams::default(), &Patch::Merge(&patch))).await;
             patched(result.map(|_| ()))?;
             tracing::info!(namespace = %ns, claim = %name, "freed the claim of a dropped plan");
         }

@@ -7,6 +7,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
+use crate::controllers::lean_writes;
+
 /// Writes (`Some`) or clears (`None`) the nominated node of each pod; a pod gone meanwhile
 /// is skipped, other errors are logged (the next decision writes again).
 pub(super) async fn write_nominations(client: &kube::Client, ns: &str, writes: Vec<(String, Option<String>)>) {
@@ -15,7 +17,7 @@ pub(super) async fn write_nominations(client: &kube::Client, ns: &str, writes: V
         let api = api.clone();
         async move {
             let body = json!({"status": {"nominatedNodeName": node}});
-            match api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body)).await {
+            match lean_writes::patch_status(&api, &name, &PatchParams::default(), &Patch::Merge(&body)).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(e) => tracing::warn!(pod = %name, namespace = %ns, error = %e, "could not write a nomination"),

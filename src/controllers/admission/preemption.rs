@@ -15,6 +15,7 @@ use serde_json::json;
 
 use super::nominations::write_nominations;
 use super::{Admitter, RootKey};
+use crate::controllers::lean_writes;
 use crate::crds::blocks::DisruptionModeKind;
 use crate::crds::scheduling::PreemptionPolicy;
 use crate::scheduler::{GroupTree, Snapshot, VictimGroup, VictimPod, unmanaged_victims, victim_groups};
@@ -132,7 +133,8 @@ impl Admitter {
                 "message": format!("preempted by muster for PodGroup {preemptor} (priority {priority})"),
                 "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string(),
             }]}});
-            if let Err(e) = api.patch_status(name, &PatchParams::default(), &Patch::Strategic(&condition)).await
+            if let Err(e) =
+                lean_writes::patch_status(&api, name, &PatchParams::default(), &Patch::Strategic(&condition)).await
                 && !matches!(&e, kube::Error::Api(a) if a.code == 404)
             {
                 tracing::debug!(pod = %name, error = %e, "could not mark a victim DisruptionTarget");

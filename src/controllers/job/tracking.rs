@@ -142,7 +142,7 @@ impl Written {
 /// Removes the tracking finalizer of `pod` (a pod already gone is fine).
 pub async fn release(api: &Api<Pod>, pod: &str) -> Result<()> {
     let patch = json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [TRACKING_FINALIZER]}});
-    match api.patch(pod, &PatchParams::default(), &Patch::Strategic(&patch)).await {
+    match api.patch_metadata(pod, &PatchParams::default(), &Patch::Strategic(&patch)).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
         Err(e) => Err(e.into()),
@@ -157,7 +157,7 @@ pub async fn release_before_delete(api: &Api<Pod>, pod: &str, gang_restart: bool
     if gang_restart {
         metadata["annotations"] = json!({ GANG_RESTARTED_ANNOTATION: "true" });
     }
-    match api.patch(pod, &PatchParams::default(), &Patch::Strategic(&json!({ "metadata": metadata }))).await {
+    match api.patch_metadata(pod, &PatchParams::default(), &Patch::Strategic(&json!({ "metadata": metadata }))).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
         Err(e) => Err(e.into()),

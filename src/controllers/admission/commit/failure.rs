@@ -105,7 +105,7 @@ impl Admitter {
         let name = pod.name_any();
         let api = Api::<Pod>::namespaced(self.ctx.client.clone(), &ns);
         let mark = json!({"metadata": {"uid": uid, "annotations": {ROLLED_BACK_ANNOTATION: plan_id}}});
-        let result = match api.patch(&name, &PatchParams::default(), &Patch::Merge(&mark)).await {
+        let result = match api.patch_metadata(&name, &PatchParams::default(), &Patch::Merge(&mark)).await {
             Ok(_) => {
                 let params = DeleteParams {
                     preconditions: Some(Preconditions { uid: Some(uid), resource_version: None }),
