@@ -35,6 +35,8 @@
 #   of the MutatingAdmissionPolicy muster-scheduling-api and its binding).
 #   An ordinary user, ServiceAccount bench-user with ConfigMap rights in namespace bench-user, creates a
 #   ConfigMap every second during each path (muster dev bench --user-kubeconfig).
+#   BENCH_USER_INTERVAL_MS (1000): milliseconds between the user's creates (50 to 60000); shorter
+#   gives each path's user p99 more samples than its one or two slowest requests
 #   MUSTER_CLUSTER_DIR (target/bench-cluster)  MUSTER_K8S_BIN (tools/k8s/bindir.sh)
 set -euo pipefail
 
@@ -287,7 +289,8 @@ rc=0
 "$muster" dev bench --kubeconfig "$dir/kubeconfig" --nodes "$nodes" --gangs "$gangs" --size "$size" \
   --paths "$paths" --muster-pid "$muster_pid" --muster-metrics-url "http://127.0.0.1:$metrics_port/metrics" \
   --concurrency "$concurrency" --rate "$rate" --timeout "$timeout" --settle-timeout "$settle" "${clean[@]}" --json-out "$out" \
-  --user-kubeconfig "$dir/bench-user.kubeconfig" --user-namespace bench-user || rc=$?
+  --user-kubeconfig "$dir/bench-user.kubeconfig" --user-namespace bench-user \
+  --user-interval-ms "${BENCH_USER_INTERVAL_MS:-1000}" || rc=$?
 log "muster ran as the chart's ServiceAccount (BENCH_APF=$apf): $(apf_of "$dir/muster.kubeconfig")"
 # Requests the API server dispatched per FlowSchema and priority level over the whole run (not
 # the exempt ones: admin, the bench's own client): where APF put muster and the user.

@@ -10,7 +10,8 @@
 //!   joined: `--merge`) and [`table`] (its human summary);
 //! - measuring: [`watch`] (the pod watch), [`procfs`] (CPU and memory from /proc),
 //!   [`muster_metrics`] and [`apiserver`] (the /metrics of muster and of the API server), [`user`]
-//!   (an ordinary user's ConfigMap create every second, timed: what the path costs other clients);
+//!   (an ordinary user's ConfigMap create every second by default, timed: what the path costs
+//!   other clients);
 //! - driving: [`setup`] (nodes and namespaces), [`path`] (one path) and [`command`] (the run).
 
 use std::path::PathBuf;
@@ -82,10 +83,15 @@ pub struct Args {
     #[arg(long)]
     json_out: Option<PathBuf>,
     /// Kubeconfig of an ordinary user (not exempt from API Priority and Fairness, not muster):
-    /// during each path it creates a ConfigMap every second in --user-namespace, and the
-    /// latency of those requests is reported per path.
+    /// during each path it creates a ConfigMap every --user-interval-ms in --user-namespace,
+    /// and the latency of those requests is reported per path.
     #[arg(long)]
     user_kubeconfig: Option<PathBuf>,
+    /// Milliseconds between the user's creates (1000: one a second, as the throughput goal
+    /// counts them). Shorter gives more samples per path, so its p99 is more than its slowest
+    /// one or two requests (a 45 s path at one a second has 45).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(50..=60_000))]
+    user_interval_ms: u64,
     /// The namespace the user's ConfigMaps are created in (it may create there).
     #[arg(long, default_value = "bench-user")]
     user_namespace: String,

@@ -33,7 +33,11 @@ async fn bench(args: &Args) -> Result<Report, BenchError> {
     }
     let user = match &args.user_kubeconfig {
         Some(path) => {
-            let user = User { client: crate::client(Some(path)).await?, namespace: args.user_namespace.clone() };
+            let user = User {
+                client: crate::client(Some(path)).await?,
+                namespace: args.user_namespace.clone(),
+                interval: Duration::from_millis(args.user_interval_ms),
+            };
             let identity = whoami(&user.client).await;
             eprintln!("bench: the ordinary user is {}", identity.as_deref().unwrap_or("?"));
             Some((user, identity))
@@ -53,6 +57,7 @@ async fn bench(args: &Args) -> Result<Report, BenchError> {
         nodes_create_s,
         nodes_ready_s,
         user_identity: user.as_ref().and_then(|(_, id)| id.clone()),
+        user_interval_ms: user.as_ref().map(|_| args.user_interval_ms),
         ..Report::default()
     };
     for (i, &path) in args.paths.iter().enumerate() {

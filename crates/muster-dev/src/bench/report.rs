@@ -137,6 +137,9 @@ pub struct Report {
     pub cluster_nodes: Option<usize>,
     /// Who the ordinary user was (`system:serviceaccount:<ns>:<name>`), when there was one.
     pub user_identity: Option<String>,
+    /// Milliseconds between the user's creates (`--user-interval-ms`; None in reports written
+    /// before it could be set, when it was a second).
+    pub user_interval_ms: Option<u64>,
 }
 
 impl Report {
@@ -170,6 +173,15 @@ pub fn merge(parts: Vec<Report>) -> Result<Report, String> {
             return Err(format!(
                 "a report of {} nodes, {} gangs of {} cannot be related to one of {} nodes, {} gangs of {}",
                 got.0, got.1, got.2, have.0, have.1, have.2
+            ));
+        }
+        let interval = |r: &Report| r.user_interval_ms.unwrap_or(1000);
+        if interval(&part) != interval(&merged) {
+            // A p99 over more samples is another measure: the users' tails cannot be related.
+            return Err(format!(
+                "a report whose user made a request every {} ms cannot be related to one with every {} ms",
+                interval(&part),
+                interval(&merged)
             ));
         }
         for p in part.paths {
@@ -237,6 +249,26 @@ mod tests {
         ];
         assert!(merge(twice).unwrap_err().contains("path plain is in two"));
         assert!(merge(Vec::new()).is_err());
+    }
+
+    #[test]
+    fn parts_whose_user_asked_at_other_rates_are_refused() {
+        let with_interval = |ms: Option<u64>, which: BenchPath| {
+            let mut r = report(vec![path(which, 60.0, 0.2)], 0);
+            r.user_interval_ms = ms;
+            r
+        };
+        let err = merge(vec![with_interval(Some(200), BenchPath::Muster), with_interval(Some(1000), BenchPath::Plain)])
+            .unwrap_err();
+        assert!(err.contains("every 1000 ms") && err.contains("every 200 ms"), "{err}");
+        // A report written before the interval could be set asked once a second.
+        let merged = merge(vec![with_interval(None, BenchPath::Muster), with_interval(Some(1000), BenchPath::Plain)])
+            .expect("one a second both");
+        assert_eq!(merged.paths.len(), 2);
+        let old = r#"{"nodes":5,"gangs":1,"size":3,"concurrency":1,"rate":0.0,"timeout_s":1,"nodes_create_s":0.0,
+            "nodes_ready_s":0.0,"paths":[],"cluster_pods":null,"cluster_nodes":null,"user_identity":null}"#;
+        let read: Report = serde_json::from_str(old).expect("a report without the interval reads");
+        assert_eq!(read.user_interval_ms, None);
     }
 
     #[test]

@@ -79,8 +79,12 @@ pub fn format_table(report: &Report) -> String {
     }
     if report.paths.iter().any(|p| p.user.is_some()) {
         let who = report.user_identity.as_deref().unwrap_or("?");
+        let every = match report.user_interval_ms {
+            None | Some(1000) => "every second".to_string(),
+            Some(ms) => format!("every {ms} ms"),
+        };
         out.push_str(&format!(
-            "\nan ordinary user's requests during each path (a ConfigMap create every second, as {who}):\n"
+            "\nan ordinary user's requests during each path (a ConfigMap create {every}, as {who}):\n"
         ));
         out.push_str(&format!(
             "{:<16} {:>6} {:>7} {:>9} {:>9} {:>9} {:>12} {:>21} {:>21}\n",
@@ -317,6 +321,10 @@ mod tests {
         assert!(line("plain ").contains("10.0") && line("plain ").contains("1.00x"), "{table}");
         assert!(line("muster ").contains("25.0") && line("muster ").contains("2.50x"), "{table}");
         assert!(table.contains("as system:serviceaccount:bench-user:bench-user"), "{table}");
+        assert!(table.contains("a ConfigMap create every second, as"), "{table}");
+        let mut denser = with_user.clone();
+        denser.user_interval_ms = Some(200);
+        assert!(format_table(&denser).contains("a ConfigMap create every 200 ms, as"), "{table}");
         let rows: Vec<&str> = table.lines().skip_while(|l| !l.contains("an ordinary user's")).collect();
         let row = |p: &str| rows.iter().find(|l| l.starts_with(p)).map(|l| l.split_whitespace().collect::<Vec<_>>());
         assert_eq!(

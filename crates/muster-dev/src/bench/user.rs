@@ -1,8 +1,8 @@
-//! An ordinary user beside the paths: every second, a ConfigMap create (a POST, as `kubectl
-//! create configmap` makes) by an identity API Priority and Fairness does not exempt and that
-//! is not muster's, timed from request to response. A path that is fast by starving the other
-//! clients of the API server shows it in these latencies. The ConfigMaps carry a label and are
-//! deleted after each path.
+//! An ordinary user beside the paths: every second (or every `--user-interval-ms`), a ConfigMap
+//! create (a POST, as `kubectl create configmap` makes) by an identity API Priority and Fairness
+//! does not exempt and that is not muster's, timed from request to response. A path that is
+//! fast by starving the other clients of the API server shows it in these latencies. The
+//! ConfigMaps carry a label and are deleted after each path.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -17,14 +17,15 @@ use super::stats::UserSample;
 /// The label on every ConfigMap the user makes.
 const PROBE_LABEL: &str = "bench.muster.dev/user-probe";
 
-/// The user: its client and the namespace it may create ConfigMaps in.
+/// The user: its client, the namespace it may create ConfigMaps in, and how often it does.
 #[derive(Clone)]
 pub(super) struct User {
     pub client: Client,
     pub namespace: String,
+    pub interval: Duration,
 }
 
-/// A running probe: one create a second until [`Probe::finish`].
+/// A running probe: one create every [`User::interval`] until [`Probe::finish`].
 pub(super) struct Probe {
     stop: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<Vec<UserSample>>,
@@ -37,10 +38,11 @@ impl Probe {
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let api: Api<ConfigMap> = Api::namespaced(user.client.clone(), &user.namespace);
         let prefix = format!("{path}-");
+        let interval = user.interval;
         let task = tokio::spawn(async move {
             let samples: Arc<Mutex<Vec<UserSample>>> = Arc::default();
             let mut inflight = tokio::task::JoinSet::new();
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            let mut tick = tokio::time::interval(interval);
             // A slow create does not hold the next one back: each runs on its own.
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
