@@ -90,7 +90,7 @@ pub struct Args {
     /// Milliseconds between the user's creates (1000: one a second, as the throughput goal
     /// counts them). Shorter gives more samples per path, so its p99 is more than its slowest
     /// one or two requests (a 45 s path at one a second has 45).
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(50..=60_000))]
+    #[arg(long, default_value_t = report::DEFAULT_USER_INTERVAL_MS, value_parser = clap::value_parser!(u64).range(50..=60_000))]
     user_interval_ms: u64,
     /// The namespace the user's ConfigMaps are created in (it may create there).
     #[arg(long, default_value = "bench-user")]

@@ -142,7 +142,17 @@ pub struct Report {
     pub user_interval_ms: Option<u64>,
 }
 
+/// Milliseconds between the ordinary user's requests unless `--user-interval-ms` says otherwise
+/// (one a second, as the throughput goal counts them).
+pub const DEFAULT_USER_INTERVAL_MS: u64 = 1000;
+
 impl Report {
+    /// Milliseconds between the user's requests in this run (a report without the number was
+    /// written when they came once a second).
+    pub fn user_every_ms(&self) -> u64 {
+        self.user_interval_ms.unwrap_or(DEFAULT_USER_INTERVAL_MS)
+    }
+
     /// Relates every path to the plain path of the same report: its pods bound per second and
     /// its user's p99, each as a ratio (None without a plain path, or for a path without that
     /// number).
@@ -175,13 +185,12 @@ pub fn merge(parts: Vec<Report>) -> Result<Report, String> {
                 got.0, got.1, got.2, have.0, have.1, have.2
             ));
         }
-        let interval = |r: &Report| r.user_interval_ms.unwrap_or(1000);
-        if interval(&part) != interval(&merged) {
+        if part.user_every_ms() != merged.user_every_ms() {
             // A p99 over more samples is another measure: the users' tails cannot be related.
             return Err(format!(
                 "a report whose user made a request every {} ms cannot be related to one with every {} ms",
-                interval(&part),
-                interval(&merged)
+                part.user_every_ms(),
+                merged.user_every_ms()
             ));
         }
         for p in part.paths {

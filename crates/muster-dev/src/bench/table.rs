@@ -79,9 +79,9 @@ pub fn format_table(report: &Report) -> String {
     }
     if report.paths.iter().any(|p| p.user.is_some()) {
         let who = report.user_identity.as_deref().unwrap_or("?");
-        let every = match report.user_interval_ms {
-            None | Some(1000) => "every second".to_string(),
-            Some(ms) => format!("every {ms} ms"),
+        let every = match report.user_every_ms() {
+            1000 => "every second".to_string(),
+            ms => format!("every {ms} ms"),
         };
         out.push_str(&format!(
             "\nan ordinary user's requests during each path (a ConfigMap create {every}, as {who}):\n"
