@@ -235,9 +235,10 @@ bench-agents: controlplane
 	  MUSTER_K8S_BIN=$(BIN_DIR) bash hack/bench-agents.sh
 
 ## What one write of each kind costs kube-apiserver (hack/bench-writes.sh; not part of
-## `make test`): a control plane of its own, WRITES_OBJECTS objects per kind (a MusterJob, the
-## same without its CRD's CEL rules, a PodGroup, a NodeGPUReport, a ConfigMap), WRITES_ROUNDS
-## rounds of label and status merge patches; prints kube-apiserver's CPU ms per write.
+## `make test`): a control plane of its own, WRITES_OBJECTS objects per kind (a MusterJob and a
+## PodGroup, each also without its CRD's CEL rules, a Workload, a NodeGPUReport, a ConfigMap, a
+## batch/v1 Job), WRITES_ROUNDS rounds of label and status merge patches and status applies;
+## prints kube-apiserver's CPU ms per write.
 WRITES_OBJECTS ?= 400
 WRITES_ROUNDS ?= 5
 bench-writes: controlplane

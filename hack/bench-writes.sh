@@ -2,19 +2,22 @@
 # What one write costs kube-apiserver, by kind (`make bench-writes`): starts a control plane of
 # its own (hack/cluster-up.sh in target/writes-cluster, muster's CRDs installed, no muster
 # running), makes WRITES_OBJECTS objects of each kind below, then WRITES_ROUNDS rounds of one
-# merge patch per object (8 at once, through `kubectl proxy`): a label change, and for kinds with
-# a status subresource a status change, sent again asking for an answer of the object's metadata
-# only (`status-meta`: Accept `as=PartialObjectMetadata`, as muster's status writes ask). Prints
-# kube-apiserver's CPU milliseconds per write (its
-# utime + stime over the round, divided by the writes; the median round, and the spread), and
-# per create (the objects of each kind made by one `kubectl create` of a list, one at a time).
+# write per object (8 at once, through `kubectl proxy`): a label change (merge patch), and for
+# kinds with a status subresource a status of the shape muster writes, sent three ways: a merge
+# patch (`status`), the same asking for an answer of the object's metadata only (`status-meta`:
+# Accept `as=PartialObjectMetadata`, as muster's status writes ask) and a server-side apply
+# (`status-apply`, as muster writes a MusterJob's status). Prints kube-apiserver's CPU
+# milliseconds per write (its utime + stime over the round, divided by the writes; the median
+# round, and every round), and per create (the objects of each kind made by one `kubectl create`
+# of a list, one at a time, after 20 of every kind were made unmeasured). Each round starts at
+# another case, so what one case leaves the next to pay (garbage collection) reaches all alike.
 #
-# Kinds: a MusterJob of bench-e2e's shape (3 one-GPU pods, gang of 3), the same MusterJob under
-# a copy of its CRD without CEL rules (group norules.bench.muster.dev: what the rules cost), a
-# PodGroup, a Workload as muster compiles one for that MusterJob, a NodeGPUReport (a small custom
-# resource, for the floor), a ConfigMap and a batch/v1 Job of the same pod template (built in;
-# suspended, so the Job controller makes no pods; label patches only: its controller owns its
-# status).
+# Kinds: a MusterJob of bench-e2e's shape (3 one-GPU pods, gang of 3) and a PodGroup as muster
+# compiles one for it, each also under a copy of its CRD without CEL rules (group
+# norules.bench.muster.dev: what the rules cost), a Workload as muster compiles one for that
+# MusterJob, a NodeGPUReport (a small custom resource, for the floor), a ConfigMap and a batch/v1
+# Job of the same pod template (built in; suspended, so the Job controller makes no pods; label
+# patches only: its controller owns its status).
 #
 #   WRITES_OBJECTS (400)  WRITES_ROUNDS (5)  MUSTER_CLUSTER_DIR (target/writes-cluster)
 #   MUSTER_K8S_BIN (tools/k8s/bindir.sh)
@@ -43,8 +46,10 @@ kc() { "$bin/kubectl" --kubeconfig "$dir/kubeconfig" "$@"; }
 work=$dir/writes
 mkdir -p "$work"
 
-# The MusterJob CRD again, every x-kubernetes-validations rule removed, in another group.
-kc get crd musterjobs.batch.muster.dev -o json | python3 -c '
+# The MusterJob and PodGroup CRDs again, every x-kubernetes-validations rule removed, in another
+# group (norules.bench.muster.dev): what their rules cost.
+for crd in musterjobs.batch.muster.dev podgroups.scheduling.muster.dev; do
+  kc get crd "$crd" -o json | python3 -c '
 import json, sys
 crd = json.load(sys.stdin)
 def strip(node):
@@ -60,17 +65,27 @@ strip(spec["versions"])
 for v in spec["versions"]:
     v.pop("selectableFields", None)
 spec["group"] = "norules.bench.muster.dev"
+spec["names"].pop("categories", None)
+spec["names"].pop("shortNames", None)
+name = spec["names"]["plural"] + ".norules.bench.muster.dev"
 print(json.dumps({"apiVersion": crd["apiVersion"], "kind": crd["kind"],
-                  "metadata": {"name": "musterjobs.norules.bench.muster.dev"}, "spec": spec}))' > "$work/crd.json"
-# `create`, not `apply`: the CRD is over the size apply's last-applied annotation allows.
-kc create -f "$work/crd.json" > /dev/null
-for _ in $(seq 100); do kc get --raw /apis/norules.bench.muster.dev/v1alpha1 > /dev/null 2>&1 && break; sleep 0.3; done
-kc get --raw /apis/norules.bench.muster.dev/v1alpha1 > /dev/null || die "the CRD without rules is not served"
+                  "metadata": {"name": name}, "spec": spec}))' > "$work/crd-$crd.json"
+  # `create`, not `apply`: the CRD is over the size apply's last-applied annotation allows.
+  kc create -f "$work/crd-$crd.json" > /dev/null
+done
+for _ in $(seq 100); do
+  kc get --raw /apis/norules.bench.muster.dev/v1alpha1/podgroups > /dev/null 2>&1 \
+    && kc get --raw /apis/norules.bench.muster.dev/v1alpha1/musterjobs > /dev/null 2>&1 && break
+  sleep 0.3
+done
+kc get --raw /apis/norules.bench.muster.dev/v1alpha1/podgroups > /dev/null || die "the CRDs without rules are not served"
+kc get --raw /apis/norules.bench.muster.dev/v1alpha1/musterjobs > /dev/null || die "the CRDs without rules are not served"
 kc create namespace writes > /dev/null
 
 python3 - "$objects" "$work" <<'PY'
 import json, sys
 n, work = int(sys.argv[1]), sys.argv[2]
+WARM = 20
 gpu = {"nvidia.com/gpu": "1", "cpu": "100m", "memory": "128Mi"}
 template = {"metadata": {"labels": {"bench.muster.dev/pod": "true"}},
             "spec": {"restartPolicy": "Never",
@@ -81,6 +96,12 @@ def job(group, i):
             "metadata": {"name": f"o{i:05d}", "namespace": "writes"},
             "spec": {"parallelism": 3, "completions": 3, "template": template,
                      "scheduling": {"schedulingPolicy": {"gang": {"minCount": 3}}}}}
+def pod_group(group, i):
+    # As muster compiles one for a MusterJob: its Workload's template, gang of 3.
+    return {"apiVersion": f"{group}/v1alpha1", "kind": "PodGroup",
+            "metadata": {"name": f"o{i:05d}", "namespace": "writes"},
+            "spec": {"schedulingPolicy": {"gang": {"minCount": 3}}, "disruptionMode": {"single": {}},
+                     "priority": 0, "workloadRef": {"workloadName": f"o{i:05d}", "templateName": "main"}}}
 def batch_job(i):
     return {"apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": f"o{i:05d}", "namespace": "writes"},
@@ -94,9 +115,8 @@ kinds = {
                                                   "schedulingPolicy": {"gang": {"minCount": 3}}}]}}
                  for i in range(n)],
     "musterjob-norules": [job("norules.bench.muster.dev", i) for i in range(n)],
-    "podgroup": [{"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": "PodGroup",
-                  "metadata": {"name": f"o{i:05d}", "namespace": "writes"},
-                  "spec": {"schedulingPolicy": {"gang": {"minCount": 3}}}} for i in range(n)],
+    "podgroup": [pod_group("scheduling.muster.dev", i) for i in range(n)],
+    "podgroup-norules": [pod_group("norules.bench.muster.dev", i) for i in range(n)],
     "nodegpureport": [{"apiVersion": "gpu.muster.dev/v1alpha1", "kind": "NodeGPUReport",
                        "metadata": {"name": f"o{i:05d}"}, "spec": {"gpus": 8, "pods": 0}} for i in range(n)],
     "configmap": [{"apiVersion": "v1", "kind": "ConfigMap",
@@ -105,14 +125,27 @@ kinds = {
 for kind, items in kinds.items():
     with open(f"{work}/{kind}.json", "w") as f:
         json.dump({"apiVersion": "v1", "kind": "List", "items": items}, f)
+    # A few more of the kind (names w00000...), made before any is measured: the first objects
+    # of a kind carry the API server's first-use costs of it.
+    warm = json.loads(json.dumps(items[:WARM]))
+    for i, item in enumerate(warm):
+        item["metadata"]["name"] = f"w{i:05d}"
+        if "podGroupTemplates" in item.get("spec", {}):
+            item["spec"]["podGroupTemplates"][0]["name"] = f"w{i:05d}"
+    with open(f"{work}/{kind}-warm.json", "w") as f:
+        json.dump({"apiVersion": "v1", "kind": "List", "items": warm}, f)
 PY
 pid=$(cat "$dir/pids/kube-apiserver.pid" 2> /dev/null || pgrep -f "kube-apiserver.*$dir" | head -1)
 [ -r "/proc/$pid/stat" ] || die "kube-apiserver's process not found"
 tck=$(getconf CLK_TCK)
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$pid/stat"; }
 
+for kind in musterjob musterjob-norules job workload podgroup podgroup-norules nodegpureport configmap; do
+  kc create -f "$work/$kind-warm.json" > /dev/null || die "creating the first ${kind}s failed"
+done
+sleep 2
 declare -A created
-for kind in musterjob musterjob-norules job workload podgroup nodegpureport configmap; do
+for kind in musterjob musterjob-norules job workload podgroup podgroup-norules nodegpureport configmap; do
   before=$(cpu_ticks)
   kc create -f "$work/$kind.json" > /dev/null || die "creating the ${kind}s failed"
   after=$(cpu_ticks)
@@ -120,7 +153,9 @@ for kind in musterjob musterjob-norules job workload podgroup nodegpureport conf
 done
 
 port=$(bash "$root/hack/free-ports.sh" 1)
-kc proxy --port "$port" > "$work/proxy.log" 2>&1 &
+# kubectl itself in the background, not the kc function: $! is then kubectl's pid, which the
+# cleanup kills (a function's subshell killed would leave kubectl running).
+"$bin/kubectl" --kubeconfig "$dir/kubeconfig" proxy --port "$port" > "$work/proxy.log" 2>&1 &
 proxy=$!
 for _ in $(seq 50); do curl -sf "http://127.0.0.1:$port/healthz" > /dev/null && break; sleep 0.2; done
 
@@ -130,29 +165,48 @@ url() {
     musterjob) echo "apis/batch.muster.dev/v1alpha1/namespaces/writes/musterjobs/o%05g" ;;
     musterjob-norules) echo "apis/norules.bench.muster.dev/v1alpha1/namespaces/writes/musterjobs/o%05g" ;;
     podgroup) echo "apis/scheduling.muster.dev/v1alpha1/namespaces/writes/podgroups/o%05g" ;;
+    podgroup-norules) echo "apis/norules.bench.muster.dev/v1alpha1/namespaces/writes/podgroups/o%05g" ;;
     nodegpureport) echo "apis/gpu.muster.dev/v1alpha1/nodegpureports/o%05g" ;;
     configmap) echo "api/v1/namespaces/writes/configmaps/o%05g" ;;
     job) echo "apis/batch/v1/namespaces/writes/jobs/o%05g" ;;
   esac
 }
 
+# status_body KIND N: a status of the shape muster writes (a MusterJob's live counts and phase,
+# a PodGroup's counts and phase, each with one condition), N in a count so every round changes
+# it; apiVersion and kind included, which an apply needs and a merge patch ignores.
+status_body() {
+  local kind=$1 n=$2
+  case $kind in
+    podgroup | podgroup-norules)
+      local group=scheduling.muster.dev
+      [ "$kind" = podgroup ] || group=norules.bench.muster.dev
+      printf '{"apiVersion":"%s/v1alpha1","kind":"PodGroup","status":{"phase":"Running","pods":3,"admitted":3,"scheduled":3,"running":3,"gated":%d,"succeeded":0,"failed":0,"minCount":3,"observedGeneration":1,"conditions":[{"type":"Admitted","status":"True","reason":"Admitted","message":"placed 3 pod(s)","observedGeneration":1,"lastTransitionTime":"2026-12-07T07:05:59Z"}]}}' "$group" "$n" ;;
+    musterjob-norules)
+      printf '{"apiVersion":"norules.bench.muster.dev/v1alpha1","kind":"MusterJob","status":{"phase":"Running","active":%d,"ready":3,"succeeded":0,"failed":0,"terminating":0,"progress":"0/3","observedGeneration":1,"startTime":"2026-12-07T07:05:58Z","conditions":[{"type":"Invalid","status":"False","reason":"Valid","message":"","observedGeneration":1,"lastTransitionTime":"2026-12-07T07:06:00Z"}]}}' "$n" ;;
+    *)
+      printf '{"apiVersion":"batch.muster.dev/v1alpha1","kind":"MusterJob","status":{"phase":"Running","active":%d,"ready":3,"succeeded":0,"failed":0,"terminating":0,"progress":"0/3","observedGeneration":1,"startTime":"2026-12-07T07:05:58Z","conditions":[{"type":"Invalid","status":"False","reason":"Valid","message":"","observedGeneration":1,"lastTransitionTime":"2026-12-07T07:06:00Z"}]}}' "$n" ;;
+  esac
+}
+
 # round KIND WRITE N: prints kube-apiserver's CPU ms per write of one round.
 round() {
-  local kind=$1 write=$2 n=$3 suffix= accept=application/json
+  local kind=$1 write=$2 n=$3 suffix= accept=application/json content=application/merge-patch+json query=
   case $write in
     label) printf '{"metadata":{"labels":{"bench.muster.dev/round":"r%d"}}}' "$n" > "$work/body.json" ;;
-    status | status-meta)
+    status | status-meta | status-apply)
       suffix=/status
       [ "$write" = status ] || accept="application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
-      case $kind in
-        podgroup) printf '{"status":{"pods":%d,"gated":%d}}' "$n" "$n" > "$work/body.json" ;;
-        *) printf '{"status":{"active":%d,"ready":0}}' "$n" > "$work/body.json" ;;
-      esac ;;
+      if [ "$write" = status-apply ]; then
+        content=application/apply-patch+yaml
+        query="?fieldManager=bench&force=true"
+      fi
+      status_body "$kind" "$n" > "$work/body.json" ;;
   esac
   local before after failed
   before=$(cpu_ticks)
-  failed=$(seq -f "http://127.0.0.1:$port/$(url "$kind")$suffix" 0 $((objects - 1)) \
-    | xargs -P 8 -I{} sh -c 'curl -sf -o /dev/null -X PATCH -H "Content-Type: application/merge-patch+json" -H "Accept: $3" --data-binary @"$1" "$2" || echo x' _ "$work/body.json" {} "$accept" \
+  failed=$(seq -f "http://127.0.0.1:$port/$(url "$kind")$suffix$query" 0 $((objects - 1)) \
+    | xargs -P 8 -I{} sh -c 'curl -sf -o /dev/null -X PATCH -H "Content-Type: $4" -H "Accept: $3" --data-binary @"$1" "$2" || echo x' _ "$work/body.json" {} "$accept" "$content" \
     | wc -l)
   after=$(cpu_ticks)
   [ "$failed" -eq 0 ] || die "$failed of $objects $write writes of $kind failed"
@@ -161,19 +215,24 @@ round() {
 
 # The rounds go over every kind in turn, so a drift of the machine reaches all alike.
 cases=()
-for write in label status status-meta; do
-  for kind in musterjob musterjob-norules job podgroup nodegpureport configmap; do
+for write in label status status-meta status-apply; do
+  for kind in musterjob musterjob-norules job podgroup podgroup-norules nodegpureport configmap; do
     [ "$write" != label ] && case $kind in job | nodegpureport | configmap) continue ;; esac
-    [ "$write" = status-meta ] && [ "$kind" = musterjob-norules ] && continue
+    case $write in status-meta | status-apply) case $kind in *-norules) continue ;; esac ;; esac
     cases+=("$kind/$write")
   done
 done
 declare -A results
+# Each round starts one case further on: a case measured right after a costlier one may pay
+# some of its garbage collection, and the rotation spreads that over every case.
 for n in $(seq "$rounds"); do
-  for c in "${cases[@]}"; do results[$c]+="$(round "${c%/*}" "${c#*/}" "$n") "; done
+  for i in $(seq 0 $((${#cases[@]} - 1))); do
+    c=${cases[$(((i + n - 1) % ${#cases[@]}))]}
+    results[$c]+="$(round "${c%/*}" "${c#*/}" "$n") "
+  done
 done
 printf '%-18s %-7s %9s   %s\n' kind write "ms/write" "each round (ms/write)"
-for kind in musterjob musterjob-norules job workload podgroup nodegpureport configmap; do
+for kind in musterjob musterjob-norules job workload podgroup podgroup-norules nodegpureport configmap; do
   printf '%-18s %-7s %9s   %s\n' "$kind" create "${created[$kind]}" "(one kubectl create of $objects)"
 done
 for c in "${cases[@]}"; do
