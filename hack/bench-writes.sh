@@ -73,13 +73,10 @@ print(json.dumps({"apiVersion": crd["apiVersion"], "kind": crd["kind"],
   # `create`, not `apply`: the CRD is over the size apply's last-applied annotation allows.
   kc create -f "$work/crd-$crd.json" > /dev/null
 done
-for _ in $(seq 100); do
-  kc get --raw /apis/norules.bench.muster.dev/v1alpha1/podgroups > /dev/null 2>&1 \
-    && kc get --raw /apis/norules.bench.muster.dev/v1alpha1/musterjobs > /dev/null 2>&1 && break
-  sleep 0.3
+for plural in musterjobs podgroups; do
+  for _ in $(seq 100); do kc get --raw "/apis/norules.bench.muster.dev/v1alpha1/$plural" > /dev/null 2>&1 && break; sleep 0.3; done
+  kc get --raw "/apis/norules.bench.muster.dev/v1alpha1/$plural" > /dev/null || die "the CRD of $plural without rules is not served"
 done
-kc get --raw /apis/norules.bench.muster.dev/v1alpha1/podgroups > /dev/null || die "the CRDs without rules are not served"
-kc get --raw /apis/norules.bench.muster.dev/v1alpha1/musterjobs > /dev/null || die "the CRDs without rules are not served"
 kc create namespace writes > /dev/null
 
 python3 - "$objects" "$work" <<'PY'
@@ -139,13 +136,15 @@ pid=$(cat "$dir/pids/kube-apiserver.pid" 2> /dev/null || pgrep -f "kube-apiserve
 [ -r "/proc/$pid/stat" ] || die "kube-apiserver's process not found"
 tck=$(getconf CLK_TCK)
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$pid/stat"; }
+# Every kind made, in the order they are made and printed.
+kinds=(musterjob musterjob-norules job workload podgroup podgroup-norules nodegpureport configmap)
 
-for kind in musterjob musterjob-norules job workload podgroup podgroup-norules nodegpureport configmap; do
+for kind in "${kinds[@]}"; do
   kc create -f "$work/$kind-warm.json" > /dev/null || die "creating the first ${kind}s failed"
 done
 sleep 2
 declare -A created
-for kind in musterjob musterjob-norules job workload podgroup podgroup-norules nodegpureport configmap; do
+for kind in "${kinds[@]}"; do
   before=$(cpu_ticks)
   kc create -f "$work/$kind.json" > /dev/null || die "creating the ${kind}s failed"
   after=$(cpu_ticks)
@@ -159,14 +158,22 @@ port=$(bash "$root/hack/free-ports.sh" 1)
 proxy=$!
 for _ in $(seq 50); do curl -sf "http://127.0.0.1:$port/healthz" > /dev/null && break; sleep 0.2; done
 
+# group KIND: the API group of a kind's objects (its rule-free twin's for KIND-norules).
+group() {
+  case $1 in
+    *-norules) echo norules.bench.muster.dev ;;
+    musterjob) echo batch.muster.dev ;;
+    podgroup) echo scheduling.muster.dev ;;
+    nodegpureport) echo gpu.muster.dev ;;
+  esac
+}
+
 # url KIND: the object URL pattern (printf %05g for the index).
 url() {
   case $1 in
-    musterjob) echo "apis/batch.muster.dev/v1alpha1/namespaces/writes/musterjobs/o%05g" ;;
-    musterjob-norules) echo "apis/norules.bench.muster.dev/v1alpha1/namespaces/writes/musterjobs/o%05g" ;;
-    podgroup) echo "apis/scheduling.muster.dev/v1alpha1/namespaces/writes/podgroups/o%05g" ;;
-    podgroup-norules) echo "apis/norules.bench.muster.dev/v1alpha1/namespaces/writes/podgroups/o%05g" ;;
-    nodegpureport) echo "apis/gpu.muster.dev/v1alpha1/nodegpureports/o%05g" ;;
+    musterjob*) echo "apis/$(group "$1")/v1alpha1/namespaces/writes/musterjobs/o%05g" ;;
+    podgroup*) echo "apis/$(group "$1")/v1alpha1/namespaces/writes/podgroups/o%05g" ;;
+    nodegpureport) echo "apis/$(group "$1")/v1alpha1/nodegpureports/o%05g" ;;
     configmap) echo "api/v1/namespaces/writes/configmaps/o%05g" ;;
     job) echo "apis/batch/v1/namespaces/writes/jobs/o%05g" ;;
   esac
@@ -178,14 +185,10 @@ url() {
 status_body() {
   local kind=$1 n=$2
   case $kind in
-    podgroup | podgroup-norules)
-      local group=scheduling.muster.dev
-      [ "$kind" = podgroup ] || group=norules.bench.muster.dev
-      printf '{"apiVersion":"%s/v1alpha1","kind":"PodGroup","status":{"phase":"Running","pods":3,"admitted":3,"scheduled":3,"running":3,"gated":%d,"succeeded":0,"failed":0,"minCount":3,"observedGeneration":1,"conditions":[{"type":"Admitted","status":"True","reason":"Admitted","message":"placed 3 pod(s)","observedGeneration":1,"lastTransitionTime":"2026-12-07T07:05:59Z"}]}}' "$group" "$n" ;;
-    musterjob-norules)
-      printf '{"apiVersion":"norules.bench.muster.dev/v1alpha1","kind":"MusterJob","status":{"phase":"Running","active":%d,"ready":3,"succeeded":0,"failed":0,"terminating":0,"progress":"0/3","observedGeneration":1,"startTime":"2026-12-07T07:05:58Z","conditions":[{"type":"Invalid","status":"False","reason":"Valid","message":"","observedGeneration":1,"lastTransitionTime":"2026-12-07T07:06:00Z"}]}}' "$n" ;;
-    *)
-      printf '{"apiVersion":"batch.muster.dev/v1alpha1","kind":"MusterJob","status":{"phase":"Running","active":%d,"ready":3,"succeeded":0,"failed":0,"terminating":0,"progress":"0/3","observedGeneration":1,"startTime":"2026-12-07T07:05:58Z","conditions":[{"type":"Invalid","status":"False","reason":"Valid","message":"","observedGeneration":1,"lastTransitionTime":"2026-12-07T07:06:00Z"}]}}' "$n" ;;
+    podgroup*)
+      printf '{"apiVersion":"%s/v1alpha1","kind":"PodGroup","status":{"phase":"Running","pods":3,"admitted":3,"scheduled":3,"running":3,"gated":%d,"succeeded":0,"failed":0,"minCount":3,"observedGeneration":1,"conditions":[{"type":"Admitted","status":"True","reason":"Admitted","message":"placed 3 pod(s)","observedGeneration":1,"lastTransitionTime":"2026-12-07T07:05:59Z"}]}}' "$(group "$kind")" "$n" ;;
+    musterjob*)
+      printf '{"apiVersion":"%s/v1alpha1","kind":"MusterJob","status":{"phase":"Running","active":%d,"ready":3,"succeeded":0,"failed":0,"terminating":0,"progress":"0/3","observedGeneration":1,"startTime":"2026-12-07T07:05:58Z","conditions":[{"type":"Invalid","status":"False","reason":"Valid","message":"","observedGeneration":1,"lastTransitionTime":"2026-12-07T07:06:00Z"}]}}' "$(group "$kind")" "$n" ;;
   esac
 }
 
@@ -232,7 +235,7 @@ for n in $(seq "$rounds"); do
   done
 done
 printf '%-18s %-7s %9s   %s\n' kind write "ms/write" "each round (ms/write)"
-for kind in musterjob musterjob-norules job workload podgroup podgroup-norules nodegpureport configmap; do
+for kind in "${kinds[@]}"; do
   printf '%-18s %-7s %9s   %s\n' "$kind" create "${created[$kind]}" "(one kubectl create of $objects)"
 done
 for c in "${cases[@]}"; do
