@@ -67,11 +67,14 @@ const MIN_PAUSE: Duration = Duration::from_millis(50);
 /// The most: however long a cycle took, the next waits no longer than this after it.
 const MAX_PAUSE: Duration = Duration::from_millis(500);
 /// The pause after a cycle, as a multiple of the cycle's own (wall) time: while gangs keep
-/// coming, admission takes at most a seventh of a core. Under a burst admission runs back to
+/// coming, admission takes at most a thirteenth of a core. Under a burst admission runs back to
 /// back, so this, not a cycle's cost, sets its CPU: with a pause of three cycles a cheaper cycle
 /// only meant more cycles (a 5,000-node burst: 370 cycles of about 50 ms, a quarter of a core),
-/// CPU the saturated API server was short of.
-const PAUSE_PER_CYCLE: u32 = 6;
+/// CPU the saturated API server was short of. At six, a 5,000-node burst of 1,000 gangs ran
+/// about 410 cycles of 13 ms and muster took 9.3 CPU seconds; at twelve, 140 to 210 cycles and
+/// 7.0 s, gangs admitted 0.1 to 0.3 s later at the median and not later at the p99; at 24, 85
+/// cycles and 6.5 s, the median 0.75 s (docs/src/benchmarks.md, the pause A/B before run 57).
+const PAUSE_PER_CYCLE: u32 = 12;
 /// The pause after a cycle that found nothing to decide (no root waiting, being admitted or
 /// followed), as long as only other workloads' pods move ([`watches::Wake::Usage`]): kube-
 /// scheduler binding pods muster does not gate (upstream mode, plain Jobs) asks for no
@@ -622,12 +625,13 @@ mod tests {
         for (cycle, pause) in [
             // An idle or small cluster: the burst pause alone.
             (ms(0), MIN_PAUSE),
-            (ms(5), MIN_PAUSE),
-            (ms(8), MIN_PAUSE),
-            // A 5,000-node cycle: six times its cost.
-            (ms(16), ms(96)),
-            (ms(50), ms(300)),
-            (ms(80), ms(480)),
+            (ms(2), MIN_PAUSE),
+            (ms(4), MIN_PAUSE),
+            // A 5,000-node cycle: twelve times its cost.
+            (ms(13), ms(156)),
+            (ms(25), ms(300)),
+            (ms(40), ms(480)),
+            (ms(42), MAX_PAUSE),
             (ms(120), MAX_PAUSE),
             // Never longer than MAX_PAUSE, however long the cycle.
             (ms(400), MAX_PAUSE),
