@@ -70,10 +70,10 @@ const MAX_PAUSE: Duration = Duration::from_millis(500);
 /// coming, admission takes at most a thirteenth of a core. Under a burst admission runs back to
 /// back, so this, not a cycle's cost, sets its CPU: with a pause of three cycles a cheaper cycle
 /// only meant more cycles (a 5,000-node burst: 370 cycles of about 50 ms, a quarter of a core),
-/// CPU the saturated API server was short of. At six, a 5,000-node burst of 1,000 gangs ran
-/// about 410 cycles of 13 ms and muster took 9.3 CPU seconds; at twelve, 140 to 210 cycles and
-/// 7.0 s, gangs admitted 0.1 to 0.3 s later at the median and not later at the p99; at 24, 85
-/// cycles and 6.5 s, the median 0.75 s (docs/src/benchmarks.md, the pause A/B before run 57).
+/// CPU the saturated API server was short of. Twelve rather than six halved the cycles of a
+/// 5,000-node burst and cut muster's CPU by about a quarter, gangs admitted a little later at
+/// the median and no later at the p99; 24 saved little more (docs/src/benchmarks.md, "The A/B
+/// that chose twelve").
 const PAUSE_PER_CYCLE: u32 = 12;
 /// The pause after a cycle that found nothing to decide (no root waiting, being admitted or
 /// followed), as long as only other workloads' pods move ([`watches::Wake::Usage`]): kube-
