@@ -19,7 +19,7 @@ use super::procfs::{
     CLOCK_TICKS_PER_S, cpu_by_command, mib, process_ticks, read_proc, sample_rss, stat_cpu_ticks, status_kib,
 };
 use super::report::{MusterNumbers, PathReport};
-use super::stats::{gang_admission_latencies, percentile, throughput, user_latency};
+use super::stats::{gang_admission_latencies, index_times, percentile, throughput, user_latency};
 use super::table::opt;
 use super::user::{Probe, User, clean};
 use super::watch::{PodLog, lock, pod_times, since, watch_pods};
@@ -205,12 +205,13 @@ pub(super) async fn run_path(
         Some(s) => s.await.ok().flatten(),
         None => None,
     };
-    watch.abort();
     let (settle_s, tail_writes) = if args.settle_timeout > 0 && !timed_out {
         settle(client, Duration::from_secs(args.settle_timeout)).await
     } else {
         (None, Vec::new())
     };
+    // Watched through the tail too: GPU indices written after the last bind are seen.
+    watch.abort();
 
     let (pods, pods_with_scheduling_group) = pod_times(&log, t0);
     let muster = is_muster.then(|| {
@@ -254,6 +255,7 @@ pub(super) async fn run_path(
         cpu_s_by_process,
         settle_s,
         tail_writes,
+        gpu_indices: Some(index_times(&pods)),
         muster,
         user: user_samples.as_deref().map(|s| user_latency(s, last_create)),
     })

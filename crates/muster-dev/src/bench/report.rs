@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::BenchPath;
-use super::stats::{Throughput, UserLatency, ratio};
+use super::stats::{IndexTimes, Throughput, UserLatency, ratio};
 
 /// muster's own cost during a path.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -91,6 +91,10 @@ pub struct PathReport {
     /// ready, the statuses that follow them): what the path costs after its last bind.
     #[serde(default)]
     pub tail_writes: Vec<(String, f64)>,
+    /// When the bound pods got their GPU indices, against their bind (the pod watch runs
+    /// until the path's tail is over, so indices written after the last bind are seen).
+    #[serde(default)]
+    pub gpu_indices: Option<IndexTimes>,
     /// muster path only.
     pub muster: Option<MusterNumbers>,
     /// The ordinary user's ConfigMap creates during the path (None without `--user-kubeconfig`).

@@ -16,6 +16,9 @@ pub struct PodTimes {
     pub ungated: Option<f64>,
     /// First seen with `spec.nodeName` set.
     pub bound: Option<f64>,
+    /// First seen with GPU indices (`gpu.muster.dev/indices`).
+    #[serde(default)]
+    pub indexed: Option<f64>,
 }
 
 /// PURE: the nearest-rank `p`-th percentile (0 < p <= 100) of `values`, in any order: the
@@ -104,6 +107,43 @@ pub fn user_latency(samples: &[UserSample], last_create: Option<f64>) -> UserLat
     }
 }
 
+/// When a path's bound pods got their GPU indices (`gpu.muster.dev/indices`), against their
+/// bind: muster writes them in the patch that ungates the pods it admits, and after the bind
+/// for pods kube-scheduler placed on its own (plain Jobs, the gang path, upstream mode).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct IndexTimes {
+    /// Bound pods seen with their indices before their bind, or in the same event.
+    pub before_bind: usize,
+    /// Bound pods whose indices were first seen after their bind.
+    pub after_bind: usize,
+    /// Bound pods not seen with indices by the path's end.
+    pub never: usize,
+    /// Of the pods indexed after their bind, the time from bind to indices: median, 99th
+    /// percentile and the most, seconds.
+    pub after_p50_s: Option<f64>,
+    pub after_p99_s: Option<f64>,
+    pub after_max_s: Option<f64>,
+}
+
+/// PURE: when the bound `pods` got their GPU indices, against their bind (pods not bound are
+/// left out).
+pub fn index_times(pods: &[PodTimes]) -> IndexTimes {
+    let mut out = IndexTimes::default();
+    let mut waits = Vec::new();
+    for (bound, indexed) in pods.iter().filter_map(|p| p.bound.map(|b| (b, p.indexed))) {
+        match indexed {
+            None => out.never += 1,
+            Some(i) if i <= bound => out.before_bind += 1,
+            Some(i) => waits.push(i - bound),
+        }
+    }
+    out.after_bind = waits.len();
+    out.after_p50_s = percentile(&waits, 50.0);
+    out.after_p99_s = percentile(&waits, 99.0);
+    out.after_max_s = waits.iter().copied().reduce(f64::max);
+    out
+}
+
 /// How fast a path's pods were bound.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Throughput {
@@ -141,7 +181,7 @@ mod tests {
     use super::*;
 
     fn pod(gang: &str, first_seen: f64, ungated: Option<f64>, bound: Option<f64>) -> PodTimes {
-        PodTimes { gang: gang.into(), first_seen, ungated, bound }
+        PodTimes { gang: gang.into(), first_seen, ungated, bound, indexed: None }
     }
 
     #[test]
@@ -224,6 +264,33 @@ mod tests {
         assert_eq!(ratio(Some(30.0), Some(20.0)), Some(1.5));
         assert_eq!(ratio(Some(30.0), None), None);
         assert_eq!(ratio(Some(30.0), Some(0.0)), None);
+    }
+
+    #[test]
+    fn gpu_indices_are_told_before_or_after_the_bind() {
+        let indexed =
+            |bound: Option<f64>, indexed: Option<f64>| PodTimes { indexed, ..pod("a", 0.0, Some(0.0), bound) };
+        let pods = [
+            // Pinned by muster: the indices came with the ungate, before the bind.
+            indexed(Some(2.0), Some(1.5)),
+            // In the same event as the bind.
+            indexed(Some(2.0), Some(2.0)),
+            // Bound by kube-scheduler, indices written after.
+            indexed(Some(1.0), Some(1.25)),
+            indexed(Some(1.0), Some(1.5)),
+            indexed(Some(3.0), Some(4.0)),
+            // Bound, no indices seen.
+            indexed(Some(3.0), None),
+            // Not bound: left out, indices or not.
+            indexed(None, Some(1.0)),
+            indexed(None, None),
+        ];
+        let t = index_times(&pods);
+        assert_eq!((t.before_bind, t.after_bind, t.never), (2, 3, 1));
+        assert_eq!((t.after_p50_s, t.after_p99_s, t.after_max_s), (Some(0.5), Some(1.0), Some(1.0)));
+
+        let none = index_times(&[indexed(Some(1.0), Some(0.5))]);
+        assert_eq!((none.before_bind, none.after_bind, none.after_p50_s, none.after_max_s), (1, 0, None, None));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use super::BenchPath;
 use super::report::{PathReport, Report};
 use super::setup::GPUS_PER_NODE;
+use muster_api::GPU_INDICES_ANNOTATION;
 
 /// PURE: one line per path whose `rows` are not empty, after a blank line: `<path> path:
 /// <head of the rows' total>: <the first 8 rows>` (the rows come largest first).
@@ -119,6 +120,27 @@ pub fn format_table(report: &Report) -> String {
             ));
         }
     }
+    if report.paths.iter().any(|p| p.gpu_indices.is_some()) {
+        out.push_str(&format!(
+            "\nGPU indices ({GPU_INDICES_ANNOTATION}) of each path's bound pods, against the bind:\n"
+        ));
+        out.push_str(&format!(
+            "{:<16} {:>12} {:>11} {:>6} {:>24}\n",
+            "path", "before bind", "after bind", "never", "after: p50/p99/max ms"
+        ));
+        for p in &report.paths {
+            let Some(g) = &p.gpu_indices else { continue };
+            let ms = |v: Option<f64>| opt(v.map(|s| s * 1000.0), 0);
+            out.push_str(&format!(
+                "{:<16} {:>12} {:>11} {:>6} {:>24}\n",
+                p.path.map_or("?", BenchPath::name),
+                g.before_bind,
+                g.after_bind,
+                g.never,
+                format!("{}/{}/{}", ms(g.after_p50_s), ms(g.after_p99_s), ms(g.after_max_s))
+            ));
+        }
+    }
     top_lines(
         &mut out,
         report,
@@ -210,7 +232,7 @@ pub fn format_table(report: &Report) -> String {
 mod tests {
     use super::*;
     use crate::bench::report::MusterNumbers;
-    use crate::bench::stats::{Throughput, UserLatency};
+    use crate::bench::stats::{IndexTimes, Throughput, UserLatency};
 
     #[test]
     fn the_table_says_what_failed() {
@@ -289,6 +311,27 @@ mod tests {
             ),
             "{table}"
         );
+
+        assert!(!table.contains("GPU indices"), "none measured, none told: {table}");
+        let mut with_indices = report.clone();
+        with_indices.paths[0].gpu_indices = Some(IndexTimes {
+            before_bind: 0,
+            after_bind: 6,
+            never: 0,
+            after_p50_s: Some(0.25),
+            after_p99_s: Some(0.6),
+            after_max_s: Some(0.61),
+        });
+        with_indices.paths[2].gpu_indices = Some(IndexTimes { before_bind: 3, ..IndexTimes::default() });
+        let table = format_table(&with_indices);
+        let section: Vec<&str> = table.lines().skip_while(|l| !l.starts_with("GPU indices")).take(4).collect();
+        assert_eq!(section.len(), 4, "{table}");
+        assert_eq!(
+            section[2].split_whitespace().collect::<Vec<_>>(),
+            ["plain", "0", "6", "0", "250/600/610"],
+            "{table}"
+        );
+        assert_eq!(section[3].split_whitespace().collect::<Vec<_>>(), ["muster", "3", "0", "0", "-/-/-"], "{table}");
 
         let mut with_user = report.clone();
         with_user.user_identity = Some("system:serviceaccount:bench-user:bench-user".into());

@@ -1,5 +1,5 @@
-//! The pod watch of one path's namespace: when each pod was first seen, ungated and bound,
-//! turned into [`PodTimes`] since the path started.
+//! The pod watch of one path's namespace: when each pod was first seen, ungated, bound and
+//! seen with its GPU indices, turned into [`PodTimes`] since the path started.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -9,7 +9,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
-use muster_api::ADMISSION_GATE;
+use muster_api::{ADMISSION_GATE, GPU_INDICES_ANNOTATION};
 
 use super::stats::PodTimes;
 
@@ -19,6 +19,7 @@ pub(super) struct PodRecord {
     first_seen: Instant,
     ungated: Option<Instant>,
     pub(super) bound: Option<Instant>,
+    indexed: Option<Instant>,
     scheduling_group: bool,
 }
 
@@ -44,12 +45,14 @@ fn record(log: &PodLog, pod: &Pod, now: Instant) {
         spec.and_then(|s| s.scheduling_gates.as_ref()).is_some_and(|g| g.iter().any(|g| g.name == ADMISSION_GATE));
     let bound = spec.and_then(|s| s.node_name.as_deref()).is_some_and(|n| !n.is_empty());
     let scheduling_group = spec.is_some_and(|s| s.scheduling_group.is_some());
+    let indexed = pod.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(GPU_INDICES_ANNOTATION));
     let mut pods = lock(log);
     let r = pods.entry(name).or_insert(PodRecord {
         gang,
         first_seen: now,
         ungated: None,
         bound: None,
+        indexed: None,
         scheduling_group: false,
     });
     if !gated && r.ungated.is_none() {
@@ -57,6 +60,9 @@ fn record(log: &PodLog, pod: &Pod, now: Instant) {
     }
     if bound && r.bound.is_none() {
         r.bound = Some(now);
+    }
+    if indexed && r.indexed.is_none() {
+        r.indexed = Some(now);
     }
     r.scheduling_group |= scheduling_group;
 }
@@ -93,6 +99,7 @@ pub(super) fn pod_times(log: &PodLog, t0: Instant) -> (Vec<PodTimes>, usize) {
             first_seen: since(t0, r.first_seen),
             ungated: r.ungated.map(|t| since(t0, t)),
             bound: r.bound.map(|t| since(t0, t)),
+            indexed: r.indexed.map(|t| since(t0, t)),
         })
         .collect();
     (times, with_group)
