@@ -50,7 +50,7 @@ use muster::scheduler::{RollbackHistory, RollbackPolicy};
 use muster_dev::{FakeGpuNodes, RACK_LABEL, ZONE_LABEL};
 use serde_json::{Value, json};
 
-use crate::gangs::{apply, gated, indices_of, merge, node_of, phase, pin_of};
+use crate::gangs::{gated, indices_of, merge, node_of, phase, pin_of};
 use crate::harness::pools::{NodePool, POOL_LABEL};
 use crate::harness::replicas::{MusterReplicas, Wait};
 use crate::harness::{client, cluster, kubectl, namespace};
@@ -931,9 +931,24 @@ impl Run {
         format!("chaos-{}-{}", std::process::id(), self.starts)
     }
 
-    fn apply(&self, gangs: &[Gang]) {
+    /// Applies the gangs as a user would while muster restarts: a create its webhook could not
+    /// review (the replica just started, not serving yet: `failurePolicy: Fail` refuses it, by
+    /// design) is sent again, for up to a minute; any other refusal fails the run.
+    async fn apply(&self, gangs: &[Gang]) {
         for g in gangs {
-            apply(&self.ns, &g.manifest(&self.pool));
+            let manifest = g.manifest(&self.pool).to_string();
+            let args = ["apply", "--server-side", "--field-manager=muster-e2e", "-n", &self.ns, "-f", "-"];
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                match cluster().kubectl_stdin(&args, Some(&manifest)) {
+                    Ok(_) => break,
+                    Err(e) if e.contains("failed calling webhook") && Instant::now() < deadline => {
+                        eprintln!("chaos {}: {} refused while muster restarts, again: {e}", self.elapsed(), g.name);
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    Err(e) => panic!("chaos seed={}: {e}\nreplay: {}", self.profile.seed, self.profile.replay()),
+                }
+            }
         }
     }
 
@@ -1174,13 +1189,13 @@ async fn gangs_stay_whole_through_kills_and_losses() {
     }
     let mut identity = run.identity();
     run.start(&identity, Wait::Leader).await;
-    run.apply(&run.gangs[..first]);
+    run.apply(&run.gangs[..first]).await;
     eprintln!("chaos {}: {first} gangs applied, muster {identity} leading", run.elapsed());
 
     // Before kill `k`: its wave of gangs, its node removals.
     async fn before_kill(run: &mut Run, k: u32, waves: &mut BTreeMap<u32, Vec<Gang>>, removal_at: &BTreeMap<u32, u32>) {
         if let Some(wave) = waves.remove(&k) {
-            run.apply(&wave);
+            run.apply(&wave).await;
             eprintln!(
                 "chaos {}: applied {}",
                 run.elapsed(),
@@ -1237,7 +1252,7 @@ async fn gangs_stay_whole_through_kills_and_losses() {
         eprintln!("chaos {}: two-replica phase done, {leader} leading", run.elapsed());
     }
     for (_, wave) in std::mem::take(&mut waves) {
-        run.apply(&wave);
+        run.apply(&wave).await;
     }
 
     // Then pods deleted and the rest of the nodes removed under the running muster.

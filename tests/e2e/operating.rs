@@ -143,6 +143,19 @@ async fn native_fields_are_probed_and_jobs_stay_where_they_are_honoured(
     let (constraints, claims) = native_fields_kept(ns);
     eprintln!("a native PodGroup keeps: schedulingConstraints {constraints}, resourceClaims {claims}");
     let jobs: kube::Api<MusterJob> = kube::Api::namespaced(crate::harness::client().await, ns);
+    // This muster (auto) replaced the shared one's policy that records a new job's API: in
+    // auto mode it records none at a create, the controller does. The API server uses the
+    // replacement a moment after it is applied (a busy one took over a second): until then a
+    // new job would get the shared muster's `muster`, so wait for what a dry run gets.
+    let probe = crate::gangs::gpu_job("api-probe", 1, 1, nodes, crate::gangs::gang(1), serde_json::json!({}));
+    crate::harness::wait_for("the API server using this muster's policy", crate::gangs::LONG, || async {
+        let out = crate::harness::cluster()
+            .kubectl_stdin(&["-n", ns, "create", "--dry-run=server", "-o", "json", "-f", "-"], Some(&probe.to_string()))
+            .ok()?;
+        let answer: serde_json::Value = serde_json::from_str(&out).ok()?;
+        answer["metadata"]["annotations"][SCHEDULING_API_ANNOTATION].is_null().then_some(())
+    })
+    .await;
     let table = [
         (
             "racked",
