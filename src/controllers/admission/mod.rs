@@ -530,7 +530,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
 /// the commit's patch), and hold their GPUs in the ledger whether their write is booked or not.
 /// Told as work, each batch's end woke a cycle about 160 ms after the last, which sent the next
 /// batch: upstream mode ran three times the cycles of a 5,000-node burst with nothing to decide,
-/// for GPU indices about 0.4 s sooner at the median (docs/src/benchmarks.md, "Runs 63 to 68").
+/// for GPU indices about 0.4 s sooner at the median (docs/src/benchmarks.md, "Runs 63 to 69").
 fn batch_done(signal: Arc<watches::Signal>) -> impl Fn() + Send + Sync + 'static {
     move || signal.usage_changed()
 }
