@@ -53,7 +53,7 @@ use serde_json::{Value, json};
 use crate::gangs::{gated, indices_of, merge, node_of, phase, pin_of};
 use crate::harness::pools::{NodePool, POOL_LABEL};
 use crate::harness::replicas::{MusterReplicas, Wait};
-use crate::harness::{client, cluster, kubectl, namespace};
+use crate::harness::{client, cluster, kubectl, namespace, try_kubectl_apply};
 
 /// muster's bind timeout here (seconds): a pin that cannot bind is rolled back well within the
 /// settle time.
@@ -937,10 +937,9 @@ impl Run {
     async fn apply(&self, gangs: &[Gang]) {
         for g in gangs {
             let manifest = g.manifest(&self.pool).to_string();
-            let args = ["apply", "--server-side", "--field-manager=muster-e2e", "-n", &self.ns, "-f", "-"];
             let deadline = Instant::now() + Duration::from_secs(60);
             loop {
-                match cluster().kubectl_stdin(&args, Some(&manifest)) {
+                match try_kubectl_apply(&self.ns, &manifest) {
                     Ok(_) => break,
                     Err(e) if e.contains("failed calling webhook") && Instant::now() < deadline => {
                         eprintln!("chaos {}: {} refused while muster restarts, again: {e}", self.elapsed(), g.name);

@@ -290,14 +290,18 @@ pub fn kubectl(args: &[&str]) -> String {
     cluster().kubectl(args).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// Applies a YAML manifest (server-side, as the tests' field manager): kubectl's output, or
+/// its error (with the API server's refusal).
+pub fn try_kubectl_apply(namespace: &str, yaml: &str) -> Result<String, String> {
+    cluster().kubectl_stdin(
+        &["apply", "--server-side", "--field-manager=muster-e2e", "-n", namespace, "-f", "-"],
+        Some(yaml),
+    )
+}
+
 /// Applies a YAML manifest (server-side) and returns kubectl's output; panics on failure.
 pub fn kubectl_apply(namespace: &str, yaml: &str) -> String {
-    cluster()
-        .kubectl_stdin(
-            &["apply", "--server-side", "--field-manager=muster-e2e", "-n", namespace, "-f", "-"],
-            Some(yaml),
-        )
-        .unwrap_or_else(|e| panic!("{e}"))
+    try_kubectl_apply(namespace, yaml).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A namespace of one test, deleted (without waiting) when dropped, also when the test panics.

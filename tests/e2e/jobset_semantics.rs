@@ -588,12 +588,11 @@ async fn an_ordered_start_under_a_composite_gang_is_refused() {
     let gang = "scheduling: {schedulingPolicy: {gang: {}}}\nstartupPolicy: {startupPolicyOrder: InOrder}";
     let basic = "scheduling: {schedulingPolicy: {basic: {}}}\nstartupPolicy: {startupPolicyOrder: InOrder}";
     // The webhook refuses the gang one at the field, and nothing of it is made.
-    let refused = crate::harness::cluster()
-        .kubectl_stdin(
-            &["apply", "--server-side", "--field-manager=muster-e2e", "-n", &ns.name, "-f", "-"],
-            Some(&manifest("gang", gang, &[("leader", 1, "", RUNS), ("workers", 1, "", RUNS)])),
-        )
-        .expect_err("the webhook refuses an ordered start under a gang");
+    let refused = crate::harness::try_kubectl_apply(
+        &ns.name,
+        &manifest("gang", gang, &[("leader", 1, "", RUNS), ("workers", 1, "", RUNS)]),
+    )
+    .expect_err("the webhook refuses an ordered start under a gang");
     assert!(
         refused.contains("spec.startupPolicy.startupPolicyOrder")
             && refused.contains("may not be combined with spec.scheduling.schedulingPolicy.gang"),

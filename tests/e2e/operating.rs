@@ -112,6 +112,14 @@ async fn muster_says_what_the_api_server_lacks_and_admits_gangs_with_what_it_has
     }
 }
 
+/// What the API server would make of `object` created in `ns`, admission included
+/// (`kubectl create --dry-run=server`): the object, or kubectl's error.
+fn dry_run(ns: &str, object: &serde_json::Value) -> Result<serde_json::Value, String> {
+    let out = crate::harness::cluster()
+        .kubectl_stdin(&["-n", ns, "create", "--dry-run=server", "-o", "json", "-f", "-"], Some(&object.to_string()))?;
+    serde_json::from_str(&out).map_err(|e| format!("{e}: {out}"))
+}
+
 /// Which gated fields this API server keeps on a new native PodGroup, asked the way a user
 /// would (`kubectl create --dry-run=server`): (schedulingConstraints, resourceClaims).
 fn native_fields_kept(ns: &str) -> (bool, bool) {
@@ -122,10 +130,7 @@ fn native_fields_kept(ns: &str) -> (bool, bool) {
                  "schedulingConstraints": {"topology": [{"key": "topology.muster.dev/rack"}]},
                  "resourceClaims": [{"name": "data", "resourceClaimName": "dataset"}]},
     });
-    let out = crate::harness::cluster()
-        .kubectl_stdin(&["create", "--dry-run=server", "-o", "json", "-f", "-"], Some(&probe.to_string()))
-        .expect("dry-run a native PodGroup");
-    let answer: serde_json::Value = serde_json::from_str(&out).expect("json");
+    let answer = dry_run(ns, &probe).expect("dry-run a native PodGroup");
     let kept = |field: &str| answer["spec"][field].as_object().map_or(answer["spec"][field].is_array(), |_| true);
     (kept("schedulingConstraints"), kept("resourceClaims"))
 }
@@ -149,10 +154,7 @@ async fn native_fields_are_probed_and_jobs_stay_where_they_are_honoured(
     // new job would get the shared muster's `muster`, so wait for what a dry run gets.
     let probe = crate::gangs::gpu_job("api-probe", 1, 1, nodes, crate::gangs::gang(1), serde_json::json!({}));
     crate::harness::wait_for("the API server using this muster's policy", crate::gangs::LONG, || async {
-        let out = crate::harness::cluster()
-            .kubectl_stdin(&["-n", ns, "create", "--dry-run=server", "-o", "json", "-f", "-"], Some(&probe.to_string()))
-            .ok()?;
-        let answer: serde_json::Value = serde_json::from_str(&out).ok()?;
+        let answer = dry_run(ns, &probe).ok()?;
         answer["metadata"]["annotations"][SCHEDULING_API_ANNOTATION].is_null().then_some(())
     })
     .await;
