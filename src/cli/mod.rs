@@ -2,6 +2,7 @@
 
 mod api_limit;
 mod node_agent;
+mod request_defaults;
 mod run;
 mod validate;
 

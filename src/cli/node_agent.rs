@@ -210,7 +210,13 @@ async fn shutdown() {
 async fn client() -> anyhow::Result<kube::Client> {
     // rustls needs a process-wide crypto provider; an error only means one is installed already.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    kube::Client::try_default().await.context("cannot reach the Kubernetes API")
+    let mut config = kube::Config::infer().await.context("cannot reach the Kubernetes API")?;
+    config.headers.extend(super::request_defaults::headers("node-agent"));
+    let defaults = tower::util::MapRequestLayer::new(super::request_defaults::ignore_field_validation);
+    Ok(kube::client::ClientBuilder::try_from(config)
+        .context("cannot reach the Kubernetes API")?
+        .with_layer(&defaults)
+        .build())
 }
 
 /// What one read of the GPUs gives.

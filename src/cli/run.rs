@@ -195,23 +195,29 @@ pub(super) fn init_tracing(level: &str, format: LogFormat) {
 
 /// The client, and one that does not retry a 429 (evictions: a PodDisruptionBudget's refusal
 /// is an answer, not a transient failure; the default client would retry it for minutes). Both
-/// share one bound of `in_flight` requests at once (none when 0).
+/// share one bound of `in_flight` requests at once (none when 0). Every request names muster as
+/// its agent, and every write asks for no field validation ([`super::request_defaults`]).
 async fn client(kubeconfig: Option<&PathBuf>, in_flight: usize) -> anyhow::Result<(Client, Client)> {
-    let config = match kubeconfig {
+    let mut config = match kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
             kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?
         }
         None => kube::Config::infer().await?,
     };
+    config.headers.extend(super::request_defaults::headers("controller"));
     let mut no_retry = config.clone();
     no_retry.default_retry = false;
+    let defaults = tower::util::MapRequestLayer::new(super::request_defaults::ignore_field_validation);
     if in_flight == 0 {
-        return Ok((Client::try_from(config)?, Client::try_from(no_retry)?));
+        let build = |config: kube::Config| -> anyhow::Result<Client> {
+            Ok(kube::client::ClientBuilder::try_from(config)?.with_layer(&defaults).build())
+        };
+        return Ok((build(config)?, build(no_retry)?));
     }
     let limit = super::api_limit::InFlightLimit::<kube::client::Body>::new(in_flight);
     let build = |config: kube::Config| -> anyhow::Result<Client> {
-        Ok(kube::client::ClientBuilder::try_from(config)?.with_layer(&limit).build())
+        Ok(kube::client::ClientBuilder::try_from(config)?.with_layer(&defaults).with_layer(&limit).build())
     };
     Ok((build(config)?, build(no_retry)?))
 }

@@ -72,6 +72,30 @@ async fn a_gang_that_fits_is_admitted_whole_and_every_pod_binds_where_it_was_pin
         let row: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
         assert_eq!(row[..6], ["train", "8", "8", "8", "8", "Running"], "{table}");
     }
+
+    // muster names itself (its User-Agent): the API server makes it the field manager of its
+    // writes that name none, the group's plan and status and the pods it made.
+    let group = groups.get("train").await.expect("group");
+    let managers = managers_of(&group.metadata);
+    assert!(managers.contains(&"muster/status".to_string()), "{managers:?}");
+    for p in &bound {
+        let pod = pods.get(&p.name_any()).await.expect("pod");
+        let managers = managers_of(&pod.metadata);
+        assert!(managers.contains(&"muster/".to_string()), "pod {}: {managers:?}", p.name_any());
+        assert!(managers.iter().all(|m| !m.starts_with("unknown/")), "pod {}: {managers:?}", p.name_any());
+    }
+    assert!(managers.iter().all(|m| !m.starts_with("unknown/")), "{managers:?}");
+}
+
+/// The field managers of an object's `managedFields`, each as `manager/subresource`.
+fn managers_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Vec<String> {
+    meta.managed_fields
+        .iter()
+        .flatten()
+        .map(|e| {
+            format!("{}/{}", e.manager.as_deref().unwrap_or_default(), e.subresource.as_deref().unwrap_or_default())
+        })
+        .collect()
 }
 
 #[tokio::test]
