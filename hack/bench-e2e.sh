@@ -17,9 +17,11 @@
 #   server quiet, so every path starts on a cluster of nodes alone (default: paths pile up)
 #   BENCH_FRESH=1: every path on a control plane of its own, started afresh for it (the script
 #   once per path), the paths' reports then related to the plain path (`muster dev bench --merge`)
-#   BENCH_PROFILE=perf|heaptrack: record muster's CPU samples (perf record) or its heap
+#   BENCH_PROFILE=perf|heaptrack|apiserver: record muster's CPU samples (perf record) or its heap
 #   (heaptrack attached; muster is then built with the system allocator, which heaptrack sees)
-#   during the whole run, into $MUSTER_CLUSTER_DIR/profile/
+#   during the whole run, or kube-apiserver's CPU (its own profiler, --profiling=true) for 20 s
+#   of each path from 5 s after its first pod (BENCH_PROFILE_SECONDS, BENCH_PROFILE_DELAY), into
+#   $MUSTER_CLUSTER_DIR/profile/ (apiserver-<path>.pprof: `go tool pprof -top -cum FILE`)
 #   BENCH_HOSTILE=1: before muster starts (so no webhook refuses it), a tenant's MusterJob of
 #   50,000,000 Indexed pods is created in namespace bench-hostile: muster must run the paths
 #   beside it with its memory bounded (the job is Invalid, no pod of it is made); its status and
@@ -113,6 +115,7 @@ apf_args="--enable-priority-and-fairness=true --max-requests-inflight=400 --max-
 # the 5,000 nodes made at once would all refresh within one minute, landing on whichever path
 # runs then (up to 3,900 Node writes in one path). Spread over 0 to 600 s, every path sees the
 # same steady rate, as the kubelets of a real cluster, which started at different times, make it.
+[ "${BENCH_PROFILE:-}" = apiserver ] && apf_args="$apf_args --profiling=true"
 MUSTER_KWOK_HEARTBEAT=${BENCH_KWOK_HEARTBEAT:-0,600} \
   MUSTER_APISERVER_EXTRA_ARGS="$apf_args ${MUSTER_APISERVER_EXTRA_ARGS:-}" bench_cluster_up
 grep -E "^feature-gates|^dropped|ready in" "$dir.cluster-up.log" >&2 || true
@@ -280,7 +283,23 @@ case "${BENCH_PROFILE:-}" in
     mkdir -p "$dir/profile"
     heaptrack -o "$dir/profile/heaptrack" -p "$muster_pid" > "$dir/profile/heaptrack.log" 2>&1 &
     profiler_pid=$! ;;
-  *) die "BENCH_PROFILE must be perf or heaptrack" ;;
+  apiserver)
+    mkdir -p "$dir/profile"
+    rm -f "$dir/profile/apiserver"*
+    # A path's first pod says it started (its namespace is made before the first path): from
+    # then on, one profile of the path's steady state (creates and binds under way), taken by
+    # kube-apiserver itself. The check asks for one pod's name, twice a second.
+    (
+      IFS=, read -ra each <<< "$paths"
+      for p in "${each[@]}"; do
+        until kc get --raw "/api/v1/namespaces/bench-$p/pods?limit=1" 2> /dev/null | grep -q '"uid"'; do sleep 0.5; done
+        sleep "${BENCH_PROFILE_DELAY:-5}"
+        kc get --raw "/debug/pprof/profile?seconds=${BENCH_PROFILE_SECONDS:-20}" > "$dir/profile/apiserver-$p.pprof" \
+          2>> "$dir/profile/apiserver.log" && echo "path $p: $(date +%T)" >> "$dir/profile/apiserver.log"
+      done
+    ) &
+    profiler_pid=$! ;;
+  *) die "BENCH_PROFILE must be perf, heaptrack or apiserver" ;;
 esac
 log "muster ready (pid $muster_pid, metrics http://127.0.0.1:$metrics_port/metrics, log $dir/logs/muster.log)"
 

@@ -5,7 +5,9 @@
 # write per object (8 at once, through `kubectl proxy`): a label change (merge patch), and for
 # kinds with a status subresource a status of the shape muster writes, sent three ways: a merge
 # patch (`status`), the same asking for an answer of the object's metadata only (`status-meta`:
-# Accept `as=PartialObjectMetadata`, as muster's status writes ask) and a server-side apply
+# Accept `as=PartialObjectMetadata`, as muster's status writes ask), that with
+# `fieldValidation=Ignore` too (`status-lean`: the API server decodes the patched object without
+# looking for unknown or duplicate fields, which it does by default to warn) and a server-side apply
 # (`status-apply`, as muster writes a MusterJob's status). Prints kube-apiserver's CPU
 # milliseconds per write (its utime + stime over the round, divided by the writes; the median
 # round, and every round), and per create (the objects of each kind made by one `kubectl create`
@@ -197,9 +199,10 @@ round() {
   local kind=$1 write=$2 n=$3 suffix= accept=application/json content=application/merge-patch+json query=
   case $write in
     label) printf '{"metadata":{"labels":{"bench.muster.dev/round":"r%d"}}}' "$n" > "$work/body.json" ;;
-    status | status-meta | status-apply)
+    status | status-meta | status-lean | status-apply)
       suffix=/status
       [ "$write" = status ] || accept="application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+      [ "$write" = status-lean ] && query="?fieldValidation=Ignore"
       if [ "$write" = status-apply ]; then
         content=application/apply-patch+yaml
         query="?fieldManager=bench&force=true"
@@ -218,12 +221,12 @@ round() {
 
 # The rounds go over every kind in turn, so a drift of the machine reaches all alike.
 cases=()
-for write in label status status-meta status-apply; do
+for write in label status status-meta status-lean status-apply; do
   for kind in "${kinds[@]}"; do
     # A Workload is only created: muster writes neither its labels nor a status.
     [ "$kind" = workload ] && continue
     [ "$write" != label ] && case $kind in job | nodegpureport | configmap) continue ;; esac
-    case $write in status-meta | status-apply) case $kind in *-norules) continue ;; esac ;; esac
+    case $write in status-meta | status-lean | status-apply) case $kind in *-norules) continue ;; esac ;; esac
     cases+=("$kind/$write")
   done
 done
