@@ -64,6 +64,13 @@ pub struct InFlightLimit<B> {
     body: PhantomData<fn(B)>,
 }
 
+/// A clone shares the bound: its slots are the same semaphores.
+impl<B> Clone for InFlightLimit<B> {
+    fn clone(&self) -> Self {
+        InFlightLimit { permits: self.permits.clone(), background: self.background.clone(), body: PhantomData }
+    }
+}
+
 impl<B> InFlightLimit<B> {
     /// At most `limit` (at least 1) requests in flight.
     pub fn new(limit: usize) -> Self {

@@ -210,13 +210,8 @@ async fn shutdown() {
 async fn client() -> anyhow::Result<kube::Client> {
     // rustls needs a process-wide crypto provider; an error only means one is installed already.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut config = kube::Config::infer().await.context("cannot reach the Kubernetes API")?;
-    config.headers.extend(super::request_defaults::headers("node-agent"));
-    let defaults = tower::util::MapRequestLayer::new(super::request_defaults::ignore_field_validation);
-    Ok(kube::client::ClientBuilder::try_from(config)
-        .context("cannot reach the Kubernetes API")?
-        .with_layer(&defaults)
-        .build())
+    let config = kube::Config::infer().await.context("cannot reach the Kubernetes API")?;
+    super::request_defaults::client(config, "node-agent", None).context("cannot reach the Kubernetes API")
 }
 
 /// What one read of the GPUs gives.

@@ -16,17 +16,34 @@
 
 use axum::http::header::{HeaderName, HeaderValue, USER_AGENT};
 use axum::http::{Method, Request, Uri};
+use kube::client::{Body, ClientBuilder};
 
-/// The headers every request of `component` (`controller`, `node-agent`) carries (kube's
-/// `Config::headers`).
-pub fn headers(component: &'static str) -> Vec<(HeaderName, HeaderValue)> {
+use super::api_limit::InFlightLimit;
+
+/// A client of `config` for `component` (`controller`, `node-agent`): every request carries
+/// its [`headers`], every write ignores field validation ([`ignore_field_validation`]), and
+/// `limit`, when given, bounds the requests in flight (shared by the clients built with clones
+/// of one bound).
+pub fn client(
+    mut config: kube::Config,
+    component: &'static str,
+    limit: Option<InFlightLimit<Body>>,
+) -> kube::Result<kube::Client> {
+    config.headers.extend(headers(component));
+    let defaults = tower::util::MapRequestLayer::new(ignore_field_validation);
+    let limit = tower::util::option_layer(limit);
+    Ok(ClientBuilder::try_from(config)?.with_layer(&defaults).with_layer(&limit).build())
+}
+
+/// The headers every request of `component` carries (kube's `Config::headers`).
+fn headers(component: &'static str) -> Vec<(HeaderName, HeaderValue)> {
     let agent = format!("muster/{} ({component})", env!("CARGO_PKG_VERSION"));
     HeaderValue::from_str(&agent).map(|v| vec![(USER_AGENT, v)]).unwrap_or_default()
 }
 
 /// PURE: `uri` with `fieldValidation=Ignore` added when `method` writes an object (POST, PUT,
 /// PATCH) and the query names no directive of its own; `None`: the request stays as it is.
-pub fn ignoring_field_validation(method: &Method, uri: &Uri) -> Option<Uri> {
+fn ignoring_field_validation(method: &Method, uri: &Uri) -> Option<Uri> {
     if ![Method::POST, Method::PUT, Method::PATCH].contains(method) {
         return None;
     }
@@ -46,7 +63,7 @@ pub fn ignoring_field_validation(method: &Method, uri: &Uri) -> Option<Uri> {
 }
 
 /// Adds `fieldValidation=Ignore` to a write that names no directive ([`ignoring_field_validation`]).
-pub fn ignore_field_validation<B>(mut request: Request<B>) -> Request<B> {
+fn ignore_field_validation<B>(mut request: Request<B>) -> Request<B> {
     if let Some(uri) = ignoring_field_validation(request.method(), request.uri()) {
         *request.uri_mut() = uri;
     }

@@ -198,28 +198,18 @@ pub(super) fn init_tracing(level: &str, format: LogFormat) {
 /// share one bound of `in_flight` requests at once (none when 0). Every request names muster as
 /// its agent, and every write asks for no field validation ([`super::request_defaults`]).
 async fn client(kubeconfig: Option<&PathBuf>, in_flight: usize) -> anyhow::Result<(Client, Client)> {
-    let mut config = match kubeconfig {
+    let config = match kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
             kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?
         }
         None => kube::Config::infer().await?,
     };
-    config.headers.extend(super::request_defaults::headers("controller"));
     let mut no_retry = config.clone();
     no_retry.default_retry = false;
-    let defaults = tower::util::MapRequestLayer::new(super::request_defaults::ignore_field_validation);
-    if in_flight == 0 {
-        let build = |config: kube::Config| -> anyhow::Result<Client> {
-            Ok(kube::client::ClientBuilder::try_from(config)?.with_layer(&defaults).build())
-        };
-        return Ok((build(config)?, build(no_retry)?));
-    }
-    let limit = super::api_limit::InFlightLimit::<kube::client::Body>::new(in_flight);
-    let build = |config: kube::Config| -> anyhow::Result<Client> {
-        Ok(kube::client::ClientBuilder::try_from(config)?.with_layer(&defaults).with_layer(&limit).build())
-    };
-    Ok((build(config)?, build(no_retry)?))
+    let limit = (in_flight > 0).then(|| super::api_limit::InFlightLimit::new(in_flight));
+    let client = |config| super::request_defaults::client(config, "controller", limit.clone());
+    Ok((client(config)?, client(no_retry)?))
 }
 
 impl Args {

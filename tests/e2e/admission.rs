@@ -78,13 +78,13 @@ async fn a_gang_that_fits_is_admitted_whole_and_every_pod_binds_where_it_was_pin
     let group = groups.get("train").await.expect("group");
     let managers = managers_of(&group.metadata);
     assert!(managers.contains(&"muster/status".to_string()), "{managers:?}");
+    assert!(managers.iter().all(|m| !m.starts_with("unknown/")), "{managers:?}");
     for p in &bound {
         let pod = pods.get(&p.name_any()).await.expect("pod");
         let managers = managers_of(&pod.metadata);
         assert!(managers.contains(&"muster/".to_string()), "pod {}: {managers:?}", p.name_any());
         assert!(managers.iter().all(|m| !m.starts_with("unknown/")), "pod {}: {managers:?}", p.name_any());
     }
-    assert!(managers.iter().all(|m| !m.starts_with("unknown/")), "{managers:?}");
 }
 
 /// The field managers of an object's `managedFields`, each as `manager/subresource`.
