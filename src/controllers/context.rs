@@ -107,6 +107,8 @@ pub struct Context {
     pub config: Config,
     /// PriorityClasses, for a group's priority.
     pub priorities: Priorities,
+    /// Set once RBAC refused an update of a status (see `lean_writes::replace_status`).
+    pub status_updates_forbidden: std::sync::atomic::AtomicBool,
 }
 
 /// What identifies an event to kube-rs's recorder: the object, reason, action and type. The
@@ -312,6 +314,7 @@ impl Context {
         Self {
             events: Events::new(client.clone(), reporter, metrics.events_dropped.clone()),
             priorities: Priorities::default(),
+            status_updates_forbidden: std::sync::atomic::AtomicBool::new(false),
             evictions: client.clone(),
             client,
             metrics,

@@ -28,3 +28,4 @@ mod fixtures;
 
 pub(super) use history::ROLLBACK_POLICY;
 pub(super) use job::{CommitJob, Committed, admitted_status, prepare_commit, reserve};
+pub(super) use plan::Cached;

@@ -148,7 +148,7 @@ impl Admitter {
         // Plans in flight first: finish (or drop) them, watch binds, roll failed attempts back.
         let mut busy: HashSet<RootKey> = HashSet::new();
         let mut done = Vec::new();
-        let roots = pgs.iter().map(|g| GroupRef::Leaf(g)).chain(cpgs.iter().map(|g| GroupRef::Composite(g)));
+        let roots = pgs.iter().map(GroupRef::Leaf).chain(cpgs.iter().map(GroupRef::Composite));
         busy.extend(settling.roots.iter().cloned());
         if let Some(at) = self.book_clears().await {
             soonest(at);
@@ -323,6 +323,9 @@ impl Admitter {
                         let version = self.writer.unseen().fence(&key, root.and_then(|r| r.version()));
                         match prepare_commit(&key, version, &decision, &mut snapshot, &by_uid) {
                             Ok(mut job) => {
+                                // The plan's record replaces the status of the root as cached
+                                // when the decision was made on that version.
+                                job.cached = root.map(|r| r.cached());
                                 // A leaf root says it is admitted from its plan's write on.
                                 if let Some(GroupRef::Leaf(pg)) = root {
                                     let pods = by_group.get(&key).map_or(&[][..], Vec::as_slice);
@@ -786,11 +789,7 @@ fn gated_count(tree: &GroupTree) -> usize {
 /// The root group objects by key (a lookup per tree: a scan per tree was quadratic in the
 /// groups, with two string copies per group looked at).
 fn roots_by_key<'a>(pgs: &'a [Arc<PodGroup>], cpgs: &'a [Arc<CompositePodGroup>]) -> HashMap<RootKey, GroupRef<'a>> {
-    pgs.iter()
-        .map(|g| GroupRef::Leaf(g))
-        .chain(cpgs.iter().map(|g| GroupRef::Composite(g)))
-        .map(|g| (g.key(), g))
-        .collect()
+    pgs.iter().map(GroupRef::Leaf).chain(cpgs.iter().map(GroupRef::Composite)).map(|g| (g.key(), g)).collect()
 }
 
 #[cfg(test)]

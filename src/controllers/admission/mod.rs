@@ -161,8 +161,9 @@ pub(super) fn patched(result: Result<()>) -> Result<Patched> {
 }
 
 /// A plan to clear: the root, the resourceVersion the clear is fenced by, and the status
-/// folded into the same patch (`scheduler::status::fold_body`) when it changed too.
-pub(super) type PlanClear = (RootKey, Option<String>, Option<serde_json::Value>);
+/// folded into the same patch (`scheduler::status::fold_body`) when it changed too, and the root
+/// as cached (a clear fenced by that version replaces the status, see [`commit::Cached`]).
+type PlanClear = (RootKey, Option<String>, Option<serde_json::Value>, Option<commit::Cached>);
 
 /// What admission remembers of a root between cycles (never needed for correctness: the
 /// cluster holds the truth; this only paces retries and explains).
@@ -570,11 +571,19 @@ struct World<'a> {
 /// A root group of either kind.
 #[derive(Clone, Copy)]
 enum GroupRef<'a> {
-    Leaf(&'a PodGroup),
-    Composite(&'a CompositePodGroup),
+    Leaf(&'a Arc<PodGroup>),
+    Composite(&'a Arc<CompositePodGroup>),
 }
 
 impl GroupRef<'_> {
+    /// The group as cached, kept for a status write made after this cycle.
+    fn cached(&self) -> commit::Cached {
+        match self {
+            GroupRef::Leaf(pg) => commit::Cached::Leaf(Arc::clone(pg)),
+            GroupRef::Composite(c) => commit::Cached::Composite(Arc::clone(c)),
+        }
+    }
+
     /// The plan recorded on the group's status.
     fn plan(&self) -> Option<&AdmissionPlan> {
         match self {

@@ -670,8 +670,8 @@ impl Admitter {
     ) -> Option<Settling> {
         let plans: HashMap<RootKey, CachedGroup> = pgs
             .iter()
-            .map(|g| GroupRef::Leaf(g))
-            .chain(cpgs.iter().map(|g| GroupRef::Composite(g)))
+            .map(GroupRef::Leaf)
+            .chain(cpgs.iter().map(GroupRef::Composite))
             .map(|g| (g.key(), (g.plan().map(|p| (p.id.clone(), p.state)), g.version())))
             .collect();
         let gated: HashSet<&str> =

@@ -120,6 +120,12 @@ impl Written {
         self.1.lagging(job, cached, now).is_some_and(|counts| counts == Counts::of(status))
     }
 
+    /// Whether the cache shows the job at a version older than the one this controller's last
+    /// status write made (see [`OwnWrites::lagging`]).
+    pub fn lagging(&self, job: &str, cached: Option<&str>, now: Instant) -> bool {
+        self.1.lagging(job, cached, now).is_some()
+    }
+
     /// Whether the job's status as read (`status`) shows what was last written (or that was
     /// long enough ago); forgets the record once it does.
     pub fn caught_up(&self, job: &str, status: &MusterJobStatus, now: Instant) -> bool {

@@ -48,7 +48,7 @@ impl Admitter {
         let mut version = self.writer.unseen().fence(key, group.version());
         if !recorded {
             history.record(&rollback.avoid_nodes, Timestamp::now(), &ROLLBACK_POLICY);
-            match self.writer.merge_group_status(key, version, history_status(&history)).await? {
+            match self.writer.merge_group_status(key, version, history_status(&history), None).await? {
                 Some(v) => version = Some(v),
                 // Changed since (or gone): decide again on the fresh state.
                 None => return Ok(Instant::now() + Duration::from_millis(100)),
@@ -69,7 +69,7 @@ impl Admitter {
         if !all_deleted {
             return Ok(Instant::now() + MIN_BACKOFF);
         }
-        self.writer.clear_plan(key, version, None).await?;
+        self.writer.clear_plan(key, version, None, None).await?;
         let avoided = rollback.avoid_nodes.iter().cloned().collect::<Vec<_>>().join(", ");
         let avoid = if avoided.is_empty() { String::new() } else { format!("; the next plans avoid {avoided}") };
         let message = format!(
@@ -160,7 +160,7 @@ impl Admitter {
                 Err(e) => return Err(e.into()),
             }
         }
-        self.writer.clear_plan(key, version, None).await?;
+        self.writer.clear_plan(key, version, None, None).await?;
         let outcome_msg = if delete.is_empty() {
             message
         } else {

@@ -178,7 +178,7 @@ impl Admitter {
                 tracing::info!(namespace = %ns, root = %root, "dropping a plan no pod saw; planning afresh");
                 // Its claims first: devices held for pods that did not start are freed.
                 self.free_claims(ns, plan, world).await?;
-                self.writer.clear_plan(key, version, None).await?;
+                self.writer.clear_plan(key, version, None, None).await?;
                 Ok(Some(Instant::now()))
             }
             Step::Patch(uids) => {

@@ -76,6 +76,9 @@ pub(in crate::controllers::admission) struct CommitJob {
     pub message: String,
     /// A leaf root's status, as cached and as admitted: the plan's record writes the latter.
     pub admitted: Option<super::plan::AdmittedStatus>,
+    /// The root as cached: the plan's record replaces its status when the decision was made on
+    /// it.
+    pub cached: Option<super::plan::Cached>,
 }
 
 impl CommitJob {
@@ -130,7 +133,17 @@ pub(in crate::controllers::admission) fn prepare_commit(
     for (p, pod) in &planned {
         reserve(snapshot, pod, p);
     }
-    Ok(CommitJob { key: key.clone(), version, plan, pods, shared, own, message: decision.message(), admitted: None })
+    Ok(CommitJob {
+        key: key.clone(),
+        version,
+        plan,
+        pods,
+        shared,
+        own,
+        message: decision.message(),
+        admitted: None,
+        cached: None,
+    })
 }
 
 /// A leaf root's status as cached, and as `scheduler::status::admitted_status` says it reads
@@ -176,8 +189,10 @@ impl Writer {
         .buffer_unordered(DRY_RUN_CONCURRENCY)
         .collect::<Vec<_>>();
         plan.state = PlanState::Committing;
-        let (checks, recorded) =
-            futures::join!(checks, self.write_plan(key, job.version.clone(), &plan, job.admitted.as_ref()));
+        let (checks, recorded) = futures::join!(
+            checks,
+            self.write_plan(key, job.version.clone(), &plan, job.admitted.as_ref(), job.cached.as_ref())
+        );
         let mut refused = None;
         for (uid, result) in checks {
             match patched(result)? {
@@ -192,7 +207,7 @@ impl Writer {
         let Some(version) = recorded? else { return Ok(refused.unwrap_or(Committed::Stale)) };
         if let Some(stop) = refused {
             // Nothing was ungated: the plan goes, the root is decided again (or backs off).
-            self.clear_plan(key, Some(version), None).await?;
+            self.clear_plan(key, Some(version), None, None).await?;
             return Ok(stop);
         }
         // Shared claims first (every pod needs them), then per pod its own claims and its
@@ -441,7 +456,7 @@ impl Admitter {
         done.state = PlanState::Admitted;
         // The pods just ungated get the whole bind timeout, however long muster was down.
         done.admitted_at = Some(Time(Timestamp::now()));
-        if self.writer.write_plan(key, version, &done, None).await?.is_none() {
+        if self.writer.write_plan(key, version, &done, None, None).await?.is_none() {
             return Ok(Committed::Stale);
         }
         self.roots.entry(key.clone()).or_default().outcome =

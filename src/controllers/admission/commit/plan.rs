@@ -3,6 +3,7 @@
 //! of roots whose pods are all bound.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Instant;
 
 use kube::ResourceExt;
@@ -13,10 +14,35 @@ use crate::controllers::admission::{Admitter, Clears, PlanClear, RootKey, Writer
 use crate::controllers::context::{Detached, Error, Result, at_most, bounded};
 use crate::controllers::lean_writes;
 use crate::crds::scheduling::{AdmissionPlan, CompositePodGroup, PodGroup, PodGroupStatus};
-use crate::scheduler::status::{StatusPacing, plan_body};
+use crate::scheduler::status::{StatusPacing, plan_body, status_replacement};
 
 /// A leaf root's status as cached, and as computed with its plan in flight (admitted).
 pub(in crate::controllers::admission) type AdmittedStatus = (Option<PodGroupStatus>, PodGroupStatus);
+
+/// A root group as cached (its `managedFields` dropped). A status write fenced by the version it
+/// is cached at replaces the status with an update of the whole object instead of a merge patch
+/// (see `scheduler::status::status_replacement`): the same status, at less cost to the API server.
+#[derive(Clone, Debug)]
+pub(in crate::controllers::admission) enum Cached {
+    Leaf(Arc<PodGroup>),
+    Composite(Arc<CompositePodGroup>),
+}
+
+impl Cached {
+    /// The whole object to send in place of `patch` (a merge patch of its status) fenced by
+    /// `version`, when it is cached at that version.
+    fn replacement(&self, version: Option<&str>, patch: &serde_json::Value) -> Option<serde_json::Value> {
+        let (cached, whole) = match self {
+            Cached::Leaf(g) => (g.resource_version(), serde_json::to_value(&**g)),
+            Cached::Composite(g) => (g.resource_version(), serde_json::to_value(&**g)),
+        };
+        // Serialized only when the write can use it.
+        if version.is_none() || cached.as_deref() != version {
+            return None;
+        }
+        status_replacement(&whole.ok()?, version, patch)
+    }
+}
 
 /// The largest plan one status write may carry: the API server refuses requests over 3 MiB and
 /// etcd values over 1.5 MiB; the rest of the status needs room too.
@@ -36,6 +62,27 @@ pub(super) fn too_large(plan: &AdmissionPlan) -> Option<String> {
     })
 }
 
+/// Writes a group's status: `whole` replacing it when given (and RBAC lets muster update
+/// statuses), else `patch` as a merge patch. Returns the group's new resourceVersion.
+async fn write_status<K>(
+    api: &Api<K>,
+    name: &str,
+    patch: &serde_json::Value,
+    whole: Option<&serde_json::Value>,
+    forbidden: &std::sync::atomic::AtomicBool,
+) -> Result<Option<String>>
+where
+    K: kube::Resource + serde::de::DeserializeOwned + Clone + std::fmt::Debug,
+{
+    if let Some(whole) = whole
+        && let Some(written) = bounded(lean_writes::replace_status(api, name, whole, forbidden)).await?
+    {
+        return Ok(written.resource_version());
+    }
+    let written = bounded(lean_writes::patch_status(api, name, &PatchParams::default(), &Patch::Merge(patch))).await?;
+    Ok(written.resource_version())
+}
+
 /// How many plans of roots done are cleared at once.
 const PLAN_CLEAR_CONCURRENCY: usize = 16;
 
@@ -44,19 +91,21 @@ impl Writer {
     /// group's new resourceVersion, `None` when the group is gone or changed since.
     /// `admitted`: the root's status as cached and as computed with this plan in flight,
     /// written in the same patch (see `scheduler::status::plan_body`); `None`: status.plan
-    /// alone, the rest of the status is written on its own.
+    /// alone, the rest of the status is written on its own. `cached`: the group as cached, for
+    /// a write that replaces the status (see [`Cached`]).
     pub(super) async fn write_plan(
         &self,
         key: &RootKey,
         version: Option<String>,
         plan: &AdmissionPlan,
         admitted: Option<&AdmittedStatus>,
+        cached: Option<&Cached>,
     ) -> Result<Option<String>> {
         let body = match admitted {
             Some((old, new)) => plan_body(old.as_ref(), new, plan),
             None => json!({"plan": plan}),
         };
-        self.plan_patch(key, version, Some(plan), body).await
+        self.plan_patch(key, version, Some(plan), body, cached).await
     }
 
     /// Clears a root's plan, fenced like [`Self::write_plan`], with the root's status in the
@@ -66,9 +115,10 @@ impl Writer {
         key: &RootKey,
         version: Option<String>,
         status: Option<serde_json::Value>,
+        cached: Option<&Cached>,
     ) -> Result<Option<String>> {
         let body = status.unwrap_or_else(|| json!({"plan": null}));
-        self.plan_patch(key, version, None, body).await
+        self.plan_patch(key, version, None, body, cached).await
     }
 
     /// Sends `body` as a merge patch of the root's status, recording the plan it leaves.
@@ -78,8 +128,9 @@ impl Writer {
         version: Option<String>,
         plan: Option<&AdmissionPlan>,
         body: serde_json::Value,
+        cached: Option<&Cached>,
     ) -> Result<Option<String>> {
-        match self.merge_group_status(key, version, body).await? {
+        match self.merge_group_status(key, version, body, cached).await? {
             Some(v) => {
                 let want = plan.map(|p| (p.id.clone(), p.state));
                 self.unseen().plans.insert(key.clone(), (want, Instant::now()));
@@ -90,30 +141,29 @@ impl Writer {
     }
 
     /// One merge patch of a root group's status subresource, fenced by `version` (the group's
-    /// resourceVersion the decision was made on) when given. Returns the group's new
-    /// resourceVersion, or `None` when it is gone (404) or changed since `version` (409).
+    /// resourceVersion the decision was made on) when given, or the same status written as an
+    /// update of the whole group when `cached` is at `version` (see [`Cached`]). Returns the
+    /// group's new resourceVersion, or `None` when it is gone (404) or changed since `version`
+    /// (409).
     pub(super) async fn merge_group_status(
         &self,
         key: &RootKey,
         version: Option<String>,
         status: serde_json::Value,
+        cached: Option<&Cached>,
     ) -> Result<Option<String>> {
         let kind = if key.composite { "CompositePodGroup" } else { "PodGroup" };
+        let replacement = cached.and_then(|c| c.replacement(version.as_deref(), &status));
         let mut body = json!({"apiVersion": "scheduling.muster.dev/v1alpha1", "kind": kind, "status": status});
         if let Some(v) = version {
             body["metadata"] = json!({"resourceVersion": v});
         }
-        let params = PatchParams::default();
         let result = if key.composite {
             let api = Api::<CompositePodGroup>::namespaced(self.ctx.client.clone(), &key.ns);
-            bounded(lean_writes::patch_status(&api, &key.name, &params, &Patch::Merge(&body)))
-                .await
-                .map(|g| g.resource_version())
+            write_status(&api, &key.name, &body, replacement.as_ref(), &self.ctx.status_updates_forbidden).await
         } else {
             let api = Api::<PodGroup>::namespaced(self.ctx.client.clone(), &key.ns);
-            bounded(lean_writes::patch_status(&api, &key.name, &params, &Patch::Merge(&body)))
-                .await
-                .map(|g| g.resource_version())
+            write_status(&api, &key.name, &body, replacement.as_ref(), &self.ctx.status_updates_forbidden).await
         };
         match result {
             Ok(v) => Ok(Some(v.unwrap_or_default())),
@@ -138,7 +188,7 @@ impl Admitter {
             return retry;
         }
         let (writer, signal) = (self.writer.clone(), self.signal.clone());
-        let keys: HashSet<RootKey> = done.iter().map(|(key, _, _)| key.clone()).collect();
+        let keys: HashSet<RootKey> = done.iter().map(|(key, ..)| key.clone()).collect();
         // A status of theirs queued in a batch is not sent now (`Unseen::clearing`): it must
         // not count as sent.
         for key in &keys {
@@ -148,10 +198,10 @@ impl Admitter {
         let task = Detached::spawn(async move {
             let clears: Vec<_> = done
                 .into_iter()
-                .map(|(key, version, status)| {
+                .map(|(key, version, status, cached)| {
                     let writer = writer.clone();
                     async move {
-                        let result = writer.clear_plan(&key, version, status).await;
+                        let result = writer.clear_plan(&key, version, status, cached.as_ref()).await;
                         writer.unseen().clearing.remove(&key);
                         (key, result.map(|_| ()))
                     }

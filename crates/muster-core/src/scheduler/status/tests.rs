@@ -445,6 +445,18 @@ mod pace {
         assert!(PLAN_STATUS_HOLD < START_SETTLE);
     }
 
+    /// A plan of no pods, recorded `Committing`.
+    fn committing_plan(id: &str) -> AdmissionPlan {
+        AdmissionPlan {
+            id: id.into(),
+            state: muster_api::scheduling::PlanState::Committing,
+            created_at: None,
+            admitted_at: None,
+            pods: Vec::new(),
+            shared_claims: Vec::new(),
+        }
+    }
+
     #[test]
     fn the_plan_record_carries_the_plan_and_the_status_computed_with_it() {
         let old = PodGroupStatus {
@@ -453,14 +465,7 @@ mod pace {
             ..status(GroupPhase::Pending, 3, ("False", "Waiting", "3 of 3 pods exist"))
         };
         let new = status(GroupPhase::Admitted, 3, ("True", "Admitted", "fits"));
-        let plan = AdmissionPlan {
-            id: "g-1".into(),
-            state: muster_api::scheduling::PlanState::Committing,
-            created_at: None,
-            admitted_at: None,
-            pods: Vec::new(),
-            shared_claims: Vec::new(),
-        };
+        let plan = committing_plan("g-1");
         let body = plan_body(Some(&old), &new, &plan);
         let map = body.as_object().expect("an object");
         assert_eq!(map["plan"]["id"], "g-1", "the plan is recorded");
@@ -469,6 +474,72 @@ mod pace {
         assert_eq!(map["conditions"][0]["reason"], "Admitted");
         assert_eq!(map["message"], serde_json::Value::Null, "a field no longer set is removed");
         assert!(!map.contains_key("rollbacks"), "the rollback record has a writer of its own");
+    }
+
+    /// A PodGroup as cached at resourceVersion `version`, with a status of its own.
+    fn cached(version: &str, status: &PodGroupStatus) -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": "scheduling.muster.dev/v1alpha1", "kind": "PodGroup",
+            "metadata": {"name": "g", "namespace": "ns", "resourceVersion": version, "labels": {"app": "x"},
+                         "managedFields": [{"manager": "muster", "operation": "Update"}]},
+            "spec": {"schedulingPolicy": {"gang": {"minCount": 3}}},
+            "status": serde_json::to_value(status).expect("status"),
+        })
+    }
+
+    #[test]
+    fn a_status_write_fenced_at_the_cached_version_replaces_the_whole_status_as_the_patch_would() {
+        let old = PodGroupStatus {
+            message: Some("waiting".into()),
+            rollbacks: 2,
+            resource_claim_statuses: vec![muster_api::scheduling::PodGroupResourceClaimStatus {
+                name: "shared".into(),
+                resource_claim_name: Some("c".into()),
+            }],
+            ..status(GroupPhase::Pending, 3, ("False", "Waiting", "3 of 3 pods exist"))
+        };
+        let new = status(GroupPhase::Admitted, 3, ("True", "Admitted", "fits"));
+        let plan = committing_plan("g-1");
+        let group = cached("7", &old);
+        let patch = plan_body(Some(&old), &new, &plan);
+        let whole = status_replacement(&group, Some("7"), &patch).expect("the cache is at the fence");
+        // The status the merge patch makes of the cached one.
+        let mut want = group["status"].clone();
+        json_patch::merge(&mut want, &patch);
+        assert_eq!(whole["status"], want);
+        let written: PodGroupStatus = serde_json::from_value(whole["status"].clone()).expect("a status");
+        assert_eq!(written.phase, Some(GroupPhase::Admitted));
+        assert_eq!(written.plan.as_ref().map(|p| p.id.as_str()), Some("g-1"));
+        assert_eq!(written.message, None, "a field the patch removes is gone");
+        assert_eq!(
+            (written.rollbacks, written.resource_claim_statuses.len()),
+            (2, 1),
+            "what other writers keep in the status goes back as cached"
+        );
+        assert_eq!(whole["metadata"]["resourceVersion"], "7", "the fence");
+        assert!(whole["metadata"].get("managedFields").is_none(), "the API server keeps its own");
+        assert_eq!((&whole["spec"], &whole["metadata"]["labels"]), (&group["spec"], &group["metadata"]["labels"]));
+        // The plan's clear, from the status just written.
+        let cleared = status_replacement(&whole, Some("7"), &fold_body(Some(&written), &new)).expect("at the fence");
+        assert!(cleared["status"].get("plan").is_none(), "the clear removes the plan");
+        // A group cached without a status.
+        let mut bare = cached("3", &old);
+        bare.as_object_mut().expect("an object").remove("status");
+        let first = status_replacement(&bare, Some("3"), &patch).expect("at the fence");
+        assert_eq!(first["status"]["phase"], "Admitted");
+        assert!(first["status"].get("message").is_none(), "a null of the patch sets nothing");
+    }
+
+    #[test]
+    fn a_status_write_not_fenced_at_the_cached_version_stays_a_patch() {
+        let old = status(GroupPhase::Pending, 3, ("False", "Waiting", "3 of 3 pods exist"));
+        let patch = fold_body(Some(&old), &status(GroupPhase::Running, 3, ("True", "Admitted", "fits")));
+        let group = cached("7", &old);
+        assert_eq!(status_replacement(&group, Some("8"), &patch), None, "the cache has not seen muster's last write");
+        assert_eq!(status_replacement(&group, None, &patch), None, "an unfenced write");
+        let mut unversioned = group.clone();
+        unversioned["metadata"].as_object_mut().expect("metadata").remove("resourceVersion");
+        assert_eq!(status_replacement(&unversioned, Some("7"), &patch), None, "a cache without a version");
     }
 }
 

@@ -240,6 +240,46 @@ pub fn plan_body<S: serde::Serialize>(old: Option<&S>, new: &S, plan: &Admission
     body
 }
 
+/// PURE: the whole group to send as an update of its status (a PUT of the status subresource)
+/// in place of `patch`, a merge patch of its status ([`fold_body`], [`plan_body`]): `cached`, the
+/// group as cached, with `patch` merged into its status and its `managedFields` left out (the
+/// API server then keeps the stored ones), when `cached` is at `fence`, the resourceVersion
+/// the write is fenced by. `None` otherwise (the cache has not seen muster's last write of
+/// the group yet, or the write is not fenced): the write goes as the merge patch.
+///
+/// It writes the status the patch would have: the API server keeps everything of the stored
+/// object but the status, and refuses the update (409) unless the object is still at `fence`,
+/// so the status it replaces is the cached one. What it saves the API server is the patch:
+/// encoding the stored object, merging the patch into it and decoding the result (a profile
+/// at 5,000 nodes put that at about a quarter of a custom resource's status write).
+pub fn status_replacement(
+    cached: &serde_json::Value,
+    fence: Option<&str>,
+    patch: &serde_json::Value,
+) -> Option<serde_json::Value> {
+    let at = cached.pointer("/metadata/resourceVersion").and_then(serde_json::Value::as_str);
+    if fence.is_none() || at != fence {
+        return None;
+    }
+    let mut status = cached.get("status").cloned().unwrap_or(serde_json::Value::Null);
+    json_patch::merge(&mut status, patch);
+    status_update(cached, status)
+}
+
+/// PURE: `cached`, an object as cached, to send as an update of its status subresource with
+/// `status` as its whole status, its `managedFields` left out (the API server then keeps the
+/// stored ones; it keeps everything else of the stored object but the status too). `None` when
+/// `cached` is not an object. The update is fenced by `cached`'s resourceVersion.
+pub fn status_update(cached: &serde_json::Value, status: serde_json::Value) -> Option<serde_json::Value> {
+    let mut whole = cached.clone();
+    let object = whole.as_object_mut()?;
+    if let Some(meta) = object.get_mut("metadata").and_then(serde_json::Value::as_object_mut) {
+        meta.remove("managedFields");
+    }
+    object.insert("status".into(), status);
+    Some(whole)
+}
+
 /// A status sent for a group: the group's resourceVersion it was computed on, and the
 /// status without its conditions' transition times. While the cache still shows that version
 /// (it lags behind the write, seconds on a busy API server), the status computed again is the
