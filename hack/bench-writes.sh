@@ -7,8 +7,11 @@
 # patch (`status`), the same asking for an answer of the object's metadata only (`status-meta`:
 # Accept `as=PartialObjectMetadata`, as muster's status writes ask), that with
 # `fieldValidation=Ignore` too (`status-lean`: the API server decodes the patched object without
-# looking for unknown or duplicate fields, which it does by default to warn) and a server-side apply
-# (`status-apply`, as muster writes a MusterJob's status). Prints kube-apiserver's CPU
+# looking for unknown or duplicate fields, which it does by default to warn), an update of the
+# whole object as read before the round (`status-put`, fenced by its resourceVersion, as muster
+# writes a plan, its clear and a MusterJob's status where its cache holds the object at that
+# version) and a server-side apply (`status-apply`, as muster writes a MusterJob's status when
+# its cache lags). Prints kube-apiserver's CPU
 # milliseconds per write (its utime + stime over the round, divided by the writes; the median
 # round, and every round), and per create (the objects of each kind made by one `kubectl create`
 # of a list, one at a time, after 20 of every kind were made unmeasured). Each round starts at
@@ -209,6 +212,10 @@ round() {
       fi
       status_body "$kind" "$n" > "$work/body.json" ;;
   esac
+  if [ "$write" = status-put ]; then
+    put_round "$kind" "$n"
+    return
+  fi
   local before after failed
   before=$(cpu_ticks)
   failed=$(seq -f "http://127.0.0.1:$port/$(url "$kind")$suffix$query" 0 $((objects - 1)) \
@@ -219,14 +226,49 @@ round() {
   python3 -c "print(f'{($after - $before) / $tck * 1000 / $objects:.2f}')"
 }
 
+# put_round KIND N: prints kube-apiserver's CPU ms per write of one round of `status-put`: each
+# object's status replaced by an update (PUT) of the whole object as read before the round
+# (a list, not measured), the status of status_body in it, its resourceVersion as read (the
+# fence), its managedFields left out (the API server keeps them: a cache stripped of them sends
+# none), an answer of metadata only and fieldValidation=Ignore: what muster would send if it
+# replaced a status it holds whole instead of patching it.
+put_round() {
+  local kind=$1 n=$2 before after failed
+  local base
+  base=http://127.0.0.1:$port/$(url "$kind")
+  base=${base%/o%05g}
+  rm -rf "$work/put" && mkdir -p "$work/put"
+  curl -sf "$base" > "$work/put/list.json" || die "listing the ${kind}s failed"
+  status_body "$kind" "$n" > "$work/body.json"
+  python3 - "$work/put" "$work/body.json" <<'PY' || die "preparing the updates of ${kind}s failed"
+import json, sys
+out, body = sys.argv[1], json.load(open(sys.argv[2]))
+for item in json.load(open(f"{out}/list.json"))["items"]:
+    name = item["metadata"]["name"]
+    if not name.startswith("o"):
+        continue
+    item["metadata"].pop("managedFields", None)
+    item["status"] = body["status"]
+    with open(f"{out}/{name}.json", "w") as f:
+        json.dump(item, f)
+PY
+  before=$(cpu_ticks)
+  failed=$(seq -f "%05g" 0 $((objects - 1)) \
+    | xargs -P 8 -I{} sh -c 'curl -sf -o /dev/null -X PUT -H "Content-Type: application/json" -H "Accept: application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1" --data-binary @"$1/o$3.json" "$2/o$3/status?fieldValidation=Ignore" || echo x' _ "$work/put" "$base" {} \
+    | wc -l)
+  after=$(cpu_ticks)
+  [ "$failed" -eq 0 ] || die "$failed of $objects status-put writes of $kind failed"
+  python3 -c "print(f'{($after - $before) / $tck * 1000 / $objects:.2f}')"
+}
+
 # The rounds go over every kind in turn, so a drift of the machine reaches all alike.
 cases=()
-for write in label status status-meta status-lean status-apply; do
+for write in label status status-meta status-lean status-put status-apply; do
   for kind in "${kinds[@]}"; do
     # A Workload is only created: muster writes neither its labels nor a status.
     [ "$kind" = workload ] && continue
     [ "$write" != label ] && case $kind in job | nodegpureport | configmap) continue ;; esac
-    case $write in status-meta | status-lean | status-apply) case $kind in *-norules) continue ;; esac ;; esac
+    case $write in status-meta | status-lean | status-put | status-apply) case $kind in *-norules) continue ;; esac ;; esac
     cases+=("$kind/$write")
   done
 done
