@@ -198,6 +198,24 @@ pub fn condition<'a>(group: &'a PodGroup, type_: &str) -> Option<&'a Condition> 
     group.status.as_ref()?.conditions.iter().find(|c| c.type_ == type_)
 }
 
+/// Events about object `name` in `namespace` once `want` holds of them, or as they are after
+/// 30 s: muster's events are sent by writers of their own, after the step they report, and on a
+/// busy control plane they may land after the binds a test waits for.
+pub async fn events_until(
+    namespace: &str,
+    name: &str,
+    want: impl Fn(&[(String, String, String)]) -> bool,
+) -> Vec<(String, String, String)> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let events = events_of(namespace, name).await;
+        if want(&events) || std::time::Instant::now() >= deadline {
+            return events;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}
+
 /// Events about object `name` in `namespace`, as (type, reason, message).
 pub async fn events_of(namespace: &str, name: &str) -> Vec<(String, String, String)> {
     let events: Api<Event> = Api::namespaced(client().await, namespace);

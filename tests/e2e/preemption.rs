@@ -12,7 +12,7 @@ use kube::api::{Api, DeleteParams};
 use muster::crds::PodGroup;
 use serde_json::{Value, json};
 
-use crate::gangs::{LONG, TestNodes, all_bound, apply, events_of, gpu_job, job_pods, node_of};
+use crate::gangs::{LONG, TestNodes, all_bound, apply, events_until, gpu_job, job_pods, node_of};
 use crate::harness::manager::muster;
 use crate::harness::{client, cluster, namespace, wait_for};
 
@@ -124,11 +124,11 @@ async fn a_high_priority_gang_preempts_lower_gangs_wholly_and_a_never_one_waits(
     let bound = all_bound(&pods, "high", 1).await;
     assert_eq!(node_of(&bound[0]), Some(nodes.names[0].as_str()));
     for low in ["low-a", "low-b"] {
-        let events = events_of(&ns.name, low).await;
-        assert!(
-            events.iter().any(|(t, r, m)| t == "Warning" && r == "Preempted" && m.contains("high")),
-            "{low}: {events:?}"
-        );
+        let preempted = |e: &[(String, String, String)]| {
+            e.iter().any(|(t, r, m)| t == "Warning" && r == "Preempted" && m.contains("high"))
+        };
+        let events = events_until(&ns.name, low, preempted).await;
+        assert!(preempted(&events), "{low}: {events:?}");
         // Its pods were all evicted (none of the old ones is left bound); the job makes new
         // ones, which wait: the node is the high gang's.
         let now = job_pods(&pods, low).await;
@@ -142,10 +142,10 @@ async fn a_high_priority_gang_preempts_lower_gangs_wholly_and_a_never_one_waits(
     // disrupts it, and its job controller may delete that gang's other pods (a gang restart)
     // before muster reaches them, so it names 1 to 4 of the 4 victims, which are all gone
     // (above) either way.
-    let events = events_of(&ns.name, "high").await;
     let evicted = |m: &str| {
         m.strip_prefix("preempting ").and_then(|m| m.split_once(" pod(s)")).and_then(|(n, _)| n.parse::<u32>().ok())
     };
+    let events = events_until(&ns.name, "high", |e| e.iter().any(|(_, r, _)| r == "Preempting")).await;
     let counts: Vec<u32> =
         events.iter().filter(|(_, r, _)| r == "Preempting").filter_map(|(_, _, m)| evicted(m)).collect();
     assert!(counts.iter().any(|n| (1..=4).contains(n)), "{events:?}");
@@ -274,7 +274,8 @@ async fn a_victim_a_disruption_budget_protects_is_passed_over_for_another_or_the
         2,
         "low-a kept"
     );
-    assert!(events_of(&ns.name, "low-b").await.iter().any(|(_, r, m)| r == "Preempted" && m.contains("half")));
+    let preempted = |e: &[(String, String, String)]| e.iter().any(|(_, r, m)| r == "Preempted" && m.contains("half"));
+    assert!(preempted(&events_until(&ns.name, "low-b", preempted).await));
     // 4 GPUs more: only with low-a gone (half holds the rest, at the same priority), which its
     // budget refuses: it waits and says why.
     apply(&ns.name, &with_class(gpu_job("rest", 1, 4, &nodes, gang_all(1), json!({})), "e2e-preempt-high"));
@@ -318,8 +319,10 @@ async fn a_pod_muster_does_not_manage_is_preempted_by_the_same_rules() {
     all_bound(&pods, "high", 1).await;
     let gone = pods.get_opt("plain").await.expect("get");
     assert!(gone.is_none_or(|p| p.metadata.uid.as_deref() != Some(&plain_uid)), "the plain pod was preempted");
-    let events = events_of(&ns.name, "high").await;
-    assert!(events.iter().any(|(_, r, m)| r == "Preempting" && m.contains("plain")), "{events:?}");
+    let preempting =
+        |e: &[(String, String, String)]| e.iter().any(|(_, r, m)| r == "Preempting" && m.contains("plain"));
+    let events = events_until(&ns.name, "high", preempting).await;
+    assert!(preempting(&events), "{events:?}");
 }
 
 #[tokio::test]
@@ -375,16 +378,20 @@ async fn the_room_a_preemption_frees_is_held_against_pods_kube_scheduler_places(
     );
     assert!(node_of(&sneak).is_none(), "the plain pod took the room the preemption freed");
     // One preemption: the plain pod never had to be preempted in turn.
+    // Events are sent after the step they report: wait for the first.
     let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(c.clone(), &ns.name);
-    let preemptions: Vec<_> = events
-        .list(&kube::api::ListParams::default())
-        .await
-        .expect("events")
-        .items
-        .into_iter()
-        .filter(|e| e.involved_object.kind.as_deref() == Some("PodGroup") && e.reason.as_deref() == Some("Preempting"))
-        .map(|e| (e.involved_object.name, e.message, e.count))
-        .collect();
+    let list = || async {
+        let items = events.list(&kube::api::ListParams::default()).await.expect("events").items;
+        let preemptions: Vec<_> = items
+            .into_iter()
+            .filter(|e| {
+                e.involved_object.kind.as_deref() == Some("PodGroup") && e.reason.as_deref() == Some("Preempting")
+            })
+            .map(|e| (e.involved_object.name, e.message, e.count))
+            .collect();
+        Some(preemptions).filter(|p| !p.is_empty())
+    };
+    let preemptions = crate::harness::wait_for_opt(Duration::from_secs(30), list).await.unwrap_or_default();
     assert_eq!(preemptions.len(), 1, "{preemptions:?}");
     assert_eq!(preemptions[0].2.unwrap_or(1), 1, "{preemptions:?}");
 }
