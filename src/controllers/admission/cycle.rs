@@ -788,7 +788,10 @@ fn gated_count(tree: &GroupTree) -> usize {
 
 /// The root group objects by key (a lookup per tree: a scan per tree was quadratic in the
 /// groups, with two string copies per group looked at).
-fn roots_by_key<'a>(pgs: &'a [Arc<PodGroup>], cpgs: &'a [Arc<CompositePodGroup>]) -> HashMap<RootKey, GroupRef<'a>> {
+pub(super) fn roots_by_key<'a>(
+    pgs: &'a [Arc<PodGroup>],
+    cpgs: &'a [Arc<CompositePodGroup>],
+) -> HashMap<RootKey, GroupRef<'a>> {
     pgs.iter().map(GroupRef::Leaf).chain(cpgs.iter().map(GroupRef::Composite)).map(|g| (g.key(), g)).collect()
 }
 

@@ -13,7 +13,6 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use super::commit::Cached;
 use super::report::object_labels;
 use super::{Admitter, CONTROLLER, FIELD_MANAGER, PlanClear, RootKey, error_backoff, group_pods, visit};
 use crate::controllers::context::{Context, Detached, Error, Result, at_most, bounded};
@@ -178,25 +177,12 @@ impl Admitter {
         let retry = [booked, self.apply_statuses(due).await, wait].into_iter().flatten().min();
         // Each clear with its root as cached: a clear fenced by that version replaces the
         // status (see `commit::Cached`).
-        let mut cached: HashMap<RootKey, Cached> = HashMap::new();
-        if !done.is_empty() {
-            let wanted: HashSet<&RootKey> = done.iter().map(|(key, _)| key).collect();
-            let leaves = pgs.iter().map(|g| {
-                (RootKey::leaf(&g.namespace().unwrap_or_default(), &g.name_any()), Cached::Leaf(Arc::clone(g)))
-            });
-            let composites = cpgs.iter().map(|g| {
-                (
-                    RootKey::composite(&g.namespace().unwrap_or_default(), &g.name_any()),
-                    Cached::Composite(Arc::clone(g)),
-                )
-            });
-            cached.extend(leaves.chain(composites).filter(|(key, _)| wanted.contains(key)));
-        }
+        let roots = if done.is_empty() { HashMap::new() } else { super::cycle::roots_by_key(pgs, cpgs) };
         let clears = done
             .into_iter()
             .map(|(key, version)| {
                 let status = folded.remove(&key);
-                let group = cached.remove(&key);
+                let group = roots.get(&key).map(|g| g.cached());
                 (key, version, status, group)
             })
             .collect();
