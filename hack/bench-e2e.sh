@@ -26,6 +26,10 @@
 #   50,000,000 Indexed pods is created in namespace bench-hostile: muster must run the paths
 #   beside it with its memory bounded (the job is Invalid, no pod of it is made); its status and
 #   the pods of that namespace are printed at the end
+#   BENCH_CRD_RULES=0 or =GROUP: a measurement, not a setup to run: muster's CRDs (0) or those of
+#   one API group (e.g. scheduling.muster.dev) served with every x-kubernetes-validations rule
+#   removed (replaced once the control plane is up, before muster starts), to see what the rules
+#   cost the API server at scale (it evaluates every rule of an object again on each status write)
 #   BENCH_APF=chart|none (chart): muster runs as the chart's ServiceAccount (`helm template` of
 #   charts/muster, release muster in muster-system: its ServiceAccount, ClusterRoles, Roles,
 #   bindings and ValidatingAdmissionPolicies applied as admin, not its Deployment, Services or
@@ -119,6 +123,36 @@ apf_args="--enable-priority-and-fairness=true --max-requests-inflight=400 --max-
 MUSTER_KWOK_HEARTBEAT=${BENCH_KWOK_HEARTBEAT:-0,600} \
   MUSTER_APISERVER_EXTRA_ARGS="$apf_args ${MUSTER_APISERVER_EXTRA_ARGS:-}" bench_cluster_up
 grep -E "^feature-gates|^dropped|ready in" "$dir.cluster-up.log" >&2 || true
+crd_rules=${BENCH_CRD_RULES:-1}
+if [ "$crd_rules" != 1 ]; then
+  case "$crd_rules" in
+    0) stripped='muster\.dev$' ;;
+    *.muster.dev) stripped="\\.${crd_rules//./\\.}\$" ;;
+    *) die "BENCH_CRD_RULES must be 1, 0 or an API group of muster's (e.g. scheduling.muster.dev)" ;;
+  esac
+  crds=$(kc get crd -o name | grep -E "$stripped") || die "BENCH_CRD_RULES=$crd_rules: no CRD matches"
+  for crd in $crds; do
+    kc get "$crd" -o json | python3 -c '
+import json, sys
+crd = json.load(sys.stdin)
+def strip(node):
+    if isinstance(node, dict):
+        node.pop("x-kubernetes-validations", None)
+        for v in node.values():
+            strip(v)
+    elif isinstance(node, list):
+        for v in node:
+            strip(v)
+strip(crd["spec"]["versions"])
+print(json.dumps(crd))' | kc replace -f - > /dev/null || die "cannot replace $crd without its rules"
+  done
+  # shellcheck disable=SC2086 # one name per word
+  kc wait --for=condition=Established --timeout=60s $crds > /dev/null || die "the CRDs without their rules are not established"
+  # shellcheck disable=SC2086
+  left=$(kc get $crds -o json | grep -c 'x-kubernetes-validations' || true)
+  [ "$left" = 0 ] || die "BENCH_CRD_RULES=$crd_rules: rules left in $crds"
+  log "BENCH_CRD_RULES=$crd_rules: served without their CEL rules (a measurement only): $(echo $crds | tr '\n' ' ')"
+fi
 for g in GenericWorkload WorkloadWithJob; do
   grep -q "^feature-gates.*$g=true" "$dir/features.txt" \
     || log "WARNING: gate $g is not on: the gang path's Jobs will not be gang scheduled"
