@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::blocks::{
     CompositePodGroupSchedulingPolicy, DNS_LABEL_PATTERN, DisruptionMode, PodGroupResourceClaim,
-    PodGroupSchedulingPolicy, SchedulingConstraints, immutable,
+    PodGroupSchedulingPolicy, SchedulingConstraints,
 };
 
 /// API group of the scheduling objects.
@@ -362,42 +362,22 @@ pub struct AvoidedNode {
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
-#[x_kube(
-    validation = Rule::new("!has(self.schedulingPolicy.gang) || has(self.schedulingPolicy.gang.minCount)").message("required in a compiled template").field_path(".schedulingPolicy.gang.minCount").reason(Reason::FieldValueRequired),
-    validation = Rule::new("!has(self.parentCompositePodGroupName) || has(self.workloadRef)").message("required when parentCompositePodGroupName is set").field_path(".workloadRef").reason(Reason::FieldValueRequired),
-    validation = Rule::new("has(self.schedulingPolicy.gang) == has(oldSelf.schedulingPolicy.gang)").message("field is immutable: the policy may not change between `basic` and `gang`").field_path(".schedulingPolicy"),
-    // An immutable field: this rule refuses setting or clearing it, the field's own
-    // `immutable()` a change. Each field a rule selects from the spec copies the schemas of all
-    // the spec's fields, on every write of the object, status writes too.
-    validation = Rule::new("has(self.parentCompositePodGroupName) == has(oldSelf.parentCompositePodGroupName)").message("field is immutable").field_path(".parentCompositePodGroupName"),
-    validation = Rule::new("has(self.workloadRef) == has(oldSelf.workloadRef)").message("field is immutable").field_path(".workloadRef"),
-    validation = Rule::new("has(self.schedulingConstraints) == has(oldSelf.schedulingConstraints)").message("field is immutable").field_path(".schedulingConstraints"),
-    validation = Rule::new("has(self.resourceClaims) == has(oldSelf.resourceClaims)").message("field is immutable").field_path(".resourceClaims"),
-    validation = Rule::new("self.disruptionMode == oldSelf.disruptionMode").message("field is immutable").field_path(".disruptionMode"),
-    validation = Rule::new("has(self.priorityClassName) == has(oldSelf.priorityClassName)").message("field is immutable").field_path(".priorityClassName"),
-    validation = Rule::new("has(self.priority) == has(oldSelf.priority)").message("field is immutable").field_path(".priority"),
-    validation = Rule::new("has(self.preemptionPolicy) == has(oldSelf.preemptionPolicy)").message("field is immutable").field_path(".preemptionPolicy")
-)]
 pub struct PodGroupSpec {
     /// The CompositePodGroup this group belongs to; unset for a root group.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
-    #[x_kube(validation = immutable())]
     pub parent_composite_pod_group_name: Option<String>,
     /// The Workload template this group was made from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = immutable())]
     pub workload_ref: Option<WorkloadReference>,
     /// `basic` or `gang` (with `minCount` required). Only `gang.minCount` may change.
     pub scheduling_policy: PodGroupSchedulingPolicy,
     /// Topology constraint: every pod lands in one domain of the key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = immutable())]
     pub scheduling_constraints: Option<SchedulingConstraints>,
     /// ResourceClaims shared by the whole group, at most 4.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 4), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
-    #[x_kube(validation = immutable())]
     pub resource_claims: Option<Vec<PodGroupResourceClaim>>,
     /// `single` (default) or `all`.
     #[serde(default = "default_disruption_mode")]
@@ -406,16 +386,13 @@ pub struct PodGroupSpec {
     /// PriorityClass of the group.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
-    #[x_kube(validation = immutable())]
     pub priority_class_name: Option<String>,
     /// Priority of the group; higher is admitted first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(max = 1_000_000_000))]
-    #[x_kube(validation = immutable())]
     pub priority: Option<i32>,
     /// `PreemptLowerPriority` or `Never`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = immutable())]
     pub preemption_policy: Option<PreemptionPolicy>,
 }
 
@@ -542,10 +519,6 @@ pub struct PodGroupResourceClaimStatus {
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
-#[x_kube(
-    validation = Rule::new("!has(self.schedulingPolicy.gang) || has(self.schedulingPolicy.gang.minGroupCount)").message("required in a compiled template").field_path(".schedulingPolicy.gang.minGroupCount").reason(Reason::FieldValueRequired),
-    validation = Rule::new("self == oldSelf").message("the spec of a CompositePodGroup is immutable")
-)]
 pub struct CompositePodGroupSpec {
     /// The parent CompositePodGroup; unset for the root.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -19,6 +19,7 @@ use crate::crds::scheduling::{CompositePodGroup, PodGroup, PodGroupResourceClaim
 use crate::crds::{GROUP_TEMPLATE_ANNOTATION, PARENT_COMPOSITE_ANNOTATION};
 use crate::workloadbuilder::job::{JOB_TEMPLATE_NAME, build_options, job_item};
 use crate::workloadbuilder::native::SchedulingApi;
+use crate::workloadbuilder::objects::{own_write_refusal, validate_pod_group, validate_workload};
 use crate::workloadbuilder::{Builder, FieldPath};
 
 /// The groups a job's pods join.
@@ -131,10 +132,15 @@ pub(super) async fn ensure_groups(
         let wls = Api::<Workload>::namespaced(ctx.client.clone(), &ns);
         let existing_workload = match in_cache(&jc.workloads, &ns, &name) {
             Some(w) => Some(w),
-            None => match create_if_absent(&wls, &name, FIELD_MANAGER, workload.clone()).await? {
-                // Created now, it holds what was asked: the apply below writes nothing.
-                Made::Created(w) | Made::Exists(w) => Some(w),
-            },
+            None => {
+                if let Some(refused) = own_write_refusal("Workload", &name, &validate_workload(&workload, None)) {
+                    return Ok(Err(refused));
+                }
+                match create_if_absent(&wls, &name, FIELD_MANAGER, workload.clone()).await? {
+                    // Created now, it holds what was asked: the apply below writes nothing.
+                    Made::Created(w) | Made::Exists(w) => Some(w),
+                }
+            }
         };
         if let Some(existing) = &existing_workload
             && controller_uid(&existing.metadata) != Some(uid.as_str())
@@ -143,6 +149,11 @@ pub(super) async fn ensure_groups(
                 "NameConflict",
                 format!("Workload {name} already exists and is not controlled by this MusterJob"),
             )));
+        }
+        if let Some(refused) =
+            own_write_refusal("Workload", &name, &validate_workload(&workload, existing_workload.as_ref()))
+        {
+            return Ok(Err(refused));
         }
         let applied = crate::controllers::apply_if_changed(&wls, &name, &params, workload, existing_workload).await?;
         let workload_owner = applied.controller_owner_ref(&()).map(|o| plan::plain_owner_ref(&o));
@@ -157,6 +168,11 @@ pub(super) async fn ensure_groups(
     // A root job's PodGroup is also owned by its Workload (as upstream's Job controller does).
     pg.metadata.owner_references.get_or_insert_with(Vec::new).extend(workload_owner);
     pg.metadata.annotations = Some(BTreeMap::from([(FROZEN_HASH_ANNOTATION.to_string(), hashes.clone())]));
+    if existing.is_none()
+        && let Some(refused) = own_write_refusal("PodGroup", &name, &validate_pod_group(&pg, None))
+    {
+        return Ok(Err(refused));
+    }
     let gang = match (pg.spec.scheduling_policy.gang.is_some(), pg.spec.disruption_mode.kind()) {
         (_, Some(DisruptionModeKind::All)) => plan::Gang::All,
         (true, _) => plan::Gang::Single,
@@ -176,6 +192,9 @@ pub(super) async fn ensure_groups(
             }
         },
     };
+    if let Some(refused) = own_write_refusal("PodGroup", &name, &validate_pod_group(&pg, Some(&existing))) {
+        return Ok(Err(refused));
+    }
     let applied = crate::controllers::apply_if_changed(&pgs, &name, &params, pg, Some(existing)).await?;
     let status = applied.status.clone().unwrap_or_default();
     Ok(Ok(Groups {

@@ -86,7 +86,7 @@ const JOB_SUCCESSES: &[ReasonEntry] = &[
 ];
 
 /// The reasons of `Invalid` shared by MusterJob and MusterJobSet.
-const INVALID_COMMON: [ReasonEntry; 8] = [
+const INVALID_COMMON: [ReasonEntry; 9] = [
     r("Valid", False, "The spec is valid and acted on."),
     r("NamespaceExcluded", True, "The object is in a namespace muster's webhooks skip (muster's own, `kube-system`)."),
     r(
@@ -115,6 +115,11 @@ const INVALID_COMMON: [ReasonEntry; 8] = [
         True,
         "An object muster would make already exists and is not controlled by this object. Looked at again every 5 s for a minute, then every minute (an earlier object of the same name may still be going).",
     ),
+    r(
+        "InvalidCompiledObject",
+        True,
+        "A Workload, PodGroup or CompositePodGroup muster compiled for the object fails muster's own check of its writes (the webhook skips muster's requests, and the groups' CRDs carry no rules); nothing is written.",
+    ),
 ];
 
 const JOB_INVALID: &[ReasonEntry] = &[
@@ -127,6 +132,7 @@ const JOB_INVALID: &[ReasonEntry] = &[
     INVALID_COMMON[5],
     INVALID_COMMON[6],
     INVALID_COMMON[7],
+    INVALID_COMMON[8],
     r("FrozenFieldChanged", True, "A field frozen after creation changed (it got past the webhook)."),
     r(
         "NotInSet",

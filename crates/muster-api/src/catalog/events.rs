@@ -239,6 +239,13 @@ pub static EVENTS: &[EventEntry] = &[
         "An object muster would make (Workload, PodGroup, CompositePodGroup, ResourceClaimTemplate) already exists and is not controlled by this object. Looked at again every 5 s for a minute, then every minute (an earlier object of the same name may still be going).",
     ),
     ev(
+        "InvalidCompiledObject",
+        Warning,
+        JOB_OR_SET,
+        "Validate",
+        "A Workload, PodGroup or CompositePodGroup muster compiled for the object fails muster's own check of its writes (the webhook skips muster's requests, and the groups' CRDs carry no rules); nothing is written.",
+    ),
+    ev(
         "FrozenFieldChanged",
         Warning,
         JOB,

@@ -252,6 +252,26 @@ pub fn validate_composite_pod_group(cpg: &CompositePodGroup, old: Option<&Compos
     errs
 }
 
+/// Reason with which a job or set is not acted on when an object muster compiled for it fails
+/// [`own_write_refusal`].
+pub const INVALID_COMPILED: &str = "InvalidCompiledObject";
+
+/// PURE: muster's own check of a Workload, PodGroup or CompositePodGroup it is about to write,
+/// `errors` being [`validate_workload`], [`validate_pod_group`] or
+/// [`validate_composite_pod_group`] of it against the object it replaces. The CRDs of these
+/// kinds carry no CEL rules (the API server would evaluate them again on every status write),
+/// and muster's validating webhook skips muster's own requests, so these rules check muster's
+/// writes here, before each create or apply: `Some((reason, message))`, naming every field,
+/// means the object is not written and its job or set is not acted on.
+pub fn own_write_refusal(kind: &str, name: &str, errors: &[FieldError]) -> Option<(&'static str, String)> {
+    (!errors.is_empty()).then(|| {
+        (
+            INVALID_COMPILED,
+            format!("the {kind} {name} muster compiled would be invalid: {}", super::field::joined(errors)),
+        )
+    })
+}
+
 /// A group's `spec.priority` against its class: a group made by hand gets its priority from its
 /// `priorityClassName` (`class_value`: that class's value, or the cluster's global default
 /// class's where none is named, 0 without one; `None` when the named class does not exist), as
@@ -280,6 +300,23 @@ pub fn validate_priority(priority: Option<i32>, class: Option<&str>, class_value
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn muster_writes_nothing_its_own_rules_refuse() {
+        assert_eq!(super::own_write_refusal("PodGroup", "train", &[]), None);
+        let errors = vec![
+            FieldError::invalid(&FieldPath::new("spec").child("priority"), "7", "field is immutable"),
+            FieldError::required(
+                &FieldPath::new("spec").child("workloadRef"),
+                "when parentCompositePodGroupName is set",
+            ),
+        ];
+        let (reason, message) = super::own_write_refusal("PodGroup", "train", &errors).expect("refused");
+        assert_eq!(reason, super::INVALID_COMPILED);
+        assert!(message.starts_with("the PodGroup train muster compiled would be invalid: "), "{message}");
+        assert!(message.contains("spec.priority: Invalid value: 7: field is immutable"), "{message}");
+        assert!(message.contains("spec.workloadRef: Required value"), "{message}");
+    }
+
     use super::*;
     use muster_api::blocks::{CompositePodGroupSchedulingPolicy, PodGroupSchedulingPolicy};
 

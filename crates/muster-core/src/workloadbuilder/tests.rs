@@ -859,6 +859,45 @@ proptest! {
         }
     }
 
+    /// The CRDs of the compiled kinds carry no rules: muster checks its own writes of them with
+    /// `objects`' rules (`own_write_refusal`), so whatever a valid job or set compiles to must
+    /// pass them, made anew and applied again over itself.
+    #[test]
+    fn what_a_valid_tree_compiles_to_passes_musters_check_of_its_own_writes(root in arb_tree()) {
+        let b = Builder::new(root, opts());
+        if b.validate(None).is_empty() {
+            let w = b.build_workload().expect("a valid tree builds").clone();
+            prop_assert_eq!(objects::validate_workload(&w, None), vec![]);
+            prop_assert_eq!(objects::validate_workload(&w, Some(&w)), vec![]);
+            let composites = w.spec.composite_pod_group_templates.as_deref().unwrap_or_default();
+            for t in composites {
+                let cpg = b.new_composite_pod_group("root", &t.name).expect("the root composite builds");
+                prop_assert_eq!(objects::validate_composite_pod_group(&cpg, None), vec![]);
+                prop_assert_eq!(objects::validate_composite_pod_group(&cpg, Some(&cpg)), vec![]);
+            }
+            for t in w.spec.pod_group_templates.as_deref().unwrap_or_default() {
+                let pg = b.new_pod_group("leaf", &t.name).expect("the leaf builds");
+                prop_assert_eq!(objects::validate_pod_group(&pg, None), vec![]);
+                prop_assert_eq!(objects::validate_pod_group(&pg, Some(&pg)), vec![]);
+            }
+        }
+    }
+
+    #[test]
+    fn what_a_valid_job_compiles_to_passes_musters_check_of_its_own_writes(spec in arb_job_spec(), min in 1i32..10) {
+        let b = Builder::new(leaf(&spec), opts());
+        if b.validate(None).is_empty() {
+            let pg = b.new_pod_group("train", "main").expect("a valid job builds its PodGroup");
+            prop_assert_eq!(objects::validate_pod_group(&pg, None), vec![]);
+            // A new minCount (the one field that may change) passes; the rest is the same.
+            let mut resized = pg.clone();
+            if let Some(g) = resized.spec.scheduling_policy.gang.as_mut() {
+                g.min_count = Some(min);
+            }
+            prop_assert_eq!(objects::validate_pod_group(&resized, Some(&pg)), vec![]);
+        }
+    }
+
     #[test]
     fn merge_is_idempotent(spec in arb_job_spec()) {
         let item = leaf(&spec);
