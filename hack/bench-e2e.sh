@@ -132,19 +132,7 @@ if [ "$crd_rules" != 1 ]; then
   esac
   crds=$(kc get crd -o name | grep -E "$stripped") || die "BENCH_CRD_RULES=$crd_rules: no CRD matches"
   for crd in $crds; do
-    kc get "$crd" -o json | python3 -c '
-import json, sys
-crd = json.load(sys.stdin)
-def strip(node):
-    if isinstance(node, dict):
-        node.pop("x-kubernetes-validations", None)
-        for v in node.values():
-            strip(v)
-    elif isinstance(node, list):
-        for v in node:
-            strip(v)
-strip(crd["spec"]["versions"])
-print(json.dumps(crd))' | kc replace -f - > /dev/null || die "cannot replace $crd without its rules"
+    kc get "$crd" -o json | crd_without_rules | kc replace -f - > /dev/null || die "cannot replace $crd without its rules"
   done
   # shellcheck disable=SC2086 # one name per word
   kc wait --for=condition=Established --timeout=60s $crds > /dev/null || die "the CRDs without their rules are not established"

@@ -22,6 +22,25 @@ bench_build() {
   [ -x "$muster" ] || die "$muster was not built"
 }
 
+# crd_without_rules: a CRD's JSON on stdin, written to stdout with every x-kubernetes-validations
+# rule of its versions removed (what the rules cost: bench-e2e's BENCH_CRD_RULES, bench-writes'
+# rule-free twins).
+crd_without_rules() {
+  python3 -c '
+import json, sys
+crd = json.load(sys.stdin)
+def strip(node):
+    if isinstance(node, dict):
+        node.pop("x-kubernetes-validations", None)
+        for v in node.values():
+            strip(v)
+    elif isinstance(node, list):
+        for v in node:
+            strip(v)
+strip(crd["spec"]["versions"])
+print(json.dumps(crd))'
+}
+
 # bench_cluster_down: stops the control plane in `dir` (and a muster marked with it).
 bench_cluster_down() {
   MUSTER_CLUSTER_DIR=$dir bash "$root/hack/cluster-down.sh" > /dev/null 2>&1

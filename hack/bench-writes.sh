@@ -55,19 +55,10 @@ mkdir -p "$work"
 # The MusterJob and PodGroup CRDs again, every x-kubernetes-validations rule removed, in another
 # group (norules.bench.muster.dev): what their rules cost.
 for crd in musterjobs.batch.muster.dev podgroups.scheduling.muster.dev; do
-  kc get crd "$crd" -o json | python3 -c '
+  kc get crd "$crd" -o json | crd_without_rules | python3 -c '
 import json, sys
 crd = json.load(sys.stdin)
-def strip(node):
-    if isinstance(node, dict):
-        node.pop("x-kubernetes-validations", None)
-        for v in node.values():
-            strip(v)
-    elif isinstance(node, list):
-        for v in node:
-            strip(v)
 spec = crd["spec"]
-strip(spec["versions"])
 for v in spec["versions"]:
     v.pop("selectableFields", None)
 spec["group"] = "norules.bench.muster.dev"
