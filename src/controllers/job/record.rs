@@ -141,6 +141,21 @@ impl JobPods {
         JobPods { store, index: Mutex::default() }
     }
 
+    /// Before the store applies `event`: whether it brings a reconcile news, as it triggers
+    /// one: a pod applied whose record differs from the one the store shows (or that the store
+    /// does not show), and every deletion and relist. An update that leaves the record as it
+    /// was (a GPU-index annotation, a condition of a live pod) triggers nothing: a reconcile
+    /// reads the record only.
+    pub fn is_news(&self, event: &Event<CachedPod>) -> bool {
+        match event {
+            Event::Apply(pod) => self
+                .store
+                .get(&kube::runtime::reflector::Lookup::to_object_ref(pod, ()))
+                .is_none_or(|seen| *seen != *pod),
+            Event::Delete(_) | Event::Init | Event::InitApply(_) | Event::InitDone => true,
+        }
+    }
+
     /// Before the store applies `event`: a pod applied is named under its controller.
     pub fn before(&self, event: &Event<CachedPod>) {
         if let Event::Apply(pod) | Event::InitApply(pod) = event {
@@ -297,5 +312,33 @@ mod tests {
         assert_eq!(names(&index.of_job("ns", "b", "uid-b")), ["b-1"]);
         // Only the listed pod is kept.
         assert_eq!(entries(&index), (1, 1));
+    }
+
+    #[test]
+    fn only_a_changed_record_triggers_a_reconcile() {
+        let (store, mut writer) = kube::runtime::reflector::store::<CachedPod>();
+        let index = JobPods::new(store);
+        // Whether each event is news, applied in order as the watch applies it.
+        let mut news = |ev: Event<CachedPod>| {
+            let news = index.is_news(&ev);
+            index.before(&ev);
+            writer.apply_watcher_event(&ev);
+            index.after(&ev);
+            news
+        };
+        let pod = record("a-0", "a", Some("uid-a"));
+        assert!(news(Event::Init) && news(Event::InitDone), "a relist always is");
+        assert!(news(Event::Apply(pod.clone())), "a pod first seen");
+        assert!(!news(Event::Apply(pod.clone())), "the same record again");
+        let mut running = pod.clone();
+        running.0.observed.phase = muster_core::pods::Lifecycle::Running;
+        assert!(news(Event::Apply(running.clone())), "its phase moved");
+        assert!(!news(Event::Apply(running.clone())));
+        let mut adopted = running.clone();
+        adopted.0.controller_uid = Some("uid-b".into());
+        assert!(news(Event::Apply(adopted.clone())), "another controller");
+        assert!(news(Event::Delete(adopted.clone())), "a delete always is");
+        assert!(news(Event::Apply(adopted)), "seen again after its delete");
+        assert!(news(Event::Init) && news(Event::InitApply(running)) && news(Event::InitDone));
     }
 }

@@ -143,17 +143,21 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
     let jobs = Api::<DeserializeGuard<MusterJob>>::all(ctx.client.clone());
     let pods = Api::<Pod>::all(ctx.client.clone());
     // The cache keeps a record of what a reconcile reads of each pod (`plan::JobPod`), written
-    // before the pod's event triggers its job, as kube's `reflect` does.
+    // before the pod's event triggers its job, as kube's `reflect` does. An event that leaves
+    // the record as it was triggers nothing (most of a pod's updates as it starts: kube-
+    // scheduler's conditions, its bind, its GPU indices).
     let (store, mut writer) = reflector::store();
     let job_pods = Arc::new(JobPods::new(store.clone()));
     let index = job_pods.clone();
     let pod_events = watcher::watcher(pods, watcher::Config::default().labels(JOB_NAME_LABEL).any_semantic())
         .default_backoff()
-        .inspect_ok(move |ev| {
-            let ev = crate::controllers::map_event(ev, |p| CachedPod(JobPod::of(p)));
-            index.before(&ev);
-            writer.apply_watcher_event(&ev);
-            index.after(&ev);
+        .try_filter_map(move |ev| {
+            let record = crate::controllers::map_event(&ev, |p| CachedPod(JobPod::of(p)));
+            let news = index.is_news(&record);
+            index.before(&record);
+            writer.apply_watcher_event(&record);
+            index.after(&record);
+            std::future::ready(Ok(news.then_some(ev)))
         })
         .touched_objects();
     // Jobs in upstream mode follow their native PodGroups (kube-scheduler's conditions): the

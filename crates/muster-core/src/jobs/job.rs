@@ -108,8 +108,11 @@ pub struct ObservedPod {
     /// Its terminated containers' (name, exit code), containers before init containers, at
     /// most [`MAX_OBSERVED`]: what `podFailurePolicy.rules[].onExitCodes` reads.
     pub exit_codes: Vec<(String, i32)>,
-    /// Its conditions' (type, status), at most [`MAX_OBSERVED`]: what
-    /// `podFailurePolicy.rules[].onPodConditions` reads.
+    /// Its conditions' (type, status), at most [`MAX_OBSERVED`], once it failed (none before):
+    /// what `podFailurePolicy.rules[].onPodConditions` reads, which matches failed pods only.
+    /// A live pod's conditions change at every step of its start (scheduled, bound,
+    /// initialized, ready) while nothing the job reads of them does: kept, each step was a
+    /// new record, and a reconcile of its job.
     pub conditions: Vec<(String, String)>,
     /// When it finished (unix seconds), as batch/v1 reads it for its failure backoff: the last
     /// container's `finishedAt` once all ended, else its `Ready=False` transition, else its
@@ -176,6 +179,7 @@ impl ObservedPod {
                 .take(MAX_OBSERVED)
                 .collect(),
             conditions: status
+                .filter(|_| phase == Lifecycle::Failed)
                 .and_then(|s| s.conditions.as_ref())
                 .into_iter()
                 .flatten()

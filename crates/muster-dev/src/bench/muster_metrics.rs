@@ -4,6 +4,8 @@
 /// The admission controller's series of `muster_reconciles_total`: one per admission cycle.
 const CYCLES_METRIC: &str = "muster_reconciles_total";
 const CYCLES_LABEL: &str = "controller=\"admission\"";
+/// The job controller's series: one per MusterJob reconcile.
+const JOB_RECONCILES_LABEL: &str = "controller=\"job\"";
 const HEAP_METRIC: &str = "muster_heap_bytes";
 
 /// PURE: the value of the series `name{...}` whose labels include `label` in a Prometheus or
@@ -28,6 +30,8 @@ pub(super) async fn fetch_metrics(http: &reqwest::Client, url: &str) -> Option<M
 pub struct MusterMetrics {
     /// Admission cycles run (the series appears with the first).
     pub cycles: f64,
+    /// MusterJob reconciles run.
+    pub job_reconciles: f64,
     /// Webhook reviews answered, and the seconds they took in all.
     pub webhook_reviews: f64,
     pub webhook_seconds: f64,
@@ -47,6 +51,7 @@ impl MusterMetrics {
         let heap = |kind: &str| counter_value(text, HEAP_METRIC, &format!("kind=\"{kind}\""));
         MusterMetrics {
             cycles: counter_value(text, CYCLES_METRIC, CYCLES_LABEL).unwrap_or(0.0),
+            job_reconciles: counter_value(text, CYCLES_METRIC, JOB_RECONCILES_LABEL).unwrap_or(0.0),
             webhook_reviews: sum("muster_webhook_duration_seconds_count"),
             webhook_seconds: sum("muster_webhook_duration_seconds_sum"),
             heap_allocated: heap("allocated"),
@@ -79,6 +84,7 @@ mod tests {
             m,
             MusterMetrics {
                 cycles: 12.0,
+                job_reconciles: 3.0,
                 webhook_reviews: 20.0,
                 webhook_seconds: 0.75,
                 heap_allocated: Some(1048576.0),

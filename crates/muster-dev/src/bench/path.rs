@@ -226,6 +226,7 @@ pub(super) async fn run_path(
             admission_p99_s: percentile(&latencies, 99.0),
             gangs_admitted: latencies.len(),
             cycles: metrics_before.zip(metrics_after).map(|(b, a)| a.cycles - b.cycles),
+            job_reconciles: metrics_before.zip(metrics_after).map(|(b, a)| a.job_reconciles - b.job_reconciles),
             webhook_reviews: metrics_before.zip(metrics_after).map(|(b, a)| a.webhook_reviews - b.webhook_reviews),
             webhook_mean_ms: metrics_before.zip(metrics_after).and_then(|(b, a)| {
                 let n = a.webhook_reviews - b.webhook_reviews;

@@ -27,6 +27,9 @@ pub struct MusterNumbers {
     pub gangs_admitted: usize,
     /// Admission cycles run during the path (delta of muster_reconciles_total{controller="admission"}).
     pub cycles: Option<f64>,
+    /// MusterJob reconciles run during the path (delta of
+    /// muster_reconciles_total{controller="job"}).
+    pub job_reconciles: Option<f64>,
     /// Webhook reviews muster answered during the path (each MusterJob create is one
     /// validation and one mutation), and their mean duration, ms.
     pub webhook_reviews: Option<f64>,

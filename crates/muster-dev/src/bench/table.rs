@@ -204,11 +204,12 @@ pub fn format_table(report: &Report) -> String {
                 opt(m.cpu_s, 2)
             ));
             out.push_str(&format!(
-                "  admission latency over {} gangs: p50 {} s, p99 {} s; admission cycles {}\n",
+                "  admission latency over {} gangs: p50 {} s, p99 {} s; admission cycles {}; job reconciles {}\n",
                 m.gangs_admitted,
                 opt(m.admission_p50_s, 3),
                 opt(m.admission_p99_s, 3),
-                opt(m.cycles, 0)
+                opt(m.cycles, 0),
+                opt(m.job_reconciles, 0)
             ));
             out.push_str(&format!(
                 "  heap at the end: {} MiB allocated, {} MiB resident; webhook: {} reviews, mean {} ms; events dropped {}\n",
@@ -268,6 +269,7 @@ mod tests {
                         rss_anon_mib: Some(30.0),
                         rss_file_mib: Some(19.5),
                         cycles: Some(4.0),
+                        job_reconciles: Some(9.0),
                         heap_allocated_mib: Some(20.0),
                         webhook_mean_ms: Some(3.5),
                         ..MusterNumbers::default()
@@ -289,7 +291,7 @@ mod tests {
         assert!(line("muster ").contains("3/6") && line("muster ").contains("TIMED OUT"), "{table}");
         assert!(
             table.contains("peak RSS 50.0 MiB (30.0 anonymous, 19.5 file pages")
-                && table.contains("admission cycles 4"),
+                && table.contains("admission cycles 4; job reconciles 9"),
             "{table}"
         );
         assert!(table.contains("20.0 MiB allocated") && table.contains("mean 3.5 ms"), "{table}");

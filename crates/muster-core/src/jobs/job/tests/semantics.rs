@@ -514,6 +514,38 @@ fn observed_pods_keep_exit_codes_conditions_and_tracking_bounded() {
 }
 
 #[test]
+fn a_live_pods_record_changes_with_what_the_job_reads_not_with_each_condition() {
+    let pod = |phase: &str, conditions: serde_json::Value| -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "annotations": {"gpu.muster.dev/indices": "0"}},
+            "status": {"phase": phase, "conditions": conditions},
+        }))
+        .expect("pod")
+    };
+    let cond = |t: &str, s: &str| serde_json::json!({"type": t, "status": s});
+    // The steps of a start: unschedulable for now, scheduled, initialized: one record.
+    let created = ObservedPod::from_pod(&pod("Pending", serde_json::json!([])));
+    for step in [
+        serde_json::json!([cond("PodScheduled", "False")]),
+        serde_json::json!([cond("PodScheduled", "True")]),
+        serde_json::json!([cond("PodScheduled", "True"), cond("Initialized", "True"), cond("Ready", "False")]),
+    ] {
+        assert_eq!(ObservedPod::from_pod(&pod("Pending", step.clone())), created, "{step}");
+    }
+    // What the job reads still moves it: running, ready, a disruption.
+    let running = ObservedPod::from_pod(&pod("Running", serde_json::json!([cond("Ready", "False")])));
+    assert_ne!(running, created);
+    assert!(running.conditions.is_empty());
+    let ready = ObservedPod::from_pod(&pod("Running", serde_json::json!([cond("Ready", "True")])));
+    assert!(ready.ready && ready != running);
+    let disrupted = ObservedPod::from_pod(&pod("Running", serde_json::json!([cond("DisruptionTarget", "True")])));
+    assert!(disrupted.disruption.is_some() && disrupted != running);
+    // A failed pod keeps them all, as its podFailurePolicy rules read them.
+    let failed = ObservedPod::from_pod(&pod("Failed", serde_json::json!([cond("ConfigIssue", "True")])));
+    assert_eq!(failed.conditions, vec![("ConfigIssue".to_string(), "True".to_string())]);
+}
+
+#[test]
 fn failure_backoff_doubles_from_ten_seconds_to_ten_minutes() {
     let now = 1_000;
     // (failures, last failure, left)
