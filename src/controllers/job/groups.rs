@@ -19,7 +19,7 @@ use crate::crds::scheduling::{CompositePodGroup, PodGroup, PodGroupResourceClaim
 use crate::crds::{GROUP_TEMPLATE_ANNOTATION, PARENT_COMPOSITE_ANNOTATION};
 use crate::workloadbuilder::job::{JOB_TEMPLATE_NAME, build_options, job_item};
 use crate::workloadbuilder::native::SchedulingApi;
-use crate::workloadbuilder::objects::{own_write_refusal, validate_pod_group, validate_workload};
+use crate::workloadbuilder::objects::refuse_own_write;
 use crate::workloadbuilder::{Builder, FieldPath};
 
 /// The groups a job's pods join.
@@ -133,7 +133,7 @@ pub(super) async fn ensure_groups(
         let existing_workload = match in_cache(&jc.workloads, &ns, &name) {
             Some(w) => Some(w),
             None => {
-                if let Some(refused) = own_write_refusal("Workload", &name, &validate_workload(&workload, None)) {
+                if let Some(refused) = refuse_own_write(&workload, None) {
                     return Ok(Err(refused));
                 }
                 match create_if_absent(&wls, &name, FIELD_MANAGER, workload.clone()).await? {
@@ -150,9 +150,7 @@ pub(super) async fn ensure_groups(
                 format!("Workload {name} already exists and is not controlled by this MusterJob"),
             )));
         }
-        if let Some(refused) =
-            own_write_refusal("Workload", &name, &validate_workload(&workload, existing_workload.as_ref()))
-        {
+        if let Some(refused) = refuse_own_write(&workload, existing_workload.as_ref()) {
             return Ok(Err(refused));
         }
         let applied = crate::controllers::apply_if_changed(&wls, &name, &params, workload, existing_workload).await?;
@@ -169,7 +167,7 @@ pub(super) async fn ensure_groups(
     pg.metadata.owner_references.get_or_insert_with(Vec::new).extend(workload_owner);
     pg.metadata.annotations = Some(BTreeMap::from([(FROZEN_HASH_ANNOTATION.to_string(), hashes.clone())]));
     if existing.is_none()
-        && let Some(refused) = own_write_refusal("PodGroup", &name, &validate_pod_group(&pg, None))
+        && let Some(refused) = refuse_own_write(&pg, None)
     {
         return Ok(Err(refused));
     }
@@ -192,7 +190,7 @@ pub(super) async fn ensure_groups(
             }
         },
     };
-    if let Some(refused) = own_write_refusal("PodGroup", &name, &validate_pod_group(&pg, Some(&existing))) {
+    if let Some(refused) = refuse_own_write(&pg, Some(&existing)) {
         return Ok(Err(refused));
     }
     let applied = crate::controllers::apply_if_changed(&pgs, &name, &params, pg, Some(existing)).await?;

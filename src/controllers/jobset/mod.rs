@@ -34,7 +34,7 @@ use crate::workloadbuilder::job::{
     build_options, jobset_item, jobset_size_errors, pod_making_classes, root_template_name, validate_jobset,
 };
 use crate::workloadbuilder::native::{self, SchedulingApi};
-use crate::workloadbuilder::objects::{own_write_refusal, validate_composite_pod_group, validate_workload};
+use crate::workloadbuilder::objects::refuse_own_write;
 use plan::{ObservedChild, condition};
 
 /// Name of this controller in metrics and logs.
@@ -302,10 +302,8 @@ async fn ensure_roots(
     if let Some(conflict) = name_conflict(&name, &owner.uid, "", &metas) {
         return Ok(Err(conflict));
     }
-    let refused = own_write_refusal("Workload", &name, &validate_workload(&workload, existing_workload.as_ref()))
-        .or_else(|| {
-            own_write_refusal("CompositePodGroup", &name, &validate_composite_pod_group(&cpg, existing_cpg.as_ref()))
-        });
+    let refused = refuse_own_write(&workload, existing_workload.as_ref())
+        .or_else(|| refuse_own_write(&cpg, existing_cpg.as_ref()));
     if let Some(refused) = refused {
         return Ok(Err(refused));
     }

@@ -272,6 +272,53 @@ pub fn own_write_refusal(kind: &str, name: &str, errors: &[FieldError]) -> Optio
     })
 }
 
+/// A kind muster compiles and writes itself (Workload, PodGroup, CompositePodGroup): its name for
+/// messages and its rules ([`validate_workload`], [`validate_pod_group`],
+/// [`validate_composite_pod_group`]).
+pub trait Compiled: Sized {
+    /// The kind, as messages name it.
+    const KIND: &'static str;
+    /// The rules of the kind, against the object it replaces.
+    fn rule_errors(&self, old: Option<&Self>) -> ErrorList;
+    /// `metadata.name`.
+    fn object_name(&self) -> &str;
+}
+
+impl Compiled for Workload {
+    const KIND: &'static str = "Workload";
+    fn rule_errors(&self, old: Option<&Self>) -> ErrorList {
+        validate_workload(self, old)
+    }
+    fn object_name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+}
+
+impl Compiled for PodGroup {
+    const KIND: &'static str = "PodGroup";
+    fn rule_errors(&self, old: Option<&Self>) -> ErrorList {
+        validate_pod_group(self, old)
+    }
+    fn object_name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+}
+
+impl Compiled for CompositePodGroup {
+    const KIND: &'static str = "CompositePodGroup";
+    fn rule_errors(&self, old: Option<&Self>) -> ErrorList {
+        validate_composite_pod_group(self, old)
+    }
+    fn object_name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+}
+
+/// PURE: [`own_write_refusal`] of `object`, about to be written over `old` (`None`: created).
+pub fn refuse_own_write<T: Compiled>(object: &T, old: Option<&T>) -> Option<(&'static str, String)> {
+    own_write_refusal(T::KIND, object.object_name(), &object.rule_errors(old))
+}
+
 /// A group's `spec.priority` against its class: a group made by hand gets its priority from its
 /// `priorityClassName` (`class_value`: that class's value, or the cluster's global default
 /// class's where none is named, 0 without one; `None` when the named class does not exist), as
@@ -411,6 +458,45 @@ mod tests {
         new.spec.scheduling_policy = PodGroupSchedulingPolicy::basic();
         let paths: Vec<String> = validate_pod_group(&new, Some(&old)).iter().map(|e| e.path.to_string()).collect();
         assert_eq!(paths, vec!["spec.schedulingPolicy", "spec.disruptionMode"]);
+    }
+
+    #[test]
+    fn each_compiled_kind_is_refused_by_its_own_rules_under_its_kind_and_name() {
+        let pg = PodGroup::new(
+            "g",
+            muster_api::PodGroupSpec {
+                scheduling_policy: PodGroupSchedulingPolicy::gang(Some(2)),
+                disruption_mode: DisruptionMode::single(),
+                ..Default::default()
+            },
+        );
+        assert_eq!(refuse_own_write(&pg, None), None);
+        assert_eq!(refuse_own_write(&pg, Some(&pg)), None);
+        let mut all = pg.clone();
+        all.spec.disruption_mode = DisruptionMode::all();
+        let (reason, message) = refuse_own_write(&all, Some(&pg)).expect("a frozen field changed");
+        assert_eq!(reason, INVALID_COMPILED);
+        assert!(
+            message.starts_with("the PodGroup g muster compiled would be invalid: spec.disruptionMode"),
+            "{message}"
+        );
+        let cpg = CompositePodGroup::new(
+            "c",
+            muster_api::CompositePodGroupSpec {
+                scheduling_policy: CompositePodGroupSchedulingPolicy::gang(Some(2)),
+                disruption_mode: DisruptionMode::single(),
+                ..Default::default()
+            },
+        );
+        let mut resized = cpg.clone();
+        resized.spec.scheduling_policy = CompositePodGroupSchedulingPolicy::gang(Some(1));
+        assert_eq!(refuse_own_write(&cpg, Some(&cpg)), None);
+        let (_, message) = refuse_own_write(&resized, Some(&cpg)).expect("its spec is immutable");
+        assert!(message.starts_with("the CompositePodGroup c muster compiled"), "{message}");
+        let mut twice = workload(vec![]);
+        twice.spec.pod_group_templates = Some(vec![leaf("a", Some(1)), leaf("a", Some(1))]);
+        let (_, message) = refuse_own_write(&twice, None).expect("a template name twice");
+        assert!(message.starts_with("the Workload w muster compiled"), "{message}");
     }
 
     #[test]
