@@ -17,11 +17,13 @@
 #   server quiet, so every path starts on a cluster of nodes alone (default: paths pile up)
 #   BENCH_FRESH=1: every path on a control plane of its own, started afresh for it (the script
 #   once per path), the paths' reports then related to the plain path (`muster dev bench --merge`)
-#   BENCH_PROFILE=perf|heaptrack|apiserver: record muster's CPU samples (perf record) or its heap
-#   (heaptrack attached; muster is then built with the system allocator, which heaptrack sees)
-#   during the whole run, or kube-apiserver's CPU (its own profiler, --profiling=true) for 20 s
-#   of each path from 5 s after its first pod (BENCH_PROFILE_SECONDS, BENCH_PROFILE_DELAY), into
-#   $MUSTER_CLUSTER_DIR/profile/ (apiserver-<path>.pprof: `go tool pprof -top -cum FILE`)
+#   BENCH_PROFILE=perf|heaptrack|apiserver|scheduler: record muster's CPU samples (perf record) or
+#   its heap (heaptrack attached; muster is then built with the system allocator, which heaptrack
+#   sees) during the whole run, or kube-apiserver's or kube-scheduler's CPU (their own profiler;
+#   kube-scheduler's /debug/pprof and /metrics then open to anonymous requests on 127.0.0.1) for
+#   20 s of each path from 5 s after its first pod (BENCH_PROFILE_SECONDS, BENCH_PROFILE_DELAY),
+#   into $MUSTER_CLUSTER_DIR/profile/ (<component>-<path>.pprof: `go tool pprof -top -cum FILE`;
+#   for scheduler also its /metrics at each profile's start and end, <path>.metrics-{0,1})
 #   BENCH_HOSTILE=1: before muster starts (so no webhook refuses it), a tenant's MusterJob of
 #   50,000,000 Indexed pods is created in namespace bench-hostile: muster must run the paths
 #   beside it with its memory bounded (the job is Invalid, no pod of it is made); its status and
@@ -120,8 +122,12 @@ apf_args="--enable-priority-and-fairness=true --max-requests-inflight=400 --max-
 # runs then (up to 3,900 Node writes in one path). Spread over 0 to 600 s, every path sees the
 # same steady rate, as the kubelets of a real cluster, which started at different times, make it.
 [ "${BENCH_PROFILE:-}" = apiserver ] && apf_args="$apf_args --profiling=true"
+sched_args=
+[ "${BENCH_PROFILE:-}" = scheduler ] \
+  && sched_args="--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics,/debug/pprof/*"
 MUSTER_KWOK_HEARTBEAT=${BENCH_KWOK_HEARTBEAT:-0,600} \
-  MUSTER_APISERVER_EXTRA_ARGS="$apf_args ${MUSTER_APISERVER_EXTRA_ARGS:-}" bench_cluster_up
+  MUSTER_APISERVER_EXTRA_ARGS="$apf_args ${MUSTER_APISERVER_EXTRA_ARGS:-}" \
+  MUSTER_SCHEDULER_EXTRA_ARGS="$sched_args ${MUSTER_SCHEDULER_EXTRA_ARGS:-}" bench_cluster_up
 grep -E "^feature-gates|^dropped|ready in" "$dir.cluster-up.log" >&2 || true
 crd_rules=${BENCH_CRD_RULES:-1}
 if [ "$crd_rules" != 1 ]; then
@@ -305,23 +311,32 @@ case "${BENCH_PROFILE:-}" in
     mkdir -p "$dir/profile"
     heaptrack -o "$dir/profile/heaptrack" -p "$muster_pid" > "$dir/profile/heaptrack.log" 2>&1 &
     profiler_pid=$! ;;
-  apiserver)
+  apiserver | scheduler)
+    component=$BENCH_PROFILE
     mkdir -p "$dir/profile"
-    rm -f "$dir/profile/apiserver"*
+    rm -f "$dir/profile/$component"*
+    sched_base=$(sed -n 's|^SCHEDULER_HEALTHZ=\(.*\)/healthz$|\1|p' "$dir/cluster.env")
+    # One component's endpoint: kube-apiserver's through the admin kubeconfig, kube-scheduler's
+    # straight (anonymous, the paths its flags open).
+    fetch() {
+      if [ "$component" = apiserver ]; then kc get --raw "$1"; else curl -sfk "$sched_base$1"; fi
+    }
     # A path's first pod says it started (its namespace is made before the first path): from
     # then on, one profile of the path's steady state (creates and binds under way), taken by
-    # kube-apiserver itself. The check asks for one pod's name, twice a second.
+    # the component itself. The check asks for one pod's name, twice a second.
     (
       IFS=, read -ra each <<< "$paths"
       for p in "${each[@]}"; do
         until kc get --raw "/api/v1/namespaces/bench-$p/pods?limit=1" 2> /dev/null | grep -q '"uid"'; do sleep 0.5; done
         sleep "${BENCH_PROFILE_DELAY:-5}"
-        kc get --raw "/debug/pprof/profile?seconds=${BENCH_PROFILE_SECONDS:-20}" > "$dir/profile/apiserver-$p.pprof" \
-          2>> "$dir/profile/apiserver.log" && echo "path $p: $(date +%T)" >> "$dir/profile/apiserver.log"
+        [ "$component" = scheduler ] && fetch /metrics > "$dir/profile/scheduler-$p.metrics-0" 2> /dev/null
+        fetch "/debug/pprof/profile?seconds=${BENCH_PROFILE_SECONDS:-20}" > "$dir/profile/$component-$p.pprof" \
+          2>> "$dir/profile/$component.log" && echo "path $p: $(date +%T)" >> "$dir/profile/$component.log"
+        [ "$component" = scheduler ] && fetch /metrics > "$dir/profile/scheduler-$p.metrics-1" 2> /dev/null
       done
     ) &
     profiler_pid=$! ;;
-  *) die "BENCH_PROFILE must be perf, heaptrack or apiserver" ;;
+  *) die "BENCH_PROFILE must be perf, heaptrack, apiserver or scheduler" ;;
 esac
 log "muster ready (pid $muster_pid, metrics http://127.0.0.1:$metrics_port/metrics, log $dir/logs/muster.log)"
 

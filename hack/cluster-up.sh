@@ -10,6 +10,7 @@
 #                         machine, e.g. the veth of hack/testhost.sh); its serving cert covers it
 #   MUSTER_APISERVER_EXTRA_ARGS  more kube-apiserver flags, whitespace separated (e.g.
 #                         --enable-aggregator-routing=true)
+#   MUSTER_SCHEDULER_EXTRA_ARGS  more kube-scheduler flags, the same way
 #   MUSTER_CLUSTER_DIR  where everything lives (default target/cluster): kubeconfig, logs/, pids/, pki/
 #   MUSTER_K8S_BIN      folder with the binaries (default: tools/k8s/bindir.sh; build with `make controlplane`)
 #   MUSTER_FEATURE_GATES  gates to ask for (default below; empty asks for none; `Name=false` turns one
@@ -39,6 +40,7 @@ runtime_wanted=${MUSTER_RUNTIME_CONFIG-scheduling.k8s.io/v1beta1=true,scheduling
 components=(etcd kube-apiserver kube-scheduler kube-controller-manager kwok)
 api_address=${MUSTER_APISERVER_ADDRESS:-127.0.0.1}
 read -r -a api_extra_args <<< "${MUSTER_APISERVER_EXTRA_ARGS:-}"
+read -r -a sched_extra_args <<< "${MUSTER_SCHEDULER_EXTRA_ARGS:-}"
 crds=${MUSTER_CLUSTER_CRDS-$root/crds}
 
 log() { echo "cluster-up: $*" >&2; }
@@ -277,7 +279,7 @@ fi
 # Health endpoints only (always allowed); no delegated authn/authz, so no request-header CA noise.
 serving=(--bind-address=127.0.0.1 --tls-cert-file="$pki/serving.crt" --tls-private-key-file="$pki/serving.key")
 start kube-scheduler "$bin/kube-scheduler" --config="$dir/scheduler.yaml" --secure-port="$sched_port" \
-  "${serving[@]}" --feature-gates="$gates"
+  "${serving[@]}" --feature-gates="$gates" "${sched_extra_args[@]}"
 controllers=garbage-collector-controller,namespace-controller,job-controller,ttl-after-finished-controller,statefulset-controller,replicaset-controller,deployment-controller
 controllers+=,serviceaccount-controller,serviceaccount-token-controller,root-ca-certificate-publisher-controller
 controllers+=,pod-garbage-collector-controller
