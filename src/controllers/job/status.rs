@@ -16,6 +16,7 @@ use crate::controllers::conditions;
 use crate::controllers::context::{Context, Result};
 use crate::controllers::lean_writes;
 use crate::crds::batch::{JobPhase, MusterJob, MusterJobStatus};
+use crate::workloadbuilder::native::SchedulingApi;
 
 use self::plan::STATUS_PACE;
 
@@ -41,6 +42,7 @@ pub(super) async fn write_status(
     job: &MusterJob,
     jc: &JobContext,
     status: &MusterJobStatus,
+    api: SchedulingApi,
 ) -> Result<Option<Duration>> {
     let uid = job.uid().unwrap_or_default();
     let lock = || jc.paced.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -54,7 +56,7 @@ pub(super) async fn write_status(
         // That write's own event syncs the job again (told as a wait, so nothing is told twice).
         return Ok(Some(STATUS_PACE));
     }
-    if let Some(pace) = plan::status_pace(job.status.as_ref(), status) {
+    if let Some(pace) = plan::status_pace(job.status.as_ref(), status, api) {
         let now = std::time::Instant::now();
         let first = job.status.is_none().then(|| status.start_time.clone()).flatten();
         let since = lock().entry(uid.clone()).or_insert(Paced { since: now, start_time: first }).since;

@@ -185,7 +185,7 @@ pub(super) async fn sync_pods(
     // A status written is recorded (`Written`): the counts for the cache to show before the
     // next pass counts, and the version it made, so a pass that runs before the cache shows it
     // writes nothing unless it counts something new.
-    let paced = write_status(job, jc, &decision.status).await?;
+    let paced = write_status(job, jc, &decision.status, groups.api).await?;
     // The status counts them now (or counted them before, when only the live counts wait).
     // Recorded from now on (never counted again, whatever the cache shows), then released; a
     // release that failed is tried again on the next pass.

@@ -11,6 +11,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::conditions;
 use crate::pods::Lifecycle;
+use crate::workloadbuilder::native::SchedulingApi;
 use muster_api::batch::{JobPhase, MusterJob, MusterJobSpec, MusterJobStatus, PodReplacementPolicy};
 use muster_api::{
     ADMISSION_ATTEMPT_ANNOTATION, ADMISSION_GATE, COMPLETION_INDEX_ANNOTATION, GPU_INDICES_ANNOTATION, GPU_RESOURCE,
@@ -302,11 +303,23 @@ pub const STARTING_PACE: std::time::Duration = std::time::Duration::from_secs(5)
 /// is written at once ([`status_may_wait`] is false); [`SCHEDULED_PACE`] once kube-scheduler
 /// placed the gang (the mirrored `PodGroupInitiallyScheduled` is `True`) of a job that was
 /// `Pending` (or had no status), when that condition is the only change or fewer pods are ready
-/// than active; [`STARTING_PACE`] when that condition alone changed otherwise, or while fewer
-/// pods are ready than active; [`STATUS_PACE`] otherwise. The wait counts from when the first
-/// change was seen, so the write that makes every pod ready goes at once when that first change
-/// is [`STATUS_PACE`] old.
-pub fn status_pace(old: Option<&MusterJobStatus>, new: &MusterJobStatus) -> Option<std::time::Duration> {
+/// than active, and for the first status of a job in upstream mode (`api`) whose gang
+/// kube-scheduler has not decided on yet (no such condition) while fewer pods are ready than
+/// active; [`STARTING_PACE`] when that condition alone changed otherwise, or while fewer pods
+/// are ready than active; [`STATUS_PACE`] otherwise. The wait counts from when the first change
+/// was seen, so the write that makes every pod ready goes at once when that first change is
+/// [`STATUS_PACE`] old.
+///
+/// The undecided gang's wait: kube-scheduler's queue holds a gang there for as long as it is
+/// behind, and nothing about the job changes until it decides (a `False` decision, the gang
+/// does not fit, is written within [`STARTING_PACE`]). With the shorter wait, 61% of 1,000 jobs
+/// at 5,000 nodes wrote `Pending` and then `Running`, and 20% a third status, where the write
+/// that says `Running` says everything the first would have.
+pub fn status_pace(
+    old: Option<&MusterJobStatus>,
+    new: &MusterJobStatus,
+    api: SchedulingApi,
+) -> Option<std::time::Duration> {
     if !status_may_wait(old, new) {
         return None;
     }
@@ -323,7 +336,8 @@ pub fn status_pace(old: Option<&MusterJobStatus>, new: &MusterJobStatus) -> Opti
     // with 1 or 2 of 3 ready about a second before all 3 (581 of 1,000 jobs at 5,000 nodes).
     let starting = old.is_none_or(pending) && new.ready < new.active;
     let placed = conditions::is_true(&new.conditions, MIRRORED_CONDITIONS[0]);
-    Some(if placed && (scheduled_only || starting) {
+    let undecided = api == SchedulingApi::Upstream && !new.conditions.iter().any(|c| c.type_ == MIRRORED_CONDITIONS[0]);
+    Some(if (placed && (scheduled_only || starting)) || (old.is_none() && undecided && starting) {
         SCHEDULED_PACE
     } else if scheduled_only || new.ready < new.active {
         STARTING_PACE

@@ -1,6 +1,7 @@
 //! Table tests of the job logic, one per batch/v1 rule muster keeps.
 
 use super::*;
+use crate::workloadbuilder::native::SchedulingApi::{Muster, Upstream};
 use muster_api::batch::{CompletionMode, MusterJobSpec};
 
 fn spec(parallelism: i32, completions: Option<i32>, mode: CompletionMode) -> MusterJobSpec {
@@ -654,19 +655,19 @@ fn only_active_and_ready_counts_wait_for_the_status_pace() {
         s.phase = Some(JobPhase::Pending);
         s.conditions.push(scheduled(true));
     });
-    assert_eq!(status_pace(Some(&waiting), &seen), Some(SCHEDULED_PACE));
+    assert_eq!(status_pace(Some(&waiting), &seen, Muster), Some(SCHEDULED_PACE));
     let flipped = with(&|s| {
         s.phase = Some(JobPhase::Pending);
         s.conditions.push(scheduled(false));
     });
-    assert_eq!(status_pace(Some(&seen), &flipped), Some(STARTING_PACE), "a flip to False: the gang waits");
-    assert_eq!(status_pace(Some(&flipped), &seen), Some(SCHEDULED_PACE), "and back to True");
+    assert_eq!(status_pace(Some(&seen), &flipped, Muster), Some(STARTING_PACE), "a flip to False: the gang waits");
+    assert_eq!(status_pace(Some(&flipped), &seen, Muster), Some(SCHEDULED_PACE), "and back to True");
     let seen_ready = with(&|s| {
         s.phase = Some(JobPhase::Pending);
         s.ready = 3;
         s.conditions.push(scheduled(true));
     });
-    assert_eq!(status_pace(Some(&waiting), &seen_ready), Some(STATUS_PACE), "with a count");
+    assert_eq!(status_pace(Some(&waiting), &seen_ready, Muster), Some(STATUS_PACE), "with a count");
     // Running with `ready` of 3 pods ready and kube-scheduler's condition (placed or not).
     let running_ready = |ready: i32, placed: bool| {
         with(&|s| {
@@ -677,28 +678,52 @@ fn only_active_and_ready_counts_wait_for_the_status_pace() {
     };
     // The placed gang's pods starting: the job goes Running with every pod ready in one write.
     let starting = running_ready(1, true);
-    assert_eq!(status_pace(Some(&seen), &starting), Some(SCHEDULED_PACE), "Running, 1 of 3 ready");
-    assert_eq!(status_pace(Some(&waiting), &starting), Some(SCHEDULED_PACE), "with the condition");
-    assert_eq!(status_pace(None, &starting), Some(SCHEDULED_PACE), "a first status");
-    assert_eq!(status_pace(Some(&seen), &running_ready(1, false)), Some(STARTING_PACE), "not placed");
+    assert_eq!(status_pace(Some(&seen), &starting, Muster), Some(SCHEDULED_PACE), "Running, 1 of 3 ready");
+    assert_eq!(status_pace(Some(&waiting), &starting, Muster), Some(SCHEDULED_PACE), "with the condition");
+    assert_eq!(status_pace(None, &starting, Muster), Some(SCHEDULED_PACE), "a first status");
+    assert_eq!(status_pace(Some(&seen), &running_ready(1, false), Muster), Some(STARTING_PACE), "not placed");
     let running = with(&|s| {
         s.phase = Some(JobPhase::Running);
         s.ready = 3;
     });
     let running_seen = running_ready(3, true);
-    assert_eq!(status_pace(Some(&running), &running_seen), Some(STATUS_PACE), "once Running");
-    assert_eq!(status_pace(Some(&running_seen), &starting), Some(STARTING_PACE), "a pod of a running job restarts");
-    assert_eq!(status_pace(Some(&waiting), &running_seen), Some(STATUS_PACE), "with the phase");
+    assert_eq!(status_pace(Some(&running), &running_seen, Muster), Some(STATUS_PACE), "once Running");
+    assert_eq!(
+        status_pace(Some(&running_seen), &starting, Muster),
+        Some(STARTING_PACE),
+        "a pod of a running job restarts"
+    );
+    assert_eq!(status_pace(Some(&waiting), &running_seen, Muster), Some(STATUS_PACE), "with the phase");
     // While fewer pods are ready than active, a count waits longer: the gang's other pods are
     // starting, and the write with all of them ready goes at the short pace.
-    assert_eq!(status_pace(Some(&old), &with(&|s| s.ready = 2)), Some(STARTING_PACE), "one more of 3 ready");
-    assert_eq!(status_pace(Some(&waiting), &old), Some(STARTING_PACE), "Running with 1 of 3 ready");
-    assert_eq!(status_pace(Some(&old), &with(&|s| s.ready = 3)), Some(STATUS_PACE), "all 3 ready");
-    assert_eq!(status_pace(Some(&old), &with(&|s| s.active = 1)), Some(STATUS_PACE), "as many ready as active");
-    assert_eq!(status_pace(Some(&old), &with(&|s| s.failed = 1)), None, "a failure at once");
-    assert_eq!(status_pace(None, &old), Some(STARTING_PACE), "a first status, its gang starting");
-    assert_eq!(status_pace(None, &with(&|s| s.ready = 3)), Some(STATUS_PACE), "a first status, all ready");
-    assert_eq!(status_pace(None, &with(&|s| s.failed = 1)), None, "a first status with a failure");
+    assert_eq!(status_pace(Some(&old), &with(&|s| s.ready = 2), Muster), Some(STARTING_PACE), "one more of 3 ready");
+    assert_eq!(status_pace(Some(&waiting), &old, Muster), Some(STARTING_PACE), "Running with 1 of 3 ready");
+    assert_eq!(status_pace(Some(&old), &with(&|s| s.ready = 3), Muster), Some(STATUS_PACE), "all 3 ready");
+    assert_eq!(status_pace(Some(&old), &with(&|s| s.active = 1), Muster), Some(STATUS_PACE), "as many ready as active");
+    assert_eq!(status_pace(Some(&old), &with(&|s| s.failed = 1), Muster), None, "a failure at once");
+    assert_eq!(status_pace(None, &old, Muster), Some(STARTING_PACE), "a first status, its gang starting");
+    assert_eq!(status_pace(None, &with(&|s| s.ready = 3), Muster), Some(STATUS_PACE), "a first status, all ready");
+    assert_eq!(status_pace(None, &with(&|s| s.failed = 1), Muster), None, "a first status with a failure");
+    // Upstream mode: a first status whose gang kube-scheduler has not decided on yet (no
+    // condition) waits as long as a placed one; once it decided, as in muster's mode.
+    let undecided = with(&|s| {
+        s.phase = Some(JobPhase::Pending);
+        s.ready = 0;
+    });
+    assert_eq!(status_pace(None, &undecided, Upstream), Some(SCHEDULED_PACE), "queued in kube-scheduler");
+    assert_eq!(status_pace(None, &undecided, Muster), Some(STARTING_PACE), "muster admits: no such wait");
+    assert_eq!(status_pace(None, &old, Upstream), Some(SCHEDULED_PACE), "Running, 1 of 3 ready, undecided");
+    let refused = with(&|s| {
+        s.phase = Some(JobPhase::Pending);
+        s.ready = 0;
+        s.conditions.push(scheduled(false));
+    });
+    assert_eq!(status_pace(None, &refused, Upstream), Some(STARTING_PACE), "the gang does not fit: said soon");
+    assert_eq!(status_pace(None, &starting, Upstream), Some(SCHEDULED_PACE), "placed");
+    assert_eq!(status_pace(None, &with(&|s| s.ready = 3), Upstream), Some(STATUS_PACE), "every pod ready");
+    assert_eq!(status_pace(None, &with(&|s| s.failed = 1), Upstream), None, "a failure at once");
+    // Only a first status: a job that showed a status already keeps the shorter pace.
+    assert_eq!(status_pace(Some(&undecided), &old, Upstream), Some(STARTING_PACE), "after a first status");
     // Pending and Running follow the pods: a gang starting goes out as one write.
     let pending = with(&|s| {
         s.phase = Some(JobPhase::Pending);
