@@ -336,7 +336,8 @@ pub fn status_pace(
     // with 1 or 2 of 3 ready about a second before all 3 (581 of 1,000 jobs at 5,000 nodes).
     let starting = old.is_none_or(pending) && new.ready < new.active;
     let placed = conditions::is_true(&new.conditions, MIRRORED_CONDITIONS[0]);
-    let undecided = api == SchedulingApi::Upstream && !new.conditions.iter().any(|c| c.type_ == MIRRORED_CONDITIONS[0]);
+    let undecided =
+        api == SchedulingApi::Upstream && conditions::get(&new.conditions, MIRRORED_CONDITIONS[0]).is_none();
     Some(if (placed && (scheduled_only || starting)) || (old.is_none() && undecided && starting) {
         SCHEDULED_PACE
     } else if scheduled_only || new.ready < new.active {

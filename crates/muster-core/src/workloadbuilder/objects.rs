@@ -275,22 +275,17 @@ pub fn own_write_refusal(kind: &str, name: &str, errors: &[FieldError]) -> Optio
 /// A kind muster compiles and writes itself (Workload, PodGroup, CompositePodGroup): its name for
 /// messages and its rules ([`validate_workload`], [`validate_pod_group`],
 /// [`validate_composite_pod_group`]).
-pub trait Compiled: Sized {
+pub trait Compiled: kube_core::Resource + Sized {
     /// The kind, as messages name it.
     const KIND: &'static str;
     /// The rules of the kind, against the object it replaces.
     fn rule_errors(&self, old: Option<&Self>) -> ErrorList;
-    /// `metadata.name`.
-    fn object_name(&self) -> &str;
 }
 
 impl Compiled for Workload {
     const KIND: &'static str = "Workload";
     fn rule_errors(&self, old: Option<&Self>) -> ErrorList {
         validate_workload(self, old)
-    }
-    fn object_name(&self) -> &str {
-        self.metadata.name.as_deref().unwrap_or_default()
     }
 }
 
@@ -299,9 +294,6 @@ impl Compiled for PodGroup {
     fn rule_errors(&self, old: Option<&Self>) -> ErrorList {
         validate_pod_group(self, old)
     }
-    fn object_name(&self) -> &str {
-        self.metadata.name.as_deref().unwrap_or_default()
-    }
 }
 
 impl Compiled for CompositePodGroup {
@@ -309,14 +301,12 @@ impl Compiled for CompositePodGroup {
     fn rule_errors(&self, old: Option<&Self>) -> ErrorList {
         validate_composite_pod_group(self, old)
     }
-    fn object_name(&self) -> &str {
-        self.metadata.name.as_deref().unwrap_or_default()
-    }
 }
 
 /// PURE: [`own_write_refusal`] of `object`, about to be written over `old` (`None`: created).
 pub fn refuse_own_write<T: Compiled>(object: &T, old: Option<&T>) -> Option<(&'static str, String)> {
-    own_write_refusal(T::KIND, object.object_name(), &object.rule_errors(old))
+    let name = object.meta().name.as_deref().unwrap_or_default();
+    own_write_refusal(T::KIND, name, &object.rule_errors(old))
 }
 
 /// A group's `spec.priority` against its class: a group made by hand gets its priority from its
